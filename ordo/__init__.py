@@ -1,0 +1,3 @@
+"""Ordo: a deterministic transaction engine for streams."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,267 @@
+"""The `ordo` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from sequencer.sequencer import SequencerConfig
+
+SCHEDULER_CHOICES = ("serial", "locking", "vll", "opchain")
+
+
+def _kafka(p: argparse.ArgumentParser, namespace: bool = True) -> None:
+    p.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT", help="Kafka bootstrap servers")
+    if namespace:
+        p.add_argument("--namespace", default="ordo", metavar="NS", help="topic prefix (default: ordo)")
+
+
+def _sequencer_options(p: argparse.ArgumentParser) -> None:
+    d = SequencerConfig()
+    g = p.add_argument_group("sequencer")
+    g.add_argument("--max-delay-ms", type=float, default=d.max_delay_ms, help="epoch length (default %(default)s)")
+    g.add_argument("--max-txns", type=int, default=d.max_txns, help="requests per batch at most (default %(default)s)")
+    g.add_argument("--max-bytes", type=int, default=d.max_bytes, help="bytes per batch record at most (default %(default)s)")
+    g.add_argument("--max-request-bytes", type=int, default=d.max_request_bytes,
+                   help="larger requests are rejected (default %(default)s)")
+    g.add_argument("--dedupe-window", type=int, default=d.dedupe_window,
+                   help="recent request ids remembered to reject duplicates (default %(default)s)")
+
+
+def _sequencer_config(args) -> SequencerConfig:
+    return SequencerConfig(args.max_delay_ms, args.max_txns, args.max_bytes, args.max_request_bytes,
+                           args.dedupe_window)
+
+
+def _engine_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data-dir", required=True, metavar="DIR", help="where the RocksDB shards live")
+    p.add_argument("--scheduler", choices=SCHEDULER_CHOICES, default="serial")
+    p.add_argument("--partitions", type=int, default=1, metavar="N", help="partition workers (default 1)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ordo", description="A deterministic transaction engine for streams.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("broker", help="run the local Kafka-protocol broker in the foreground")
+    p.add_argument("--port", type=int, default=None, help="port on 127.0.0.1 (default: a free one)")
+
+    p = sub.add_parser("run", help="create topics if missing, run sequencer and engine until stopped")
+    _kafka(p)
+    _engine_options(p)
+    p.add_argument("--request-partitions", type=int, default=1, metavar="R",
+                   help="partitions of <ns>.requests when it is created (default 1)")
+    _sequencer_options(p)
+
+    p = sub.add_parser("sequence", help="run only the sequencer")
+    _kafka(p)
+    _sequencer_options(p)
+
+    p = sub.add_parser("execute", help="run only the engine (follows <ns>.log)")
+    _kafka(p)
+    _engine_options(p)
+
+    p = sub.add_parser("submit", help="produce requests; --wait collects their outcomes")
+    _kafka(p)
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--proc", help="procedure name (with --args)")
+    what.add_argument("--file", metavar="F.jsonl", help="one request object per line ('-' for stdin)")
+    p.add_argument("--args", default="{}", metavar="JSON", help="arguments object for --proc")
+    p.add_argument("--id", help="request id for --proc (default: a fresh one)")
+    p.add_argument("--wait", action="store_true", help="wait for every outcome and print a summary")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for outcomes")
+
+    p = sub.add_parser("gen", help="print workload requests as JSON lines")
+    p.add_argument("workload", help="micro, sl, … (see `ordo gen --list`)" )
+    p.add_argument("--count", type=int, default=1000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
+                   help="workload knob, repeatable (see --list)")
+    p.add_argument("--list", action="store_true", help="list workloads and their knobs")
+
+    p = sub.add_parser("dump", help="print stored records as sorted JSON lines (safe while running)")
+    p.add_argument("--data-dir", required=True, metavar="DIR")
+    p.add_argument("--table", help="only this table")
+
+    p = sub.add_parser("digest", help="print the order-independent state digest of a data directory")
+    p.add_argument("--data-dir", required=True, metavar="DIR")
+
+    p = sub.add_parser("demo", help="embedded broker, engine and a workload, with a readable summary")
+    p.add_argument("--workload", default="sl")
+    p.add_argument("--count", type=int, default=20_000)
+    p.add_argument("--scheduler", choices=SCHEDULER_CHOICES, default="serial")
+    p.add_argument("--partitions", type=int, default=1)
+    p.add_argument("--data-dir", default=None, metavar="DIR", help="default: a temporary directory")
+
+    p = sub.add_parser("bench", help="engine and end-to-end throughput beside the storage limit")
+    p.add_argument("workload", help="micro or sl (see BENCHMARKS.md)")
+    p.add_argument("--scheduler", choices=SCHEDULER_CHOICES, default="serial")
+    p.add_argument("--partitions", type=int, default=1)
+    p.add_argument("--txns", type=int, default=50_000)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE")
+    p.add_argument("--max-txns", type=int, default=SequencerConfig().max_txns, help="batch size cap")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON here")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+        print(f"ordo {args.command}: {exc}", file=sys.stderr)
+        return 2
+
+
+def cmd_broker(args) -> int:
+    from sequencer.broker import run_broker_foreground
+
+    return run_broker_foreground(args.port)
+
+
+def cmd_run(args) -> int:
+    from ordo.services import serve_all
+
+    return serve_all(args.bootstrap_servers, args.namespace, args.data_dir, args.scheduler, args.partitions,
+                     args.request_partitions, _sequencer_config(args), args.quiet)
+
+
+def cmd_sequence(args) -> int:
+    from ordo.services import serve_sequencer
+
+    return serve_sequencer(args.bootstrap_servers, args.namespace, _sequencer_config(args))
+
+
+def cmd_execute(args) -> int:
+    from ordo.services import serve_engine
+
+    return serve_engine(args.bootstrap_servers, args.namespace, args.data_dir, args.scheduler,
+                        args.partitions, args.quiet)
+
+
+def cmd_submit(args) -> int:
+    from ordo.client import Client, new_request
+
+    if args.proc:
+        try:
+            call_args = json.loads(args.args)
+        except ValueError as exc:
+            raise ValueError(f"--args is not valid JSON: {exc}") from None
+        requests = [new_request(args.proc, call_args, args.id)]
+    else:
+        requests = list(_read_lines(args.file))
+    client = Client(args.bootstrap_servers, args.namespace)
+    ids = client.submit(requests)
+    client.close()
+    print(f"submitted {len(ids)} request(s)", file=sys.stderr)
+    if not args.wait:
+        return 0
+    outcomes = client.outcomes(ids, timeout=args.timeout)
+    counts: dict[str, int] = {}
+    for request_id in ids:
+        outcome = outcomes.get(request_id)
+        status = outcome["status"] if outcome else "no outcome yet"
+        counts[status] = counts.get(status, 0) + 1
+        if len(ids) <= 20 and outcome:
+            print(json.dumps(outcome))
+    print(", ".join(f"{n} {status}" for status, n in sorted(counts.items())), file=sys.stderr)
+    return 0 if len(outcomes) == len(set(ids)) else 1
+
+
+def _read_lines(path: str):
+    stream = sys.stdin.buffer if path == "-" else open(path, "rb")
+    with stream:
+        for line in stream:
+            line = line.strip()
+            if line:
+                yield line  # sent as it is: the engine, not the client, judges each request
+
+
+def cmd_gen(args) -> int:
+    from procedures.workloads import ALL_WORKLOADS
+
+    if args.list:
+        for name, module in ALL_WORKLOADS.items():
+            print(name)
+            for knob, (kind, default, text) in module.KNOBS.items():
+                print(f"  {knob}={default}  ({kind.__name__}) {text}")
+        return 0
+    module = _workload(args.workload)
+    out = sys.stdout
+    for request in module.generate(args.count, args.seed, **parse_knobs(module, args.knob)):
+        out.write(json.dumps(request, separators=(",", ":")) + "\n")
+    return 0
+
+
+def _workload(name: str):
+    from procedures.workloads import ALL_WORKLOADS
+
+    try:
+        return ALL_WORKLOADS[name]
+    except KeyError:
+        raise ValueError(f"unknown workload '{name}' (choose from {', '.join(ALL_WORKLOADS)})") from None
+
+
+def parse_knobs(module, pairs: list[str]) -> dict:
+    knobs = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or name not in module.KNOBS:
+            raise ValueError(f"unknown knob '{pair}' (known: {', '.join(module.KNOBS)})")
+        knobs[name] = module.KNOBS[name][0](value)
+    return knobs
+
+
+def cmd_dump(args) -> int:
+    from ordo.state import records
+
+    out = sys.stdout
+    for record in records(args.data_dir, args.table):
+        out.write(json.dumps(record, separators=(", ", ": ")) + "\n")
+    return 0
+
+
+def cmd_digest(args) -> int:
+    from ordo.state import digest
+    from storage.digest import to_hex
+
+    value, batch = digest(args.data_dir)
+    print(to_hex(value))
+    print(f"applied through batch {batch}", file=sys.stderr)
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from ordo.demo import run_demo
+
+    return run_demo(args.workload, args.count, args.scheduler, args.partitions, args.data_dir)
+
+
+def cmd_bench(args) -> int:
+    from ordo.bench import run_bench
+
+    module = _workload(args.workload)
+    return run_bench(args.workload, args.scheduler, args.partitions, args.txns, args.seed,
+                     parse_knobs(module, args.knob), args.max_txns, args.json)
+
+
+COMMANDS = {
+    "broker": cmd_broker,
+    "run": cmd_run,
+    "sequence": cmd_sequence,
+    "execute": cmd_execute,
+    "submit": cmd_submit,
+    "gen": cmd_gen,
+    "dump": cmd_dump,
+    "digest": cmd_digest,
+    "demo": cmd_demo,
+    "bench": cmd_bench,
+}
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""Wiring: the long-running services behind `ordo run`, `ordo sequence` and `ordo execute`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable
+
+from procedures.registry import default_registry
+from scheduler.coordinator import Coordinator, EngineStats
+from sequencer.sequencer import Sequencer, SequencerConfig
+from sequencer.topics import ensure_topics
+
+
+def on_termination(stop: Callable[[], None]) -> None:
+    """SIGINT and SIGTERM stop the service cleanly (the current batch finishes)."""
+    def handler(signum, frame):
+        stop()
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+
+
+def serve_sequencer(bootstrap: str, namespace: str, config: SequencerConfig) -> int:
+    sequencer = Sequencer(bootstrap, namespace, default_registry(), config)
+    on_termination(sequencer.stop)
+    sequencer.start()
+    print(f"sequencer generation {sequencer.generation} resumes at batch {sequencer.next_batch}",
+          file=sys.stderr, flush=True)
+    sequencer.run()
+    return 0
+
+
+class Progress:
+    """One status line a second: batches, throughput, outcomes, log lag."""
+
+    def __init__(self, coordinator: Coordinator, stream=sys.stderr, every: float = 1.0):
+        self._coordinator = coordinator
+        self._stream = stream
+        self._every = every
+        self._last = time.monotonic()
+        self._last_txns = 0
+
+    def __call__(self, stats: EngineStats) -> None:
+        now = time.monotonic()
+        if now - self._last < self._every:
+            return
+        rate = (stats.txns - self._last_txns) / (now - self._last)
+        self._last, self._last_txns = now, stats.txns
+        print(f"batch {stats.last_batch} | {stats.txns} txns ({rate:,.0f}/s) | committed {stats.committed} "
+              f"aborted {stats.aborted} rejected {stats.rejected} | log lag {self._coordinator.log_lag()}",
+              file=self._stream, flush=True)
+
+
+def serve_engine(bootstrap: str, namespace: str, data_dir: str, scheduler: str, partitions: int,
+                 quiet: bool = False) -> int:
+    coordinator = Coordinator(bootstrap, namespace, data_dir, scheduler, partitions)
+    on_termination(coordinator.stop)
+    print(f"engine ({scheduler}, {partitions} partition(s)) resumes after batch {coordinator.stats.last_batch}",
+          file=sys.stderr, flush=True)
+    coordinator.run(progress=None if quiet else Progress(coordinator))
+    return 0
+
+
+def sequencer_command(bootstrap: str, namespace: str, config: SequencerConfig) -> list[str]:
+    return [
+        sys.executable, "-m", "ordo.cli", "sequence",
+        "--bootstrap-servers", bootstrap, "--namespace", namespace,
+        "--max-delay-ms", str(config.max_delay_ms), "--max-txns", str(config.max_txns),
+        "--max-bytes", str(config.max_bytes), "--max-request-bytes", str(config.max_request_bytes),
+        "--dedupe-window", str(config.dedupe_window),
+    ]
+
+
+class SequencerProcess:
+    """The sequencer in a child process of its own (its own core, its own GIL), restarted
+    if it dies: a restart fences the old one and resumes from the log."""
+
+    def __init__(self, bootstrap: str, namespace: str, config: SequencerConfig):
+        self._command = sequencer_command(bootstrap, namespace, config)
+        self._process: subprocess.Popen | None = None
+        self._stopping = threading.Event()
+        self._watch = threading.Thread(target=self._supervise, daemon=True)
+        self.restarts = 0
+
+    def start(self) -> None:
+        self._process = subprocess.Popen(self._command, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self._watch.start()
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    def _supervise(self) -> None:
+        while not self._stopping.is_set():
+            code = self._process.wait()
+            if self._stopping.is_set():
+                return
+            print(f"sequencer exited with {code}; restarting", file=sys.stderr, flush=True)
+            time.sleep(0.5)
+            self.restarts += 1
+            self._process = subprocess.Popen(self._command, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stopping.set()
+        if self._process is not None and self._process.poll() is None:
+            self._process.send_signal(signal.SIGTERM)
+            try:
+                self._process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+
+
+def serve_all(bootstrap: str, namespace: str, data_dir: str, scheduler: str, partitions: int,
+              request_partitions: int, config: SequencerConfig, quiet: bool = False) -> int:
+    ensure_topics(bootstrap, namespace, request_partitions)
+    coordinator = Coordinator(bootstrap, namespace, data_dir, scheduler, partitions)
+    sequencer = SequencerProcess(bootstrap, namespace, config)
+    on_termination(coordinator.stop)
+    sequencer.start()
+    print(f"ordo running: namespace {namespace}, {scheduler} scheduler, {partitions} partition(s), "
+          f"data in {data_dir}; Ctrl-C stops", file=sys.stderr, flush=True)
+    try:
+        coordinator.run(progress=None if quiet else Progress(coordinator))
+    finally:
+        sequencer.stop()
+    print(f"stopped after batch {coordinator.stats.last_batch}", file=sys.stderr, flush=True)
+    return 0

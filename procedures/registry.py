@@ -1,0 +1,79 @@
+"""The registry of procedures and tables. Requests are checked against it twice: by the
+sequencer (so bad requests are rejected in the log) and by the executor (defence in depth)."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from procedures.args import ArgumentError, check_args
+from procedures.contract import Key, Procedure, Table
+
+
+class RequestError(ValueError):
+    """A request that cannot run: unknown procedure, bad arguments, failed ANALYZE."""
+
+
+class Registry:
+    def __init__(self) -> None:
+        self.procedures: dict[str, Procedure] = {}
+        self.tables: dict[str, Table] = {}
+
+    def add_table(self, table: Table) -> None:
+        existing = self.tables.get(table.name)
+        if existing is not None and existing != table:
+            raise ValueError(f"table '{table.name}' registered twice with different settings")
+        self.tables[table.name] = table
+
+    def add_procedure(self, procedure: Procedure) -> None:
+        if procedure.name in self.procedures:
+            raise ValueError(f"procedure '{procedure.name}' registered twice")
+        self.procedures[procedure.name] = procedure
+
+    def add_workload(self, tables: Iterable[Table], procedures: Iterable[Procedure]) -> None:
+        for table in tables:
+            self.add_table(table)
+        for procedure in procedures:
+            self.add_procedure(procedure)
+
+    def procedure(self, name: Any) -> Procedure:
+        if type(name) is not str:
+            raise RequestError("'proc' must be a string")
+        try:
+            return self.procedures[name]
+        except KeyError:
+            raise RequestError(f"unknown procedure '{name}'") from None
+
+    def analyze(self, name: Any, args: Any) -> tuple[Procedure, tuple[Key, ...], tuple[Key, ...]]:
+        """Validate a request and return its procedure with its read and write sets.
+
+        Sets keep first-seen order and drop repeats, so the same arguments always give
+        the same sets.
+        """
+        procedure = self.procedure(name)
+        try:
+            check_args(procedure.args, args)
+        except ArgumentError as exc:
+            raise RequestError(f"{procedure.name}: {exc}") from None
+        try:
+            reads, writes = procedure.analyze(args)
+            reads, writes = _ordered_set(reads), _ordered_set(writes)
+        except Exception as exc:  # a procedure's ANALYZE is user code
+            raise RequestError(f"{procedure.name}: ANALYZE failed: {type(exc).__name__}: {exc}") from None
+        for table, _ in reads + writes:
+            if table not in self.tables:
+                raise RequestError(f"{procedure.name}: ANALYZE named unknown table '{table}'")
+        return procedure, reads, writes
+
+
+def _ordered_set(keys: Iterable[Key]) -> tuple[Key, ...]:
+    return tuple(dict.fromkeys((table, key) for table, key in keys))
+
+
+def default_registry() -> Registry:
+    """Every built-in workload."""
+    from procedures.workloads import ALL_WORKLOADS
+
+    registry = Registry()
+    for workload in ALL_WORKLOADS.values():
+        registry.add_workload(workload.TABLES, workload.PROCEDURES)
+    return registry

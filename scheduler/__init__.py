@@ -1,0 +1,1 @@
+"""Scheduling and execution: the schedulers, the partition worker, the coordinator."""

@@ -1,0 +1,61 @@
+"""The plain serial interpretation of a log: every request, one at a time, in log order,
+over a dictionary. No overlay, no scheduler, no partitions: the yardstick every engine
+configuration is checked against."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from procedures.registry import Registry, RequestError
+from scheduler.execution import COMMITTED, REJECTED, execute, txn_seed
+from sequencer.log import Batch
+from storage.digest import digest_pairs
+from storage.keys import encode_key
+from storage.overlay import ABSENT
+from storage.values import encode_value
+
+
+class SerialInterpreter:
+    def __init__(self, registry: Registry):
+        self.registry = registry
+        self.defaults = {t.name: t.default for t in registry.tables.values()}
+        self.state: dict[bytes, Any] = {}
+        self.outcomes: list[dict[str, Any]] = []
+        self.changes: list[tuple] = []  # (batch, txn index, table, key, value or None)
+
+    def apply(self, batches: Iterable[Batch]) -> "SerialInterpreter":
+        for batch in batches:
+            for index, (request_id, proc, args) in enumerate(batch.entries):
+                self._one(batch, index, request_id, proc, args)
+        return self
+
+    def _one(self, batch: Batch, index: int, request_id: str, proc, args) -> None:
+        def outcome(status, result=None, error=None):
+            self.outcomes.append({"id": request_id, "status": status, "batch": batch.batch_id,
+                                  "result": result, "error": error})
+        if proc is None:
+            outcome(REJECTED, error=args)
+            return
+        try:
+            procedure, reads, writes = self.registry.analyze(proc, args)
+        except RequestError as exc:
+            outcome(REJECTED, error=str(exc))
+            return
+        snapshot = {}
+        for table, key in reads:
+            snapshot[encode_key(table, key)] = self.state.get(encode_key(table, key), ABSENT)
+        write_set = {encode_key(table, key) for table, key in writes}
+        status, result, error, written = execute(procedure, args, snapshot, write_set, self.defaults,
+                                                 batch.time_ms, txn_seed(batch.batch_id, index))
+        outcome(status, result, error)
+        if status == COMMITTED:
+            for encoded in sorted(written):
+                table, key, value = written[encoded]
+                if value is ABSENT:
+                    self.state.pop(encoded, None)
+                else:
+                    self.state[encoded] = value
+                self.changes.append((batch.batch_id, index, table, key, None if value is ABSENT else value))
+
+    def digest(self) -> int:
+        return digest_pairs((key, encode_value(value)) for key, value in self.state.items())

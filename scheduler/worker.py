@@ -1,0 +1,101 @@
+"""The partition worker: one RocksDB shard and one scheduler. A plain class, so it runs
+in-process as well as wrapped as a Ray actor."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from procedures.registry import Registry, default_registry
+from scheduler.base import make_scheduler
+from scheduler.batch import BatchExecution, Outcome, ReadExchange, prepare
+from sequencer.log import Batch
+from storage.overlay import BatchOverlay
+from storage.partitioning import Partitioner
+from storage.rocks import RocksShard
+
+LAYOUT_FILE = "ordo.json"
+
+
+def shard_path(data_dir: str, partition: int) -> str:
+    return os.path.join(data_dir, f"shard-{partition}")
+
+
+def check_layout(data_dir: str, partitions: int) -> None:
+    """A data directory is laid out for one partition count; say so rather than mix."""
+    os.makedirs(data_dir, exist_ok=True)
+    path = os.path.join(data_dir, LAYOUT_FILE)
+    if os.path.exists(path):
+        with open(path) as f:
+            existing = json.load(f)["partitions"]
+        if existing != partitions:
+            raise ValueError(
+                f"{data_dir} holds {existing} partition(s), not {partitions}: use --partitions {existing} "
+                "or a new data directory (the log rebuilds any layout from scratch)")
+    else:
+        with open(path, "w") as f:
+            json.dump({"partitions": partitions}, f)
+
+
+def layout_partitions(data_dir: str) -> int:
+    path = os.path.join(data_dir, LAYOUT_FILE)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{data_dir} is not an Ordo data directory (no {LAYOUT_FILE})")
+    with open(path) as f:
+        return json.load(f)["partitions"]
+
+
+@dataclass(slots=True)
+class PartitionResult:
+    partition: int
+    outcomes: list[Outcome] = field(default_factory=list)
+    changes: list[list] = field(default_factory=list)
+
+
+class PartitionWorker:
+    def __init__(self, data_dir: str, partition: int, partitions: int, scheduler: str,
+                 registry: Registry | None = None, exchange: ReadExchange | None = None,
+                 sync: bool = False):
+        self.partition = partition
+        self.registry = registry or default_registry()
+        tables = self.registry.tables.values()
+        self.partitioner = Partitioner.for_tables(partitions, {t.name: t.partitioner for t in tables})
+        self.defaults = {t.name: t.default for t in tables}
+        self.scheduler = make_scheduler(scheduler)
+        self.exchange = exchange
+        self.shard = RocksShard(shard_path(data_dir, partition), sync=sync)
+        self._pending: dict[bytes, bytes | None] | None = None
+        self._pending_batch = 0
+
+    def applied(self) -> dict[str, Any] | None:
+        return self.shard.applied()
+
+    def owner(self, table: str, key: Any, encoded: bytes) -> int:
+        return self.partitioner.of(table, key, encoded)
+
+    async def execute(self, batch: Batch) -> PartitionResult:
+        """Run this partition's share of `batch` on an overlay; nothing reaches the shard
+        until `commit`."""
+        txns, rejected = prepare(batch, self.registry, self.partitioner, self.partition)
+        overlay = BatchOverlay(self.shard)
+        overlay.prefetch(key for txn in txns for key in txn.local_reads)
+        execution = BatchExecution(batch, self.partition, overlay, self.defaults, self.owner, self.exchange)
+        await self.scheduler.run_batch(txns, execution)
+        self._pending = overlay.encoded_writes()
+        self._pending_batch = batch.batch_id
+        return PartitionResult(self.partition, rejected + execution.outcomes, execution.changes)
+
+    def commit(self, marker: dict[str, Any]) -> None:
+        """Apply the executed batch and its marker in one atomic write."""
+        if self._pending is None or marker["batch"] != self._pending_batch:
+            raise RuntimeError(f"partition {self.partition}: no executed batch {marker['batch']} to commit")
+        applied = self.applied()
+        if applied is not None and applied["batch"] >= marker["batch"]:
+            raise RuntimeError(f"partition {self.partition}: batch {marker['batch']} is already applied")
+        self.shard.apply_batch(self._pending, marker)
+        self._pending = None
+
+    def close(self) -> None:
+        self.shard.close()

@@ -1,0 +1,1 @@
+"""The sequencer: request wire format, epoch batching, the log and its exactly-once append."""

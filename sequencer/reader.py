@@ -1,0 +1,68 @@
+"""Following the log: a consumer on the log's single partition that feeds every record
+through a LogCursor, so all readers accept exactly the same batches."""
+
+from __future__ import annotations
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+from sequencer.log import Batch, LogCursor
+
+
+def log_consumer(bootstrap: str, group: str) -> Consumer:
+    return Consumer({
+        "bootstrap.servers": bootstrap,
+        "group.id": group,
+        "enable.auto.commit": False,
+        "enable.partition.eof": False,
+        "isolation.level": "read_committed",
+        "fetch.wait.max.ms": 5,
+        "fetch.max.bytes": 64 * 1024 * 1024,
+        "max.partition.fetch.bytes": 16 * 1024 * 1024,
+    })
+
+
+class LogReader:
+    def __init__(self, bootstrap: str, topic: str, cursor: LogCursor, group: str):
+        self.cursor = cursor
+        self._topic = topic
+        self._consumer = log_consumer(bootstrap, group)
+        start = cursor.next_offset if cursor.next_offset > 0 else OFFSET_BEGINNING
+        self._consumer.assign([TopicPartition(topic, 0, start)])
+
+    def poll(self, timeout: float, max_records: int = 500) -> list[tuple[Batch, dict]]:
+        """Accepted batches among the next records (possibly none), each with the cursor
+        as it stood right after it: what a shard records as applied with that batch."""
+        accepted = []
+        for message in self._consumer.consume(max_records, timeout):
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    continue
+                raise RuntimeError(f"log read failed: {error}")
+            batch = self.cursor.accept(message.value(), message.offset())
+            if batch is not None:
+                accepted.append((batch, self.cursor.to_dict()))
+        return accepted
+
+    def poll_raw(self, timeout: float, max_records: int = 500) -> list[tuple[int, bytes]]:
+        out = []
+        for message in self._consumer.consume(max_records, timeout):
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    continue
+                raise RuntimeError(f"log read failed: {error}")
+            out.append((message.offset(), message.value()))
+        return out
+
+    def lag(self) -> int | str:
+        try:
+            _, high = self._consumer.get_watermark_offsets(TopicPartition(self._topic, 0), timeout=0.5, cached=False)
+        except Exception:
+            return "?"
+        return max(0, high - self.cursor.next_offset)
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None

@@ -1,0 +1,242 @@
+"""The sequencer: consume requests, cut them into epochs, validate and number them, and
+append each epoch to the log as one batch, together with the consumed request offsets,
+in one Kafka transaction.
+
+Where to resume is read from the log itself (the last accepted batch's request offsets),
+not from committed consumer offsets: the log is the single source of truth, and a broker
+that shows records of aborted transactions cannot make a request enter the log twice.
+The committed offsets are still written in the same transaction, for lag monitoring
+and for any tool that expects them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from procedures.registry import Registry
+from sequencer.dedupe import RecentIds
+from sequencer.log import BATCH_OVERHEAD, LogCursor, encode_batch, encode_entry, encode_start
+from sequencer.reader import LogReader
+from sequencer.topics import Topics, partition_count
+from sequencer.wire import parse_request
+
+log = logging.getLogger("ordo.sequencer")
+
+
+@dataclass(frozen=True, slots=True)
+class SequencerConfig:
+    max_delay_ms: float = 10.0
+    max_txns: int = 5_000
+    max_bytes: int = 900_000  # below the broker's default 1 MiB message limit
+    max_request_bytes: int = 64 * 1024
+    dedupe_window: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        if self.max_request_bytes + BATCH_OVERHEAD + 64 > self.max_bytes:
+            raise ValueError("max_request_bytes must leave room in max_bytes for one request")
+
+
+@dataclass(slots=True)
+class _Epoch:
+    entries: list[bytes] = field(default_factory=list)
+    size: int = 0
+    opened: float = 0.0
+    offsets: dict[int, list[int]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class SequencerStats:
+    batches: int = 0
+    requests: int = 0
+    rejected: int = 0
+
+
+class Sequencer:
+    def __init__(self, bootstrap: str, namespace: str, registry: Registry,
+                 config: SequencerConfig = SequencerConfig()):
+        self.bootstrap = bootstrap
+        self.topics = Topics(namespace)
+        self.registry = registry
+        self.config = config
+        self.stats = SequencerStats()
+        self._stop = threading.Event()
+        self._group = f"{namespace}.sequencer"
+        self._producer = Producer({
+            "bootstrap.servers": bootstrap,
+            "transactional.id": f"{namespace}.sequencer",
+            "linger.ms": 0,
+            "message.max.bytes": max(config.max_bytes + 64 * 1024, 1_000_000),
+        })
+        self._consumer: Consumer | None = None
+        self._cursor = LogCursor()
+        self._recent = RecentIds(config.dedupe_window)
+        self._last_time = 0
+
+    # -- start-up ---------------------------------------------------------------------
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Fence any earlier sequencer, mark the takeover in the log, and learn from the
+        log where sequencing stands."""
+        self._producer.init_transactions(timeout)
+        token = uuid.uuid4().hex
+        self._producer.begin_transaction()
+        self._producer.produce(self.topics.log, value=encode_start(token))
+        self._producer.commit_transaction(timeout)
+        self._catch_up(token, timeout)
+        partitions = partition_count(self.bootstrap, self.topics.requests)
+        self._consumer = Consumer({
+            "bootstrap.servers": self.bootstrap,
+            "group.id": self._group,
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "fetch.wait.max.ms": 5,
+            "fetch.max.bytes": 64 * 1024 * 1024,
+        })
+        offsets = self._cursor.request_offsets
+        self._consumer.assign([
+            TopicPartition(self.topics.requests, p, offsets.get(p, OFFSET_BEGINNING))
+            for p in range(partitions)
+        ])
+        log.info("sequencer generation %d resumes at batch %d", self._cursor.generation, self._cursor.next_batch)
+
+    def _catch_up(self, token: str, timeout: float) -> None:
+        reader = LogReader(self.bootstrap, self.topics.log, self._cursor, f"{self._group}.catchup")
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                for offset, value in reader.poll_raw(0.2, 1000):
+                    batch = self._cursor.accept(value, offset)
+                    if batch is not None:
+                        self._recent.add_batch_entries(batch.entries)
+                        self._last_time = max(self._last_time, batch.time_ms)
+                    elif _is_own_start(value, token):
+                        return
+            raise TimeoutError("sequencer start record did not appear in the log")
+        finally:
+            reader.close()
+
+    @property
+    def generation(self) -> int:
+        return self._cursor.generation
+
+    @property
+    def next_batch(self) -> int:
+        return self._cursor.next_batch
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        if self._consumer is None:
+            self.start()
+        epoch = _Epoch()
+        max_delay = self.config.max_delay_ms / 1000.0
+        try:
+            while not self._stop.is_set():
+                wait = max_delay if not epoch.entries else max(0.0, epoch.opened + max_delay - time.monotonic())
+                room = self.config.max_txns - len(epoch.entries)
+                for message in self._consumer.consume(room, max(wait, 0.001)):
+                    error = message.error()
+                    if error is not None:
+                        if error.code() != KafkaError._PARTITION_EOF:
+                            log.warning("request consumer: %s", error)
+                        continue
+                    epoch = self._add(epoch, message)
+                    if len(epoch.entries) >= self.config.max_txns:
+                        epoch = self._cut(epoch)
+                if epoch.entries and time.monotonic() >= epoch.opened + max_delay:
+                    epoch = self._cut(epoch)
+            if epoch.entries:
+                self._cut(epoch)
+        finally:
+            self.close()
+
+    def _entry(self, message) -> bytes:
+        """The log entry of one request message: validated, and checked for a duplicate id."""
+        entry = parse_request(message.value(), message.key(), message.partition(), message.offset(),
+                              self.registry, self.config.max_request_bytes)
+        request_id, proc, _ = entry
+        if proc is not None:
+            if request_id in self._recent:
+                entry = [request_id, None, f"duplicate request id '{request_id}'"]
+            else:
+                self._recent.add(request_id)
+        self.stats.requests += 1
+        if entry[1] is None:
+            self.stats.rejected += 1
+        return encode_entry(entry)
+
+    def _add(self, epoch: _Epoch, message) -> _Epoch:
+        encoded = self._entry(message)
+        if epoch.entries and epoch.size + len(encoded) + BATCH_OVERHEAD > self.config.max_bytes:
+            epoch = self._cut(epoch)  # full by size: what it holds goes out first
+        if not epoch.entries:
+            epoch.opened = time.monotonic()
+        epoch.entries.append(encoded)
+        epoch.size += len(encoded)
+        partition, offset = message.partition(), message.offset()
+        span = epoch.offsets.get(partition)
+        if span is None:
+            start = self._cursor.request_offsets.get(partition, offset)
+            epoch.offsets[partition] = [start, offset + 1]
+        else:
+            span[1] = offset + 1
+        return epoch
+
+    def _cut(self, epoch: _Epoch) -> _Epoch:
+        self._last_time = max(self._last_time, int(time.time() * 1000))
+        batch_id = self._cursor.next_batch
+        record = encode_batch(batch_id, self._cursor.generation, self._last_time,
+                              {p: tuple(span) for p, span in epoch.offsets.items()}, epoch.entries)
+        positions = [TopicPartition(self.topics.requests, p, span[1]) for p, span in epoch.offsets.items()]
+        self._append(record, positions)
+        self._cursor.next_batch += 1
+        for partition, span in epoch.offsets.items():
+            self._cursor.request_offsets[partition] = span[1]
+        self.stats.batches += 1
+        return _Epoch()
+
+    def _append(self, record: bytes, positions: list[TopicPartition]) -> None:
+        producer = self._producer
+        while True:
+            producer.begin_transaction()
+            try:
+                producer.produce(self.topics.log, value=record)
+                producer.send_offsets_to_transaction(positions, self._consumer.consumer_group_metadata(), 30)
+                self._commit()
+                return
+            except KafkaException as exc:
+                if not exc.args[0].txn_requires_abort():
+                    raise  # fenced or fatal: another sequencer owns the log now
+                producer.abort_transaction(30)
+                # Append the same batch again; readers drop a visible aborted copy by its id.
+
+    def _commit(self) -> None:
+        while True:
+            try:
+                self._producer.commit_transaction(30)
+                return
+            except KafkaException as exc:
+                if not exc.args[0].retriable():
+                    raise
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+        self._producer.flush(5)
+
+
+def _is_own_start(value: bytes, token: str) -> bool:
+    from sequencer.log import START, decode
+
+    kind, record = decode(value)
+    return kind == START and record == token

@@ -1,0 +1,1 @@
+"""Storage: key and value encoding, RocksDB shards, the per-batch overlay, state digests."""

@@ -1,0 +1,63 @@
+"""The per-batch write overlay: decoded values of the keys a batch touches. Reads of a
+batch see the writes of earlier transactions of the same batch; aborted transactions
+never reach it; at batch end it becomes one atomic write to the shard."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from storage.backend import StorageBackend
+from storage.values import decode_value, encode_value
+
+
+class _Absent:
+    """The value of a key that holds none (never written, or deleted). One instance,
+    which stays the same instance across pickling (values travel between processes)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+    def __reduce__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT = _Absent()
+
+
+class BatchOverlay:
+    __slots__ = ("_backend", "_values", "_dirty")
+
+    def __init__(self, backend: StorageBackend):
+        self._backend = backend
+        self._values: dict[bytes, Any] = {}
+        self._dirty: set[bytes] = set()
+
+    def prefetch(self, keys: Iterable[bytes]) -> None:
+        """Load many keys with one multi-get before the batch runs."""
+        values = self._values
+        missing = [k for k in dict.fromkeys(keys) if k not in values]
+        for key, raw in zip(missing, self._backend.get_many(missing)):
+            values[key] = ABSENT if raw is None else decode_value(raw)
+
+    def get(self, key: bytes) -> Any:
+        try:
+            return self._values[key]
+        except KeyError:
+            self.prefetch((key,))
+            return self._values[key]
+
+    def put(self, key: bytes, value: Any) -> None:
+        self._values[key] = value
+        self._dirty.add(key)
+
+    def delete(self, key: bytes) -> None:
+        self.put(key, ABSENT)
+
+    def encoded_writes(self) -> dict[bytes, bytes | None]:
+        values = self._values
+        return {
+            key: None if values[key] is ABSENT else encode_value(values[key])
+            for key in sorted(self._dirty)
+        }

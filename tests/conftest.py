@@ -1,0 +1,27 @@
+import itertools
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+_namespaces = itertools.count(1)
+
+
+@pytest.fixture(scope="session")
+def broker():
+    """One real Kafka-protocol broker (the local launcher) for the whole session."""
+    from sequencer.broker import LocalBroker
+
+    with LocalBroker() as running:
+        yield running.bootstrap_servers
+
+
+@pytest.fixture
+def namespace(request):
+    """A fresh namespace per test, so tests never see each other's topics."""
+    name = request.node.name.replace("[", "-").replace("]", "").replace("_", "-")[:40]
+    return f"t{os.getpid()}-{next(_namespaces)}-{name}"

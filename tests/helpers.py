@@ -1,0 +1,77 @@
+"""Shared test helpers: processes of the real CLI, reading topics, serial interpretation."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from ordo.embedded import read_log
+from procedures.registry import default_registry
+from scheduler.reference import SerialInterpreter
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def ordo(*args: str, **kwargs) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": ROOT}
+    return subprocess.Popen([sys.executable, "-m", "ordo.cli", *args], cwd=ROOT, env=env, **kwargs)
+
+
+def ordo_output(*args: str, timeout: float = 120) -> str:
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    done = subprocess.run([sys.executable, "-m", "ordo.cli", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def stop(process: subprocess.Popen, timeout: float = 30) -> int:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            return process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            raise AssertionError("process did not stop on SIGTERM")
+    return process.returncode
+
+
+def read_results(bootstrap: str, topic: str, expected: int, timeout: float = 120) -> list[dict]:
+    """Every record of a results topic, read with kafka-python (shares no code with Ordo),
+    until at least `expected` distinct ids have arrived."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                             enable_auto_commit=False, consumer_timeout_ms=1000)
+    consumer.assign([TopicPartition(topic, 0)])
+    consumer.seek_to_beginning()
+    records, ids = [], set()
+    deadline = time.monotonic() + timeout
+    while len(ids) < expected and time.monotonic() < deadline:
+        for message in consumer:
+            record = json.loads(message.value)
+            assert message.key.decode() == record["id"]
+            records.append(record)
+            ids.add(record["id"])
+    consumer.close()
+    return records
+
+
+def interpret_log(bootstrap: str, namespace: str, until_batch: int, registry=None) -> SerialInterpreter:
+    return SerialInterpreter(registry or default_registry()).apply(read_log(bootstrap, namespace, until_batch))
+
+
+def dump_state(data_dir: str) -> dict:
+    lines = ordo_output("dump", "--data-dir", data_dir).splitlines()
+    return {(r["table"], r["key"]): r["value"] for r in map(json.loads, lines)}
+
+
+def reference_state(interpreter: SerialInterpreter) -> dict:
+    from storage.keys import decode_key
+
+    return {decode_key(k): v for k, v in interpreter.state.items()}
