@@ -7,8 +7,15 @@ import time
 import uuid
 from typing import Any, Iterable
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    Producer,
+    TopicPartition,
+)
 
+from sequencer.kafka import kafka_config
 from sequencer.topics import Topics
 
 
@@ -24,22 +31,23 @@ class Client:
 
     def _ensure_producer(self) -> Producer:
         if self._producer is None:
-            self._producer = Producer({
-                "bootstrap.servers": self.bootstrap,
+            self._producer = Producer(kafka_config(self.bootstrap, {
                 "enable.idempotence": True,
                 "linger.ms": 5,
                 "queue.buffering.max.messages": 1_000_000,
-            })
+            }))
         return self._producer
 
-    def submit(self, requests: Iterable[dict[str, Any] | bytes], on_sent=None) -> list[str]:
-        """Produce requests (dicts, or raw message bodies sent as they are) and return their
-        ids. Raw bodies are keyed by their 'id' when they have one."""
+    def submit(self, requests: Iterable[dict[str, Any] | bytes | tuple[str, bytes]], on_sent=None) -> list[str]:
+        """Produce requests and return their ids. A request is a dict, a raw message body
+        sent as it is (keyed by its 'id' when it has one), or a (key, raw body) pair."""
         producer = self._ensure_producer()
         ids = []
         for request in requests:
             if isinstance(request, dict):
                 key, value = str(request.get("id", "")), json.dumps(request, separators=(",", ":"))
+            elif isinstance(request, tuple):
+                key, value = request
             else:
                 key, value = _raw_id(request), request
             while True:
@@ -62,13 +70,12 @@ class Client:
         what arrived before the timeout (missing ids are simply absent)."""
         wanted = set(ids)
         found: dict[str, dict] = {}
-        consumer = Consumer({
-            "bootstrap.servers": self.bootstrap,
+        consumer = Consumer(kafka_config(self.bootstrap, {
             "group.id": f"ordo-client-{uuid.uuid4().hex}",
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
             "fetch.wait.max.ms": 10,
-        })
+        }))
         consumer.assign([TopicPartition(self.topics.results, 0, OFFSET_BEGINNING)])
         deadline = time.monotonic() + timeout
         try:

@@ -22,9 +22,10 @@ from sequencer.topics import ensure_topics
 from storage.digest import to_hex
 
 BAD_REQUESTS = [
-    b'{"id": "demo-bad-json", "proc": "sl_deposit", "args": {',
-    json.dumps({"id": "demo-unknown", "proc": "no_such_procedure", "args": {}}).encode(),
-    json.dumps({"id": "demo-bad-args", "proc": "sl_deposit", "args": {"account": "three"}}).encode(),
+    ("demo-bad-json", b'{"id": "demo-bad-json", "proc": "sl_deposit", "args": {'),
+    ("demo-unknown", json.dumps({"id": "demo-unknown", "proc": "no_such_procedure", "args": {}}).encode()),
+    ("demo-bad-args", json.dumps({"id": "demo-bad-args", "proc": "sl_deposit", "args": {
+        "account": "three", "asset": 1, "account_amount": 5, "asset_amount": 5}}).encode()),
 ]
 
 

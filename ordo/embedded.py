@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
 
 from procedures.registry import default_registry
 from sequencer.log import Batch, LogCursor

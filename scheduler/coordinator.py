@@ -22,6 +22,7 @@ from scheduler.exchange import LocalExchange
 from scheduler.execution import REJECTED
 from scheduler.outputs import change_key, change_record, outcome_record
 from scheduler.worker import PartitionResult, PartitionWorker, check_layout
+from sequencer.kafka import kafka_config
 from sequencer.log import Batch, LogCursor
 from sequencer.reader import LogReader
 from sequencer.topics import Topics
@@ -55,13 +56,12 @@ class Coordinator:
         self.cursor = self._resume_cursor()
         self.stats.last_batch = self.cursor.next_batch - 1
         self._reader = LogReader(bootstrap, self.topics.log, self.cursor, f"{namespace}.engine")
-        self._producer = Producer({
-            "bootstrap.servers": bootstrap,
+        self._producer = Producer(kafka_config(bootstrap, {
             "enable.idempotence": True,
             "linger.ms": 2,
             "batch.num.messages": 10_000,
             "queue.buffering.max.messages": 1_000_000,
-        })
+        }))
         self._loop = asyncio.new_event_loop()
 
     def _resume_cursor(self) -> LogCursor:
@@ -146,7 +146,9 @@ class Coordinator:
 
     def close(self) -> None:
         self._reader.close()
-        self._producer.flush(10)
+        if self._producer is not None:
+            self._producer.flush(10)
+            self._producer = None
         for worker in self.workers:
             worker.close()
         self._loop.close()

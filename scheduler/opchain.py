@@ -52,7 +52,7 @@ from procedures.operations import OP_MODIFY, OP_READ, OP_WRITE, as_operations
 from scheduler.base import Scheduler, in_log_order, register
 from scheduler.batch import BatchExecution, Outcome, PreparedTxn
 from scheduler.execution import ABORTED, COMMITTED, execute, txn_seed
-from storage.keys import decode_key, encode_key
+from storage.keys import encode_key
 from storage.overlay import ABSENT
 from storage.values import encode_value
 
@@ -93,7 +93,7 @@ class _Txn:
         self.conditions: list = []  # (test, reason, ((encoded, default), ...))
         self.missing = 0  # versions still to be published
         self.versions: dict[bytes, Any] = {}
-        self.parked: list[_Chain] = []
+        self.parked: list[bytes] = []  # chains halted at one of its entries
         self.aborted: str | None = None
         self.outputs: list | None = None
         self.left = 0  # entries not yet passed
@@ -102,26 +102,17 @@ class _Txn:
         self.writes: dict = {}  # RUN's writes, for a transaction run whole
 
 
-class _Chain:
-    __slots__ = ("encoded", "table", "key", "default", "value", "entries", "pos", "parked", "dirty")
-
-    def __init__(self, encoded: bytes, table: str, key: Any, default: Any, value: Any):
-        self.encoded = encoded
-        self.table = table
-        self.key = key
-        self.default = default
-        self.value = value
-        # Entries: (txn state, operations or None when run whole, gated, publishes)
-        self.entries: list[tuple] = []
-        self.pos = 0
-        self.parked = False
-        self.dirty = False
+# An entry: one transaction's part of one chain.
+#   (txn state, operations — None when run whole, () for a probe —, table, key,
+#    gated: must wait until the transaction has all its versions,
+#    publishes: the transaction needs this key's version)
 
 
 def _decompose(txn: PreparedTxn, defaults: dict) -> tuple | None:
-    """(operations per key, needed keys, conditions, result function) of `txn`, or None when
-    it must run whole. Every key the form names must be declared by ANALYZE as RUN would use
-    it (reads in the read set, writes in the write set), else RUN decides."""
+    """(operations by key, keys that read other keys, needed keys, conditions, result
+    function, operation count) of `txn`, or None when it must run whole. Every key the form
+    names must be declared by ANALYZE as RUN would use it (reads in the read set, writes in
+    the write set), else RUN decides — and reports the undeclared access."""
     make = txn.procedure.operations
     if make is None:
         return None
@@ -131,13 +122,16 @@ def _decompose(txn: PreparedTxn, defaults: dict) -> tuple | None:
         return None
     writes = txn.writes
     reads = set(txn.reads)
-    per_key: dict[bytes, list] = {}
+    encode = encode_key
+    per_key: dict[bytes, tuple] = {}  # encoded -> (table, key, [(position, kind, arg, deps)])
+    dependent: set[bytes] = set()
     needs: dict[bytes, tuple] = {}
     conditions: list = []
-    seen_conditions: set[int] = set()
+    seen_conditions: list = []
+    i = 0
     try:
-        for i, (kind, table, key, arg, deps, condition) in enumerate(form.ops):
-            encoded = encode_key(table, key)
+        for kind, table, key, arg, deps, condition in form.ops:
+            encoded = encode(table, key)
             if kind == OP_MODIFY:
                 if encoded not in writes or encoded not in reads:
                     return None
@@ -146,127 +140,157 @@ def _decompose(txn: PreparedTxn, defaults: dict) -> tuple | None:
                     return None
             elif kind != OP_READ or encoded not in reads:
                 return None
-            dep_keys = ()
             if deps:
                 dep_keys = []
                 for dep_table, dep_key in deps:
-                    dep = encode_key(dep_table, dep_key)
+                    dep = encode(dep_table, dep_key)
                     if dep not in reads:
                         return None
                     needs[dep] = (dep_table, dep_key)
                     dep_keys.append((dep, defaults.get(dep_table, 0)))
+                dependent.add(encoded)
+                op = (i, kind, arg, dep_keys)
+            else:
+                op = (i, kind, arg, ())
             slot = per_key.get(encoded)
             if slot is None:
-                slot = per_key[encoded] = (table, key, [])
-            slot[2].append((i, kind, arg, dep_keys))
-            if condition is not None and id(condition) not in seen_conditions:
-                seen_conditions.add(id(condition))
+                per_key[encoded] = (table, key, [op])
+            else:
+                slot[2].append(op)
+            if condition is not None and not any(c is condition for c in seen_conditions):
+                seen_conditions.append(condition)
                 keys = []
                 for cond_table, cond_key in condition.keys:
-                    cond = encode_key(cond_table, cond_key)
+                    cond = encode(cond_table, cond_key)
                     if cond not in reads:
                         return None
                     needs[cond] = (cond_table, cond_key)
                     keys.append((cond, defaults.get(cond_table, 0)))
                 conditions.append((condition.test, condition.reason, keys))
+            i += 1
     except (TypeError, ValueError, AttributeError):
         return None  # a malformed form: RUN decides
-    return per_key, needs, conditions, form.result, len(form.ops)
+    return per_key, dependent, needs, conditions, form.result, i
+
+
+_UNREAD = object()
 
 
 class _Evaluation:
-    """The chains of one stretch of single-partition transactions."""
+    """The chains of one stretch of single-partition transactions.
+
+    A chain is its key's current value (read from the overlay when the chain starts)
+    plus, while its head entry waits for versions, the queue of its entries from that
+    one on. Entries arrive in log order. An entry whose chain has no queue and which
+    needs nothing passes at once — the first round, in which every chain without a
+    pending dependency is evaluated as far as it goes while the batch is decomposed. An
+    entry that must wait parks its chain; when its transaction's last version is
+    published, the chains parked on it resume (the later rounds)."""
 
     def __init__(self, execution: BatchExecution):
         self.execution = execution
         self.defaults = execution.defaults
-        self.chains: dict[bytes, _Chain] = {}
+        self.read = execution.overlay.get
+        self.values: dict[bytes, Any] = {}  # chain -> current value
+        self.queues: dict[bytes, deque] = {}  # parked chain -> its waiting entries
+        self.dirty: set[bytes] = set()
         self.states: list[_Txn] = []
-        self.work: deque[_Chain] = deque()
-
-    def _chain(self, encoded: bytes, table: str, key: Any) -> _Chain:
-        chain = self.chains.get(encoded)
-        if chain is None:
-            chain = self.chains[encoded] = _Chain(
-                encoded, table, key, self.defaults.get(table, 0), self.execution.overlay.get(encoded))
-        return chain
+        self.work: deque[bytes] = deque()  # chains to resume
 
     def add(self, txn: PreparedTxn) -> None:
+        """Decompose `txn` and insert its entries into their chains."""
         state = _Txn(txn)
         self.states.append(state)
+        offer = self._offer
         decomposed = _decompose(txn, self.defaults)
-        chain_of = self._chain
         if decomposed is None:
             state.whole = True
-            keys = dict.fromkeys(txn.reads)
-            keys.update(dict.fromkeys(txn.writes))
-            state.missing = state.left = len(keys)
             writes = txn.writes
+            keys = dict.fromkeys(txn.reads)
+            keys.update(dict.fromkeys(writes))
+            state.missing = state.left = len(keys)
             for encoded in keys:
-                table, key = writes[encoded] if encoded in writes else decode_key(encoded)
-                chain_of(encoded, table, key).entries.append((state, None, True, True))
-            return
-        per_key, needs, conditions, result, count = decomposed
-        state.conditions = conditions
-        state.result = result
-        state.outputs = [None] * count
-        state.missing = len(needs)
-        gate_all = bool(conditions)
-        left = 0
-        for encoded, (table, key, ops) in per_key.items():
-            gated = gate_all or any(op[3] for op in ops)
-            chain_of(encoded, table, key).entries.append((state, ops, gated, encoded in needs))
-            left += 1
-        for encoded, (table, key) in needs.items():
-            if encoded not in per_key:  # a probe: publishes the version, changes nothing
-                chain_of(encoded, table, key).entries.append((state, (), False, True))
-                left += 1
-        state.left = left
-        if gate_all and not needs:
-            self._resolve(state)  # conditions over no key at all
-
-    def run(self) -> None:
+                table, key = writes.get(encoded, (None, None))
+                offer(encoded, (state, None, table, key, True, True))
+        else:
+            per_key, dependent, needs, conditions, result, count = decomposed
+            state.conditions = conditions
+            state.result = result
+            state.outputs = [None] * count
+            state.missing = len(needs)
+            gate_all = bool(conditions)
+            probes = [encoded for encoded in needs if encoded not in per_key]
+            state.left = len(per_key) + len(probes)
+            if gate_all and not needs:
+                self._resolve(state)  # conditions over no key at all
+            queues, values, read, apply = self.queues, self.values, self.read, self._apply
+            for encoded, (table, key, ops) in per_key.items():
+                gated = gate_all or encoded in dependent
+                publishes = encoded in needs
+                if gated or publishes or encoded in queues:
+                    offer(encoded, (state, ops, table, key, gated, publishes))
+                    continue
+                # The common case, inline: a free chain and an entry that needs nothing.
+                value = values.get(encoded, _UNREAD)
+                if value is _UNREAD:
+                    value = read(encoded)
+                values[encoded] = apply(state, encoded, table, key, ops, value)
+                state.left -= 1
+                if state.left == 0:
+                    self._finish(state)
+            for encoded in probes:  # publish a version, change nothing
+                table, key = needs[encoded]
+                offer(encoded, (state, (), table, key, False, True))
         work = self.work
-        work.extend(self.chains.values())
-        advance = self._advance
         while work:
-            advance(work.popleft())
-        for chain in self.chains.values():
-            if chain.pos != len(chain.entries):
-                raise RuntimeError(f"opchain: chain {chain.encoded!r} stuck at entry {chain.pos}")
+            self._resume(work.popleft())
 
-    def _advance(self, chain: _Chain) -> None:
-        entries = chain.entries
-        pos, value, encoded = chain.pos, chain.value, chain.encoded
-        end = len(entries)
-        while pos < end:
-            state, ops, gated, publishes = entries[pos]
-            if chain.parked:
-                chain.parked = False  # resumed: its version was published before parking
-            elif publishes:
-                state.versions[encoded] = value
-                state.missing -= 1
-                if state.missing == 0:
-                    self._resolve(state)
-            if gated and state.missing:
-                chain.parked = True
-                state.parked.append(chain)
-                break
-            if ops is None:
-                written = state.writes.get(encoded)
-                if written is not None:
-                    value = written[2]
-                    chain.dirty = True
-            elif ops and state.aborted is None:
-                value = self._apply(state, chain, ops, value)
-            state.left -= 1
-            if state.left == 0:
-                self._finish(state)
-            pos += 1
-        chain.pos, chain.value = pos, value
+    def _offer(self, encoded: bytes, entry: tuple) -> None:
+        queue = self.queues.get(encoded)
+        if queue is not None:
+            queue.append(entry)
+        elif not self._step(encoded, entry, True):
+            self.queues[encoded] = deque((entry,))
 
-    def _apply(self, state: _Txn, chain: _Chain, ops: list, value: Any) -> Any:
-        default = chain.default
+    def _resume(self, encoded: bytes) -> None:
+        queue = self.queues[encoded]
+        fresh = False  # the head published its version before it parked
+        while queue:
+            if not self._step(encoded, queue[0], fresh):
+                return
+            queue.popleft()
+            fresh = True
+        del self.queues[encoded]
+
+    def _step(self, encoded: bytes, entry: tuple, fresh: bool) -> bool:
+        """Pass `entry`, at the head of its chain; False if it must wait."""
+        state, ops, table, key, gated, publishes = entry
+        values = self.values
+        value = values.get(encoded, _UNREAD)
+        if value is _UNREAD:
+            value = values[encoded] = self.read(encoded)
+        if fresh and publishes:
+            state.versions[encoded] = value
+            state.missing -= 1
+            if state.missing == 0:
+                self._resolve(state)
+        if gated and state.missing:
+            state.parked.append(encoded)
+            return False
+        if ops is None:
+            written = state.writes.get(encoded)
+            if written is not None:
+                values[encoded] = written[2]
+                self.dirty.add(encoded)
+        elif ops and state.aborted is None:
+            values[encoded] = self._apply(state, encoded, table, key, ops, value)
+        state.left -= 1
+        if state.left == 0:
+            self._finish(state)
+        return True
+
+    def _apply(self, state: _Txn, encoded: bytes, table: str, key: Any, ops: list, value: Any) -> Any:
+        default = self.defaults.get(table, 0)
         outputs = state.outputs
         versions = state.versions
         wrote = False
@@ -290,8 +314,8 @@ class _Evaluation:
         except Exception as exc:
             raise FormFailed(f"{state.txn.procedure.name}: {type(exc).__name__}: {exc}") from exc
         if wrote:
-            state.changes.append((chain.encoded, chain.table, chain.key, value))
-            chain.dirty = True
+            state.changes.append((encoded, table, key, value))
+            self.dirty.add(encoded)
         return value
 
     def _resolve(self, state: _Txn) -> None:
@@ -338,12 +362,15 @@ class _Evaluation:
                 raise FormFailed(f"{state.txn.procedure.name}: result raised {type(exc).__name__}") from exc
         state.outcome = (COMMITTED, result, None)
 
+    def check_done(self) -> None:
+        if self.queues or any(state.left for state in self.states):
+            raise RuntimeError(f"opchain: {len(self.queues)} chain(s) still parked at the end of a stretch")
+
     def flush(self) -> None:
         """Write each changed key once, and report outcomes and changes in log order."""
-        put = self.execution.overlay.put
-        for chain in self.chains.values():
-            if chain.dirty:
-                put(chain.encoded, chain.value)
+        put, values = self.execution.overlay.put, self.values
+        for encoded in self.dirty:
+            put(encoded, values[encoded])
         outcomes, changes = self.execution.outcomes, self.execution.changes
         for state in self.states:
             txn = state.txn
@@ -392,11 +419,11 @@ class OpChainScheduler(Scheduler):
         try:
             for txn in txns:
                 evaluation.add(txn)
-            evaluation.run()
         except FormFailed:
             self.fallbacks += 1
             run_single = execution.run_single
             for txn in txns:
                 run_single(txn)
             return
+        evaluation.check_done()
         evaluation.flush()

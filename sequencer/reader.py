@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
+from sequencer.kafka import kafka_config
 from sequencer.log import Batch, LogCursor
 
 
 def log_consumer(bootstrap: str, group: str) -> Consumer:
-    return Consumer({
-        "bootstrap.servers": bootstrap,
+    return Consumer(kafka_config(bootstrap, {
         "group.id": group,
         "enable.auto.commit": False,
         "enable.partition.eof": False,
@@ -18,7 +18,7 @@ def log_consumer(bootstrap: str, group: str) -> Consumer:
         "fetch.wait.max.ms": 5,
         "fetch.max.bytes": 64 * 1024 * 1024,
         "max.partition.fetch.bytes": 16 * 1024 * 1024,
-    })
+    }))
 
 
 class LogReader:

@@ -17,11 +17,25 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 
 from procedures.registry import Registry
 from sequencer.dedupe import RecentIds
-from sequencer.log import BATCH_OVERHEAD, LogCursor, encode_batch, encode_entry, encode_start
+from sequencer.kafka import kafka_config
+from sequencer.log import (
+    BATCH_OVERHEAD,
+    LogCursor,
+    encode_batch,
+    encode_entry,
+    encode_start,
+)
 from sequencer.reader import LogReader
 from sequencer.topics import Topics, partition_count
 from sequencer.wire import parse_request
@@ -67,12 +81,11 @@ class Sequencer:
         self.stats = SequencerStats()
         self._stop = threading.Event()
         self._group = f"{namespace}.sequencer"
-        self._producer = Producer({
-            "bootstrap.servers": bootstrap,
+        self._producer = Producer(kafka_config(bootstrap, {
             "transactional.id": f"{namespace}.sequencer",
             "linger.ms": 0,
             "message.max.bytes": max(config.max_bytes + 64 * 1024, 1_000_000),
-        })
+        }))
         self._consumer: Consumer | None = None
         self._cursor = LogCursor()
         self._recent = RecentIds(config.dedupe_window)
@@ -90,14 +103,13 @@ class Sequencer:
         self._producer.commit_transaction(timeout)
         self._catch_up(token, timeout)
         partitions = partition_count(self.bootstrap, self.topics.requests)
-        self._consumer = Consumer({
-            "bootstrap.servers": self.bootstrap,
+        self._consumer = Consumer(kafka_config(self.bootstrap, {
             "group.id": self._group,
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
             "fetch.wait.max.ms": 5,
             "fetch.max.bytes": 64 * 1024 * 1024,
-        })
+        }))
         offsets = self._cursor.request_offsets
         self._consumer.assign([
             TopicPartition(self.topics.requests, p, offsets.get(p, OFFSET_BEGINNING))

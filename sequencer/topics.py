@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from sequencer.kafka import kafka_config
+
 
 @dataclass(frozen=True, slots=True)
 class Topics:
@@ -33,7 +35,7 @@ def ensure_topics(bootstrap: str, namespace: str, request_partitions: int = 1,
     """Create the namespace's topics that do not exist yet; existing ones are kept as they are.
     The log has exactly one partition: it is the total order."""
     topics = Topics(namespace)
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient(kafka_config(bootstrap))
     existing = admin.list_topics(timeout=timeout).topics
     wanted = {
         topics.requests: request_partitions,
@@ -57,7 +59,7 @@ def ensure_topics(bootstrap: str, namespace: str, request_partitions: int = 1,
 
 
 def partition_count(bootstrap: str, topic: str, timeout: float = 30.0) -> int:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient(kafka_config(bootstrap))
     metadata = admin.list_topics(topic, timeout=timeout).topics.get(topic)
     if metadata is None or metadata.error is not None or not metadata.partitions:
         raise RuntimeError(f"topic {topic} does not exist")

@@ -19,6 +19,9 @@ from sequencer.broker import LocalBroker, broker_binary, free_port
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT = 10
 
+# kafka-python 3.x loads its protocol schemas through a deprecated importlib.resources API.
+pytestmark = pytest.mark.filterwarnings("ignore:.*is deprecated. Use files:DeprecationWarning")
+
 # Fencing makes librdkafka log a fatal error on purpose; keep pytest output clean.
 QUIET = logging.getLogger("tests.local_broker.librdkafka")
 QUIET.addHandler(logging.NullHandler())
@@ -150,6 +153,7 @@ def test_two_brokers_at_once_on_different_ports():
             producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
             producer.produce(topic, value=broker.bootstrap_servers.encode(), partition=0)
             assert producer.flush(TIMEOUT) == 0
+            del producer  # closes its connections, so the broker's SIGTERM needs no grace
             assert read_values(broker.bootstrap_servers, topic, 1) == [broker.bootstrap_servers.encode()]
 
 

@@ -1,0 +1,137 @@
+"""docker-compose.yml and Dockerfile, checked structurally (Docker does not run in the tests)."""
+
+import os
+import re
+import shlex
+import tomllib
+
+import pytest
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    with open(os.path.join(ROOT, "docker-compose.yml")) as f:
+        return yaml.safe_load(f)
+
+
+@pytest.fixture(scope="module")
+def kafka_env(compose) -> dict[str, str]:
+    env = compose["services"]["kafka"]["environment"]
+    if isinstance(env, list):  # both compose spellings: mapping or KEY=VALUE list
+        env = dict(item.split("=", 1) for item in env)
+    return {k: str(v) for k, v in env.items()}
+
+
+@pytest.fixture(scope="module")
+def dockerfile() -> list[str]:
+    with open(os.path.join(ROOT, "Dockerfile")) as f:
+        text = f.read().replace("\\\n", " ")
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+
+
+def command_args(service: dict) -> list[str]:
+    command = service["command"]
+    return shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
+
+
+def flag(args: list[str], name: str) -> str:
+    assert name in args, f"{name} missing from {args}"
+    return args[args.index(name) + 1]
+
+
+def test_both_services_exist(compose):
+    assert {"kafka", "ordo"} <= set(compose["services"])
+
+
+def test_kafka_is_the_official_image_in_single_node_kraft_mode(compose, kafka_env):
+    assert compose["services"]["kafka"]["image"].startswith("apache/kafka:")
+    assert set(kafka_env["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}
+    node = kafka_env["KAFKA_NODE_ID"]
+    voters = kafka_env["KAFKA_CONTROLLER_QUORUM_VOTERS"].split(",")
+    assert len(voters) == 1 and voters[0].startswith(f"{node}@kafka:")
+    controller = kafka_env["KAFKA_CONTROLLER_LISTENER_NAMES"]
+    assert f"{controller}://" in kafka_env["KAFKA_LISTENERS"]
+    assert "KAFKA_ZOOKEEPER_CONNECT" not in kafka_env
+
+
+def test_kafka_is_set_up_for_transactions_on_one_broker(kafka_env):
+    assert kafka_env["KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR"] == "1"
+    assert kafka_env["KAFKA_TRANSACTION_STATE_LOG_MIN_ISR"] == "1"
+    assert kafka_env["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"] == "1"
+
+
+def test_listeners_serve_the_compose_network_and_the_host(kafka_env):
+    listeners = dict(re.match(r"(\w+)://(.*)", item).groups() for item in kafka_env["KAFKA_LISTENERS"].split(","))
+    advertised = dict(re.match(r"(\w+)://(.*)", item).groups()
+                      for item in kafka_env["KAFKA_ADVERTISED_LISTENERS"].split(","))
+    protocols = dict(item.split(":") for item in kafka_env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+    assert set(listeners) <= set(protocols)
+    assert "kafka:9092" in advertised.values()  # what the ordo service connects to
+    host_side = [a for a in advertised.values() if a.split(":")[0] in ("127.0.0.1", "localhost")]
+    assert host_side, "no listener advertised for clients on the host"
+    assert kafka_env["KAFKA_INTER_BROKER_LISTENER_NAME"] in listeners
+
+
+def test_published_ports_bind_loopback_only(compose):
+    published = [p for service in compose["services"].values() for p in service.get("ports", [])]
+    assert published, "kafka should be reachable from the host"
+    for port in published:
+        host_ip = port["host_ip"] if isinstance(port, dict) else str(port).split(":")[0]
+        assert host_ip == "127.0.0.1", f"port {port} is not bound to 127.0.0.1"
+
+
+def test_kafka_has_a_healthcheck(compose):
+    check = compose["services"]["kafka"]["healthcheck"]
+    test = check["test"] if isinstance(check["test"], str) else " ".join(check["test"])
+    assert "kafka-broker-api-versions" in test or "kafka-topics" in test
+    assert check.get("retries", 0) >= 1
+
+
+def test_ordo_runs_with_the_documented_cli_flags(compose):
+    args = command_args(compose["services"]["ordo"])
+    assert args[0] == "run"
+    assert flag(args, "--bootstrap-servers") == "kafka:9092"
+    assert flag(args, "--namespace") == "ordo"
+    assert flag(args, "--data-dir") == "/data"
+    assert flag(args, "--scheduler") == "serial"
+
+
+def test_ordo_flags_are_ones_the_cli_accepts(compose):
+    from ordo.cli import build_parser
+
+    args = build_parser().parse_args(command_args(compose["services"]["ordo"]))
+    assert (args.command, args.bootstrap_servers, args.namespace, args.data_dir, args.scheduler) == \
+           ("run", "kafka:9092", "ordo", "/data", "serial")
+
+
+def test_ordo_waits_for_healthy_kafka_and_keeps_data_in_a_named_volume(compose):
+    ordo = compose["services"]["ordo"]
+    assert ordo["depends_on"]["kafka"]["condition"] == "service_healthy"
+    assert "build" in ordo
+    mounts = [v.split(":")[:2] if isinstance(v, str) else [v.get("source"), v["target"]] for v in ordo["volumes"]]
+    sources = [source for source, target in mounts if target == "/data"]
+    assert sources, "no volume mounted at /data"
+    assert sources[0] in (compose.get("volumes") or {}), f"{sources[0]} is not a named volume"
+
+
+def test_dockerfile_installs_the_project_with_the_ordo_entrypoint(dockerfile):
+    assert dockerfile[0].startswith("FROM python:3.11-slim")
+    assert any(re.match(r"RUN .*pip install (--\S+ )*\.(\s|$)", line) for line in dockerfile)
+    entrypoints = [line for line in dockerfile if line.startswith("ENTRYPOINT")]
+    assert entrypoints and entrypoints[-1] in ('ENTRYPOINT ["ordo"]', "ENTRYPOINT ordo")
+
+
+def test_dockerfile_copies_every_package_pip_install_needs(dockerfile):
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)
+    copied = {src.rstrip("/") for line in dockerfile if line.startswith("COPY ")
+              for src in line.split()[1:-1]}
+    if "." in copied:
+        return
+    needed = {p.split(".")[0] for p in project["tool"]["setuptools"]["packages"]} | {"pyproject.toml"}
+    if "readme" in project["project"]:
+        needed.add(project["project"]["readme"])
+    assert needed <= copied, f"Dockerfile does not copy {sorted(needed - copied)}"
