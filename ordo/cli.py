@@ -38,7 +38,34 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", required=True, metavar="DIR", help="where the RocksDB shards live")
     p.add_argument("--scheduler", choices=SCHEDULER_CHOICES, default="serial")
     p.add_argument("--partitions", type=int, default=1, metavar="N", help="partition workers (default 1)")
+    _placement_options(p)
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def _placement_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("placement")
+    g.add_argument("--runtime", choices=("auto", "local", "ray"), default="auto",
+                   help="partition workers in this process (local) or as Ray actors (ray); "
+                        "auto: Ray when there is more than one partition")
+    g.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster instead of starting one")
+    g.add_argument("--cores", type=_cores, metavar="LIST", help="cores to pin workers to, e.g. 0,1 (default: all)")
+    g.add_argument("--procedures", action="append", default=[], metavar="MODULE",
+                   help="import path of a module with TABLES and PROCEDURES to register (repeatable)")
+
+
+def _cores(text: str) -> list[int]:
+    try:
+        cores = [int(c) for c in text.split(",") if c.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of core numbers: {text!r}") from None
+    if not cores:
+        raise argparse.ArgumentTypeError("no cores given")
+    return cores
+
+
+def _placement(args) -> dict:
+    return {"runtime": args.runtime, "ray_address": args.ray_address, "cores": args.cores,
+            "procedure_modules": tuple(args.procedures)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sequence", help="run only the sequencer")
     _kafka(p)
     _sequencer_options(p)
+    p.add_argument("--procedures", action="append", default=[], metavar="MODULE",
+                   help="import path of a module with TABLES and PROCEDURES to register (repeatable)")
 
     p = sub.add_parser("execute", help="run only the engine (follows <ns>.log)")
     _kafka(p)
@@ -128,20 +157,21 @@ def cmd_run(args) -> int:
     from ordo.services import serve_all
 
     return serve_all(args.bootstrap_servers, args.namespace, args.data_dir, args.scheduler, args.partitions,
-                     args.request_partitions, _sequencer_config(args), args.quiet)
+                     args.request_partitions, _sequencer_config(args), args.quiet, _placement(args))
 
 
 def cmd_sequence(args) -> int:
     from ordo.services import serve_sequencer
 
-    return serve_sequencer(args.bootstrap_servers, args.namespace, _sequencer_config(args))
+    return serve_sequencer(args.bootstrap_servers, args.namespace, _sequencer_config(args),
+                           tuple(args.procedures))
 
 
 def cmd_execute(args) -> int:
     from ordo.services import serve_engine
 
     return serve_engine(args.bootstrap_servers, args.namespace, args.data_dir, args.scheduler,
-                        args.partitions, args.quiet)
+                        args.partitions, args.quiet, _placement(args))
 
 
 def cmd_submit(args) -> int:

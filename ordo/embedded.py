@@ -28,9 +28,9 @@ class SequencerThread:
 
     def wait_for(self, requests: int, timeout: float = 300.0) -> None:
         deadline = time.monotonic() + timeout
-        while self.sequencer.stats.requests < requests:
+        while self.sequencer.stats.sequenced < requests:
             if time.monotonic() > deadline or not self._thread.is_alive():
-                raise TimeoutError(f"sequenced {self.sequencer.stats.requests} of {requests} requests")
+                raise TimeoutError(f"sequenced {self.sequencer.stats.sequenced} of {requests} requests")
             time.sleep(0.01)
 
     def stop(self) -> None:

@@ -24,8 +24,9 @@ def on_termination(stop: Callable[[], None]) -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def serve_sequencer(bootstrap: str, namespace: str, config: SequencerConfig) -> int:
-    sequencer = Sequencer(bootstrap, namespace, default_registry(), config)
+def serve_sequencer(bootstrap: str, namespace: str, config: SequencerConfig,
+                    procedure_modules: tuple[str, ...] = ()) -> int:
+    sequencer = Sequencer(bootstrap, namespace, default_registry(procedure_modules), config)
     on_termination(sequencer.stop)
     sequencer.start()
     print(f"sequencer generation {sequencer.generation} resumes at batch {sequencer.next_batch}",
@@ -56,8 +57,8 @@ class Progress:
 
 
 def serve_engine(bootstrap: str, namespace: str, data_dir: str, scheduler: str, partitions: int,
-                 quiet: bool = False) -> int:
-    coordinator = Coordinator(bootstrap, namespace, data_dir, scheduler, partitions)
+                 quiet: bool = False, placement: dict | None = None) -> int:
+    coordinator = Coordinator(bootstrap, namespace, data_dir, scheduler, partitions, **(placement or {}))
     on_termination(coordinator.stop)
     print(f"engine ({scheduler}, {partitions} partition(s)) resumes after batch {coordinator.stats.last_batch}",
           file=sys.stderr, flush=True)
@@ -65,13 +66,15 @@ def serve_engine(bootstrap: str, namespace: str, data_dir: str, scheduler: str, 
     return 0
 
 
-def sequencer_command(bootstrap: str, namespace: str, config: SequencerConfig) -> list[str]:
+def sequencer_command(bootstrap: str, namespace: str, config: SequencerConfig,
+                      procedure_modules: tuple[str, ...] = ()) -> list[str]:
     return [
         sys.executable, "-m", "ordo.cli", "sequence",
         "--bootstrap-servers", bootstrap, "--namespace", namespace,
         "--max-delay-ms", str(config.max_delay_ms), "--max-txns", str(config.max_txns),
         "--max-bytes", str(config.max_bytes), "--max-request-bytes", str(config.max_request_bytes),
         "--dedupe-window", str(config.dedupe_window),
+        *(arg for module in procedure_modules for arg in ("--procedures", module)),
     ]
 
 
@@ -79,8 +82,9 @@ class SequencerProcess:
     """The sequencer in a child process of its own (its own core, its own GIL), restarted
     if it dies: a restart fences the old one and resumes from the log."""
 
-    def __init__(self, bootstrap: str, namespace: str, config: SequencerConfig):
-        self._command = sequencer_command(bootstrap, namespace, config)
+    def __init__(self, bootstrap: str, namespace: str, config: SequencerConfig,
+                 procedure_modules: tuple[str, ...] = ()):
+        self._command = sequencer_command(bootstrap, namespace, config, procedure_modules)
         self._process: subprocess.Popen | None = None
         self._stopping = threading.Event()
         self._watch = threading.Thread(target=self._supervise, daemon=True)
@@ -116,10 +120,12 @@ class SequencerProcess:
 
 
 def serve_all(bootstrap: str, namespace: str, data_dir: str, scheduler: str, partitions: int,
-              request_partitions: int, config: SequencerConfig, quiet: bool = False) -> int:
+              request_partitions: int, config: SequencerConfig, quiet: bool = False,
+              placement: dict | None = None) -> int:
+    placement = placement or {}
     ensure_topics(bootstrap, namespace, request_partitions)
-    coordinator = Coordinator(bootstrap, namespace, data_dir, scheduler, partitions)
-    sequencer = SequencerProcess(bootstrap, namespace, config)
+    coordinator = Coordinator(bootstrap, namespace, data_dir, scheduler, partitions, **placement)
+    sequencer = SequencerProcess(bootstrap, namespace, config, placement.get("procedure_modules", ()))
     on_termination(coordinator.stop)
     sequencer.start()
     print(f"ordo running: namespace {namespace}, {scheduler} scheduler, {partitions} partition(s), "

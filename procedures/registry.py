@@ -69,11 +69,20 @@ def _ordered_set(keys: Iterable[Key]) -> tuple[Key, ...]:
     return tuple(dict.fromkeys((table, key) for table, key in keys))
 
 
-def default_registry() -> Registry:
-    """Every built-in workload."""
+def default_registry(extra_modules: Iterable[str] = ()) -> Registry:
+    """Every built-in workload, plus the procedures of `extra_modules`: import paths of
+    modules that define TABLES and PROCEDURES, as the built-in workload modules do."""
+    import importlib
+
     from procedures.workloads import ALL_WORKLOADS
 
     registry = Registry()
     for workload in ALL_WORKLOADS.values():
         registry.add_workload(workload.TABLES, workload.PROCEDURES)
+    for name in extra_modules:
+        try:
+            module = importlib.import_module(name)
+        except ImportError as exc:
+            raise ValueError(f"cannot import procedures module '{name}': {exc}") from None
+        registry.add_workload(getattr(module, "TABLES", ()), getattr(module, "PROCEDURES", ()))
     return registry

@@ -50,3 +50,9 @@ def in_log_order(execution: BatchExecution) -> None:
     The sort is stable, so each transaction's changes keep their encoded-key order."""
     execution.outcomes.sort(key=_by_index)
     execution.changes.sort(key=_by_txn)
+
+
+def available_schedulers() -> list[str]:
+    """Names of every scheduler, for the CLI and the tests."""
+    make_scheduler("serial")  # imports (and so registers) all of them
+    return sorted(SCHEDULERS)

@@ -91,6 +91,10 @@ class ReadExchange(Protocol):
 
     def send(self, batch_id: int, index: int, to: tuple[int, ...], values: dict[bytes, Any]) -> None: ...
 
+    def flush(self) -> None:
+        """Deliver what `send` may have held back to aggregate; called before waiting and
+        at the end of a batch."""
+
     async def receive(self, batch_id: int, index: int, senders: int) -> dict[bytes, Any]: ...
 
 

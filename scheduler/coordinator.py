@@ -8,21 +8,17 @@ a batch's outputs again (identically), never lose them.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
 from dataclasses import dataclass
 
-from confluent_kafka import Producer
-
-from procedures.registry import Registry, default_registry
+from procedures.registry import Registry
 from scheduler.batch import Outcome
-from scheduler.exchange import LocalExchange
-from scheduler.execution import REJECTED
-from scheduler.outputs import change_key, change_record, outcome_record
-from scheduler.worker import PartitionResult, PartitionWorker, check_layout
-from sequencer.kafka import kafka_config
+from scheduler.execution import ABORTED, COMMITTED, REJECTED
+from scheduler.group import LocalGroup, WorkerGroup
+from scheduler.outputs import KafkaOutputs, OutputSink
+from scheduler.worker import PartitionResult, check_layout
 from sequencer.log import Batch, LogCursor
 from sequencer.reader import LogReader
 from sequencer.topics import Topics
@@ -42,30 +38,24 @@ class EngineStats:
 
 class Coordinator:
     def __init__(self, bootstrap: str, namespace: str, data_dir: str, scheduler: str = "serial",
-                 partitions: int = 1, registry: Registry | None = None, sync: bool = False):
+                 partitions: int = 1, registry: Registry | None = None, sync: bool = False,
+                 runtime: str = "auto", ray_address: str | None = None, cores: list[int] | None = None,
+                 procedure_modules: tuple[str, ...] = (), outputs: OutputSink | None = None):
         check_layout(data_dir, partitions)
         self.topics = Topics(namespace)
-        self.registry = registry or default_registry()
         self.stats = EngineStats()
         self._stop = threading.Event()
-        exchange = LocalExchange()
-        self.workers = [
-            PartitionWorker(data_dir, p, partitions, scheduler, self.registry, exchange.endpoint(p), sync)
-            for p in range(partitions)
-        ]
+        self.group = make_group(data_dir, partitions, scheduler, registry, sync, runtime, ray_address, cores,
+                                procedure_modules)
         self.cursor = self._resume_cursor()
         self.stats.last_batch = self.cursor.next_batch - 1
+        self._uncommitted: dict | None = None  # marker of the executed, published, unapplied batch
         self._reader = LogReader(bootstrap, self.topics.log, self.cursor, f"{namespace}.engine")
-        self._producer = Producer(kafka_config(bootstrap, {
-            "enable.idempotence": True,
-            "linger.ms": 2,
-            "batch.num.messages": 10_000,
-            "queue.buffering.max.messages": 1_000_000,
-        }))
-        self._loop = asyncio.new_event_loop()
+        self.outputs = outputs if outputs is not None else KafkaOutputs(bootstrap, self.topics)
+        self._closed = False
 
     def _resume_cursor(self) -> LogCursor:
-        markers = [w.applied() for w in self.workers]
+        markers = self.group.applied()
         if all(m is None for m in markers):
             return LogCursor()
         batches = {m["batch"] if m else 0 for m in markers}
@@ -89,11 +79,15 @@ class Coordinator:
                     break
                 batches = self._reader.poll(0.05)
                 for batch, cursor in batches:
+                    if until_batch is not None and batch.batch_id > until_batch:
+                        break
                     self.apply(batch, cursor)
                 if batches:
                     last_progress = time.monotonic()
-                elif idle_exit is not None and time.monotonic() - last_progress > idle_exit:
-                    break
+                else:
+                    self._commit_pending()
+                    if idle_exit is not None and time.monotonic() - last_progress > idle_exit:
+                        break
                 if progress is not None:
                     progress(self.stats)
         finally:
@@ -101,16 +95,19 @@ class Coordinator:
         return self.stats
 
     def apply(self, batch: Batch, cursor: dict) -> None:
-        results = self._loop.run_until_complete(self._execute(batch))
+        """Execute a batch, publish its outputs, and have it applied (with the next call to
+        the workers, or when the log goes quiet)."""
+        results = self.group.execute(batch, self._uncommitted)
+        self._uncommitted = None
         self._publish(batch, results)
-        marker = {"batch": batch.batch_id, "cursor": cursor}
-        for worker in self.workers:
-            worker.commit(marker)
+        self._uncommitted = {"batch": batch.batch_id, "cursor": cursor}
         self.stats.batches += 1
         self.stats.last_batch = batch.batch_id
 
-    async def _execute(self, batch: Batch) -> list[PartitionResult]:
-        return await asyncio.gather(*(w.execute(batch) for w in self.workers))
+    def _commit_pending(self) -> None:
+        if self._uncommitted is not None:
+            self.group.commit(self._uncommitted)
+            self._uncommitted = None
 
     def _publish(self, batch: Batch, results: list[PartitionResult]) -> None:
         outcomes: list[Outcome] = [
@@ -121,34 +118,46 @@ class Coordinator:
         for result in results:
             outcomes.extend(result.outcomes)
         outcomes.sort(key=lambda o: o.index)
-        produce = self._producer.produce
-        results_topic = self.topics.results
+        self.outputs.publish(batch.batch_id, outcomes, {r.partition: r.changes for r in results})
         stats = self.stats
         for outcome in outcomes:
-            produce(results_topic, key=outcome.id.encode(), value=outcome_record(outcome, batch.batch_id))
-            if outcome.status == "committed":
+            if outcome.status == COMMITTED:
                 stats.committed += 1
-            elif outcome.status == "aborted":
+            elif outcome.status == ABORTED:
                 stats.aborted += 1
             else:
                 stats.rejected += 1
         stats.txns += len(outcomes)
-        for result in results:
-            produce(self.topics.changes, key=change_key(batch.batch_id, result.partition),
-                    value=change_record(batch.batch_id, result.partition, result.changes))
-        remaining = self._producer.flush(60)
-        if remaining:
-            raise RuntimeError(f"{remaining} outputs of batch {batch.batch_id} not acknowledged by the broker")
 
     def log_lag(self) -> int | str:
         """Log records not yet read; for display only (some brokers misreport watermarks)."""
         return self._reader.lag()
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         self._reader.close()
-        if self._producer is not None:
-            self._producer.flush(10)
-            self._producer = None
-        for worker in self.workers:
-            worker.close()
-        self._loop.close()
+        self.outputs.close()
+        try:
+            self._commit_pending()
+        finally:
+            self.group.close()
+
+
+def make_group(data_dir: str, partitions: int, scheduler: str, registry: Registry | None, sync: bool,
+               runtime: str, ray_address: str | None, cores: list[int] | None,
+               procedure_modules: tuple[str, ...]) -> WorkerGroup:
+    """`local`: workers in this process; `ray`: one Ray actor per partition; `auto`: Ray
+    when there is more than one partition."""
+    if runtime == "auto":
+        runtime = "ray" if partitions > 1 or ray_address else "local"
+    if runtime == "local":
+        return LocalGroup(data_dir, partitions, scheduler, registry, sync, procedure_modules)
+    if runtime == "ray":
+        if registry is not None:
+            raise ValueError("Ray workers build their registry from procedure modules, not a Registry object")
+        from scheduler.ray_group import RayGroup
+
+        return RayGroup(data_dir, partitions, scheduler, sync, procedure_modules, ray_address, cores)
+    raise ValueError(f"unknown runtime '{runtime}' (local, ray or auto)")

@@ -35,6 +35,9 @@ class LocalEndpoint:
             slot[1] += 1
             slot[2].set()
 
+    def flush(self) -> None:
+        """Sends are delivered at once in one process: nothing is held back."""
+
     async def receive(self, batch_id: int, index: int, senders: int) -> dict[bytes, Any]:
         key = (batch_id, index, self.partition)
         slot = self._exchange._slot(batch_id, index, self.partition)

@@ -1,51 +1,59 @@
 """TStream's operation chains.
 
-A batch is decomposed into per-key operations (procedures/operations.py). Every key the
-batch touches gets one chain: the entries of the transactions that touch it, in log
-order, each entry holding that transaction's operations on the key. A chain starts from
-the key's value in the overlay (read once), walks its entries, and its final value is
-written back once; so a hot key costs one read and one write per batch however many
-transactions hit it.
+Each stretch of single-partition transactions (normally the whole batch) is evaluated in
+two phases, as in TStream's dual-mode scheduling.
 
-Dependencies across chains. A transaction T may need other keys' values: the keys of its
-conditions and of its READ_MODIFY dependencies. It needs them as they stand just before
-T in log order, never "the latest". So T has an entry on every such key's chain too (an
-empty probe if it does not write it), and when a chain reaches T's entry it publishes
-its current value as T's version of that key: the per-batch multi-versioning, kept only
-where a dependency asks for it. An entry of T that needs versions (any entry of a
-transaction with a condition, or one whose functions read other keys) parks its chain
-until T has them all; other chains run on, past T, meanwhile. Nothing ever waits for a
-later transaction, so the earliest pending entry can always proceed: no deadlock.
+1. Decompose. Every transaction becomes per-key operations (procedures/operations.py),
+   grouped into one entry per key it touches, and each entry is appended to its key's
+   chain; transactions are taken in log order, so every chain is ordered by txn index.
+   A transaction T may need other keys' values — the keys of its conditions and of its
+   READ_MODIFY dependencies — as they stand just before T in log order, never "the
+   latest". Those are its recorded cross-chain dependencies: T gets an entry on each such
+   key's chain too (an empty probe where it writes nothing there).
 
-Evaluation order: the first round walks every chain as far as it can go — chains with no
-pending dependency run to the end; later rounds resume the chains that parked, as the
-versions they wait for get published.
+2. Evaluate. A chain starts from its key's value in the overlay (read once), walks its
+   entries applying their operations, and its final value is written back once; a hot key
+   costs one read and one write per stretch however many transactions hit it. When a
+   chain reaches T's entry on a key T depends on, it publishes its current value as T's
+   version of that key — per-batch multi-versioning, kept only where a dependency asks
+   for it — and walks on. An entry that needs versions (every entry of a transaction with
+   a condition, and any entry whose functions read other keys) parks its chain until T
+   has all of them. Round one walks every chain as far as it goes: chains without a
+   pending dependency run to their end; the later rounds resume the chains whose
+   dependencies got published in the round before. An entry only ever waits for chains
+   to reach its own transaction, never a later one, so some chain can always move: no
+   deadlock. The result does not depend on the order in which chains are walked (tests
+   shuffle it, standing in for TStream's parallel executors).
 
-Aborts are atomic across chains: T's condition is decided once, from its versions, before
-any of T's writing entries pass, and every entry of T obeys the one decision. A chain
-that moves past an aborted T carries the value it had before T.
+Aborts are atomic across chains: T's condition is decided once, from its versions,
+before any entry of T that writes has passed, and every entry of T obeys that one
+decision. A chain that moves past an aborted T carries on from the value it had before T,
+so nothing later ever sees T's writes.
 
-A procedure without an operation form (or whose form is unusable for the given arguments)
-runs whole: it has an entry on each of its keys, waits at the head of all of them (it
-needs every key's version), runs RUN through `execute` on those versions, and each chain
-continues from the value RUN wrote.
+A procedure without an operation form (or whose form does not fit the declared sets for
+the given arguments) runs whole: it has an entry on each of its keys, all gated, so it
+waits at the head of every chain it touches until each has published its version; then
+RUN runs once through `execute` on those versions, and each chain continues from the
+value RUN wrote there.
 
 Escape hatch: if an operation function, condition or result function raises, or yields
-a value storage cannot hold — cases where RUN would abort with its own error text —
-nothing of the chains has reached the overlay yet, so the scheduler drops them and runs
-that stretch of transactions one by one through RUN instead.
+a value storage cannot hold — cases in which RUN would abort with its own error text —
+nothing of the chains has reached the overlay yet, so the stretch is dropped and its
+transactions run one by one through RUN instead (counted in `fallbacks`).
 
-Multi-partition transactions (for now): the batch is cut at each of them. The chains of
-the stretch before it are evaluated and written back, then it runs through Calvin's
-protocol (`execution.run`) on the overlay, exactly at its log position, as the serial
-scheduler would run it; the next stretch starts from the overlay it left.
+Multi-partition transactions, for now: the batch is cut at each of them. The stretch
+before it is evaluated and written back, then it runs through Calvin's protocol
+(`execution.run`) on the overlay exactly at its log position, as the serial scheduler
+runs it, and the next stretch starts from the overlay it left. Equivalence holds because
+every stretch and every cut-point transaction sees precisely the state its predecessors
+in log order left.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-from collections import deque
+import random
 from typing import Any
 
 from procedures.operations import OP_MODIFY, OP_READ, OP_WRITE, as_operations
@@ -73,7 +81,7 @@ def _view(value: Any, default: Any) -> Any:
 
 
 def _stored(value: Any) -> Any:
-    """A value a WRITE or READ_MODIFY produced, checked as ctx.write checks it."""
+    """A value a WRITE produced, checked and copied as ctx.write does."""
     if type(value) in _SCALARS:
         return value
     encode_value(value)
@@ -90,8 +98,8 @@ class _Txn:
         self.txn = txn
         self.result = None  # result function of the operation form
         self.whole = False
-        self.conditions: list = []  # (test, reason, ((encoded, default), ...))
-        self.missing = 0  # versions still to be published
+        self.conditions: list = []  # (test, reason, [(encoded, default), ...])
+        self.missing = 0  # versions not yet published
         self.versions: dict[bytes, Any] = {}
         self.parked: list[bytes] = []  # chains halted at one of its entries
         self.aborted: str | None = None
@@ -102,9 +110,9 @@ class _Txn:
         self.writes: dict = {}  # RUN's writes, for a transaction run whole
 
 
-# An entry: one transaction's part of one chain.
-#   (txn state, operations — None when run whole, () for a probe —, table, key,
-#    gated: must wait until the transaction has all its versions,
+# An entry, one transaction's part of one chain, is a tuple:
+#   (txn state, operations: list, () for a probe, None when run whole,
+#    table, key, gated: waits until the transaction has all its versions,
 #    publishes: the transaction needs this key's version)
 
 
@@ -173,35 +181,26 @@ def _decompose(txn: PreparedTxn, defaults: dict) -> tuple | None:
     return per_key, dependent, needs, conditions, form.result, i
 
 
-_UNREAD = object()
-
-
 class _Evaluation:
-    """The chains of one stretch of single-partition transactions.
+    """The chains of one stretch of single-partition transactions."""
 
-    A chain is its key's current value (read from the overlay when the chain starts)
-    plus, while its head entry waits for versions, the queue of its entries from that
-    one on. Entries arrive in log order. An entry whose chain has no queue and which
-    needs nothing passes at once — the first round, in which every chain without a
-    pending dependency is evaluated as far as it goes while the batch is decomposed. An
-    entry that must wait parks its chain; when its transaction's last version is
-    published, the chains parked on it resume (the later rounds)."""
-
-    def __init__(self, execution: BatchExecution):
+    def __init__(self, execution: BatchExecution, shuffle: random.Random | None = None):
         self.execution = execution
         self.defaults = execution.defaults
-        self.read = execution.overlay.get
-        self.values: dict[bytes, Any] = {}  # chain -> current value
-        self.queues: dict[bytes, deque] = {}  # parked chain -> its waiting entries
+        self.shuffle = shuffle
+        self.chains: dict[bytes, list] = {}  # key -> its entries, in log order
+        self.values: dict[bytes, Any] = {}  # key -> value where its chain stands
+        self.positions: dict[bytes, int] = {}  # parked chain -> index of its waiting entry
         self.dirty: set[bytes] = set()
         self.states: list[_Txn] = []
-        self.work: deque[bytes] = deque()  # chains to resume
+        self.woken: list[bytes] = []  # chains to resume in the next round
+        self.rounds = 0
 
     def add(self, txn: PreparedTxn) -> None:
-        """Decompose `txn` and insert its entries into their chains."""
+        """Phase 1 for one transaction: its entries, appended to their chains."""
         state = _Txn(txn)
         self.states.append(state)
-        offer = self._offer
+        chains = self.chains
         decomposed = _decompose(txn, self.defaults)
         if decomposed is None:
             state.whole = True
@@ -211,83 +210,92 @@ class _Evaluation:
             state.missing = state.left = len(keys)
             for encoded in keys:
                 table, key = writes.get(encoded, (None, None))
-                offer(encoded, (state, None, table, key, True, True))
-        else:
-            per_key, dependent, needs, conditions, result, count = decomposed
-            state.conditions = conditions
-            state.result = result
-            state.outputs = [None] * count
-            state.missing = len(needs)
-            gate_all = bool(conditions)
-            probes = [encoded for encoded in needs if encoded not in per_key]
-            state.left = len(per_key) + len(probes)
-            if gate_all and not needs:
-                self._resolve(state)  # conditions over no key at all
-            queues, values, read, apply = self.queues, self.values, self.read, self._apply
-            for encoded, (table, key, ops) in per_key.items():
-                gated = gate_all or encoded in dependent
-                publishes = encoded in needs
-                if gated or publishes or encoded in queues:
-                    offer(encoded, (state, ops, table, key, gated, publishes))
-                    continue
-                # The common case, inline: a free chain and an entry that needs nothing.
-                value = values.get(encoded, _UNREAD)
-                if value is _UNREAD:
-                    value = read(encoded)
-                values[encoded] = apply(state, encoded, table, key, ops, value)
-                state.left -= 1
-                if state.left == 0:
-                    self._finish(state)
-            for encoded in probes:  # publish a version, change nothing
-                table, key = needs[encoded]
-                offer(encoded, (state, (), table, key, False, True))
-        work = self.work
-        while work:
-            self._resume(work.popleft())
+                entry = (state, None, table, key, True, True)
+                chain = chains.get(encoded)
+                if chain is None:
+                    chains[encoded] = [entry]
+                else:
+                    chain.append(entry)
+            return
+        per_key, dependent, needs, conditions, result, count = decomposed
+        state.conditions = conditions
+        state.result = result
+        state.outputs = [None] * count
+        state.missing = len(needs)
+        gate_all = bool(conditions)
+        left = 0
+        for encoded, (table, key, ops) in per_key.items():
+            entry = (state, ops, table, key, gate_all or encoded in dependent, encoded in needs)
+            chain = chains.get(encoded)
+            if chain is None:
+                chains[encoded] = [entry]
+            else:
+                chain.append(entry)
+            left += 1
+        for encoded, (table, key) in needs.items():
+            if encoded not in per_key:  # a probe: publishes the version, changes nothing
+                entry = (state, (), table, key, False, True)
+                chain = chains.get(encoded)
+                if chain is None:
+                    chains[encoded] = [entry]
+                else:
+                    chain.append(entry)
+                left += 1
+        state.left = left
+        if gate_all and not needs:
+            self._resolve(state)  # conditions over no key at all
+        if not left:
+            self._finish(state)  # an empty form
 
-    def _offer(self, encoded: bytes, entry: tuple) -> None:
-        queue = self.queues.get(encoded)
-        if queue is not None:
-            queue.append(entry)
-        elif not self._step(encoded, entry, True):
-            self.queues[encoded] = deque((entry,))
+    def evaluate(self) -> None:
+        """Phase 2: round one walks every chain; each later round resumes the chains
+        whose transactions got their last version in the round before."""
+        order = list(self.chains)
+        if self.shuffle is not None:
+            self.shuffle.shuffle(order)
+        walk, read, chains = self._walk, self.execution.overlay.get, self.chains
+        while order:
+            self.rounds += 1
+            for encoded in order:
+                if encoded in self.positions:
+                    walk(encoded, chains[encoded], self.positions.pop(encoded), self.values[encoded], True)
+                else:
+                    walk(encoded, chains[encoded], 0, read(encoded), False)
+            order, self.woken = self.woken, []
+            if self.shuffle is not None:
+                self.shuffle.shuffle(order)
+        if self.positions:
+            raise RuntimeError(f"opchain: {len(self.positions)} chain(s) never resumed")
 
-    def _resume(self, encoded: bytes) -> None:
-        queue = self.queues[encoded]
-        fresh = False  # the head published its version before it parked
-        while queue:
-            if not self._step(encoded, queue[0], fresh):
-                return
-            queue.popleft()
-            fresh = True
-        del self.queues[encoded]
-
-    def _step(self, encoded: bytes, entry: tuple, fresh: bool) -> bool:
-        """Pass `entry`, at the head of its chain; False if it must wait."""
-        state, ops, table, key, gated, publishes = entry
-        values = self.values
-        value = values.get(encoded, _UNREAD)
-        if value is _UNREAD:
-            value = values[encoded] = self.read(encoded)
-        if fresh and publishes:
-            state.versions[encoded] = value
-            state.missing -= 1
-            if state.missing == 0:
-                self._resolve(state)
-        if gated and state.missing:
-            state.parked.append(encoded)
-            return False
-        if ops is None:
-            written = state.writes.get(encoded)
-            if written is not None:
-                values[encoded] = written[2]
-                self.dirty.add(encoded)
-        elif ops and state.aborted is None:
-            values[encoded] = self._apply(state, encoded, table, key, ops, value)
-        state.left -= 1
-        if state.left == 0:
-            self._finish(state)
-        return True
+    def _walk(self, encoded: bytes, entries: list, pos: int, value: Any, resumed: bool) -> None:
+        end = len(entries)
+        apply = self._apply
+        while pos < end:
+            state, ops, table, key, gated, publishes = entries[pos]
+            if resumed:
+                resumed = False  # its version was published before it parked
+            elif publishes:
+                state.versions[encoded] = value
+                state.missing -= 1
+                if state.missing == 0:
+                    self._resolve(state)
+            if gated and state.missing:
+                self.positions[encoded] = pos
+                state.parked.append(encoded)
+                break
+            if ops:
+                if state.aborted is None:
+                    value = apply(state, encoded, table, key, ops, value)
+            elif ops is None:
+                written = state.writes.get(encoded)
+                if written is not None:
+                    value = written[2]
+                    self.dirty.add(encoded)
+            state.left -= 1
+            if state.left == 0:
+                self._finish(state)
+            pos += 1
+        self.values[encoded] = value
 
     def _apply(self, state: _Txn, encoded: bytes, table: str, key: Any, ops: list, value: Any) -> Any:
         default = self.defaults.get(table, 0)
@@ -342,7 +350,7 @@ class _Evaluation:
                     state.aborted = reason
                     break
         if state.parked:
-            self.work.extend(state.parked)
+            self.woken.extend(state.parked)
             state.parked = []
 
     def _finish(self, state: _Txn) -> None:
@@ -361,10 +369,6 @@ class _Evaluation:
             except Exception as exc:
                 raise FormFailed(f"{state.txn.procedure.name}: result raised {type(exc).__name__}") from exc
         state.outcome = (COMMITTED, result, None)
-
-    def check_done(self) -> None:
-        if self.queues or any(state.left for state in self.states):
-            raise RuntimeError(f"opchain: {len(self.queues)} chain(s) still parked at the end of a stretch")
 
     def flush(self) -> None:
         """Write each changed key once, and report outcomes and changes in log order."""
@@ -397,8 +401,12 @@ def _first(item: tuple) -> bytes:
 class OpChainScheduler(Scheduler):
     name = "opchain"
 
-    def __init__(self) -> None:
+    def __init__(self, shuffle_seed: int | None = None) -> None:
+        # shuffle_seed: walk chains in a seeded random order each round (tests use it to
+        # stand in for parallel executors picking chains in any order).
+        self.shuffle = None if shuffle_seed is None else random.Random(shuffle_seed)
         self.fallbacks = 0  # stretches run through RUN because a form failed (diagnostics)
+        self.rounds = 0  # evaluation rounds so far (diagnostics)
 
     async def run_batch(self, txns: list[PreparedTxn], execution: BatchExecution) -> None:
         stretch: list[PreparedTxn] = []
@@ -415,15 +423,16 @@ class OpChainScheduler(Scheduler):
     def _stretch(self, txns: list[PreparedTxn], execution: BatchExecution) -> None:
         if not txns:
             return
-        evaluation = _Evaluation(execution)
+        evaluation = _Evaluation(execution, self.shuffle)
         try:
             for txn in txns:
                 evaluation.add(txn)
+            evaluation.evaluate()
         except FormFailed:
             self.fallbacks += 1
             run_single = execution.run_single
             for txn in txns:
                 run_single(txn)
             return
-        evaluation.check_done()
+        self.rounds += evaluation.rounds
         evaluation.flush()

@@ -14,9 +14,14 @@ that keeps the last record per key sees duplicates only, never different data.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Protocol
+
+from confluent_kafka import Producer
 
 from scheduler.batch import Outcome
+from sequencer.kafka import kafka_config
+from sequencer.topics import Topics
+from storage.keys import encode_key
 
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
@@ -47,3 +52,55 @@ def _change(index: int, table: str, key: Any, value: Any) -> dict:
     if value is None:
         return {"txn": index, "table": table, "key": key, "value": None, "deleted": True}
     return {"txn": index, "table": table, "key": key, "value": value}
+
+
+class OutputSink(Protocol):
+    def publish(self, batch_id: int, outcomes: list[Outcome], changes: dict[int, list[list]]) -> None:
+        """Outputs of one batch: outcomes in txn order, change data per partition. Must be
+        durable when it returns: the batch is applied only afterwards."""
+
+    def close(self) -> None: ...
+
+
+class KafkaOutputs:
+    def __init__(self, bootstrap: str, topics: Topics):
+        self.topics = topics
+        self._producer = Producer(kafka_config(bootstrap, {
+            "enable.idempotence": True,
+            "linger.ms": 2,
+            "batch.num.messages": 10_000,
+            "queue.buffering.max.messages": 1_000_000,
+        }))
+
+    def publish(self, batch_id: int, outcomes: list[Outcome], changes: dict[int, list[list]]) -> None:
+        produce = self._producer.produce
+        results_topic = self.topics.results
+        for outcome in outcomes:
+            produce(results_topic, key=outcome.id.encode(), value=outcome_record(outcome, batch_id))
+        for partition, records in changes.items():
+            produce(self.topics.changes, key=change_key(batch_id, partition),
+                    value=change_record(batch_id, partition, records))
+        remaining = self._producer.flush(60)
+        if remaining:
+            raise RuntimeError(f"{remaining} outputs of batch {batch_id} not acknowledged by the broker")
+
+    def close(self) -> None:
+        self._producer.flush(10)
+
+
+class CollectedOutputs:
+    """Outputs kept in memory: for comparing engine configurations on one log."""
+
+    def __init__(self) -> None:
+        self.outcomes: list[dict[str, Any]] = []
+        self.changes: list[tuple] = []  # (batch, txn index, table, key, value or None)
+
+    def publish(self, batch_id: int, outcomes: list[Outcome], changes: dict[int, list[list]]) -> None:
+        self.outcomes.extend({"id": o.id, "status": o.status, "batch": batch_id, "result": o.result,
+                              "error": o.error} for o in outcomes)
+        merged = [(batch_id, *change) for records in changes.values() for change in records]
+        merged.sort(key=lambda c: (c[1], encode_key(c[2], c[3])))  # txn order, then key order
+        self.changes.extend(merged)
+
+    def close(self) -> None:
+        pass

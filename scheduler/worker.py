@@ -57,9 +57,9 @@ class PartitionResult:
 class PartitionWorker:
     def __init__(self, data_dir: str, partition: int, partitions: int, scheduler: str,
                  registry: Registry | None = None, exchange: ReadExchange | None = None,
-                 sync: bool = False):
+                 sync: bool = False, procedure_modules: tuple[str, ...] = ()):
         self.partition = partition
-        self.registry = registry or default_registry()
+        self.registry = registry or default_registry(procedure_modules)
         tables = self.registry.tables.values()
         self.partitioner = Partitioner.for_tables(partitions, {t.name: t.partitioner for t in tables})
         self.defaults = {t.name: t.default for t in tables}
@@ -75,14 +75,19 @@ class PartitionWorker:
     def owner(self, table: str, key: Any, encoded: bytes) -> int:
         return self.partitioner.of(table, key, encoded)
 
-    async def execute(self, batch: Batch) -> PartitionResult:
+    async def execute(self, batch: Batch, commit: dict[str, Any] | None = None) -> PartitionResult:
         """Run this partition's share of `batch` on an overlay; nothing reaches the shard
-        until `commit`."""
+        until `commit`. `commit`, if given, first applies the previously executed batch:
+        it saves the coordinator a call per batch."""
+        if commit is not None:
+            self.commit(commit)
         txns, rejected = prepare(batch, self.registry, self.partitioner, self.partition)
         overlay = BatchOverlay(self.shard)
         overlay.prefetch(key for txn in txns for key in txn.local_reads)
         execution = BatchExecution(batch, self.partition, overlay, self.defaults, self.owner, self.exchange)
         await self.scheduler.run_batch(txns, execution)
+        if self.exchange is not None:
+            self.exchange.flush()
         self._pending = overlay.encoded_writes()
         self._pending_batch = batch.batch_id
         return PartitionResult(self.partition, rejected + execution.outcomes, execution.changes)

@@ -67,7 +67,8 @@ class _Epoch:
 @dataclass(slots=True)
 class SequencerStats:
     batches: int = 0
-    requests: int = 0
+    requests: int = 0  # taken into an epoch
+    sequenced: int = 0  # appended to the log
     rejected: int = 0
 
 
@@ -214,6 +215,7 @@ class Sequencer:
         for partition, span in epoch.offsets.items():
             self._cursor.request_offsets[partition] = span[1]
         self.stats.batches += 1
+        self.stats.sequenced += len(epoch.entries)
         return _Epoch()
 
     def _append(self, record: bytes, positions: list[TopicPartition]) -> None:

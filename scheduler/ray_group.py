@@ -1,0 +1,164 @@
+"""Partition workers as Ray actors: each in a process of its own, pinned to a core, owning
+one RocksDB shard. The coordinator makes one call per batch per actor; participants of
+multi-partition transactions send each other their local reads directly, one call per
+peer per scheduling step."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+
+from scheduler.worker import PartitionResult, PartitionWorker
+from sequencer.log import Batch
+
+
+class WorkerDied(RuntimeError):
+    """A partition worker's process is gone: its shard must be recovered before going on."""
+
+
+class RayExchange:
+    """Local reads for peers are held until the scheduler is about to wait (or the batch
+    ends), then go out as one call per peer carrying every transaction's reads."""
+
+    def __init__(self, partition: int):
+        self.partition = partition
+        self.peers: dict[int, Any] = {}
+        self._outbox: dict[tuple[int, int], dict[int, dict]] = {}  # (peer, batch) -> {txn: reads}
+        self._slots: dict[tuple[int, int], list] = {}
+
+    def send(self, batch_id: int, index: int, to: tuple[int, ...], values: dict[bytes, Any]) -> None:
+        for peer in to:
+            self._outbox.setdefault((peer, batch_id), {})[index] = values
+
+    def flush(self) -> None:
+        outbox, self._outbox = self._outbox, {}
+        for (peer, batch_id), payload in outbox.items():
+            self.peers[peer].deliver.remote(batch_id, payload)
+
+    def deliver(self, batch_id: int, payload: dict[int, dict]) -> None:
+        for index, values in payload.items():
+            slot = self._slot(batch_id, index)
+            slot[0].update(values)
+            slot[1] += 1
+            slot[2].set()
+
+    def _slot(self, batch_id: int, index: int) -> list:
+        slot = self._slots.get((batch_id, index))
+        if slot is None:
+            slot = self._slots[(batch_id, index)] = [{}, 0, asyncio.Event()]
+        return slot
+
+    async def receive(self, batch_id: int, index: int, senders: int) -> dict[bytes, Any]:
+        self.flush()
+        slot = self._slot(batch_id, index)
+        while slot[1] < senders:
+            slot[2].clear()
+            await slot[2].wait()
+        del self._slots[(batch_id, index)]
+        return slot[0]
+
+
+@ray.remote
+class PartitionActor:
+    def __init__(self, core: int | None, data_dir: str, partition: int, partitions: int, scheduler: str,
+                 sync: bool, procedure_modules: tuple[str, ...]):
+        if core is not None:
+            os.sched_setaffinity(0, {core})
+        self.exchange = RayExchange(partition)
+        self.worker = PartitionWorker(data_dir, partition, partitions, scheduler, None, self.exchange, sync,
+                                      procedure_modules)
+
+    def connect(self, peers: dict[int, Any]) -> None:
+        self.exchange.peers = peers
+
+    async def execute(self, batch: Batch, commit: dict[str, Any] | None) -> PartitionResult:
+        return await self.worker.execute(batch, commit)
+
+    async def deliver(self, batch_id: int, payload: dict[int, dict]) -> None:
+        self.exchange.deliver(batch_id, payload)
+
+    async def commit(self, marker: dict[str, Any]) -> None:
+        self.worker.commit(marker)
+
+    async def applied(self) -> dict[str, Any] | None:
+        return self.worker.applied()
+
+    async def where(self) -> dict[str, Any]:
+        return {"partition": self.worker.partition, "pid": os.getpid(),
+                "cores": sorted(os.sched_getaffinity(0)), "node": ray.get_runtime_context().get_node_id()}
+
+    async def close(self) -> None:
+        self.worker.close()
+
+
+def start_ray(address: str | None = None) -> None:
+    """Join `address`, or start Ray on this machine bound to 127.0.0.1 with no dashboard."""
+    if ray.is_initialized():
+        return
+    if address:
+        ray.init(address=address, logging_level="WARNING")
+    else:
+        ray.init(include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="WARNING",
+                 num_cpus=os.cpu_count())
+
+
+class RayGroup:
+    def __init__(self, data_dir: str, partitions: int, scheduler: str, sync: bool = False,
+                 procedure_modules: tuple[str, ...] = (), address: str | None = None,
+                 cores: list[int] | None = None, spread: bool = False):
+        start_ray(address)
+        self.partitions = partitions
+        cores = cores if cores is not None else list(range(os.cpu_count() or 1))
+        # num_cpus=0: pinning, not Ray's CPU accounting, decides where workers run, so
+        # more partitions than cores still start.
+        options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1000}
+        if spread:
+            options["scheduling_strategy"] = "SPREAD"
+        self.actors = [
+            PartitionActor.options(**options).remote(
+                cores[p % len(cores)] if cores else None, os.path.abspath(data_dir), p, partitions, scheduler,
+                sync, tuple(procedure_modules))
+            for p in range(partitions)
+        ]
+        peers = dict(enumerate(self.actors))
+        self._get([actor.connect.remote(peers) for actor in self.actors])
+
+    def _get(self, refs: list) -> list:
+        try:
+            return ray.get(refs)
+        except RayActorError as exc:
+            dead = [p for p, actor in enumerate(self.actors) if not _alive(actor)]
+            raise WorkerDied(f"partition worker(s) {dead or '?'} died: {exc}") from None
+
+    def applied(self) -> list[dict[str, Any] | None]:
+        return self._get([actor.applied.remote() for actor in self.actors])
+
+    def execute(self, batch: Batch, commit: dict[str, Any] | None) -> list[PartitionResult]:
+        batch_ref = ray.put(batch)
+        return self._get([actor.execute.remote(batch_ref, commit) for actor in self.actors])
+
+    def commit(self, marker: dict[str, Any]) -> None:
+        self._get([actor.commit.remote(marker) for actor in self.actors])
+
+    def where(self) -> list[dict[str, Any]]:
+        return self._get([actor.where.remote() for actor in self.actors])
+
+    def close(self) -> None:
+        try:
+            ray.get([actor.close.remote() for actor in self.actors], timeout=30)
+        except Exception:
+            pass  # a dead worker has nothing left to close
+        for actor in self.actors:
+            ray.kill(actor)
+
+
+def _alive(actor) -> bool:
+    try:
+        ray.get(actor.applied.remote(), timeout=5)
+        return True
+    except Exception:
+        return False
