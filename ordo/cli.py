@@ -133,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--max-txns", type=int, default=SequencerConfig().max_txns, help="batch size cap")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON here")
+
+    from spark_jobs.cli import add_spark_commands  # lazy: pyspark loads only when a spark job runs
+    add_spark_commands(sub)
     return parser
 
 
@@ -291,6 +294,7 @@ COMMANDS = {
     "digest": cmd_digest,
     "demo": cmd_demo,
     "bench": cmd_bench,
+    "spark": lambda args: args.spark_handler(args),
 }
 
 if __name__ == "__main__":

@@ -59,9 +59,11 @@ class _LockTable:
 
     def __init__(self, execution: BatchExecution):
         self.execution = execution
+        self.exchange = None if execution is None else execution.exchange
         self.queues: dict[bytes, list] = {}
         self.ready: deque[_Holder] = deque()
         self.tasks: list[asyncio.Task] = []
+        self.holders = 0  # transactions in the table (holding or awaiting locks)
 
     def request(self, txn: PreparedTxn) -> _Holder:
         holder = _Holder(txn)
@@ -96,9 +98,11 @@ class _LockTable:
             pending.append(req)
             requests.append((queue, req))
         holder.missing = missing
+        self.holders += 1
         return holder
 
     def release(self, holder: _Holder) -> None:
+        self.holders -= 1
         ready = self.ready
         for queue, req in holder.requests:
             pending = queue[0]
@@ -139,11 +143,25 @@ class _LockTable:
         await self.execution.run(holder.txn)
         self.release(holder)
         self.drain()
+        self.flush()
+
+    def flush(self) -> None:
+        """Push out local reads the exchange holds back to aggregate them. Every step that
+        may have sent ends with this (a task waiting for its reads flushes in `receive`),
+        so no peer ever waits on reads still sitting in our outbox."""
+        if self.exchange is not None:
+            self.exchange.flush()
 
     async def run(self, txns: list[PreparedTxn]) -> None:
         ready = self.ready
         try:
+            run_single = self.execution.run_single
             for txn in txns:
+                if txn.single and self.holders == 0:
+                    # Nothing holds or awaits a lock: this txn's locks would all be granted
+                    # and released again before anything else happens, so skip them.
+                    run_single(txn)
+                    continue
                 holder = self.request(txn)
                 if holder.missing == 0:
                     ready.append(holder)
@@ -152,6 +170,7 @@ class _LockTable:
                         await asyncio.sleep(0)
             tasks = self.tasks
             while tasks:
+                self.flush()
                 await tasks.pop()
         except BaseException:
             for task in self.tasks:

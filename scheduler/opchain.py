@@ -91,11 +91,13 @@ def _stored(value: Any) -> Any:
 class _Txn:
     """One transaction's state while its chains are evaluated."""
 
-    __slots__ = ("txn", "result", "whole", "conditions", "missing", "versions", "parked",
-                 "aborted", "outputs", "left", "changes", "outcome", "writes")
+    __slots__ = ("txn", "ops", "deps", "result", "whole", "conditions", "missing", "versions",
+                 "parked", "aborted", "outputs", "changes", "outcome", "writes")
 
     def __init__(self, txn: PreparedTxn):
         self.txn = txn
+        self.ops: list = ()  # the operation form's operations
+        self.deps: dict[int, list] = {}  # operation position -> [(encoded, default)] it reads
         self.result = None  # result function of the operation form
         self.whole = False
         self.conditions: list = []  # (test, reason, [(encoded, default), ...])
@@ -103,24 +105,28 @@ class _Txn:
         self.versions: dict[bytes, Any] = {}
         self.parked: list[bytes] = []  # chains halted at one of its entries
         self.aborted: str | None = None
-        self.outputs: list | None = None
-        self.left = 0  # entries not yet passed
+        self.outputs: list | None = None  # only when a result function reads them
         self.changes: list[tuple] = []  # (encoded, table, key, value)
         self.outcome: tuple | None = None  # (status, result, error)
         self.writes: dict = {}  # RUN's writes, for a transaction run whole
 
 
-# An entry, one transaction's part of one chain, is a tuple:
-#   (txn state, operations: list, () for a probe, None when run whole,
-#    table, key, gated: waits until the transaction has all its versions,
-#    publishes: the transaction needs this key's version)
+# An entry — one transaction's part of one chain — is a tuple
+#   (txn state, ops, gated, publishes)
+# ops: the position of its one operation in the form (the common case, kept as a bare int
+# to spare an object per operation), a list of positions when the transaction names the
+# key more than once, PROBE when it only reads the key's version, WHOLE when it runs RUN.
+# gated: it may not pass before its transaction has every version it needs.
+# publishes: its transaction needs this key's version.
+PROBE = ()
+WHOLE = None
 
 
-def _decompose(txn: PreparedTxn, defaults: dict) -> tuple | None:
-    """(operations by key, keys that read other keys, needed keys, conditions, result
-    function, operation count) of `txn`, or None when it must run whole. Every key the form
-    names must be declared by ANALYZE as RUN would use it (reads in the read set, writes in
-    the write set), else RUN decides — and reports the undeclared access."""
+def _decompose(txn: PreparedTxn, state: _Txn, defaults: dict) -> tuple | None:
+    """Fill `state` from `txn`'s operation form and return (operations by key, keys whose
+    operations read other keys, needed keys), or None when it must run whole. Every key the
+    form names must be declared by ANALYZE as RUN would use it (reads in the read set,
+    writes in the write set), else RUN decides — and reports the undeclared access."""
     make = txn.procedure.operations
     if make is None:
         return None
@@ -131,14 +137,15 @@ def _decompose(txn: PreparedTxn, defaults: dict) -> tuple | None:
     writes = txn.writes
     reads = set(txn.reads)
     encode = encode_key
-    per_key: dict[bytes, tuple] = {}  # encoded -> (table, key, [(position, kind, arg, deps)])
+    per_key: dict[bytes, int | list] = {}
     dependent: set[bytes] = set()
     needs: dict[bytes, tuple] = {}
     conditions: list = []
     seen_conditions: list = []
+    dep_lists: dict[int, list] = {}
     i = 0
     try:
-        for kind, table, key, arg, deps, condition in form.ops:
+        for kind, table, key, _, deps, condition in form.ops:
             encoded = encode(table, key)
             if kind == OP_MODIFY:
                 if encoded not in writes or encoded not in reads:
@@ -149,7 +156,7 @@ def _decompose(txn: PreparedTxn, defaults: dict) -> tuple | None:
             elif kind != OP_READ or encoded not in reads:
                 return None
             if deps:
-                dep_keys = []
+                dep_keys = dep_lists[i] = []
                 for dep_table, dep_key in deps:
                     dep = encode(dep_table, dep_key)
                     if dep not in reads:
@@ -157,14 +164,13 @@ def _decompose(txn: PreparedTxn, defaults: dict) -> tuple | None:
                     needs[dep] = (dep_table, dep_key)
                     dep_keys.append((dep, defaults.get(dep_table, 0)))
                 dependent.add(encoded)
-                op = (i, kind, arg, dep_keys)
+            seen = per_key.get(encoded)
+            if seen is None:
+                per_key[encoded] = i
+            elif type(seen) is int:
+                per_key[encoded] = [seen, i]
             else:
-                op = (i, kind, arg, ())
-            slot = per_key.get(encoded)
-            if slot is None:
-                per_key[encoded] = (table, key, [op])
-            else:
-                slot[2].append(op)
+                seen.append(i)
             if condition is not None and not any(c is condition for c in seen_conditions):
                 seen_conditions.append(condition)
                 keys = []
@@ -178,7 +184,14 @@ def _decompose(txn: PreparedTxn, defaults: dict) -> tuple | None:
             i += 1
     except (TypeError, ValueError, AttributeError):
         return None  # a malformed form: RUN decides
-    return per_key, dependent, needs, conditions, form.result, i
+    state.ops = form.ops
+    state.deps = dep_lists
+    state.conditions = conditions
+    if form.result is not None:
+        state.result = form.result
+        state.outputs = [None] * i
+    state.missing = len(needs)
+    return per_key, dependent, needs
 
 
 class _Evaluation:
@@ -201,130 +214,121 @@ class _Evaluation:
         state = _Txn(txn)
         self.states.append(state)
         chains = self.chains
-        decomposed = _decompose(txn, self.defaults)
+        decomposed = _decompose(txn, state, self.defaults)
         if decomposed is None:
             state.whole = True
-            writes = txn.writes
             keys = dict.fromkeys(txn.reads)
-            keys.update(dict.fromkeys(writes))
-            state.missing = state.left = len(keys)
+            keys.update(dict.fromkeys(txn.writes))
+            state.missing = len(keys)
+            entry = (state, WHOLE, True, True)
             for encoded in keys:
-                table, key = writes.get(encoded, (None, None))
-                entry = (state, None, table, key, True, True)
                 chain = chains.get(encoded)
                 if chain is None:
                     chains[encoded] = [entry]
                 else:
                     chain.append(entry)
             return
-        per_key, dependent, needs, conditions, result, count = decomposed
-        state.conditions = conditions
-        state.result = result
-        state.outputs = [None] * count
-        state.missing = len(needs)
-        gate_all = bool(conditions)
-        left = 0
-        for encoded, (table, key, ops) in per_key.items():
-            entry = (state, ops, table, key, gate_all or encoded in dependent, encoded in needs)
+        per_key, dependent, needs = decomposed
+        gate_all = bool(state.conditions)
+        for encoded, ops in per_key.items():
+            entry = (state, ops, gate_all or encoded in dependent, encoded in needs)
             chain = chains.get(encoded)
             if chain is None:
                 chains[encoded] = [entry]
             else:
                 chain.append(entry)
-            left += 1
-        for encoded, (table, key) in needs.items():
-            if encoded not in per_key:  # a probe: publishes the version, changes nothing
-                entry = (state, (), table, key, False, True)
-                chain = chains.get(encoded)
-                if chain is None:
-                    chains[encoded] = [entry]
-                else:
-                    chain.append(entry)
-                left += 1
-        state.left = left
-        if gate_all and not needs:
+        if needs:
+            probe = (state, PROBE, False, True)
+            for encoded in needs:
+                if encoded not in per_key:  # publishes the version, changes nothing
+                    chain = chains.get(encoded)
+                    if chain is None:
+                        chains[encoded] = [probe]
+                    else:
+                        chain.append(probe)
+        elif gate_all:
             self._resolve(state)  # conditions over no key at all
-        if not left:
-            self._finish(state)  # an empty form
 
     def evaluate(self) -> None:
-        """Phase 2: round one walks every chain; each later round resumes the chains
-        whose transactions got their last version in the round before."""
-        order = list(self.chains)
-        if self.shuffle is not None:
-            self.shuffle.shuffle(order)
-        walk, read, chains = self._walk, self.execution.overlay.get, self.chains
-        while order:
+        """Phase 2: round one walks every chain from its start; each later round resumes
+        the chains whose awaited versions were all published in the round before."""
+        chains, shuffle, walk = self.chains, self.shuffle, self._walk
+        order = list(chains.items())
+        if shuffle is not None:
+            shuffle.shuffle(order)
+        read = self.execution.overlay.get
+        self.rounds = 1
+        for encoded, entries in order:
+            walk(encoded, entries, 0, read(encoded), False)
+        positions, values = self.positions, self.values
+        while self.woken:
             self.rounds += 1
-            for encoded in order:
-                if encoded in self.positions:
-                    walk(encoded, chains[encoded], self.positions.pop(encoded), self.values[encoded], True)
-                else:
-                    walk(encoded, chains[encoded], 0, read(encoded), False)
-            order, self.woken = self.woken, []
-            if self.shuffle is not None:
-                self.shuffle.shuffle(order)
-        if self.positions:
-            raise RuntimeError(f"opchain: {len(self.positions)} chain(s) never resumed")
+            woken, self.woken = self.woken, []
+            if shuffle is not None:
+                shuffle.shuffle(woken)
+            for encoded in woken:
+                walk(encoded, chains[encoded], positions.pop(encoded), values[encoded], True)
+        if positions:
+            raise RuntimeError(f"opchain: {len(positions)} chain(s) never resumed")
 
     def _walk(self, encoded: bytes, entries: list, pos: int, value: Any, resumed: bool) -> None:
+        """Move one chain along as far as it goes."""
+        start = value
         end = len(entries)
-        apply = self._apply
-        while pos < end:
-            state, ops, table, key, gated, publishes = entries[pos]
-            if resumed:
-                resumed = False  # its version was published before it parked
-            elif publishes:
-                state.versions[encoded] = value
-                state.missing -= 1
-                if state.missing == 0:
-                    self._resolve(state)
-            if gated and state.missing:
-                self.positions[encoded] = pos
-                state.parked.append(encoded)
-                break
-            if ops:
-                if state.aborted is None:
-                    value = apply(state, encoded, table, key, ops, value)
-            elif ops is None:
-                written = state.writes.get(encoded)
-                if written is not None:
-                    value = written[2]
-                    self.dirty.add(encoded)
-            state.left -= 1
-            if state.left == 0:
-                self._finish(state)
-            pos += 1
-        self.values[encoded] = value
-
-    def _apply(self, state: _Txn, encoded: bytes, table: str, key: Any, ops: list, value: Any) -> Any:
-        default = self.defaults.get(table, 0)
-        outputs = state.outputs
-        versions = state.versions
-        wrote = False
+        defaults = self.defaults
         try:
-            for i, kind, arg, deps in ops:
-                if kind == OP_MODIFY:
-                    own = value if type(value) in _SCALARS else _view(value, default)
-                    if deps:
-                        value = arg(own, *[_view(versions[dep], dep_default) for dep, dep_default in deps])
+            while pos < end:
+                state, ops, gated, publishes = entries[pos]
+                if resumed:
+                    resumed = False  # its version was published before it parked
+                elif publishes:
+                    state.versions[encoded] = value
+                    state.missing -= 1
+                    if state.missing == 0:
+                        self._resolve(state)
+                if gated and state.missing:
+                    self.positions[encoded] = pos
+                    state.parked.append(encoded)
+                    break
+                pos += 1
+                if ops is WHOLE:
+                    written = state.writes.get(encoded)
+                    if written is not None:
+                        value = written[2]
+                    continue
+                if ops is PROBE or state.aborted is not None:
+                    continue  # the chain carries on from the value it had
+                outputs = state.outputs
+                wrote = False
+                for i in ((ops,) if type(ops) is int else ops):
+                    kind, table, key, arg, deps, _ = state.ops[i]
+                    if kind == OP_MODIFY:
+                        own = value if type(value) in _SCALARS else _view(value, defaults.get(table, 0))
+                        if deps:
+                            versions = state.versions
+                            value = arg(own, *[_view(versions[dep], default) for dep, default in state.deps[i]])
+                        else:
+                            value = arg(own)
+                        if type(value) not in _SCALARS:
+                            encode_value(value)  # what ctx.write checks
+                    elif kind == OP_WRITE:
+                        value = _stored(arg)
                     else:
-                        value = arg(own)
-                    if type(value) not in _SCALARS:
-                        encode_value(value)
-                    outputs[i] = value
+                        if outputs is not None:
+                            outputs[i] = _view(value, defaults.get(table, 0))
+                        continue
                     wrote = True
-                elif kind == OP_WRITE:
-                    value = outputs[i] = _stored(arg)
-                    wrote = True
-                else:
-                    outputs[i] = _view(value, default)
-        except Exception as exc:
-            raise FormFailed(f"{state.txn.procedure.name}: {type(exc).__name__}: {exc}") from exc
-        if wrote:
-            state.changes.append((encoded, table, key, value))
+                    if outputs is not None:
+                        outputs[i] = value
+                if wrote:
+                    state.changes.append((encoded, table, key, value))
+        except FormFailed:
+            raise
+        except Exception as exc:  # an operation function's fault
+            raise FormFailed(f"{type(exc).__name__}: {exc}") from exc
+        self.values[encoded] = value
+        if value is not start:  # values are never mutated in place: identity says changed
             self.dirty.add(encoded)
-        return value
 
     def _resolve(self, state: _Txn) -> None:
         """Every version `state` needs is published: decide it, then let its chains go on."""
@@ -353,22 +357,24 @@ class _Evaluation:
             self.woken.extend(state.parked)
             state.parked = []
 
-    def _finish(self, state: _Txn) -> None:
-        if state.whole:
-            return  # decided by RUN in _resolve
-        if state.aborted is not None:
-            state.outcome = (ABORTED, None, state.aborted)
-            return
-        result = None
-        if state.result is not None:
-            outputs = [v if type(v) in _SCALARS else copy.deepcopy(v) for v in state.outputs]
-            try:
-                result = state.result(outputs)
-                if type(result) not in _SCALARS or type(result) is bytes:
-                    json.dumps(result, allow_nan=False)
-            except Exception as exc:
-                raise FormFailed(f"{state.txn.procedure.name}: result raised {type(exc).__name__}") from exc
-        state.outcome = (COMMITTED, result, None)
+    def decide(self) -> None:
+        """Every entry has passed: each transaction's outcome, before anything is written."""
+        for state in self.states:
+            if state.whole:
+                continue  # decided by RUN in _resolve
+            if state.aborted is not None:
+                state.outcome = (ABORTED, None, state.aborted)
+                continue
+            result = None
+            if state.result is not None:
+                outputs = [v if type(v) in _SCALARS else copy.deepcopy(v) for v in state.outputs]
+                try:
+                    result = state.result(outputs)
+                    if type(result) not in _SCALARS or type(result) is bytes:
+                        json.dumps(result, allow_nan=False)
+                except Exception as exc:
+                    raise FormFailed(f"{state.txn.procedure.name}: result raised {type(exc).__name__}") from exc
+            state.outcome = (COMMITTED, result, None)
 
     def flush(self) -> None:
         """Write each changed key once, and report outcomes and changes in log order."""
@@ -417,6 +423,8 @@ class OpChainScheduler(Scheduler):
             self._stretch(stretch, execution)
             stretch = []
             await execution.run(txn)
+            if execution.exchange is not None:
+                execution.exchange.flush()  # a peer may be waiting for what we just sent
         self._stretch(stretch, execution)
         in_log_order(execution)
 
@@ -428,6 +436,7 @@ class OpChainScheduler(Scheduler):
             for txn in txns:
                 evaluation.add(txn)
             evaluation.evaluate()
+            evaluation.decide()
         except FormFailed:
             self.fallbacks += 1
             run_single = execution.run_single

@@ -109,8 +109,9 @@ def start_ray(address: str | None = None) -> None:
 class RayGroup:
     def __init__(self, data_dir: str, partitions: int, scheduler: str, sync: bool = False,
                  procedure_modules: tuple[str, ...] = (), address: str | None = None,
-                 cores: list[int] | None = None, spread: bool = False):
+                 cores: list[int] | None = None):
         start_ray(address)
+        spread = len([node for node in ray.nodes() if node["Alive"]]) > 1
         self.partitions = partitions
         cores = cores if cores is not None else list(range(os.cpu_count() or 1))
         # num_cpus=0: pinning, not Ray's CPU accounting, decides where workers run, so

@@ -32,7 +32,7 @@ DEFAULT_SCA_THRESHOLD = 8
 
 
 class _Active:
-    __slots__ = ("txn", "writes", "reads", "blocked", "done")
+    __slots__ = ("txn", "writes", "reads", "blocked", "done", "lingered")
 
     def __init__(self, txn: PreparedTxn, writes: tuple, reads: tuple):
         self.txn = txn
@@ -40,6 +40,10 @@ class _Active:
         self.reads = reads
         self.blocked = False
         self.done = False
+        # Stayed active while later txns arrived (multi-partition, or once blocked), so
+        # its counters may block someone. A free single-partition txn runs to its end
+        # before the next arrival: its finishing cannot free anybody.
+        self.lingered = not txn.single
 
 
 class _Counters:
@@ -47,6 +51,7 @@ class _Counters:
 
     def __init__(self, execution: BatchExecution, sca_threshold: int):
         self.execution = execution
+        self.exchange = None if execution is None else execution.exchange
         self.sca_threshold = sca_threshold
         self.counts: dict[bytes, list[int]] = {}  # key -> [exclusive, shared]
         self.queue: deque[_Active] = deque()
@@ -79,7 +84,7 @@ class _Counters:
                     blocked = True
         self.queue.append(active)
         if blocked:
-            active.blocked = True
+            active.blocked = active.lingered = True
             self.blocked += 1
         else:
             self.ready.append(active)
@@ -92,7 +97,8 @@ class _Counters:
         for key in active.reads:
             counts[key][1] -= 1
         active.done = True
-        self.finished_since_sca += 1
+        if active.lingered:
+            self.finished_since_sca += 1
         queue = self.queue
         while queue and queue[0].done:
             queue.popleft()
@@ -111,14 +117,18 @@ class _Counters:
         written: set[bytes] = set()
         read: set[bytes] = set()
         freed = 0
+        unseen = self.blocked  # past the last blocked txn there is nothing left to free
         for active in self.queue:
             if active.done:
                 continue
             writes, reads = active.writes, active.reads
-            if (active.blocked and written.isdisjoint(writes) and read.isdisjoint(writes)
-                    and written.isdisjoint(reads)):
-                self._unblock(active)
-                freed += 1
+            if active.blocked:
+                if written.isdisjoint(writes) and read.isdisjoint(writes) and written.isdisjoint(reads):
+                    self._unblock(active)
+                    freed += 1
+                unseen -= 1
+                if not unseen:
+                    break
             written.update(writes)
             read.update(reads)
         return freed
@@ -149,15 +159,30 @@ class _Counters:
         await self.execution.run(active.txn)
         self.finish(active)
         self.drain()
+        self.flush()
+
+    def flush(self) -> None:
+        """Push out local reads the exchange holds back to aggregate them. Every step that
+        may have sent ends with this (a task waiting for its reads flushes in `receive`),
+        so no peer ever waits on reads still sitting in our outbox."""
+        if self.exchange is not None:
+            self.exchange.flush()
 
     async def run(self, txns: list[PreparedTxn]) -> None:
         try:
+            run_single, queue = self.execution.run_single, self.queue
             for txn in txns:
+                if txn.single and not queue:
+                    # No active txn: its counters would show it free and be undone again
+                    # before anything else happens, so skip them.
+                    run_single(txn)
+                    continue
                 self.arrive(txn)
                 if self.drain():
                     await asyncio.sleep(0)  # let the new task send its local reads
             tasks = self.tasks
             while tasks:
+                self.flush()
                 await tasks.pop()
         except BaseException:
             for task in self.tasks:

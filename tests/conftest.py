@@ -2,6 +2,10 @@ import itertools
 import os
 import sys
 
+# Keep every Ray address on loopback: when a driver joins a cluster at 127.0.0.1, Ray
+# otherwise swaps in the machine's outward address, where nothing of ours listens.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

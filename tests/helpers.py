@@ -75,3 +75,44 @@ def reference_state(interpreter: SerialInterpreter) -> dict:
     from storage.keys import decode_key
 
     return {decode_key(k): v for k, v in interpreter.state.items()}
+
+
+def sequence_requests(bootstrap: str, namespace: str, requests: list, max_txns: int = 100,
+                      request_partitions: int = 2) -> tuple[int, SerialInterpreter]:
+    """Put `requests` through a real sequencer into a fresh namespace's log; return the
+    last batch id and the plain serial interpretation of that log."""
+    from ordo.client import Client
+    from ordo.embedded import SequencerThread
+    from sequencer.sequencer import SequencerConfig
+    from sequencer.topics import ensure_topics
+
+    ensure_topics(bootstrap, namespace, request_partitions=request_partitions)
+    client = Client(bootstrap, namespace)
+    client.submit(requests)
+    client.close()
+    sequencer = SequencerThread(bootstrap, namespace, SequencerConfig(max_txns=max_txns)).start()
+    sequencer.wait_for(len(requests))
+    last_batch = sequencer.sequencer.next_batch - 1
+    sequencer.stop()
+    return last_batch, interpret_log(bootstrap, namespace, last_batch)
+
+
+def run_engine(bootstrap: str, namespace: str, last_batch: int, data_dir, scheduler: str, partitions: int,
+               runtime: str = "local", **options):
+    """Execute a namespace's log through `last_batch` with outputs kept in memory; return
+    (outputs, (digest, applied batch))."""
+    from ordo.state import digest
+    from scheduler.coordinator import Coordinator
+    from scheduler.outputs import CollectedOutputs
+
+    outputs = CollectedOutputs()
+    coordinator = Coordinator(bootstrap, namespace, str(data_dir), scheduler, partitions, runtime=runtime,
+                              outputs=outputs, **options)
+    coordinator.run(until_batch=last_batch)
+    return outputs, digest(str(data_dir))
+
+
+def assert_same_as_reference(outputs, state_digest, last_batch: int, reference: SerialInterpreter) -> None:
+    assert outputs.outcomes == reference.outcomes
+    assert outputs.changes == reference.changes
+    assert state_digest == (reference.digest(), last_batch)

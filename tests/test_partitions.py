@@ -6,17 +6,9 @@ import os
 
 import pytest
 
-from ordo.client import Client
-from ordo.embedded import SequencerThread, read_log
-from ordo.state import digest
-from procedures.registry import default_registry
 from procedures.workloads import micro, sl
 from scheduler.base import available_schedulers
-from scheduler.coordinator import Coordinator
-from scheduler.outputs import CollectedOutputs
-from scheduler.reference import SerialInterpreter
-from sequencer.sequencer import SequencerConfig
-from sequencer.topics import ensure_topics
+from tests.helpers import assert_same_as_reference, run_engine, sequence_requests
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +17,6 @@ pytestmark = pytest.mark.slow
 def shared_log(broker):
     """Multi-partition micro and sl traffic, with aborts and bad requests, sequenced once."""
     namespace = f"partitions-{os.getpid()}"
-    ensure_topics(broker, namespace, request_partitions=2)
     requests = []
     for i, (a, b) in enumerate(zip(micro.generate(600, seed=21, partitions=4, keys=200, hot=4, mp=0.5),
                                    sl.generate(600, seed=22, records=50, theta=0.9))):
@@ -33,29 +24,8 @@ def shared_log(broker):
         if i % 97 == 0:
             requests.append({"id": f"bad-{i}", "proc": "micro_rmw", "args": {"keys": "nope"}})
             requests.append(dict(a))  # duplicate id
-    client = Client(broker, namespace)
-    client.submit(requests)
-    client.close()
-    sequencer = SequencerThread(broker, namespace, SequencerConfig(max_txns=97)).start()
-    sequencer.wait_for(len(requests))
-    last_batch = sequencer.sequencer.next_batch - 1
-    sequencer.stop()
-    reference = SerialInterpreter(default_registry()).apply(read_log(broker, namespace, last_batch))
+    last_batch, reference = sequence_requests(broker, namespace, requests, max_txns=97)
     return namespace, last_batch, reference
-
-
-def run_engine(broker, namespace, last_batch, data_dir, scheduler, partitions, runtime="local", **options):
-    outputs = CollectedOutputs()
-    coordinator = Coordinator(broker, namespace, str(data_dir), scheduler, partitions, runtime=runtime,
-                              outputs=outputs, **options)
-    coordinator.run(until_batch=last_batch)
-    return outputs, digest(str(data_dir))
-
-
-def assert_same_as_reference(outputs, state_digest, last_batch, reference):
-    assert outputs.outcomes == reference.outcomes
-    assert outputs.changes == reference.changes
-    assert state_digest == (reference.digest(), last_batch)
 
 
 @pytest.mark.parametrize("partitions", [1, 2, 4])

@@ -4,8 +4,9 @@ log gives: the same outcome per request, the same final state, the same change d
 Requests mix every workload over a handful of keys (so hot keys, repeated keys inside one
 transaction and aborts are common), plus requests the engine must reject, plus a few
 test-only procedures that exercise the operation-chain scheduler's other paths: whole
-transactions without an operation form (one of them deletes), a form whose function
-raises where RUN aborts, and a form that names a key ANALYZE did not declare.
+transactions without an operation form (one of them deletes), a condition on a key the
+transaction does not write, a form whose function raises where RUN aborts, and a form
+that names a key ANALYZE did not declare.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from hypothesis import strategies as st
 
 from procedures.args import Int, List
 from procedures.contract import Procedure
-from procedures.operations import READ_MODIFY, WRITE, Operations
+from procedures.operations import READ_MODIFY, WRITE, Condition, Operations
 from procedures.registry import RequestError, default_registry
 from scheduler.exchange import LocalExchange
 from scheduler.execution import COMMITTED, REJECTED, execute, txn_seed
@@ -64,6 +65,25 @@ def _div_ops(args):
     return Operations([READ_MODIFY("gs", args["key"], lambda v: v // by)])  # raises for by == 0
 
 
+def _guarded_keys(args):
+    return [("gs", args["guard"]), ("gs", args["other"])], [("gs", args["key"])]
+
+
+def _guarded(ctx, args):
+    """Writes `key` only if two other keys are high enough together."""
+    if ctx.read("gs", args["guard"]) + ctx.read("gs", args["other"]) < 10:
+        ctx.abort("guard too low")
+    ctx.write("gs", args["key"], args["value"])
+    return args["value"]
+
+
+def _guarded_ops(args):
+    # The guard keys get probe entries only: their chains may run past this transaction
+    # before it is decided, so the condition must use the versions they published.
+    high = Condition([("gs", args["guard"]), ("gs", args["other"])], lambda g, o: g + o >= 10, "guard too low")
+    return Operations([WRITE("gs", args["key"], args["value"], condition=high)], lambda out: out[0])
+
+
 def _sneaky(ctx, args):
     ctx.write("gs", args["key"] + 1, 7)  # outside its declared write set
     return None
@@ -80,6 +100,9 @@ def build_registry():
         registry.add_procedure(dataclasses.replace(base[name], name=f"{name}_whole", operations=None))
     registry.add_procedure(Procedure("t_clear", {"keys": List(Int(0), min_len=1, max_len=8)}, _gs_keys, _clear))
     registry.add_procedure(Procedure("t_div", {"key": Int(0), "by": Int(0, 3)}, _div_keys, _div, operations=_div_ops))
+    registry.add_procedure(Procedure("t_guarded", {"key": Int(0), "guard": Int(0), "other": Int(0),
+                                                   "value": Int(-5, 40)},
+                                     _guarded_keys, _guarded, operations=_guarded_ops))
     registry.add_procedure(Procedure("t_sneaky", {"key": Int(0)}, _div_keys, _sneaky, operations=_sneaky_ops))
     return registry
 
@@ -129,6 +152,8 @@ good = st.one_of(
     st.tuples(st.just("micro_rmw_whole"), micro_args),
     st.tuples(st.just("t_clear"), st.builds(lambda ks: {"keys": ks}, keys)),
     st.tuples(st.just("t_div"), st.builds(lambda k, b: {"key": k, "by": b}, key, st.integers(0, 3))),
+    st.tuples(st.just("t_guarded"), st.builds(lambda k, g, o, v: {"key": k, "guard": g, "other": o, "value": v},
+                                              key, key, key, st.integers(-5, 40))),
     st.tuples(st.just("t_sneaky"), st.builds(lambda k: {"key": k}, key)),
 )
 bad = st.sampled_from([
@@ -190,11 +215,35 @@ def interpret(log: list[Batch]):
 # --- the engine: partition workers driven in-process -------------------------------------
 
 
-def engine(log: list[Batch], scheduler: str, partitions: int, make=None):
+class HoldingEndpoint:
+    """An exchange that, like the Ray one, keeps local reads in an outbox until `flush`
+    (which `receive` does first): a scheduler that waits without flushing hangs here."""
+
+    def __init__(self, endpoint):
+        self.endpoint = endpoint
+        self.outbox = []
+
+    def send(self, batch_id, index, to, values):
+        self.outbox.append((batch_id, index, to, values))
+
+    def flush(self):
+        outbox, self.outbox = self.outbox, []
+        for message in outbox:
+            self.endpoint.send(*message)
+
+    async def receive(self, batch_id, index, senders):
+        self.flush()
+        return await self.endpoint.receive(batch_id, index, senders)
+
+
+def engine(log: list[Batch], scheduler: str, partitions: int, make=None, holding=False):
     """Outcomes, change data and digest of `log` run by `partitions` workers."""
     with tempfile.TemporaryDirectory() as data_dir:
         exchange = LocalExchange()
-        workers = [PartitionWorker(data_dir, p, partitions, scheduler, REGISTRY, exchange.endpoint(p))
+        endpoints = [exchange.endpoint(p) for p in range(partitions)]
+        if holding:
+            endpoints = [HoldingEndpoint(e) for e in endpoints]
+        workers = [PartitionWorker(data_dir, p, partitions, scheduler, REGISTRY, endpoints[p])
                    for p in range(partitions)]
         if make is not None:
             for worker in workers:
@@ -203,7 +252,8 @@ def engine(log: list[Batch], scheduler: str, partitions: int, make=None):
         try:
             for batch in log:
                 async def both(batch=batch):
-                    return await asyncio.gather(*(w.execute(batch) for w in workers))
+                    # A deadlock between partitions fails the test instead of hanging it.
+                    return await asyncio.wait_for(asyncio.gather(*(w.execute(batch) for w in workers)), 60)
 
                 results = asyncio.run(both())
                 # The coordinator reports what the sequencer rejected.
@@ -240,7 +290,7 @@ def test_every_scheduler_equals_serial_interpretation(drawn):
     may_fall_back = any(proc == "t_div" and args.get("by") == 0 for batch in drawn for proc, args in batch)
     for partitions in (1, 2):
         for name, make in CONFIGS:
-            outcomes, changes, digest, fallbacks = engine(log, name, partitions, make)
+            outcomes, changes, digest, fallbacks = engine(log, name, partitions, make, holding=partitions > 1)
             label = f"{name}{'' if make is None else '*'} on {partitions} partition(s)"
             assert outcomes == expected_outcomes, label
             assert changes == expected_changes, label
@@ -271,3 +321,33 @@ def test_workload_generators_agree_across_schedulers():
             outcomes, changes, digest, fallbacks = engine(log, name, partitions, make)
             assert (outcomes, changes, digest) == expected, f"{name} on {partitions} partition(s)"
             assert fallbacks == 0
+
+
+# Cross-chain dependencies are where operation chains go wrong: a denser mix of the
+# procedures that have them (conditions on unwritten keys, functions of other keys)
+# over three keys, with the chains walked in several orders.
+tiny = st.integers(0, 2)
+dependent = st.one_of(
+    st.tuples(st.just("t_guarded"), st.builds(lambda k, g, o, v: {"key": k, "guard": g, "other": o, "value": v},
+                                              tiny, tiny, tiny, st.integers(-5, 12))),
+    st.tuples(st.just("gs_write"), st.builds(lambda ks, v: {"keys": ks, "value": v},
+                                             st.lists(tiny, min_size=1, max_size=2), st.integers(-5, 12))),
+    st.tuples(st.just("gs_read"), st.builds(lambda ks: {"keys": ks}, st.lists(tiny, min_size=1, max_size=3))),
+    st.tuples(st.just("t_clear"), st.builds(lambda ks: {"keys": ks}, st.lists(tiny, min_size=1, max_size=2))),
+    st.tuples(st.just("tp_report"), st.builds(lambda v, sp: {"vehicle": v, "segment": 0, "speed": sp},
+                                              tiny, st.integers(0, 80))),
+    st.tuples(st.just("sl_transfer"), st.builds(_transfer, tiny, tiny, tiny, tiny, small, small)),
+    st.tuples(st.just("sl_deposit"), st.builds(lambda a, b, x, y: {"account": a, "asset": b, "account_amount": x,
+                                                                    "asset_amount": y}, tiny, tiny, small, small)),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.lists(dependent, min_size=2, max_size=20), min_size=1, max_size=2), st.integers(0, 2**16))
+def test_opchain_dependencies_whatever_the_walk_order(drawn, seed):
+    log = to_batches(drawn)
+    expected = interpret(log)
+    for make in (None, lambda: OpChainScheduler(shuffle_seed=seed), lambda: OpChainScheduler(shuffle_seed=seed + 1)):
+        outcomes, changes, digest, fallbacks = engine(log, "opchain", 1, make)
+        assert (outcomes, changes, digest) == expected
+        assert fallbacks == 0

@@ -1,0 +1,326 @@
+"""The change-data consumer: `<ns>.changes` becomes Parquet, exactly once across restarts.
+
+    ordo spark changes --bootstrap-servers B --namespace NS --output DIR --checkpoint DIR [--once]
+    spark-submit spark_jobs/changes_job.py --bootstrap-servers B --namespace NS --output DIR ...
+
+Output (under --output):
+  changelog/batch=B/partition=P/*.parquet   every change, append-only, one folder per engine
+                                            batch and partition: txn, seq, table, key, value, deleted
+  tables/<table>/*.parquet                  the current state of each engine table: key, value
+                                            (JSON texts) and the batch/txn that wrote it
+  _state/<version>/                         internal: the merged state with its deletes
+                                            (tombstones), the newest complete version wins
+
+Exactly once (docs/spark.md): Spark's checkpoint holds the source offsets, and every write is
+idempotent, so replaying a micro-batch, or a record the engine re-emitted after a crash,
+changes nothing:
+  - a change-log folder is overwritten as a whole (dynamic partition overwrite) from the one
+    record of its (batch, partition), which is the same every time it is emitted;
+  - the state is a max-register per (table, key): the change with the greatest (batch, txn)
+    wins, deletes included (kept as tombstones), and merging is idempotent, commutative and
+    associative; each micro-batch writes a new version, then publishes the touched tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+
+if __package__ in (None, ""):  # spark-submit spark_jobs/changes_job.py
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+STATE_COLUMNS = ("table", "key", "value", "deleted", "batch", "txn")
+STATE_SCHEMA = "table string, key string, value string, deleted boolean, batch bigint, txn int"
+
+
+def changelog_path(output: str) -> str:
+    return _join(output, "changelog")
+
+
+def table_path(output: str, table: str) -> str:
+    return _join(output, "tables", re.sub(r"[^A-Za-z0-9_.-]", "_", table))
+
+
+def _join(*parts: str) -> str:
+    return "/".join(p.rstrip("/") for p in parts)
+
+
+class _Fs:
+    """The few Hadoop FileSystem calls the versioned state needs (any Hadoop path works)."""
+
+    def __init__(self, spark, path: str):
+        jvm = spark.sparkContext._jvm
+        self._Path = jvm.org.apache.hadoop.fs.Path
+        self._fs = self._Path(path).getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+
+    def children(self, path: str) -> list[str]:
+        p = self._Path(path)
+        if not self._fs.exists(p):
+            return []
+        return sorted(status.getPath().getName() for status in self._fs.listStatus(p) if status.isDirectory())
+
+    def exists(self, path: str) -> bool:
+        return self._fs.exists(self._Path(path))
+
+    def delete(self, path: str) -> None:
+        self._fs.delete(self._Path(path), True)
+
+
+def state_versions(spark, output: str) -> list[str]:
+    """Complete state versions (Spark wrote _SUCCESS), oldest first."""
+    fs = _Fs(spark, output)
+    base = _join(output, "_state")
+    return [v for v in fs.children(base) if re.fullmatch(r"v\d{10}-[0-9a-f]{8}", v)
+            and fs.exists(_join(base, v, "_SUCCESS"))]
+
+
+def _version_number(version: str) -> int:
+    return int(version[1:11])
+
+
+@dataclass
+class ConsumerStats:
+    micro_batches: int = 0
+    changes: int = 0
+    seconds: float = 0.0
+    tables: set = field(default_factory=set)
+
+    @property
+    def changes_per_second(self) -> float:
+        return self.changes / self.seconds if self.seconds > 0 else 0.0
+
+
+class ChangesWriter:
+    """The foreachBatch function: one micro-batch of change records into the outputs."""
+
+    def __init__(self, output: str, stats: ConsumerStats | None = None):
+        self.output = output
+        self.stats = stats or ConsumerStats()
+        self.busy = False
+
+    def __call__(self, df, epoch_id: int) -> None:
+        self.busy = True
+        try:
+            self._write(df, epoch_id)
+        finally:
+            self.busy = False
+
+    def _write(self, df, epoch_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        started = time.monotonic()
+        spark = df.sparkSession
+        records = df.select("batch", "partition", "changes").dropDuplicates(["batch", "partition"])
+        changes = (records
+                   .select("batch", "partition", F.posexplode("changes").alias("seq", "change"))
+                   .select("batch", "partition", "seq", "change.txn", "change.table", "change.key",
+                           "change.value", "change.deleted")
+                   .persist())
+        try:
+            per_table = {r["table"]: r["count"] for r in changes.groupBy("table").count().collect()}
+            if per_table:
+                (changes.repartition("batch", "partition").sortWithinPartitions("batch", "partition", "seq")
+                 .write.mode("overwrite").option("partitionOverwriteMode", "dynamic")
+                 .partitionBy("batch", "partition").parquet(changelog_path(self.output)))
+                self._merge_state(spark, changes, sorted(per_table))
+        finally:
+            changes.unpersist()
+        self.stats.micro_batches += 1
+        self.stats.changes += sum(per_table.values())
+        self.stats.tables.update(per_table)
+        self.stats.seconds += time.monotonic() - started
+
+    def _merge_state(self, spark, changes, tables: list[str]) -> None:
+        from pyspark.sql import functions as F
+
+        base = _join(self.output, "_state")
+        versions = state_versions(spark, self.output)
+        new_rows = changes.select(*STATE_COLUMNS)
+        if versions:
+            new_rows = spark.read.parquet(_join(base, versions[-1])).select(*STATE_COLUMNS).unionByName(new_rows)
+        # Max-register per key: the greatest (batch, txn) wins; a replayed change ties with
+        # itself (same value), an older one loses.
+        merged = (new_rows.groupBy("table", "key")
+                  .agg(F.max(F.struct("batch", "txn", "deleted", "value")).alias("w"))
+                  .select("table", "key", "w.value", "w.deleted", "w.batch", "w.txn"))
+        number = _version_number(versions[-1]) + 1 if versions else 1
+        version = f"v{number:010d}-{uuid.uuid4().hex[:8]}"
+        merged.write.mode("overwrite").partitionBy("table").parquet(_join(base, version))
+        state = spark.read.parquet(_join(base, version))
+        for table in tables:
+            (state.where((F.col("table") == table) & ~F.col("deleted"))
+             .select("key", "value", "batch", "txn").coalesce(1)
+             .write.mode("overwrite").parquet(table_path(self.output, table)))
+        fs = _Fs(spark, self.output)
+        for old in fs.children(base):
+            if old != version and (old.startswith("v") and _version_number_safe(old) <= number):
+                fs.delete(_join(base, old))
+
+
+def _version_number_safe(name: str) -> int:
+    try:
+        return _version_number(name)
+    except ValueError:
+        return -1
+
+
+def start_consumer(spark, bootstrap: str, namespace: str, output: str, checkpoint: str,
+                   once: bool = False, max_records_per_batch: int | None = None,
+                   trigger_seconds: float | None = None, stats: ConsumerStats | None = None,
+                   source_options: dict | None = None):
+    """Start the streaming query; returns (query, stats)."""
+    stats = stats or ConsumerStats()
+    reader = (spark.readStream.format("ordo_changes")
+              .option("bootstrap.servers", bootstrap).option("namespace", namespace).option("topic", "changes"))
+    if max_records_per_batch:
+        reader = reader.option("maxRecordsPerBatch", str(max_records_per_batch))
+    for key, value in (source_options or {}).items():
+        reader = reader.option(key, str(value))
+    changes_writer = ChangesWriter(output, stats)
+    writer = (reader.load().writeStream.foreachBatch(changes_writer)
+              .option("checkpointLocation", checkpoint).queryName(f"ordo-changes-{namespace}"))
+    if once:
+        writer = writer.trigger(availableNow=True)
+    elif trigger_seconds:
+        writer = writer.trigger(processingTime=f"{trigger_seconds} seconds")
+    query = writer.start()
+    query.ordo_writer = changes_writer
+    return query, stats
+
+
+def stop_gracefully(query, wait: float = 120.0) -> None:
+    """Stop between micro-batches when possible. Stopping at any point is safe (the
+    unfinished micro-batch is replayed on restart, idempotently); waiting for the running
+    one only saves that work and the noise Spark makes when a foreachBatch is interrupted."""
+    writer = getattr(query, "ordo_writer", None)
+    deadline = time.monotonic() + wait
+    while writer is not None and writer.busy and query.isActive and time.monotonic() < deadline:
+        time.sleep(0.05)
+    query.stop()
+
+
+def run_consumer(spark, bootstrap: str, namespace: str, output: str, checkpoint: str, once: bool = False,
+                 timeout: float | None = None, **kwargs) -> ConsumerStats:
+    """Run until done (--once: everything on the topic now), the timeout, or Ctrl-C."""
+    query, stats = start_consumer(spark, bootstrap, namespace, output, checkpoint, once=once, **kwargs)
+    try:
+        if timeout is not None and not once:
+            query.awaitTermination(timeout)
+        else:
+            query.awaitTermination()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if query.isActive:
+            stop_gracefully(query)
+    if query.exception() is not None:
+        raise RuntimeError(f"change-data stream stopped with an error: {query.exception()}")
+    return stats
+
+
+# ---------------------------------------------------------------- reading the result
+
+def load_table(spark, output: str, table: str):
+    """The current state of one engine table: key, value (JSON texts), batch, txn."""
+    return spark.read.parquet(table_path(output, table))
+
+
+def load_changelog(spark, output: str):
+    return spark.read.parquet(changelog_path(output))
+
+
+def current_tables(output: str) -> list[str]:
+    base = os.path.join(output, "tables")
+    return sorted(os.listdir(base)) if os.path.isdir(base) else []
+
+
+def example_report(spark, output: str, top: int = 5) -> dict:
+    """An analytical query over the result: rows per table, and for the SL workload the
+    top accounts by balance and the total of all assets (plain Spark SQL over Parquet)."""
+    report: dict = {"tables": {}}
+    tables = current_tables(output)
+    for table in tables:
+        df = load_table(spark, output, table)
+        df.createOrReplaceTempView(f"ordo_{table}")
+        report["tables"][table] = df.count()
+    if "account" in tables:
+        report["top_accounts"] = [
+            (r["account"], r["balance"]) for r in spark.sql(
+                f"SELECT CAST(key AS BIGINT) AS account, CAST(value AS BIGINT) AS balance FROM ordo_account "
+                f"ORDER BY balance DESC, account LIMIT {int(top)}").collect()]
+    if "asset" in tables:
+        report["total_assets"] = spark.sql(
+            "SELECT COALESCE(SUM(CAST(value AS BIGINT)), 0) AS total FROM ordo_asset").first()["total"]
+    if "micro" in tables:
+        report["hottest_micro_keys"] = [
+            (r["k"], r["v"]) for r in spark.sql(
+                f"SELECT CAST(key AS BIGINT) AS k, CAST(value AS BIGINT) AS v FROM ordo_micro "
+                f"ORDER BY v DESC, k LIMIT {int(top)}").collect()]
+    return report
+
+
+def format_report(report: dict) -> str:
+    lines = ["tables: " + (", ".join(f"{t} ({n} rows)" for t, n in report["tables"].items()) or "none yet")]
+    if "top_accounts" in report:
+        lines.append("top accounts by balance: " + ", ".join(f"{a}: {b}" for a, b in report["top_accounts"]))
+    if "total_assets" in report:
+        lines.append(f"total assets: {report['total_assets']}")
+    if "hottest_micro_keys" in report:
+        lines.append("hottest micro keys: " + ", ".join(f"{k}: {v}" for k, v in report["hottest_micro_keys"]))
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- command line
+
+def add_arguments(p: argparse.ArgumentParser, kafka: bool = True) -> None:
+    if kafka:
+        p.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT", help="Kafka bootstrap servers")
+        p.add_argument("--namespace", default="ordo", metavar="NS", help="topic prefix (default: ordo)")
+    p.add_argument("--output", required=True, metavar="DIR", help="where the Parquet change log and tables go")
+    p.add_argument("--checkpoint", required=True, metavar="DIR", help="Spark checkpoint (keep it to resume exactly once)")
+    stop = p.add_mutually_exclusive_group()
+    stop.add_argument("--once", action="store_true", help="consume what the topic holds now, then exit")
+    stop.add_argument("--timeout", type=float, default=None, metavar="S", help="stop after S seconds")
+    p.add_argument("--master", default=None, metavar="M", help="Spark master (default local[*])")
+    p.add_argument("--max-records-per-batch", type=int, default=None, metavar="N",
+                   help="change records per micro-batch at most (not with --once: that reads all at once)")
+    p.add_argument("--trigger-seconds", type=float, default=None, metavar="S", help="micro-batch interval")
+    p.add_argument("--no-report", action="store_true", help="do not print the example analytical query")
+
+
+def run(args, out=sys.stdout) -> int:
+    """`ordo spark changes` and `spark-submit spark_jobs/changes_job.py`."""
+    from spark_jobs.session import build_session
+
+    spark = build_session("ordo-changes", args.master)
+    started = time.monotonic()
+    stats = run_consumer(spark, args.bootstrap_servers, args.namespace, args.output, args.checkpoint,
+                         once=args.once, timeout=args.timeout, max_records_per_batch=args.max_records_per_batch,
+                         trigger_seconds=args.trigger_seconds)
+    seconds = time.monotonic() - started
+    print(f"consumed {stats.changes} changes in {stats.micro_batches} micro-batch(es) in {seconds:.2f}s "
+          f"({stats.changes_per_second:,.0f} changes/s while writing) into {args.output}", file=out, flush=True)
+    if not args.no_report:
+        print(format_report(example_report(spark, args.output)), file=out, flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="changes_job.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+        print(f"changes_job: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""`ordo spark …`: the border jobs on the command line.
+
+    ordo spark produce --bootstrap-servers B --namespace NS --input PATH --format csv|json|parquet
+                       [--stream [--once | --timeout S] [--checkpoint DIR]] [--master M]
+                       [--id-col C] [--proc-col C | --proc NAME] [--args-col C | --args-cols A,B|*]
+    ordo spark changes --bootstrap-servers B --namespace NS --output DIR --checkpoint DIR
+                       [--once | --timeout S] [--master M] [--max-records-per-batch N]
+    ordo spark samples [--out DIR] [--count N]
+
+Importing this module does not import pyspark: `ordo --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_spark_commands(subparsers) -> argparse.ArgumentParser:
+    """Add `spark` with its sub-commands to the `ordo` parser's subparsers. Each parsed
+    command carries its handler as `args.spark_handler`."""
+    from spark_jobs import changes_job, producer_job
+
+    spark = subparsers.add_parser("spark", help="PySpark border jobs: datasets to requests, changes to Parquet")
+    sub = spark.add_subparsers(dest="spark_command", required=True, metavar="JOB")
+
+    p = sub.add_parser("produce", help="publish a dataset (CSV, JSON lines, Parquet) as requests",
+                       description=producer_job.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    producer_job.add_arguments(p)
+    p.set_defaults(spark_handler=cmd_produce)
+
+    p = sub.add_parser("changes", help="stream <ns>.changes into a Parquet change log and current-state tables",
+                       description=changes_job.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    changes_job.add_arguments(p)
+    p.set_defaults(spark_handler=cmd_changes)
+
+    p = sub.add_parser("samples", help="write the sample datasets (sl, micro, bad rows)")
+    p.add_argument("--out", default=None, metavar="DIR", help="default: spark_jobs/samples")
+    p.add_argument("--count", type=int, default=300, help="requests per workload (default 300)")
+    p.set_defaults(spark_handler=cmd_samples)
+    return spark
+
+
+def cmd_produce(args) -> int:
+    from spark_jobs import producer_job
+
+    return producer_job.run(args)
+
+
+def cmd_changes(args) -> int:
+    from spark_jobs import changes_job
+
+    return changes_job.run(args)
+
+
+def cmd_samples(args) -> int:
+    from spark_jobs import samples
+
+    for path in samples.write_samples(args.out or samples.SAMPLES_DIR, args.count):
+        print(path)
+    return 0
+
+
+def run_spark_command(args) -> int:
+    return args.spark_handler(args)

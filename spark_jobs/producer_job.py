@@ -1,0 +1,296 @@
+"""The border producer: a dataset (CSV, JSON lines or Parquet) becomes Ordo transaction
+requests on `<ns>.requests`, in one batch or as a stream of files arriving in a folder.
+
+    ordo spark produce --bootstrap-servers B --namespace NS --input PATH --format csv [--stream]
+    spark-submit spark_jobs/producer_job.py --bootstrap-servers B --namespace NS --input PATH ...
+
+Column mapping (docs/spark.md): `--id-col` (default id), `--proc-col` (default proc) or a
+constant `--proc NAME`, and the arguments either from `--args-col` (default args: a JSON
+text, a struct or a map) or built from named columns with `--args-cols a,b,c` (`*`: every
+column but id and proc; null columns are left out of the object).
+Every row is published, bad ones too: the engine rejects them with a clear error on
+`<ns>.results`; the job itself fails only when Kafka does not acknowledge a request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+if __package__ in (None, ""):  # spark-submit spark_jobs/producer_job.py
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+FORMATS = ("csv", "json", "parquet")
+
+
+@dataclass
+class Mapping:
+    """Which input columns make a request's id, proc and args."""
+
+    id_col: str = "id"
+    proc_col: str | None = "proc"
+    proc: str | None = None          # a constant procedure for every row (instead of proc_col)
+    args_col: str | None = "args"
+    args_cols: list[str] | None = None  # build args from these columns ("*": all but id/proc)
+    reader_options: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def typed_args(self) -> bool:
+        """Args from named columns need real column types (numbers, not texts)."""
+        return self.args_cols is not None
+
+
+def _reader(spark, fmt: str, mapping: Mapping, stream: bool):
+    reader = spark.readStream if stream else spark.read
+    if fmt == "csv":
+        # RFC 4180 quoting (a quote inside a quoted cell is doubled), as Python's csv writes.
+        reader = reader.option("header", "true").option("escape", '"')
+    if fmt == "json":
+        reader = reader.option("mode", "PERMISSIVE")
+    for key, value in mapping.reader_options.items():
+        reader = reader.option(key, value)
+    return reader.format(fmt)
+
+
+def input_schema(spark, path: str, fmt: str, mapping: Mapping, stream: bool):
+    """The schema to read `path` with (None: let Spark decide, batch only).
+
+    Default mapping: every column a string, so ids keep their spelling and an `args` object of
+    a JSON file stays its raw JSON text (Spark keeps a non-string JSON value under a string
+    field as its text). Args from named columns: inferred types. A stream needs a schema up
+    front: it comes from the files already there, else from the mapping."""
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    if fmt == "parquet":
+        if not stream:
+            return None
+        if not _has_files(path):
+            raise ValueError(f"--stream over Parquet needs files in {path} to take the schema from, or --schema")
+        return spark.read.parquet(path).schema
+    have_files = _has_files(path)
+    if mapping.typed_args:
+        if not have_files:
+            raise ValueError(f"--args-cols with --stream needs files in {path} to infer column types, or --schema")
+        return _reader(spark, fmt, mapping, False).option("inferSchema", "true").load(path).schema
+    if have_files:
+        names = _reader(spark, fmt, mapping, False).load(path).schema.names
+        names = [n for n in names if n != "_corrupt_record"]
+    else:
+        names = []
+    for name in (mapping.id_col, mapping.proc_col, mapping.args_col):
+        if name and name not in names:
+            names.append(name)
+    return StructType([StructField(name, StringType()) for name in names])
+
+
+def _has_files(path: str) -> bool:
+    if os.path.isfile(path):
+        return True
+    if not os.path.isdir(path):
+        return False  # a remote path: let Spark look
+    return any(not name.startswith((".", "_")) for name in os.listdir(path))
+
+
+def to_requests(df, mapping: Mapping):
+    """The (id, proc, args) columns the `ordo_requests` sink takes; args as JSON text."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import ArrayType, MapType, StringType, StructType
+
+    columns = [c for c in df.columns if c != "_corrupt_record"]
+    missing = [c for c in (mapping.id_col, None if mapping.proc else mapping.proc_col,
+                           None if mapping.args_cols is not None else mapping.args_col)
+               if c and c not in columns]
+    if mapping.args_cols is not None:
+        wanted = ([c for c in columns if c not in (mapping.id_col, mapping.proc_col)]
+                  if mapping.args_cols == ["*"] else mapping.args_cols)
+        missing += [c for c in wanted if c not in columns]
+    if missing:
+        raise ValueError(f"input has no column(s) {', '.join(missing)} (columns: {', '.join(columns)}); "
+                         "map them with --id-col/--proc-col/--args-col/--args-cols")
+    request_id = F.col(mapping.id_col).cast("string")
+    proc = F.lit(mapping.proc) if mapping.proc else F.col(mapping.proc_col).cast("string")
+    if mapping.args_cols is not None:
+        # to_json leaves null fields out: sparse columns give each row only its own arguments.
+        args = F.to_json(F.struct(*[F.col(c) for c in wanted]))
+    else:
+        kind = df.schema[mapping.args_col].dataType
+        if isinstance(kind, (StructType, MapType)):
+            args = F.to_json(F.col(mapping.args_col))
+        elif isinstance(kind, StringType):
+            args = F.col(mapping.args_col)
+        elif isinstance(kind, ArrayType):
+            args = F.to_json(F.col(mapping.args_col))
+        else:  # a number or a boolean: its JSON text; the engine rejects it as not an object
+            args = F.col(mapping.args_col).cast("string")
+    return df.select(request_id.alias("id"), proc.alias("proc"), args.alias("args"))
+
+
+def sink_options(bootstrap: str, namespace: str) -> dict[str, str]:
+    return {"bootstrap.servers": bootstrap, "namespace": namespace}
+
+
+def read_input(spark, path: str, fmt: str, mapping: Mapping, stream: bool = False, schema=None,
+               max_files_per_trigger: int | None = None):
+    if fmt not in FORMATS:
+        raise ValueError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+    if not stream and not _has_files(path) and "://" not in path:
+        raise FileNotFoundError(f"no input at {path}")
+    if schema is None:
+        schema = input_schema(spark, path, fmt, mapping, stream)
+    reader = _reader(spark, fmt, mapping, stream)
+    if schema is not None:
+        reader = reader.schema(schema)
+    elif mapping.typed_args:
+        reader = reader.option("inferSchema", "true")
+    if stream and max_files_per_trigger:
+        reader = reader.option("maxFilesPerTrigger", str(max_files_per_trigger))
+    return reader.load(path)
+
+
+@dataclass
+class ProduceStats:
+    rows: int
+    seconds: float
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else float("inf")
+
+
+def produce(spark, bootstrap: str, namespace: str, path: str, fmt: str, mapping: Mapping | None = None,
+            schema=None) -> ProduceStats:
+    """Batch mode: publish every row of the dataset; returns how many and how fast."""
+    mapping = mapping or Mapping()
+    requests = to_requests(read_input(spark, path, fmt, mapping, schema=schema), mapping)
+    rows = requests.count()
+    started = time.monotonic()
+    (requests.write.format("ordo_requests").mode("append")
+     .options(**sink_options(bootstrap, namespace)).save())
+    return ProduceStats(rows, time.monotonic() - started)
+
+
+def produce_stream(spark, bootstrap: str, namespace: str, path: str, fmt: str, checkpoint: str,
+                   mapping: Mapping | None = None, schema=None, once: bool = False,
+                   trigger_seconds: float | None = None, max_files_per_trigger: int | None = None):
+    """Stream mode: publish the files arriving in the folder `path` (Structured Streaming
+    file source, exactly once per file through the checkpoint; see docs/spark.md).
+    Returns the started StreamingQuery."""
+    mapping = mapping or Mapping()
+    if "://" not in path:
+        os.makedirs(path, exist_ok=True)
+    requests = to_requests(read_input(spark, path, fmt, mapping, stream=True, schema=schema,
+                                      max_files_per_trigger=max_files_per_trigger), mapping)
+    writer = (requests.writeStream.format("ordo_requests").options(**sink_options(bootstrap, namespace))
+              .option("checkpointLocation", checkpoint).queryName(f"ordo-produce-{namespace}"))
+    if once:
+        writer = writer.trigger(availableNow=True)
+    elif trigger_seconds:
+        writer = writer.trigger(processingTime=f"{trigger_seconds} seconds")
+    return writer.start()
+
+
+def streamed_rows(query) -> int:
+    return sum(p["numInputRows"] for p in query.recentProgress)
+
+
+# ---------------------------------------------------------------- command line
+
+def add_arguments(p: argparse.ArgumentParser, kafka: bool = True) -> None:
+    if kafka:
+        p.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT", help="Kafka bootstrap servers")
+        p.add_argument("--namespace", default="ordo", metavar="NS", help="topic prefix (default: ordo)")
+    p.add_argument("--input", required=True, metavar="PATH", help="a file or folder (with --stream: the folder to watch)")
+    p.add_argument("--format", choices=FORMATS, default="csv", help="input format (default csv; json = JSON lines)")
+    p.add_argument("--stream", action="store_true", help="publish files as they arrive in the --input folder")
+    p.add_argument("--master", default=None, metavar="M", help="Spark master (default local[*])")
+    p.add_argument("--id-col", default="id", metavar="COL", help="request id column (default id)")
+    p.add_argument("--proc-col", default="proc", metavar="COL", help="procedure column (default proc)")
+    p.add_argument("--proc", default=None, metavar="NAME", help="one procedure for every row (no proc column)")
+    p.add_argument("--args-col", default="args", metavar="COL",
+                   help="arguments column: JSON text, struct or map (default args)")
+    p.add_argument("--args-cols", default=None, metavar="A,B,…",
+                   help="build the arguments object from these columns ('*': all but id and proc)")
+    p.add_argument("--schema", default=None, metavar="DDL", help="input schema, e.g. 'id string, proc string, args string'")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="Spark reader option, repeatable (e.g. sep=;)")
+    p.add_argument("--checkpoint", default=None, metavar="DIR",
+                   help="--stream: checkpoint folder (keep it to resume; default: a new temporary one)")
+    stop = p.add_mutually_exclusive_group()
+    stop.add_argument("--once", action="store_true", help="--stream: publish the files there now, then exit")
+    stop.add_argument("--timeout", type=float, default=None, metavar="S", help="--stream: stop after S seconds")
+    p.add_argument("--trigger-seconds", type=float, default=None, metavar="S", help="--stream: micro-batch interval")
+    p.add_argument("--max-files-per-trigger", type=int, default=None, metavar="N", help="--stream: files per micro-batch")
+
+
+def mapping_from(args) -> Mapping:
+    options = {}
+    for pair in args.option:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ValueError(f"--option needs KEY=VALUE, not {pair!r}")
+        options[key] = value
+    args_cols = None
+    if args.args_cols:
+        args_cols = ["*"] if args.args_cols.strip() == "*" else [c.strip() for c in args.args_cols.split(",") if c.strip()]
+    return Mapping(id_col=args.id_col, proc_col=None if args.proc else args.proc_col, proc=args.proc,
+                   args_col=None if args_cols else args.args_col, args_cols=args_cols, reader_options=options)
+
+
+def run(args, out=sys.stdout) -> int:
+    """`ordo spark produce` and `spark-submit spark_jobs/producer_job.py`."""
+    from spark_jobs.session import build_session
+
+    mapping = mapping_from(args)
+    spark = build_session("ordo-produce", args.master)
+    schema = args.schema
+    if not args.stream:
+        stats = produce(spark, args.bootstrap_servers, args.namespace, args.input, args.format, mapping, schema)
+        print(f"published {stats.rows} requests to {args.namespace}.requests in {stats.seconds:.2f}s "
+              f"({stats.rows_per_second:,.0f} rows/s)", file=out, flush=True)
+        return 0
+    checkpoint = args.checkpoint or tempfile.mkdtemp(prefix="ordo-produce-checkpoint-")
+    if not args.checkpoint:
+        print(f"checkpoint in {checkpoint} (pass --checkpoint to resume after a restart)", file=sys.stderr)
+    query = produce_stream(spark, args.bootstrap_servers, args.namespace, args.input, args.format, checkpoint,
+                           mapping, schema, once=args.once, trigger_seconds=args.trigger_seconds,
+                           max_files_per_trigger=args.max_files_per_trigger)
+    started = time.monotonic()
+    try:
+        if args.once:
+            query.awaitTermination()
+        elif args.timeout is not None:
+            query.awaitTermination(args.timeout)
+        else:
+            query.awaitTermination()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if query.isActive:
+            query.stop()
+    if query.exception() is not None:
+        raise RuntimeError(f"stream stopped with an error: {query.exception()}")
+    rows = streamed_rows(query)
+    seconds = time.monotonic() - started
+    print(f"published {rows} requests to {args.namespace}.requests from {args.input} in {seconds:.2f}s",
+          file=out, flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="producer_job.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+        print(f"producer_job: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""The SparkSession of Ordo's border jobs.
+
+`local[*]` by default (or `--master`); on a local master the driver binds to 127.0.0.1
+only; no UI; quiet logs. The Python data sources of this package are registered on the
+session, pickled by value so that executors need confluent-kafka but not Ordo itself.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+LOG4J = os.path.join(HERE, "log4j2.properties")
+DEFAULT_MASTER = "local[*]"
+
+
+def is_local(master: str) -> bool:
+    return master == "local" or master.startswith("local[") or master.startswith("local-")
+
+
+def build_session(app_name: str = "ordo-spark", master: str | None = None,
+                  shuffle_partitions: int | None = None, conf: dict[str, Any] | None = None,
+                  log_level: str = "ERROR"):
+    """A SparkSession for a border job. `master` defaults to $ORDO_SPARK_MASTER, else
+    local[*]. Settings in `conf` win over the defaults here. Under spark-submit the session
+    already exists and its static settings (master, driver host) are those of spark-submit."""
+    from pyspark.sql import SparkSession
+
+    master = master or os.environ.get("ORDO_SPARK_MASTER") or DEFAULT_MASTER
+    # Python workers must run the interpreter of the driver (its packages: confluent-kafka).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if is_local(master):
+        # Local Python workers can also import Ordo's packages by reference.
+        path = os.environ.get("PYTHONPATH", "")
+        if ROOT not in path.split(os.pathsep):
+            os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, path) if p)
+    settings: dict[str, Any] = {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": str(shuffle_partitions or (os.cpu_count() or 2)),
+        "spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile=file:{LOG4J} -Dlog4j2.level=error",
+        "spark.sql.session.timeZone": "UTC",
+        # Streaming queries of the border jobs are few and small: no extra state store churn.
+        "spark.sql.streaming.numRecentProgressUpdates": "20",
+    }
+    if is_local(master):
+        settings.update({
+            "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1",
+            "spark.pyspark.python": sys.executable,
+        })
+    settings.update({k: str(v) for k, v in (conf or {}).items()})
+    builder = SparkSession.builder.appName(app_name).master(master)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(log_level)
+    register_data_sources(spark)
+    return spark
+
+
+def register_data_sources(spark) -> None:
+    """Register `ordo_requests` (sink) and `ordo_changes` (source) on a session. Both
+    modules are pickled by value: executors need their third-party imports only."""
+    from pyspark import cloudpickle
+
+    from spark_jobs import changes_source, requests_sink
+
+    for module in (changes_source, requests_sink):
+        cloudpickle.register_pickle_by_value(module)
+    spark.dataSource.register(requests_sink.OrdoRequestsDataSource)
+    spark.dataSource.register(changes_source.OrdoChangesDataSource)
+
+
+def ensure_importable() -> None:
+    """For scripts run as `spark-submit spark_jobs/<job>.py`: make `spark_jobs` importable."""
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)

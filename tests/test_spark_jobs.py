@@ -1,0 +1,306 @@
+"""The Spark border jobs against the real broker, a real engine and local Spark:
+datasets become requests (producer job), change data becomes Parquet (changes job).
+
+One SparkSession (local[2]) serves the module; the engine runs in this process (a
+Coordinator with in-process partition workers and a SequencerThread)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from ordo.client import Client
+from ordo.embedded import SequencerThread
+from ordo.state import records
+from scheduler.coordinator import Coordinator
+from sequencer.sequencer import SequencerConfig
+from sequencer.topics import ensure_topics
+from spark_jobs import changes_job, producer_job
+from spark_jobs.samples import BAD_ROWS, SAMPLES_DIR
+from tests.helpers import ordo_output
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning")]
+
+PARTITIONS = 2
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from spark_jobs.session import build_session
+
+    session = build_session("ordo-tests", master="local[2]", shuffle_partitions=2)
+    yield session
+    session.stop()
+
+
+class Engine:
+    """Sequencer and engine of one namespace, on threads of this process."""
+
+    def __init__(self, bootstrap: str, namespace: str, data_dir: str):
+        ensure_topics(bootstrap, namespace, request_partitions=2)
+        self.bootstrap, self.namespace, self.data_dir = bootstrap, namespace, data_dir
+        self.coordinator = Coordinator(bootstrap, namespace, data_dir, "serial", PARTITIONS, runtime="local")
+        self._thread = threading.Thread(target=self.coordinator.run, daemon=True)
+        self._thread.start()
+        self.sequencer = SequencerThread(bootstrap, namespace, SequencerConfig(max_delay_ms=20, max_txns=40)).start()
+
+    def outcomes(self, ids: list[str], timeout: float = 90) -> dict[str, dict]:
+        """Every id's outcome, once the engine has applied the batches that hold them."""
+        found = Client(self.bootstrap, self.namespace).outcomes(ids, timeout=timeout)
+        missing = set(ids) - set(found)
+        assert not missing, f"no outcome for {sorted(missing)[:5]}"
+        last = max(o["batch"] for o in found.values())
+        deadline = time.monotonic() + timeout
+        while self.coordinator.stats.last_batch < last:
+            assert time.monotonic() < deadline, "engine did not apply every batch"
+            time.sleep(0.02)
+        return found
+
+    def stop(self) -> None:
+        self.sequencer.stop()
+        self.coordinator.stop()
+        self._thread.join(30)
+
+
+@pytest.fixture
+def engine(broker, namespace, tmp_path):
+    running = Engine(broker, namespace, str(tmp_path / "data"))
+    yield running
+    running.stop()
+
+
+def sample(name: str) -> str:
+    return os.path.join(SAMPLES_DIR, name)
+
+
+def sample_ids(name: str) -> list[str]:
+    with open(sample(name)) as f:
+        if name.endswith(".jsonl"):
+            return [json.loads(line)["id"] for line in f if line.strip()]
+        return [line.split(",", 1)[0] for line in f.read().splitlines()[1:]]
+
+
+def engine_state(data_dir: str) -> dict:
+    """`ordo dump` as {(table, key as canonical JSON): value}."""
+    return {(r["table"], json.dumps(r["key"], separators=(",", ":"), sort_keys=True)): r["value"]
+            for r in records(data_dir)}
+
+
+def parquet_state(spark, output: str) -> dict:
+    state = {}
+    for table in changes_job.current_tables(output):
+        for row in changes_job.load_table(spark, output, table).collect():
+            key = (table, row["key"])
+            assert key not in state, f"two current rows for {key}"
+            state[key] = json.loads(row["value"])
+    return state
+
+
+def changelog_rows(spark, output: str) -> list[tuple]:
+    return sorted(tuple(r) for r in changes_job.load_changelog(spark, output)
+                  .select("batch", "partition", "seq", "txn", "table", "key", "value", "deleted").collect())
+
+
+def topic_changes(bootstrap: str, namespace: str, records_expected: int, timeout: float = 60):
+    """The change records on <ns>.changes, read with kafka-python (no code shared with the
+    source under test): (raw messages, exploded rows of the distinct (batch, partition))."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=500,
+                             isolation_level="read_committed")
+    consumer.assign([TopicPartition(f"{namespace}.changes", 0)])
+    consumer.seek_to_beginning()
+    messages, by_record = [], {}
+    deadline = time.monotonic() + timeout
+    while len(by_record) < records_expected and time.monotonic() < deadline:
+        for message in consumer:
+            messages.append(message)
+            record = json.loads(message.value)
+            by_record.setdefault((record["batch"], record["partition"]), record)
+    consumer.close()
+    assert len(by_record) == records_expected, f"{len(by_record)} change records on the topic, not {records_expected}"
+    canonical = lambda v: None if v is None else json.dumps(v, separators=(",", ":"), sort_keys=True)  # noqa: E731
+    rows = sorted((b, p, seq, c["txn"], c["table"], canonical(c["key"]), canonical(c["value"]), bool(c.get("deleted")))
+                  for (b, p), record in by_record.items() for seq, c in enumerate(record["changes"]))
+    return messages, rows
+
+
+def test_sample_dataset_through_producer_engine_and_consumer_equals_ordo_dump(spark, broker, namespace, engine,
+                                                                                tmp_path):
+    # The SL sample as CSV (args as JSON text) plus SL deposits with one column per argument.
+    produced = producer_job.produce(spark, broker, namespace, sample("sl.csv"), "csv")
+    wide = producer_job.produce(spark, broker, namespace, sample("sl_deposits_wide.csv"), "csv",
+                                producer_job.Mapping(args_col=None, args_cols=["*"]))
+    ids = sample_ids("sl.csv") + sample_ids("sl_deposits_wide.csv")
+    assert produced.rows + wide.rows == len(ids) == 400
+    print(f"\nproducer (batch, CSV): {produced.rows} rows in {produced.seconds:.2f}s = "
+          f"{produced.rows_per_second:,.0f} rows/s")
+    outcomes = engine.outcomes(ids)
+    statuses = Counter(o["status"] for o in outcomes.values())
+    assert statuses["committed"] >= 300 and statuses["rejected"] == 0, statuses
+    assert all(outcomes[i]["status"] == "committed" for i in sample_ids("sl_deposits_wide.csv"))
+
+    output, checkpoint = str(tmp_path / "out"), str(tmp_path / "checkpoint")
+    started = time.monotonic()
+    stats = changes_job.run_consumer(spark, broker, namespace, output, checkpoint, once=True)
+    seconds = time.monotonic() - started
+    print(f"consumer (--once): {stats.changes} changes in {stats.micro_batches} micro-batch(es), "
+          f"{seconds:.2f}s = {stats.changes / seconds:,.0f} changes/s")
+    engine.stop()
+    expected = engine_state(engine.data_dir)
+    assert expected and parquet_state(spark, output) == expected
+    assert stats.tables == {"account", "asset"}
+
+    report = changes_job.example_report(spark, output)
+    balances = {json.loads(k): v for (t, k), v in expected.items() if t == "account"}
+    assert report["top_accounts"][0][1] == max(balances.values())
+    assert report["total_assets"] == sum(v for (t, _), v in expected.items() if t == "asset")
+
+
+def test_consumer_stopped_mid_stream_and_restarted_loses_and_duplicates_nothing(spark, broker, namespace, engine,
+                                                                                 tmp_path):
+    # Requests arrive as files in a folder: the streaming producer (JSON lines) publishes them.
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    lines = open(sample("micro.jsonl")).read().splitlines(keepends=True)
+    (inbox / "part-1.jsonl").write_text("".join(lines[:150]))
+    (inbox / "part-2.jsonl").write_text("".join(lines[150:]))
+    query = producer_job.produce_stream(spark, broker, namespace, str(inbox), "json", str(tmp_path / "produce-ck"),
+                                        once=True)
+    query.awaitTermination(120)
+    assert query.exception() is None and producer_job.streamed_rows(query) == 300
+    outcomes = engine.outcomes(sample_ids("micro.jsonl"))
+    assert {o["status"] for o in outcomes.values()} == {"committed"}
+    last_batch = engine.coordinator.stats.last_batch
+    assert last_batch >= 6
+
+    # First run: a few records per micro-batch, stopped after two micro-batches (a third
+    # is usually running and is interrupted).
+    output, checkpoint = str(tmp_path / "out"), str(tmp_path / "checkpoint")
+    query, stats = changes_job.start_consumer(spark, broker, namespace, output, checkpoint, max_records_per_batch=3)
+    deadline = time.monotonic() + 90
+    while stats.micro_batches < 2:
+        assert query.isActive and time.monotonic() < deadline, query.exception()
+        time.sleep(0.05)
+    query.stop()
+    first_run = changelog_rows(spark, output)
+    records_total = last_batch * PARTITIONS
+    messages, expected_rows = topic_changes(broker, namespace, records_total)
+    assert 0 < len({r[:2] for r in first_run}) < records_total, "the first run should stop mid-stream"
+
+    # The engine re-emits outputs after a crash: append copies of records already consumed.
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=broker)
+    for message in messages[:3] + messages[-2:]:
+        producer.send(f"{namespace}.changes", key=message.key, value=message.value)
+    producer.flush()
+    producer.close()
+
+    # Second run, from the same checkpoint, through the CLI (a process of its own).
+    out = ordo_output("spark", "changes", "--bootstrap-servers", broker, "--namespace", namespace,
+                      "--output", output, "--checkpoint", checkpoint, "--once", "--master", "local[2]",
+                      timeout=150)
+    assert "hottest micro keys" in out, out
+    print("\n" + out.strip())
+    assert changelog_rows(spark, output) == expected_rows
+    engine.stop()
+    assert parquet_state(spark, output) == engine_state(engine.data_dir)
+
+    # Consuming everything again from scratch into the same output changes nothing.
+    shutil.rmtree(checkpoint)
+    changes_job.run_consumer(spark, broker, namespace, output, checkpoint, once=True)
+    assert changelog_rows(spark, output) == expected_rows
+    assert parquet_state(spark, output) == engine_state(engine.data_dir)
+
+
+def test_bad_rows_are_published_and_rejected_with_clear_errors(spark, broker, namespace, engine):
+    produced = producer_job.produce(spark, broker, namespace, sample("bad_rows.csv"), "csv")
+    assert produced.rows == len(BAD_ROWS)
+    outcomes = engine.outcomes([row[0] for row in BAD_ROWS])
+    expect = {
+        "good-1": ("committed", None),
+        "good-2": ("committed", None),
+        "no-proc": ("rejected", "missing field(s): proc"),
+        "bad-args": ("rejected", "sl_deposit: 'args' must be an object, got string"),
+        "unknown-proc": ("rejected", "unknown procedure 'sl_withdraw'"),
+        "no-args": ("rejected", "missing field(s): args"),
+        "wrong-type": ("rejected", "sl_deposit: argument 'account': expected integer, got string"),
+    }
+    for request_id, (status, error) in expect.items():
+        outcome = outcomes[request_id]
+        assert outcome["status"] == status, outcome
+        assert (outcome["error"] is None) if error is None else (error in outcome["error"]), outcome
+
+    # The same outcomes through the source's results mode (batch read).
+    results = (spark.read.format("ordo_changes").option("bootstrap.servers", broker).option("namespace", namespace)
+               .option("topic", "results").load())
+    assert {r["id"]: (r["status"], r["error"]) for r in results.collect()} == {
+        i: (o["status"], o["error"]) for i, o in outcomes.items()}
+
+
+def test_source_reads_every_partition_exactly_in_split_ranges(spark, broker, namespace):
+    """Raw mode over a 3-partition topic: split input partitions, a read limit per
+    micro-batch, and the stream offsets (per Kafka partition) the source reports."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+    from kafka import KafkaProducer
+
+    topic = f"{namespace}.raw"
+    AdminClient({"bootstrap.servers": broker}).create_topics([NewTopic(topic, 3, 1)])[topic].result(30)
+    producer = KafkaProducer(bootstrap_servers=broker)
+    sent = {(p, f"k{p}-{i}") for p in range(3) for i in range(10)}
+    for p, key in sorted(sent):
+        producer.send(topic, key=key.encode(), value=f"v-{key}".encode(), partition=p)
+    producer.flush()
+    producer.close()
+    options = {"bootstrap.servers": broker, "topic": topic, "splitOffsets": "3"}
+    df = spark.read.format("ordo_changes").options(**options).load()
+    assert df.rdd.getNumPartitions() == 12  # 3 Kafka partitions x 4 ranges of at most 3 offsets
+    rows = df.collect()
+    assert sorted((r["kafka_partition"], r["key"]) for r in rows) == sorted(sent)
+    assert all(r["value"] == f"v-{r['key']}" for r in rows)
+
+    query = (spark.readStream.format("ordo_changes").options(**options).option("maxRecordsPerBatch", "7").load()
+             .writeStream.format("memory").queryName("ordo_raw_stream").trigger(processingTime="0 seconds")
+             .start())
+    try:
+        deadline = time.monotonic() + 60
+        while spark.sql("SELECT count(*) AS n FROM ordo_raw_stream").first()["n"] < 30:
+            assert query.isActive and time.monotonic() < deadline, query.exception()
+            time.sleep(0.2)
+    finally:
+        query.stop()
+    streamed = spark.sql("SELECT kafka_partition, key FROM ordo_raw_stream").collect()
+    assert sorted((r["kafka_partition"], r["key"]) for r in streamed) == sorted(sent)
+    sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    assert max(sizes) <= 7 and sum(sizes) == 30
+    end = query.recentProgress[-1]["sources"][0]["endOffset"]
+    assert (json.loads(end) if isinstance(end, str) else end) == {"0": 10, "1": 10, "2": 10}
+
+
+def test_column_mapping_builds_requests(spark):
+    """The mapping alone (no Kafka): renamed columns, a constant procedure, struct and
+    map arguments, arguments from named columns."""
+    from spark_jobs.requests_sink import request_message
+
+    df = spark.createDataFrame(
+        [("a", "sl_deposit", 1, 2, None), ("b", None, 3, None, "x")],
+        "rid string, p string, account int, asset int, note string")
+    rows = producer_job.to_requests(df, producer_job.Mapping(id_col="rid", proc_col="p", args_col=None,
+                                                             args_cols=["account", "asset"])).collect()
+    assert [tuple(r) for r in rows] == [("a", "sl_deposit", '{"account":1,"asset":2}'), ("b", None, '{"account":3}')]
+    rows = producer_job.to_requests(df.selectExpr("rid", "named_struct('k', account) AS a", "map('m', asset) AS m"),
+                                    producer_job.Mapping(id_col="rid", proc="micro_rmw", args_col="a")).collect()
+    assert [tuple(r) for r in rows] == [("a", "micro_rmw", '{"k":1}'), ("b", "micro_rmw", '{"k":3}')]
+    assert request_message("x", "p", '{"a": [1, 2]}') == (b"x", b'{"id":"x","proc":"p","args":{"a":[1,2]}}')
+    assert request_message("y", None, "{oops") == (b"y", b'{"id":"y","args":"{oops"}')
+    assert request_message(None, "p", None) == (None, b'{"proc":"p"}')
+    with pytest.raises(ValueError, match="no column"):
+        producer_job.to_requests(df, producer_job.Mapping())
