@@ -22,6 +22,13 @@ ABORTED = "aborted"
 REJECTED = "rejected"
 
 _SCALARS = (int, str, float, bool, type(None), bytes)
+# A result travels in one outcome message; larger ones abort the transaction instead.
+MAX_RESULT_BYTES = 64 * 1024
+MAX_ERROR_CHARS = 1000
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS] + "…"
 
 
 class TxnContext:
@@ -91,12 +98,15 @@ def execute(procedure: Procedure, args: dict, snapshot: dict[bytes, Any], write_
     ctx = TxnContext(snapshot, write_set, defaults, now, seed)
     try:
         result = procedure.run(ctx, args)
-        if type(result) not in _SCALARS or type(result) is bytes:
-            json.dumps(result, allow_nan=False)
+        kind = type(result)
+        if kind is not int and kind is not bool and result is not None:
+            size = len(json.dumps(result, allow_nan=False))
+            if size > MAX_RESULT_BYTES:
+                return ABORTED, None, f"result too large: {size} bytes > limit {MAX_RESULT_BYTES}", {}
     except Abort as exc:
-        return ABORTED, None, exc.reason, {}
+        return ABORTED, None, _short(exc.reason), {}
     except UndeclaredAccess as exc:
         return ABORTED, None, f"undeclared access: {exc}", {}
     except Exception as exc:  # RUN is user code: its failure aborts this txn only
-        return ABORTED, None, f"{procedure.name} raised {type(exc).__name__}: {exc}", {}
+        return ABORTED, None, _short(f"{procedure.name} raised {type(exc).__name__}: {exc}"), {}
     return COMMITTED, result, None, ctx.writes

@@ -2,10 +2,13 @@
 
 <ns>.results, key = request id, one record per request:
     {"id": "r-42", "status": "committed", "batch": 17, "result": null, "error": null}
-<ns>.changes, key = "<batch>:<partition>", one record per batch and partition:
-    {"batch": 17, "partition": 0, "changes": [
+<ns>.changes, key = "<batch>:<partition>:<part>", the change data of a batch on a
+partition in transaction order, split into parts that each fit in one Kafka message:
+    {"batch": 17, "partition": 0, "part": 0, "parts": 1, "changes": [
         {"txn": 3, "table": "account", "key": 9, "value": 120},      # put
         {"txn": 5, "table": "account", "key": 4, "value": null, "deleted": true}]}
+Every batch and partition has at least one part (possibly with no changes), so a consumer
+can tell that it has seen all of a batch.
 
 Both are pure functions of the log, so a replay re-emits them byte for byte: a consumer
 that keeps the last record per key sees duplicates only, never different data.
@@ -25,6 +28,9 @@ from storage.keys import encode_key
 
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
+# Below the 1 MiB a Kafka broker accepts by default, with room for the record's framing.
+MAX_MESSAGE_BYTES = 900_000
+
 
 def outcome_record(outcome: Outcome, batch_id: int) -> bytes:
     return _dumps({
@@ -36,16 +42,29 @@ def outcome_record(outcome: Outcome, batch_id: int) -> bytes:
     }).encode()
 
 
-def change_key(batch_id: int, partition: int) -> bytes:
-    return f"{batch_id}:{partition}".encode()
+def change_key(batch_id: int, partition: int, part: int) -> bytes:
+    return f"{batch_id}:{partition}:{part}".encode()
 
 
-def change_record(batch_id: int, partition: int, changes: list[list]) -> bytes:
-    return _dumps({
-        "batch": batch_id,
-        "partition": partition,
-        "changes": [_change(index, table, key, value) for index, table, key, value in changes],
-    }).encode()
+def change_records(batch_id: int, partition: int, changes: list[list],
+                   max_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[bytes, bytes]]:
+    """(key, value) messages carrying `changes`, each at most about `max_bytes`."""
+    encoded = [_dumps(_change(index, table, key, value)) for index, table, key, value in changes]
+    groups: list[list[str]] = [[]]
+    size = 0
+    for item in encoded:
+        if groups[-1] and size + len(item) + 1 > max_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(item)
+        size += len(item) + 1
+    parts = len(groups)
+    return [
+        (change_key(batch_id, partition, part),
+         f'{{"batch":{batch_id},"partition":{partition},"part":{part},"parts":{parts},'
+         f'"changes":[{",".join(group)}]}}'.encode())
+        for part, group in enumerate(groups)
+    ]
 
 
 def _change(index: int, table: str, key: Any, value: Any) -> dict:
@@ -78,8 +97,8 @@ class KafkaOutputs:
         for outcome in outcomes:
             produce(results_topic, key=outcome.id.encode(), value=outcome_record(outcome, batch_id))
         for partition, records in changes.items():
-            produce(self.topics.changes, key=change_key(batch_id, partition),
-                    value=change_record(batch_id, partition, records))
+            for key, value in change_records(batch_id, partition, records):
+                produce(self.topics.changes, key=key, value=value)
         remaining = self._producer.flush(60)
         if remaining:
             raise RuntimeError(f"{remaining} outputs of batch {batch_id} not acknowledged by the broker")

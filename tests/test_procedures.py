@@ -129,3 +129,13 @@ def test_generators_are_seeded_and_target_partitions():
     assert set(spans) == {2}
     for request in list(micro.generate(100, seed=2)) + list(sl.generate(100, seed=2)):
         registry.analyze(request["proc"], request["args"])
+
+
+def test_oversized_results_and_errors_are_bounded():
+    status, _, error, _ = _custom(lambda ctx, a: "x" * 100_000)
+    assert status == ABORTED and error.startswith("result too large")
+
+    def shout(ctx, a):
+        ctx.abort("no" * 5000)
+    status, _, error, _ = _custom(shout)
+    assert status == ABORTED and len(error) <= 1001

@@ -1,0 +1,1 @@
+"""Recovery: checkpoints of the shards and deterministic replay of the log."""

@@ -1,0 +1,30 @@
+import json
+
+from scheduler.batch import Outcome
+from scheduler.outputs import change_records, outcome_record
+
+
+def test_outcome_record_is_the_documented_json():
+    record = json.loads(outcome_record(Outcome(3, "r-1", "aborted", None, "insufficient funds"), 17))
+    assert record == {"id": "r-1", "status": "aborted", "batch": 17, "result": None, "error": "insufficient funds"}
+
+
+def test_change_data_is_split_into_parts_that_fit_a_message():
+    changes = [[i, "micro", i, i * 7] for i in range(5000)] + [[5000, "micro", "k", None]]
+    messages = change_records(4, 1, changes, max_bytes=10_000)
+    assert len(messages) > 5
+    decoded = [json.loads(value) for _, value in messages]
+    assert [key for key, _ in messages] == [f"4:1:{part}".encode() for part in range(len(messages))]
+    assert all(len(value) < 10_200 for _, value in messages)
+    assert {(d["batch"], d["partition"], d["parts"]) for d in decoded} == {(4, 1, len(messages))}
+    flat = [c for d in decoded for c in d["changes"]]
+    assert flat[:2] == [{"txn": 0, "table": "micro", "key": 0, "value": 0},
+                        {"txn": 1, "table": "micro", "key": 1, "value": 7}]
+    assert flat[-1] == {"txn": 5000, "table": "micro", "key": "k", "value": None, "deleted": True}
+    assert len(flat) == len(changes)
+
+
+def test_a_batch_without_changes_still_has_one_part():
+    [(key, value)] = change_records(9, 0, [])
+    assert key == b"9:0:0" and json.loads(value) == {"batch": 9, "partition": 0, "part": 0, "parts": 1,
+                                                     "changes": []}
