@@ -59,14 +59,22 @@ class Registry:
             reads, writes = _ordered_set(reads), _ordered_set(writes)
         except Exception as exc:  # a procedure's ANALYZE is user code
             raise RequestError(f"{procedure.name}: ANALYZE failed: {type(exc).__name__}: {exc}") from None
+        tables = self.tables
         for table, _ in reads + writes:
-            if table not in self.tables:
+            if table not in tables:
                 raise RequestError(f"{procedure.name}: ANALYZE named unknown table '{table}'")
         return procedure, reads, writes
 
 
 def _ordered_set(keys: Iterable[Key]) -> tuple[Key, ...]:
-    return tuple(dict.fromkeys((table, key) for table, key in keys))
+    try:
+        ordered = tuple(dict.fromkeys(keys))
+    except TypeError:  # keys given as lists rather than tuples
+        ordered = tuple(dict.fromkeys((table, key) for table, key in keys))
+    for item in ordered:
+        if type(item) is not tuple or len(item) != 2:
+            raise TypeError(f"a key must be a (table, key) pair, got {item!r}")
+    return ordered
 
 
 def default_registry(extra_modules: Iterable[str] = ()) -> Registry:

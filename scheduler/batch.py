@@ -45,6 +45,9 @@ class Outcome:
     error: str | None
 
 
+ONLY = (0,)
+
+
 def prepare(batch: Batch, registry: Registry, partitioner: Partitioner,
             partition: int) -> tuple[list[PreparedTxn], list[Outcome]]:
     """The transactions of `batch` that involve `partition`, and the rejections this
@@ -52,6 +55,7 @@ def prepare(batch: Batch, registry: Registry, partitioner: Partitioner,
     txns: list[PreparedTxn] = []
     rejected: list[Outcome] = []
     of = partitioner.of
+    single_partition = partitioner.partitions == 1
     for index, (request_id, proc, args) in enumerate(batch.entries):
         if proc is None:
             continue  # rejected by the sequencer; the coordinator reports it
@@ -61,27 +65,24 @@ def prepare(batch: Batch, registry: Registry, partitioner: Partitioner,
             if partition == 0:
                 rejected.append(Outcome(index, request_id, REJECTED, None, str(exc)))
             continue
-        placed: dict[bytes, int] = {}
-        reads = []
-        for table, key in read_set:
-            encoded = encode_key(table, key)
-            placed[encoded] = of(table, key, encoded)
-            reads.append(encoded)
-        writes = {}
+        reads = tuple(encode_key(table, key) for table, key in read_set)
+        writes = {encode_key(table, key): (table, key) for table, key in write_set}
+        if single_partition:
+            txns.append(PreparedTxn(index, request_id, procedure, args, reads, writes, reads, ONLY, ONLY))
+            continue
+        placed = {encoded: of(table, key, encoded) for encoded, (table, key) in zip(reads, read_set)}
         writer_partitions = set()
-        for table, key in write_set:
-            encoded = encode_key(table, key)
+        for encoded, (table, key) in writes.items():
             p = placed.get(encoded)
             if p is None:
                 p = placed[encoded] = of(table, key, encoded)
-            writes[encoded] = (table, key)
             writer_partitions.add(p)
         participants = tuple(sorted(set(placed.values())))
         if partition not in participants:
             continue
         active = tuple(sorted(writer_partitions)) or participants[:1]
         local_reads = tuple(k for k in reads if placed[k] == partition)
-        txns.append(PreparedTxn(index, request_id, procedure, args, tuple(reads), writes,
+        txns.append(PreparedTxn(index, request_id, procedure, args, reads, writes,
                                 local_reads, participants, active))
     return txns, rejected
 

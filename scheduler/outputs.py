@@ -33,6 +33,9 @@ MAX_MESSAGE_BYTES = 900_000
 
 
 def outcome_record(outcome: Outcome, batch_id: int) -> bytes:
+    if outcome.result is None and outcome.error is None:  # the common case, formatted directly
+        return (f'{{"id":{_dumps(outcome.id)},"status":"{outcome.status}","batch":{batch_id},'
+                f'"result":null,"error":null}}').encode()
     return _dumps({
         "id": outcome.id,
         "status": outcome.status,
@@ -49,7 +52,7 @@ def change_key(batch_id: int, partition: int, part: int) -> bytes:
 def change_records(batch_id: int, partition: int, changes: list[list],
                    max_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[bytes, bytes]]:
     """(key, value) messages carrying `changes`, each at most about `max_bytes`."""
-    encoded = [_dumps(_change(index, table, key, value)) for index, table, key, value in changes]
+    encoded = [_change_json(index, table, key, value) for index, table, key, value in changes]
     groups: list[list[str]] = [[]]
     size = 0
     for item in encoded:
@@ -65,6 +68,12 @@ def change_records(batch_id: int, partition: int, changes: list[list],
          f'"changes":[{",".join(group)}]}}'.encode())
         for part, group in enumerate(groups)
     ]
+
+
+def _change_json(index: int, table: str, key: Any, value: Any) -> str:
+    if type(key) is int and type(value) is int:  # the common case, formatted directly
+        return f'{{"txn":{index},"table":{_dumps(table)},"key":{key},"value":{value}}}'
+    return _dumps(_change(index, table, key, value))
 
 
 def _change(index: int, table: str, key: Any, value: Any) -> dict:

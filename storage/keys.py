@@ -9,6 +9,7 @@ under a leading 0x00, which no table name can produce.
 from __future__ import annotations
 
 import struct
+from functools import lru_cache
 
 _INT = b"\x01"
 _STR = b"\x02"
@@ -23,7 +24,9 @@ def table_prefix(table: str) -> bytes:
     return table.encode() + _SEP
 
 
+@lru_cache(maxsize=1 << 18)
 def encode_key(table: str, key: int | str) -> bytes:
+    """Memoised: a transaction names each key several times (ANALYZE, placement, RUN)."""
     if type(key) is int:
         return table.encode() + _SEP + _INT + _PACK(key + _BIAS)
     if type(key) is str:
