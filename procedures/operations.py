@@ -40,20 +40,13 @@ from typing import Any, Callable, Iterable
 
 from procedures.contract import Key
 
-# Operation layout: a plain tuple, cheap to build by the thousands per batch.
-#   (kind, table, key, value-or-fn, deps, condition)
-KIND = 0
-TABLE = 1
-KEY = 2
-ARG = 3
-DEPS = 4
-CONDITION = 5
+# An operation is a plain tuple, cheap to build by the thousands per batch:
+#   (kind, table, key, value for WRITE or fn for READ_MODIFY, deps, condition)
+Operation = tuple
 
 OP_READ = 0
 OP_WRITE = 1
 OP_MODIFY = 2
-
-Operation = tuple
 
 
 class Condition:
@@ -91,7 +84,7 @@ def WRITE(table: str, key: int | str, value: Any,  # noqa: N802
 
 def READ_MODIFY(table: str, key: int | str, fn: Callable[..., Any],  # noqa: N802
                 deps: Iterable[Key] = (), condition: Condition | None = None) -> Operation:
-    return (OP_MODIFY, table, key, fn, tuple(deps), condition)
+    return (OP_MODIFY, table, key, fn, deps if type(deps) is tuple else tuple(deps), condition)
 
 
 def as_operations(form: Any) -> Operations:

@@ -21,6 +21,10 @@ soon as it has sent its reads: its part of the transaction is over.
 No deadlock: a transaction only ever waits for earlier ones (locally in a queue, or for
 a peer to reach the same transaction), and the earliest unfinished transaction of the
 whole log has every lock it needs on every participant.
+
+A single-partition transaction that arrives while the table is empty runs without
+touching it: its locks would be granted at once and released before anything else
+happened, so the table would look exactly as before.
 """
 
 from __future__ import annotations

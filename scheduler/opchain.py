@@ -12,18 +12,19 @@ two phases, as in TStream's dual-mode scheduling.
    key's chain too (an empty probe where it writes nothing there).
 
 2. Evaluate. A chain starts from its key's value in the overlay (read once), walks its
-   entries applying their operations, and its final value is written back once; a hot key
-   costs one read and one write per stretch however many transactions hit it. When a
-   chain reaches T's entry on a key T depends on, it publishes its current value as T's
-   version of that key — per-batch multi-versioning, kept only where a dependency asks
-   for it — and walks on. An entry that needs versions (every entry of a transaction with
-   a condition, and any entry whose functions read other keys) parks its chain until T
-   has all of them. Round one walks every chain as far as it goes: chains without a
-   pending dependency run to their end; the later rounds resume the chains whose
-   dependencies got published in the round before. An entry only ever waits for chains
-   to reach its own transaction, never a later one, so some chain can always move: no
-   deadlock. The result does not depend on the order in which chains are walked (tests
-   shuffle it, standing in for TStream's parallel executors).
+   entries applying their operations, and its final value, if it changed, is written
+   back once: a hot key costs one read and one write per stretch however many
+   transactions hit it. When a chain reaches T's entry on a key T depends on, it
+   publishes its current value as T's version of that key — per-batch multi-versioning,
+   kept only where a dependency asks for it — and walks on. An entry that needs versions
+   (every entry of a transaction with a condition, and any entry whose functions read
+   other keys) parks its chain until T has all of them. Round one walks every chain as
+   far as it goes: chains without a pending dependency run to their end; each later
+   round resumes the chains whose awaited versions were published in the round before.
+   An entry only ever waits for chains to reach its own transaction, never a later one,
+   so some chain can always move: no deadlock. The result does not depend on the order
+   in which chains are walked (tests shuffle it, standing in for TStream's parallel
+   executors).
 
 Aborts are atomic across chains: T's condition is decided once, from its versions,
 before any entry of T that writes has passed, and every entry of T obeys that one

@@ -13,8 +13,13 @@ blocked transactions whose conflicts are already gone: it walks the queue from t
 collecting the keys of every transaction it passes (written, read) and frees each
 blocked transaction whose writes meet neither set and whose reads meet no written key.
 The counters cannot tell this (they count a blocked transaction's requests too), which
-is why SCA exists; it costs a queue walk, so it runs only when many transactions are
-blocked and something finished since the last walk (nothing else can free anyone).
+is why SCA exists. A walk costs the whole queue, so it runs only when more than
+`sca_threshold` transactions are blocked and, since the last walk, transactions that could
+be blocking others have finished — nothing else can free anyone — in number at least a
+quarter of the queue, which bounds the walking per transaction.
+
+A single-partition transaction that arrives to an empty queue runs without touching the
+counters: it would be free, and its counters undone, before anything else happened.
 
 Keys are only this partition's own, for the reasons given in scheduler/locking.py.
 """
@@ -29,6 +34,7 @@ from scheduler.batch import BatchExecution, PreparedTxn
 from scheduler.locking import local_keys
 
 DEFAULT_SCA_THRESHOLD = 8
+SCA_AMORTIZE = 4  # walk again once a quarter of the queue's length has finished
 
 
 class _Active:
@@ -150,7 +156,8 @@ class _Counters:
                 else:
                     self.tasks.append(asyncio.ensure_future(self._run_multi(active)))
                     started = True
-            if walked or self.blocked <= self.sca_threshold or not self.finished_since_sca:
+            if (walked or self.blocked <= self.sca_threshold
+                    or self.finished_since_sca * SCA_AMORTIZE < len(self.queue)):
                 return started
             walked = True
             self.sca()

@@ -9,7 +9,7 @@ from typing import Iterator
 
 from procedures.args import Int, List
 from procedures.contract import Procedure, Table
-from procedures.operations import OP_READ, OP_WRITE, Operations
+from procedures.operations import READ, WRITE, Operations
 from procedures.workloads.sampling import Zipf, request
 
 RECORDS = 10_000
@@ -28,7 +28,7 @@ def _read(ctx, args):
 
 
 def _read_ops(args):
-    return Operations([(OP_READ, "gs", k, None, (), None) for k in args["keys"]], sum)
+    return Operations([READ("gs", k) for k in args["keys"]], sum)
 
 
 def _write_keys(args):
@@ -44,7 +44,7 @@ def _write(ctx, args):
 
 def _write_ops(args):
     value = args["value"]
-    return Operations([(OP_WRITE, "gs", k, value, (), None) for k in args["keys"]])
+    return Operations([WRITE("gs", k, value) for k in args["keys"]])
 
 
 gs_read = Procedure("gs_read", {"keys": _KEYS}, _read_keys, _read, operations=_read_ops)

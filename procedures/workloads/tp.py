@@ -25,7 +25,7 @@ from typing import Iterator
 
 from procedures.args import Int
 from procedures.contract import Procedure, Table
-from procedures.operations import OP_MODIFY, OP_WRITE, Operations
+from procedures.operations import READ_MODIFY, WRITE, Operations
 from procedures.workloads.sampling import Zipf, request
 
 SEGMENTS = 100
@@ -89,9 +89,9 @@ def _operations(args):
     key = seen_key(args["vehicle"], segment)
     # The count depends on `seen` as it was before this report: a cross-chain dependency.
     return Operations([
-        (OP_MODIFY, "speed", segment, _speed_adder(args["speed"]), (), None),
-        (OP_MODIFY, "count", segment, _count_vehicle, (("seen", key),), None),
-        (OP_WRITE, "seen", key, 1, (), None),
+        READ_MODIFY("speed", segment, _speed_adder(args["speed"])),
+        READ_MODIFY("count", segment, _count_vehicle, deps=[("seen", key)]),
+        WRITE("seen", key, 1),
     ], _toll_of)
 
 
