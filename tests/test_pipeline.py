@@ -48,7 +48,8 @@ def test_external_client_to_state_equals_serial_interpretation(broker, namespace
 def test_bad_input_gets_one_clear_outcome_and_later_requests_still_commit(broker, namespace, tmp_path):
     ensure_topics(broker, namespace)
     engine = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace,
-                  "--data-dir", str(tmp_path / "d"), "--max-request-bytes", "2000", "--quiet")
+                  "--data-dir", str(tmp_path / "d"), "--max-request-bytes", "2000", "--quiet",
+                  "--procedures", "tests.faulty_procedures")
     deposit = {"account": 1, "asset": 1, "account_amount": 5, "asset_amount": 5}
     bad = [
         (b"bad-json", b'{"id": "bad-json", "proc": '),
@@ -60,6 +61,8 @@ def test_bad_input_gets_one_clear_outcome_and_later_requests_still_commit(broker
                                     "args": {**deposit, "account": "one"}}).encode()),
         (b"too-big", json.dumps({"id": "too-big", "proc": "sl_deposit",
                                  "args": {**deposit, "pad": "x" * 5000}}).encode()),
+        (b"raises", json.dumps({"id": "raises", "proc": "faulty_divide", "args": {"key": 1, "by": 0}}).encode()),
+        (b"divides", json.dumps({"id": "divides", "proc": "faulty_divide", "args": {"key": 2, "by": 4}}).encode()),
         (b"first", json.dumps({"id": "first", "proc": "sl_deposit", "args": deposit}).encode()),
         (b"first", json.dumps({"id": "first", "proc": "sl_deposit", "args": deposit}).encode()),
         (b"later", json.dumps({"id": "later", "proc": "sl_deposit", "args": deposit}).encode()),
@@ -83,12 +86,14 @@ def test_bad_input_gets_one_clear_outcome_and_later_requests_still_commit(broker
         "unknown": ("rejected", "unknown procedure 'rm_rf'"),
         "wrong-type": ("rejected", "argument 'account': expected integer, got string"),
         "too-big": ("rejected", "request too large"),
+        "raises": ("aborted", "faulty_divide raised ZeroDivisionError: integer division or modulo by zero"),
     }
     for request_id, (status, error) in expect.items():
         [outcome] = outcomes[request_id]
         assert outcome["status"] == status and error in outcome["error"], outcome
     first = sorted((o["status"], o["error"] or "") for o in outcomes["first"])
     assert first == [("committed", ""), ("rejected", "duplicate request id 'first'")]
+    assert [(o["status"], o["result"]) for o in outcomes["divides"]] == [("committed", 25)]
     assert [o["status"] for o in outcomes["later"]] == ["committed"]
 
 
