@@ -169,9 +169,9 @@ class _LockTable:
                 holder = self.request(txn)
                 if holder.missing == 0:
                     ready.append(holder)
-                    if self.drain():
-                        # Let the new task send its local reads now: peers may be waiting.
-                        await asyncio.sleep(0)
+                    # Newly started multi-partition tasks send their local reads when this
+                    # loop next yields, all together: one message per peer, not one per txn.
+                    self.drain()
             tasks = self.tasks
             while tasks:
                 self.flush()
