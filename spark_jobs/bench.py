@@ -86,6 +86,7 @@ def run_bench(rows: int, master: str, partitions: int) -> dict:
             results["consumer_seconds"] = round(consumer_seconds, 2)
             results["consumer_changes_per_s"] = round(stats.changes / consumer_seconds)
             results["consumer_changes_per_s_in_micro_batches"] = round(stats.changes_per_second)
+            results["consumer_seconds_by_step"] = {k: round(v, 2) for k, v in stats.phases.items()}
         finally:
             spark.stop()
     return results

@@ -4,18 +4,20 @@
     spark-submit spark_jobs/changes_job.py --bootstrap-servers B --namespace NS --output DIR ...
 
 Output (under --output):
-  changelog/batch=B/partition=P/*.parquet   every change, append-only, one folder per engine
-                                            batch and partition: txn, seq, table, key, value, deleted
-  tables/<table>/*.parquet                  the current state of each engine table: key, value
-                                            (JSON texts) and the batch/txn that wrote it
-  _state/<version>/                         internal: the merged state with its deletes
-                                            (tombstones), the newest complete version wins
+  changelog/batch=B/partition=P/part-K.parquet
+                        every change, append-only, one file per change record (engine batch,
+                        partition, part): part, seq, txn, table, key, value, deleted
+  tables/<table>/       the current state of each engine table: key, value (JSON texts) and
+                        the batch and txn that wrote it
+  _state/<version>/     internal: the merged state with its deletes (tombstones); the newest
+                        complete version wins
 
 Exactly once (docs/spark.md): Spark's checkpoint holds the source offsets, and every write is
 idempotent, so replaying a micro-batch, or a record the engine re-emitted after a crash,
 changes nothing:
-  - a change-log folder is overwritten as a whole (dynamic partition overwrite) from the one
-    record of its (batch, partition), which is the same every time it is emitted;
+  - a change-log file is named by its (batch, partition, part) and replaced atomically by a
+    file made from the one record of that name, which is the same every time the engine
+    emits it (spark_jobs/changelog_files.py);
   - the state is a max-register per (table, key): the change with the greatest (batch, txn)
     wins, deletes included (kept as tombstones), and merging is idempotent, commutative and
     associative; each micro-batch writes a new version, then publishes the touched tables.
@@ -35,7 +37,6 @@ if __package__ in (None, ""):  # spark-submit spark_jobs/changes_job.py
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 STATE_COLUMNS = ("table", "key", "value", "deleted", "batch", "txn")
-STATE_SCHEMA = "table string, key string, value string, deleted boolean, batch bigint, txn int"
 
 
 def changelog_path(output: str) -> str:
@@ -89,6 +90,12 @@ class ConsumerStats:
     changes: int = 0
     seconds: float = 0.0
     tables: set = field(default_factory=set)
+    phases: dict = field(default_factory=dict)  # seconds per step, summed over micro-batches
+
+    def add(self, phase: str, since: float) -> float:
+        now = time.monotonic()
+        self.phases[phase] = self.phases.get(phase, 0.0) + now - since
+        return now
 
     @property
     def changes_per_second(self) -> float:
@@ -113,29 +120,33 @@ class ChangesWriter:
     def _write(self, df, epoch_id: int) -> None:
         from pyspark.sql import functions as F
 
+        from spark_jobs.changelog_files import write_records
+
         started = time.monotonic()
         spark = df.sparkSession
-        records = df.select("batch", "partition", "changes").dropDuplicates(["batch", "partition"])
-        changes = (records
-                   .select("batch", "partition", F.posexplode("changes").alias("seq", "change"))
-                   .select("batch", "partition", "seq", "change.txn", "change.table", "change.key",
-                           "change.value", "change.deleted")
-                   .persist())
+        records = (df.select("batch", "partition", "part", "changes")
+                   .dropDuplicates(["batch", "partition", "part"]).persist())
         try:
-            per_table = {r["table"]: r["count"] for r in changes.groupBy("table").count().collect()}
+            # The change log: one file per (batch, partition), written by the executors.
+            per_table: dict[str, int] = {}
+            for row in records.mapInArrow(write_records(changelog_path(self.output)),
+                                          "table string, changes long").collect():
+                per_table[row["table"]] = per_table.get(row["table"], 0) + row["changes"]
+            step = self.stats.add("changelog", started)
             if per_table:
-                (changes.repartition("batch", "partition").sortWithinPartitions("batch", "partition", "seq")
-                 .write.mode("overwrite").option("partitionOverwriteMode", "dynamic")
-                 .partitionBy("batch", "partition").parquet(changelog_path(self.output)))
-                self._merge_state(spark, changes, sorted(per_table))
+                changes = (records
+                           .select("batch", "partition", "part", F.posexplode("changes").alias("seq", "change"))
+                           .select("batch", "partition", "part", "seq", "change.txn", "change.table", "change.key",
+                                   "change.value", "change.deleted"))
+                self._merge_state(spark, changes, sorted(per_table), step)
         finally:
-            changes.unpersist()
+            records.unpersist()
         self.stats.micro_batches += 1
         self.stats.changes += sum(per_table.values())
         self.stats.tables.update(per_table)
         self.stats.seconds += time.monotonic() - started
 
-    def _merge_state(self, spark, changes, tables: list[str]) -> None:
+    def _merge_state(self, spark, changes, tables: list[str], step: float) -> None:
         from pyspark.sql import functions as F
 
         base = _join(self.output, "_state")
@@ -151,6 +162,7 @@ class ChangesWriter:
         number = _version_number(versions[-1]) + 1 if versions else 1
         version = f"v{number:010d}-{uuid.uuid4().hex[:8]}"
         merged.write.mode("overwrite").partitionBy("table").parquet(_join(base, version))
+        step = self.stats.add("state", step)
         state = spark.read.parquet(_join(base, version))
         for table in tables:
             (state.where((F.col("table") == table) & ~F.col("deleted"))
@@ -160,6 +172,7 @@ class ChangesWriter:
         for old in fs.children(base):
             if old != version and (old.startswith("v") and _version_number_safe(old) <= number):
                 fs.delete(_join(base, old))
+        self.stats.add("tables", step)
 
 
 def _version_number_safe(name: str) -> int:

@@ -4,8 +4,10 @@
     spark.readStream.format("ordo_changes")
       .option("bootstrap.servers", B).option("namespace", NS).load()
 
-Rows (topic=changes), one per Kafka record, i.e. per engine batch and partition:
-    batch BIGINT, partition INT,
+Rows (topic=changes), one per Kafka record, i.e. per part of the change data of an engine
+batch and partition (scheduler/outputs.py: a batch's changes on a partition are split into
+`parts` message-sized parts, numbered by `part`):
+    batch BIGINT, partition INT, part INT, parts INT,
     changes ARRAY<STRUCT<txn INT, table STRING, key STRING, value STRING, deleted BOOLEAN>>,
     kafka_partition INT, kafka_offset BIGINT
 `key` and `value` are canonical JSON texts (sorted keys, no spaces), so equal keys are equal
@@ -47,7 +49,8 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from pyspark.sql.datasource import (
     DataSource,
@@ -61,7 +64,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-CHANGES_SCHEMA = ("batch bigint, partition int, "
+CHANGES_SCHEMA = ("batch bigint, partition int, part int, parts int, "
                   "changes array<struct<txn: int, table: string, key: string, value: string, deleted: boolean>>, "
                   "kafka_partition int, kafka_offset bigint")
 RESULTS_SCHEMA = ("id string, status string, batch bigint, result string, error string, "
@@ -316,7 +319,8 @@ def _decode_changes(message, partition: int, offset: int) -> tuple:
     record = json.loads(message.value())
     changes = [(c["txn"], c["table"], canonical(c["key"]), canonical(c.get("value")), bool(c.get("deleted", False)))
                for c in record["changes"]]
-    return record["batch"], record["partition"], changes, partition, offset
+    return (record["batch"], record["partition"], record.get("part", 0), record.get("parts", 1), changes,
+            partition, offset)
 
 
 def _decode_results(message, partition: int, offset: int) -> tuple:

@@ -27,7 +27,8 @@ import base64
 import datetime
 import decimal
 import json
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from pyspark.sql.datasource import (
     DataSource,

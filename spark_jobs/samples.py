@@ -18,7 +18,7 @@ import argparse
 import csv
 import json
 import os
-from typing import Iterable
+from collections.abc import Iterable
 
 from procedures.workloads import micro, sl
 
@@ -63,8 +63,7 @@ def write_csv(path: str, requests: Iterable[dict]) -> None:
 
 def write_jsonl(path: str, requests: Iterable[dict]) -> None:
     with open(path, "w") as f:
-        for r in requests:
-            f.write(_json({"id": r["id"], "proc": r["proc"], "args": r["args"]}) + "\n")
+        f.writelines(_json({"id": r["id"], "proc": r["proc"], "args": r["args"]}) + "\n" for r in requests)
 
 
 def write_wide_csv(path: str, deposits: Iterable[dict]) -> None:

@@ -18,7 +18,7 @@ DEFAULT_MASTER = "local[*]"
 
 
 def is_local(master: str) -> bool:
-    return master == "local" or master.startswith("local[") or master.startswith("local-")
+    return master == "local" or master.startswith(("local[", "local-"))
 
 
 def build_session(app_name: str = "ordo-spark", master: str | None = None,
@@ -63,13 +63,14 @@ def build_session(app_name: str = "ordo-spark", master: str | None = None,
 
 
 def register_data_sources(spark) -> None:
-    """Register `ordo_requests` (sink) and `ordo_changes` (source) on a session. Both
-    modules are pickled by value: executors need their third-party imports only."""
+    """Register `ordo_requests` (sink) and `ordo_changes` (source) on a session. The
+    modules that run on executors are pickled by value: executors need their third-party
+    imports (confluent-kafka, pyarrow) only, not Ordo."""
     from pyspark import cloudpickle
 
-    from spark_jobs import changes_source, requests_sink
+    from spark_jobs import changelog_files, changes_source, requests_sink
 
-    for module in (changes_source, requests_sink):
+    for module in (changes_source, requests_sink, changelog_files):
         cloudpickle.register_pickle_by_value(module)
     spark.dataSource.register(requests_sink.OrdoRequestsDataSource)
     spark.dataSource.register(changes_source.OrdoChangesDataSource)

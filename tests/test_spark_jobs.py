@@ -105,30 +105,38 @@ def parquet_state(spark, output: str) -> dict:
 
 def changelog_rows(spark, output: str) -> list[tuple]:
     return sorted(tuple(r) for r in changes_job.load_changelog(spark, output)
-                  .select("batch", "partition", "seq", "txn", "table", "key", "value", "deleted").collect())
+                  .select("batch", "partition", "part", "seq", "txn", "table", "key", "value", "deleted").collect())
 
 
-def topic_changes(bootstrap: str, namespace: str, records_expected: int, timeout: float = 60):
-    """The change records on <ns>.changes, read with kafka-python (no code shared with the
-    source under test): (raw messages, exploded rows of the distinct (batch, partition))."""
+def topic_changes(bootstrap: str, namespace: str, last_batch: int, timeout: float = 60):
+    """The change records on <ns>.changes of batches 1..last_batch, read with kafka-python
+    (no code shared with the source under test): (raw messages, exploded rows of the
+    distinct (batch, partition, part) records)."""
     from kafka import KafkaConsumer, TopicPartition
 
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=500,
                              isolation_level="read_committed")
     consumer.assign([TopicPartition(f"{namespace}.changes", 0)])
     consumer.seek_to_beginning()
-    messages, by_record = [], {}
+    messages, by_record, parts = [], {}, {}
+
+    def complete() -> bool:  # every part of every batch and partition
+        return (len(parts) == last_batch * PARTITIONS
+                and all(sum(1 for k in by_record if k[:2] == bp) == n for bp, n in parts.items()))
+
     deadline = time.monotonic() + timeout
-    while len(by_record) < records_expected and time.monotonic() < deadline:
+    while not complete() and time.monotonic() < deadline:
         for message in consumer:
             messages.append(message)
             record = json.loads(message.value)
-            by_record.setdefault((record["batch"], record["partition"]), record)
+            by_record.setdefault((record["batch"], record["partition"], record.get("part", 0)), record)
+            parts[record["batch"], record["partition"]] = record.get("parts", 1)
     consumer.close()
-    assert len(by_record) == records_expected, f"{len(by_record)} change records on the topic, not {records_expected}"
-    canonical = lambda v: None if v is None else json.dumps(v, separators=(",", ":"), sort_keys=True)  # noqa: E731
-    rows = sorted((b, p, seq, c["txn"], c["table"], canonical(c["key"]), canonical(c["value"]), bool(c.get("deleted")))
-                  for (b, p), record in by_record.items() for seq, c in enumerate(record["changes"]))
+    assert complete(), f"{len(by_record)} change records on the topic, some missing"
+    canonical = lambda v: None if v is None else json.dumps(v, separators=(",", ":"), sort_keys=True)
+    rows = sorted((b, p, k, seq, c["txn"], c["table"], canonical(c["key"]), canonical(c["value"]),
+                   bool(c.get("deleted")))
+                  for (b, p, k), record in by_record.items() for seq, c in enumerate(record["changes"]))
     return messages, rows
 
 
@@ -169,7 +177,8 @@ def test_consumer_stopped_mid_stream_and_restarted_loses_and_duplicates_nothing(
     # Requests arrive as files in a folder: the streaming producer (JSON lines) publishes them.
     inbox = tmp_path / "inbox"
     inbox.mkdir()
-    lines = open(sample("micro.jsonl")).read().splitlines(keepends=True)
+    with open(sample("micro.jsonl")) as f:
+        lines = f.read().splitlines(keepends=True)
     (inbox / "part-1.jsonl").write_text("".join(lines[:150]))
     (inbox / "part-2.jsonl").write_text("".join(lines[150:]))
     query = producer_job.produce_stream(spark, broker, namespace, str(inbox), "json", str(tmp_path / "produce-ck"),
@@ -191,9 +200,9 @@ def test_consumer_stopped_mid_stream_and_restarted_loses_and_duplicates_nothing(
         time.sleep(0.05)
     query.stop()
     first_run = changelog_rows(spark, output)
-    records_total = last_batch * PARTITIONS
-    messages, expected_rows = topic_changes(broker, namespace, records_total)
-    assert 0 < len({r[:2] for r in first_run}) < records_total, "the first run should stop mid-stream"
+    messages, expected_rows = topic_changes(broker, namespace, last_batch)
+    assert 0 < len(first_run) < len(expected_rows), "the first run should stop mid-stream"
+    assert set(first_run) <= set(expected_rows)
 
     # The engine re-emits outputs after a crash: append copies of records already consumed.
     from kafka import KafkaProducer
@@ -204,12 +213,8 @@ def test_consumer_stopped_mid_stream_and_restarted_loses_and_duplicates_nothing(
     producer.flush()
     producer.close()
 
-    # Second run, from the same checkpoint, through the CLI (a process of its own).
-    out = ordo_output("spark", "changes", "--bootstrap-servers", broker, "--namespace", namespace,
-                      "--output", output, "--checkpoint", checkpoint, "--once", "--master", "local[2]",
-                      timeout=150)
-    assert "hottest micro keys" in out, out
-    print("\n" + out.strip())
+    # Second run, from the same checkpoint, to the end of the topic.
+    changes_job.run_consumer(spark, broker, namespace, output, checkpoint, once=True)
     assert changelog_rows(spark, output) == expected_rows
     engine.stop()
     assert parquet_state(spark, output) == engine_state(engine.data_dir)
@@ -253,7 +258,8 @@ def test_source_reads_every_partition_exactly_in_split_ranges(spark, broker, nam
     from kafka import KafkaProducer
 
     topic = f"{namespace}.raw"
-    AdminClient({"bootstrap.servers": broker}).create_topics([NewTopic(topic, 3, 1)])[topic].result(30)
+    admin = AdminClient({"bootstrap.servers": broker})
+    admin.create_topics([NewTopic(topic, 3, 1)])[topic].result(30)
     producer = KafkaProducer(bootstrap_servers=broker)
     sent = {(p, f"k{p}-{i}") for p in range(3) for i in range(10)}
     for p, key in sorted(sent):
@@ -285,6 +291,19 @@ def test_source_reads_every_partition_exactly_in_split_ranges(spark, broker, nam
     assert (json.loads(end) if isinstance(end, str) else end) == {"0": 10, "1": 10, "2": 10}
 
 
+def test_cli_writes_the_checked_in_samples_and_parses_the_jobs(tmp_path):
+    """`ordo spark …` is wired into the ordo CLI (the jobs themselves run in the tests above
+    through the same functions); the checked-in samples are what the generator makes."""
+    out = ordo_output("spark", "samples", "--out", str(tmp_path))
+    written = sorted(os.path.basename(p) for p in out.split())
+    assert written == sorted(os.listdir(SAMPLES_DIR))
+    for name in written:
+        with open(sample(name)) as f:
+            assert (tmp_path / name).read_text() == f.read(), name
+    for job in ("produce", "changes"):
+        assert "--bootstrap-servers" in ordo_output("spark", job, "--help")
+
+
 def test_column_mapping_builds_requests(spark):
     """The mapping alone (no Kafka): renamed columns, a constant procedure, struct and
     map arguments, arguments from named columns."""
@@ -304,3 +323,41 @@ def test_column_mapping_builds_requests(spark):
     assert request_message(None, "p", None) == (None, b'{"proc":"p"}')
     with pytest.raises(ValueError, match="no column"):
         producer_job.to_requests(df, producer_job.Mapping())
+
+
+def test_parts_deletes_and_late_re_emissions_merge_by_batch_and_txn(spark, broker, namespace, tmp_path):
+    """Synthetic change records: a batch split into two parts, a later delete, and copies of
+    older records arriving after newer ones (an engine replay) leave the newest state."""
+    from kafka import KafkaProducer
+
+    ensure_topics(broker, namespace)
+    put = lambda txn, key, value: {"txn": txn, "table": "account", "key": key, "value": value}
+    records = {
+        "1:0:0": {"batch": 1, "partition": 0, "part": 0, "parts": 2, "changes": [put(0, 1, 10), put(0, "k", {"a": 1})]},
+        "1:0:1": {"batch": 1, "partition": 0, "part": 1, "parts": 2, "changes": [put(1, 2, 20), put(2, 1, 11)]},
+        "1:1:0": {"batch": 1, "partition": 1, "part": 0, "parts": 1, "changes": []},
+        "2:0:0": {"batch": 2, "partition": 0, "part": 0, "parts": 1,
+                  "changes": [{"txn": 0, "table": "account", "key": 2, "value": None, "deleted": True}, put(1, 3, 30)]},
+    }
+    producer = KafkaProducer(bootstrap_servers=broker)
+
+    def send(*keys):
+        for key in keys:
+            producer.send(f"{namespace}.changes", key=key.encode(),
+                          value=json.dumps(records[key], separators=(",", ":")).encode())
+        producer.flush()
+
+    send("1:0:0", "1:0:1", "1:1:0", "2:0:0")
+    output, checkpoint = str(tmp_path / "out"), str(tmp_path / "checkpoint")
+    changes_job.run_consumer(spark, broker, namespace, output, checkpoint, once=True)
+    expected = {("account", "1"): 11, ("account", '"k"'): {"a": 1}, ("account", "3"): 30}
+    assert parquet_state(spark, output) == expected
+    log = changelog_rows(spark, output)
+    assert [r[:4] for r in log] == [(1, 0, 0, 0), (1, 0, 0, 1), (1, 0, 1, 0), (1, 0, 1, 1), (2, 0, 0, 0), (2, 0, 0, 1)]
+    assert log[4][6:] == ("2", None, True)
+
+    send("1:0:1", "1:0:0")  # re-emitted after batch 2: must neither resurrect key 2 nor add rows
+    changes_job.run_consumer(spark, broker, namespace, output, checkpoint, once=True)
+    producer.close()
+    assert parquet_state(spark, output) == expected
+    assert changelog_rows(spark, output) == log
