@@ -29,11 +29,11 @@ happened, so the table would look exactly as before.
 
 from __future__ import annotations
 
-import asyncio
 from collections import deque
 
 from scheduler.base import Scheduler, in_log_order, register
 from scheduler.batch import BatchExecution, PreparedTxn
+from scheduler.concurrent import ConcurrentBatch
 
 
 def local_keys(txn: PreparedTxn, execution: BatchExecution) -> tuple[tuple, tuple]:
@@ -57,16 +57,13 @@ class _Holder:
         self.requests: list[tuple] = []  # (queue, request) pairs, for release
 
 
-class _LockTable:
+class _LockTable(ConcurrentBatch):
     """One batch's locks on one partition. Each key maps to [requests, granted]: a deque of
     (holder, is_write) in arrival order and how many of its leading requests hold the lock."""
 
     def __init__(self, execution: BatchExecution):
-        self.execution = execution
-        self.exchange = None if execution is None else execution.exchange
+        super().__init__(execution)
         self.queues: dict[bytes, list] = {}
-        self.ready: deque[_Holder] = deque()
-        self.tasks: list[asyncio.Task] = []
         self.holders = 0  # transactions in the table (holding or awaiting locks)
 
     def request(self, txn: PreparedTxn) -> _Holder:
@@ -139,22 +136,12 @@ class _LockTable:
                 execution.run_single(txn)
                 self.release(holder)
             else:
-                self.tasks.append(asyncio.ensure_future(self._run_multi(holder)))
+                self.start(holder)
                 started = True
         return started
 
-    async def _run_multi(self, holder: _Holder) -> None:
-        await self.execution.run(holder.txn)
-        self.release(holder)
-        self.drain()
-        self.flush()
-
-    def flush(self) -> None:
-        """Push out local reads the exchange holds back to aggregate them. Every step that
-        may have sent ends with this (a task waiting for its reads flushes in `receive`),
-        so no peer ever waits on reads still sitting in our outbox."""
-        if self.exchange is not None:
-            self.exchange.flush()
+    def done(self, item) -> None:
+        self.release(item)
 
     async def run(self, txns: list[PreparedTxn]) -> None:
         ready = self.ready
@@ -172,13 +159,9 @@ class _LockTable:
                     # Newly started multi-partition tasks send their local reads when this
                     # loop next yields, all together: one message per peer, not one per txn.
                     self.drain()
-            tasks = self.tasks
-            while tasks:
-                self.flush()
-                await tasks.pop()
+            await self.join()
         except BaseException:
-            for task in self.tasks:
-                task.cancel()
+            self.cancel()
             raise
         if any(queue[0] for queue in self.queues.values()):
             raise RuntimeError("locking: batch ended with lock requests still queued")

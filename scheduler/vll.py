@@ -26,11 +26,11 @@ Keys are only this partition's own, for the reasons given in scheduler/locking.p
 
 from __future__ import annotations
 
-import asyncio
 from collections import deque
 
 from scheduler.base import Scheduler, in_log_order, register
 from scheduler.batch import BatchExecution, PreparedTxn
+from scheduler.concurrent import ConcurrentBatch
 from scheduler.locking import local_keys
 
 DEFAULT_SCA_THRESHOLD = 8
@@ -52,19 +52,16 @@ class _Active:
         self.lingered = not txn.single
 
 
-class _Counters:
+class _Counters(ConcurrentBatch):
     """One batch on one partition."""
 
     def __init__(self, execution: BatchExecution, sca_threshold: int):
-        self.execution = execution
-        self.exchange = None if execution is None else execution.exchange
+        super().__init__(execution)
         self.sca_threshold = sca_threshold
         self.counts: dict[bytes, list[int]] = {}  # key -> [exclusive, shared]
         self.queue: deque[_Active] = deque()
         self.blocked = 0
         self.finished_since_sca = 0
-        self.ready: deque[_Active] = deque()
-        self.tasks: list[asyncio.Task] = []
         self.sca_runs = 0  # for tests and diagnostics
 
     def arrive(self, txn: PreparedTxn) -> _Active:
@@ -154,7 +151,7 @@ class _Counters:
                     execution.run_single(txn)
                     self.finish(active)
                 else:
-                    self.tasks.append(asyncio.ensure_future(self._run_multi(active)))
+                    self.start(active)
                     started = True
             if (walked or self.blocked <= self.sca_threshold
                     or self.finished_since_sca * SCA_AMORTIZE < len(self.queue)):
@@ -162,18 +159,8 @@ class _Counters:
             walked = True
             self.sca()
 
-    async def _run_multi(self, active: _Active) -> None:
-        await self.execution.run(active.txn)
-        self.finish(active)
-        self.drain()
-        self.flush()
-
-    def flush(self) -> None:
-        """Push out local reads the exchange holds back to aggregate them. Every step that
-        may have sent ends with this (a task waiting for its reads flushes in `receive`),
-        so no peer ever waits on reads still sitting in our outbox."""
-        if self.exchange is not None:
-            self.exchange.flush()
+    def done(self, item) -> None:
+        self.finish(item)
 
     async def run(self, txns: list[PreparedTxn]) -> None:
         try:
@@ -188,13 +175,9 @@ class _Counters:
                 # Newly started multi-partition tasks send their local reads when this loop
                 # next yields, all together: one message per peer instead of one per txn.
                 self.drain()
-            tasks = self.tasks
-            while tasks:
-                self.flush()
-                await tasks.pop()
+            await self.join()
         except BaseException:
-            for task in self.tasks:
-                task.cancel()
+            self.cancel()
             raise
         if self.queue:
             raise RuntimeError("vll: batch ended with transactions still queued")

@@ -33,18 +33,14 @@ class LogReader:
         """Accepted batches among the next records (possibly none), each with the cursor
         as it stood right after it: what a shard records as applied with that batch."""
         accepted = []
-        for message in self._consumer.consume(max_records, timeout):
-            error = message.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    continue
-                raise RuntimeError(f"log read failed: {error}")
-            batch = self.cursor.accept(message.value(), message.offset())
+        for offset, value in self.poll_raw(timeout, max_records):
+            batch = self.cursor.accept(value, offset)
             if batch is not None:
                 accepted.append((batch, self.cursor.to_dict()))
         return accepted
 
     def poll_raw(self, timeout: float, max_records: int = 500) -> list[tuple[int, bytes]]:
+        """The next records as (offset, value), without acceptance."""
         out = []
         for message in self._consumer.consume(max_records, timeout):
             error = message.error()
