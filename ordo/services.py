@@ -24,6 +24,27 @@ def on_termination(stop: Callable[[], None]) -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+def on_checkpoint_signal(coordinator: Coordinator) -> None:
+    """SIGUSR1 asks a running engine for a checkpoint at the next batch boundary."""
+    signal.signal(signal.SIGUSR1, lambda signum, frame: coordinator.request_checkpoint())
+
+
+def announce_start(coordinator: Coordinator, stream=sys.stderr) -> None:
+    """What recovery did before the engine started, and where Ray workers run (their pids
+    are what an operator, or a crash test, kills)."""
+    plan = coordinator.recovery
+    for path in plan.cleaned:
+        print(f"removed {path} (left behind by a crash)", file=stream, flush=True)
+    if plan.action in ("restore", "rebuild"):
+        print(f"{plan.describe()}; replaying the log from batch {coordinator.cursor.next_batch}",
+              file=stream, flush=True)
+    where = getattr(coordinator.group, "where", None)
+    if where is not None:
+        for worker in where():
+            print(f"partition {worker['partition']}: pid {worker['pid']}, cores {worker['cores']}",
+                  file=stream, flush=True)
+
+
 def serve_sequencer(bootstrap: str, namespace: str, config: SequencerConfig,
                     procedure_modules: tuple[str, ...] = ()) -> int:
     sequencer = Sequencer(bootstrap, namespace, default_registry(procedure_modules), config)
@@ -57,9 +78,12 @@ class Progress:
 
 
 def serve_engine(bootstrap: str, namespace: str, data_dir: str, scheduler: str, partitions: int,
-                 quiet: bool = False, placement: dict | None = None) -> int:
-    coordinator = Coordinator(bootstrap, namespace, data_dir, scheduler, partitions, **(placement or {}))
+                 quiet: bool = False, placement: dict | None = None, checkpointing: dict | None = None) -> int:
+    coordinator = Coordinator(bootstrap, namespace, data_dir, scheduler, partitions, **(placement or {}),
+                              **(checkpointing or {}))
     on_termination(coordinator.stop)
+    on_checkpoint_signal(coordinator)
+    announce_start(coordinator)
     print(f"engine ({scheduler}, {partitions} partition(s)) resumes after batch {coordinator.stats.last_batch}",
           file=sys.stderr, flush=True)
     coordinator.run(progress=None if quiet else Progress(coordinator))
@@ -121,12 +145,15 @@ class SequencerProcess:
 
 def serve_all(bootstrap: str, namespace: str, data_dir: str, scheduler: str, partitions: int,
               request_partitions: int, config: SequencerConfig, quiet: bool = False,
-              placement: dict | None = None) -> int:
+              placement: dict | None = None, checkpointing: dict | None = None) -> int:
     placement = placement or {}
     ensure_topics(bootstrap, namespace, request_partitions)
-    coordinator = Coordinator(bootstrap, namespace, data_dir, scheduler, partitions, **placement)
+    coordinator = Coordinator(bootstrap, namespace, data_dir, scheduler, partitions, **placement,
+                              **(checkpointing or {}))
     sequencer = SequencerProcess(bootstrap, namespace, config, placement.get("procedure_modules", ()))
     on_termination(coordinator.stop)
+    on_checkpoint_signal(coordinator)
+    announce_start(coordinator)
     sequencer.start()
     print(f"ordo running: namespace {namespace}, {scheduler} scheduler, {partitions} partition(s), "
           f"data in {data_dir}; Ctrl-C stops", file=sys.stderr, flush=True)

@@ -21,6 +21,8 @@ class WorkerGroup(Protocol):
 
     def commit(self, marker: dict[str, Any]) -> None: ...
 
+    def checkpoint(self, paths: list[str]) -> list[dict[str, Any] | None]: ...
+
     def close(self) -> None: ...
 
 
@@ -48,6 +50,9 @@ class LocalGroup:
     def commit(self, marker: dict[str, Any]) -> None:
         for worker in self.workers:
             worker.commit(marker)
+
+    def checkpoint(self, paths: list[str]) -> list[dict[str, Any] | None]:
+        return [worker.checkpoint(path) for worker, path in zip(self.workers, paths)]
 
     def close(self) -> None:
         for worker in self.workers:

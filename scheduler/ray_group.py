@@ -29,6 +29,7 @@ class RayExchange:
         self.peers: dict[int, Any] = {}
         self._outbox: dict[tuple[int, int], dict[int, dict]] = {}  # (peer, batch) -> {txn: reads}
         self._slots: dict[tuple[int, int], list] = {}
+        self._flush_scheduled = False
 
     def send(self, batch_id: int, index: int, to: tuple[int, ...], values: dict[bytes, Any]) -> None:
         for peer in to:
@@ -52,8 +53,20 @@ class RayExchange:
             slot = self._slots[(batch_id, index)] = [{}, 0, asyncio.Event()]
         return slot
 
-    async def receive(self, batch_id: int, index: int, senders: int) -> dict[bytes, Any]:
+    def _flush_soon(self) -> None:
+        """Flush once every task that can run now has sent: the loop runs callbacks
+        scheduled here after the tasks already ready, and before it waits for anything."""
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._scheduled_flush)
+
+    def _scheduled_flush(self) -> None:
+        self._flush_scheduled = False
         self.flush()
+
+    async def receive(self, batch_id: int, index: int, senders: int) -> dict[bytes, Any]:
+        if self._outbox:
+            self._flush_soon()
         slot = self._slot(batch_id, index)
         while slot[1] < senders:
             slot[2].clear()
@@ -86,6 +99,9 @@ class PartitionActor:
 
     async def applied(self) -> dict[str, Any] | None:
         return self.worker.applied()
+
+    async def checkpoint(self, path: str) -> dict[str, Any] | None:
+        return self.worker.checkpoint(path)
 
     async def where(self) -> dict[str, Any]:
         return {"partition": self.worker.partition, "pid": os.getpid(),
@@ -133,7 +149,10 @@ class RayGroup:
             return ray.get(refs)
         except RayActorError as exc:
             dead = [p for p, actor in enumerate(self.actors) if not _alive(actor)]
-            raise WorkerDied(f"partition worker(s) {dead or '?'} died: {exc}") from None
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise WorkerDied(f"partition worker(s) {dead or '?'} died ({first_line}); restart the engine to "
+                             "recover: the shards are restored from the last checkpoint if they disagree, "
+                             "then the log is replayed") from None
 
     def applied(self) -> list[dict[str, Any] | None]:
         return self._get([actor.applied.remote() for actor in self.actors])
@@ -144,6 +163,9 @@ class RayGroup:
 
     def commit(self, marker: dict[str, Any]) -> None:
         self._get([actor.commit.remote(marker) for actor in self.actors])
+
+    def checkpoint(self, paths: list[str]) -> list[dict[str, Any] | None]:
+        return self._get([actor.checkpoint.remote(path) for actor, path in zip(self.actors, paths)])
 
     def where(self) -> list[dict[str, Any]]:
         return self._get([actor.where.remote() for actor in self.actors])

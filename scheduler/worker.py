@@ -102,5 +102,12 @@ class PartitionWorker:
         self.shard.apply_batch(self._pending, marker)
         self._pending = None
 
+    def checkpoint(self, path: str) -> dict[str, Any] | None:
+        """A RocksDB checkpoint of the applied state (an executed, uncommitted batch lives
+        only in memory, so it is not in it); returns the applied marker it holds."""
+        marker = self.applied()
+        self.shard.checkpoint(path)
+        return marker
+
     def close(self) -> None:
         self.shard.close()

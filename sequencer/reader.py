@@ -15,6 +15,8 @@ def log_consumer(bootstrap: str, group: str) -> Consumer:
         "enable.auto.commit": False,
         "enable.partition.eof": False,
         "isolation.level": "read_committed",
+        # A position the log no longer holds is an error, never a silent jump elsewhere.
+        "auto.offset.reset": "error",
         "fetch.wait.max.ms": 5,
         "fetch.max.bytes": 64 * 1024 * 1024,
         "max.partition.fetch.bytes": 16 * 1024 * 1024,

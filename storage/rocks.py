@@ -12,6 +12,10 @@ from storage.digest import digest_pairs
 from storage.keys import META_PREFIX, meta_key, table_prefix
 
 APPLIED = meta_key("applied")
+# Debug hook for crash tests (ORDO_TRACE_APPLIED=1): each applied batch also bumps a
+# per-batch counter in the same WriteBatch, so a test can prove every batch reached the
+# state it survives in exactly once, across crashes, restores and replays.
+TRACE_PREFIX = meta_key("trace/")
 
 
 def _options() -> Options:
@@ -38,6 +42,7 @@ class RocksShard:
         # Without sync, an applied batch survives a process crash (the WAL is in the OS
         # page cache) but not a power loss; sync=True buys the latter per batch.
         self._write_options.sync = sync
+        self._trace = not read_only and os.environ.get("ORDO_TRACE_APPLIED") == "1"
 
     def get_many(self, keys: list[bytes]) -> list[bytes | None]:
         if not keys:
@@ -55,11 +60,25 @@ class RocksShard:
             else:
                 batch.put(key, value)
         batch.put(APPLIED, msgpack.packb(marker))
+        if self._trace:
+            key = TRACE_PREFIX + b"%012d" % marker["batch"]
+            count = self._db.get(key)
+            batch.put(key, msgpack.packb(1 if count is None else msgpack.unpackb(count) + 1))
         self._db.write(batch, self._write_options)
 
     def applied(self) -> dict[str, Any] | None:
         raw = self._db.get(APPLIED)
         return None if raw is None else msgpack.unpackb(raw, strict_map_key=False)
+
+    def applied_trace(self) -> dict[int, int]:
+        """Batch id -> times applied, as recorded under ORDO_TRACE_APPLIED=1."""
+        trace = {}
+        it = self._db.iter()
+        it.seek(TRACE_PREFIX)
+        while it.valid() and it.key().startswith(TRACE_PREFIX):
+            trace[int(it.key()[len(TRACE_PREFIX):])] = msgpack.unpackb(it.value())
+            it.next()
+        return trace
 
     def items(self, table: str | None = None) -> Iterator[tuple[bytes, bytes]]:
         it = self._db.iter()

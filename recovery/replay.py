@@ -1,0 +1,119 @@
+"""`ordo recover`: bring a data directory's shards up to the head of the log, then exit.
+
+The engine is started as usual (so the shards are first restored or rebuilt if they need
+it, see `recovery.restore`), then replays the log. Broker watermarks are not trusted
+(some brokers misreport them), so the head of the log is where batches stop coming: the
+replay ends once no new batch has arrived for `idle` seconds. If a sequencer is still
+appending, the replay follows it and ends at the first pause that long.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+from scheduler.coordinator import Coordinator, EngineStats
+from scheduler.worker import LAYOUT_FILE, layout_partitions
+
+
+@dataclass(slots=True)
+class ReplayReport:
+    action: str  # what happened to the shards first: resume, fresh, restore or rebuild
+    from_batch: int  # last batch applied before the replay
+    to_batch: int  # last batch applied after it
+    txns: int
+    restore_s: float  # opening, restoring or wiping the shards, starting the workers
+    replay_s: float  # start of the replay .. last batch applied (connecting to Kafka included,
+    #                  the final idle wait excluded)
+
+    @property
+    def batches(self) -> int:
+        return self.to_batch - self.from_batch
+
+    @property
+    def txns_per_s(self) -> float:
+        return self.txns / self.replay_s if self.replay_s > 0 else 0.0
+
+    @property
+    def batches_per_s(self) -> float:
+        return self.batches / self.replay_s if self.replay_s > 0 else 0.0
+
+
+class ReplayProgress:
+    """Watches the replay after every poll: ends it once the log has been quiet for `idle`
+    seconds, and shows one status line (rewritten in place on a terminal)."""
+
+    def __init__(self, coordinator: Coordinator, idle: float, checkpoint_at_end: bool,
+                 stream=sys.stderr, quiet: bool = False, every: float = 1.0):
+        self.coordinator = coordinator
+        self.idle = idle
+        self.checkpoint_at_end = checkpoint_at_end
+        self.stream = stream
+        self.quiet = quiet
+        self.every = every
+        self.tty = hasattr(stream, "isatty") and stream.isatty()
+        self.start_batch = coordinator.stats.last_batch
+        self.started = time.monotonic()
+        self.last_new = self.started
+        self._seen = self.start_batch
+        self._shown = 0.0
+        self._shown_batch = -1
+        self.done = False
+
+    def __call__(self, stats: EngineStats) -> None:
+        now = time.monotonic()
+        if stats.last_batch != self._seen:
+            self._seen = stats.last_batch
+            self.last_new = now
+        elif now - self.last_new > self.idle:
+            if self.checkpoint_at_end:
+                self.coordinator.checkpoint()
+            self.coordinator.stop()
+            self.done = True
+        if not self.quiet and (now - self._shown >= self.every or self.done) and self._shown_batch != self._seen:
+            self._shown, self._shown_batch = now, self._seen
+            self._show(stats, now)
+
+    def _show(self, stats: EngineStats, now: float) -> None:
+        elapsed = max(self.last_new - self.started, 1e-9)
+        replayed = stats.last_batch - self.start_batch
+        line = (f"replay: batch {stats.last_batch} | {replayed} batches ({replayed / elapsed:,.0f}/s) | "
+                f"{stats.txns:,} txns ({stats.txns / elapsed:,.0f}/s) | log lag ~{self.coordinator.log_lag()}")
+        if self.tty:
+            print("\r" + line.ljust(100), end="", file=self.stream, flush=True)
+        else:
+            print(line, file=self.stream, flush=True)
+
+
+def recover(bootstrap: str, namespace: str, data_dir: str, scheduler: str = "serial",
+            partitions: int | None = None, mode: str = "auto", idle: float = 2.0,
+            checkpoint_at_end: bool = False, quiet: bool = False, stream=sys.stderr,
+            **engine_options) -> ReplayReport:
+    """Restore or rebuild the shards if they need it, replay the log to its head, stop.
+    `engine_options` go to the Coordinator (placement, checkpoint_every, keep_checkpoints)."""
+    if partitions is None:
+        partitions = layout_partitions(data_dir) if os.path.exists(os.path.join(data_dir, LAYOUT_FILE)) else 1
+    started = time.monotonic()
+    coordinator = Coordinator(bootstrap, namespace, data_dir, scheduler, partitions, restore=mode,
+                              **engine_options)
+    restore_s = time.monotonic() - started
+    plan = coordinator.recovery
+    say = (lambda text: None) if quiet else (lambda text: print(text, file=stream, flush=True))
+    for path in plan.cleaned:
+        say(f"removed {path} (left behind by a crash)")
+    say(f"{plan.describe()}; replaying {namespace}.log from batch {coordinator.cursor.next_batch} "
+        f"until no batch arrives for {idle:g}s")
+    from_batch = coordinator.stats.last_batch
+    progress = ReplayProgress(coordinator, idle, checkpoint_at_end, stream, quiet)
+    stats = coordinator.run(progress=progress)
+    if progress.tty and not quiet:
+        print(file=stream)
+    replayed = stats.last_batch > from_batch
+    report = ReplayReport(plan.action, from_batch, stats.last_batch, stats.txns, restore_s,
+                          progress.last_new - progress.started if replayed else 0.0)
+    say(f"recovered: {plan.action} + replay of {report.batches} batches, {report.txns:,} txns in "
+        f"{report.replay_s:.2f}s ({report.batches_per_s:,.0f} batches/s, {report.txns_per_s:,.0f} txns/s; "
+        f"shards ready in {report.restore_s:.2f}s); applied through batch {report.to_batch}")
+    return report
