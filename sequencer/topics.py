@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -9,9 +10,17 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from sequencer.kafka import kafka_config
 
 
+_NAMESPACE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}")
+
+
 @dataclass(frozen=True, slots=True)
 class Topics:
     namespace: str
+
+    def __post_init__(self) -> None:
+        # Kafka topic names (and so the namespace that prefixes them) allow only these.
+        if not _NAMESPACE.fullmatch(self.namespace):
+            raise ValueError(f"invalid namespace {self.namespace!r}: use 1-200 of A-Z a-z 0-9 . _ -")
 
     @property
     def requests(self) -> str:

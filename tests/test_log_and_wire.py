@@ -84,3 +84,11 @@ def test_recent_ids_forget_the_oldest_beyond_capacity():
     assert "a" in recent and "b" not in recent and len(recent) == 3
     recent.add("e")
     assert "a" not in recent and {"c", "d", "e"} <= {i for i in "cde" if i in recent}
+
+
+@pytest.mark.parametrize("namespace", ["", "a b", "slθ", "x" * 201, ".hidden"])
+def test_namespaces_that_kafka_cannot_name_are_refused(namespace):
+    from sequencer.topics import Topics
+
+    with pytest.raises(ValueError, match="invalid namespace"):
+        Topics(namespace)
