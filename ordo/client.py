@@ -15,7 +15,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from sequencer.kafka import kafka_config
+from sequencer.kafka import consumer_config, kafka_config
 from sequencer.topics import Topics
 
 
@@ -70,11 +70,10 @@ class Client:
         what arrived before the timeout (missing ids are simply absent)."""
         wanted = set(ids)
         found: dict[str, dict] = {}
-        consumer = Consumer(kafka_config(self.bootstrap, {
+        consumer = Consumer(consumer_config(self.bootstrap, {
             "group.id": f"ordo-client-{uuid.uuid4().hex}",
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
-            "fetch.wait.max.ms": 10,
         }))
         consumer.assign([TopicPartition(self.topics.results, 0, OFFSET_BEGINNING)])
         deadline = time.monotonic() + timeout

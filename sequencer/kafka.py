@@ -9,3 +9,15 @@ def kafka_config(bootstrap: str, settings: dict[str, Any] | None = None) -> dict
     """librdkafka settings: the bootstrap servers, quiet about connections a broker closes
     at shutdown (normal, not an error), plus the caller's settings."""
     return {"bootstrap.servers": bootstrap, "log.connection.close": False, **(settings or {})}
+
+
+def consumer_config(bootstrap: str, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Consumer settings for a pipeline that waits on every hop: the broker answers a fetch
+    after at most 5 ms, and an empty or failed fetch is retried after 5 ms, not librdkafka's
+    500 ms default (which would put half-second outliers into latencies)."""
+    return kafka_config(bootstrap, {
+        "fetch.wait.max.ms": 5,
+        "fetch.error.backoff.ms": 5,
+        "enable.partition.eof": False,
+        **(settings or {}),
+    })

@@ -5,19 +5,17 @@ from __future__ import annotations
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
-from sequencer.kafka import kafka_config
+from sequencer.kafka import consumer_config
 from sequencer.log import Batch, LogCursor
 
 
 def log_consumer(bootstrap: str, group: str) -> Consumer:
-    return Consumer(kafka_config(bootstrap, {
+    return Consumer(consumer_config(bootstrap, {
         "group.id": group,
         "enable.auto.commit": False,
-        "enable.partition.eof": False,
         "isolation.level": "read_committed",
         # A position the log no longer holds is an error, never a silent jump elsewhere.
         "auto.offset.reset": "error",
-        "fetch.wait.max.ms": 5,
         "fetch.max.bytes": 64 * 1024 * 1024,
         "max.partition.fetch.bytes": 16 * 1024 * 1024,
     }))
@@ -43,8 +41,13 @@ class LogReader:
 
     def poll_raw(self, timeout: float, max_records: int = 500) -> list[tuple[int, bytes]]:
         """The next records as (offset, value), without acceptance."""
+        # Wait for the first record only, then take what is already here: consume(n, t)
+        # alone would sit out all of t unless n records came.
+        first = self._consumer.poll(timeout)
+        if first is None:
+            return []
         out = []
-        for message in self._consumer.consume(max_records, timeout):
+        for message in [first, *self._consumer.consume(max_records - 1, 0)]:
             error = message.error()
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:

@@ -28,7 +28,7 @@ from confluent_kafka import (
 
 from procedures.registry import Registry
 from sequencer.dedupe import RecentIds
-from sequencer.kafka import kafka_config
+from sequencer.kafka import consumer_config, kafka_config
 from sequencer.log import (
     BATCH_OVERHEAD,
     LogCursor,
@@ -104,11 +104,10 @@ class Sequencer:
         self._producer.commit_transaction(timeout)
         self._catch_up(token, timeout)
         partitions = partition_count(self.bootstrap, self.topics.requests)
-        self._consumer = Consumer(kafka_config(self.bootstrap, {
+        self._consumer = Consumer(consumer_config(self.bootstrap, {
             "group.id": self._group,
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
-            "fetch.wait.max.ms": 5,
             "fetch.max.bytes": 64 * 1024 * 1024,
         }))
         offsets = self._cursor.request_offsets
