@@ -53,6 +53,29 @@ def _placement_options(p: argparse.ArgumentParser) -> None:
                    help="import path of a module with TABLES and PROCEDURES to register (repeatable)")
 
 
+def _checkpoint_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("checkpoints and recovery")
+    g.add_argument("--checkpoint-every", type=int, default=100, metavar="K",
+                   help="checkpoint every shard each K batches (0: never; default %(default)s); "
+                        "SIGUSR1 asks a running engine for one at the next batch")
+    g.add_argument("--keep-checkpoints", type=int, default=2, metavar="N",
+                   help="complete checkpoints kept, older ones pruned (default %(default)s)")
+    how = g.add_mutually_exclusive_group()
+    how.add_argument("--from-checkpoint", action="store_true",
+                     help="restore every shard from the newest checkpoint and replay the log from there, "
+                          "even if the shards agree (by default only shards that disagree are restored)")
+    how.add_argument("--from-scratch", action="store_true",
+                     help="wipe the shards and rebuild them from the beginning of the log")
+
+
+def _checkpointing(args) -> dict:
+    if args.checkpoint_every < 0:
+        raise ValueError("--checkpoint-every must be 0 (never) or more")
+    restore = "checkpoint" if args.from_checkpoint else "scratch" if args.from_scratch else "auto"
+    return {"checkpoint_every": args.checkpoint_every, "keep_checkpoints": args.keep_checkpoints,
+            "restore": restore}
+
+
 def _cores(text: str) -> list[int]:
     try:
         cores = [int(c) for c in text.split(",") if c.strip()]
@@ -78,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="create topics if missing, run sequencer and engine until stopped")
     _kafka(p)
     _engine_options(p)
+    _checkpoint_options(p)
     p.add_argument("--request-partitions", type=int, default=1, metavar="R",
                    help="partitions of <ns>.requests when it is created (default 1)")
     _sequencer_options(p)
@@ -91,6 +115,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("execute", help="run only the engine (follows <ns>.log)")
     _kafka(p)
     _engine_options(p)
+    _checkpoint_options(p)
+
+    p = sub.add_parser("recover", help="restore or rebuild the shards if they need it, replay <ns>.log "
+                                       "to its head, exit")
+    _kafka(p)
+    p.add_argument("--data-dir", required=True, metavar="DIR", help="where the RocksDB shards live")
+    p.add_argument("--scheduler", choices=SCHEDULER_CHOICES, default="serial")
+    p.add_argument("--partitions", type=int, default=None, metavar="N",
+                   help="partition workers (default: as DIR is laid out, else 1)")
+    _placement_options(p)
+    p.add_argument("--quiet", action="store_true", help="no progress line")
+    _checkpoint_options(p)
+    p.add_argument("--idle", type=float, default=2.0, metavar="SECONDS",
+                   help="the head of the log is reached once no batch has arrived for this long "
+                        "(broker watermarks are not trusted; default %(default)s)")
+    p.add_argument("--checkpoint", action="store_true", help="checkpoint the shards at the head before exiting")
 
     p = sub.add_parser("submit", help="produce requests; --wait collects their outcomes")
     _kafka(p)
@@ -103,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for outcomes")
 
     p = sub.add_parser("gen", help="print workload requests as JSON lines")
-    p.add_argument("workload", help="micro, sl, … (see `ordo gen --list`)" )
+    p.add_argument("workload", nargs="?", help="micro, sl, gs, ob or tp (see `ordo gen --list`)")
     p.add_argument("--count", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
@@ -124,15 +164,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--partitions", type=int, default=1)
     p.add_argument("--data-dir", default=None, metavar="DIR", help="default: a temporary directory")
 
-    p = sub.add_parser("bench", help="engine and end-to-end throughput beside the storage limit")
-    p.add_argument("workload", help="micro or sl (see BENCHMARKS.md)")
+    p = sub.add_parser("bench", help="one configuration (WORKLOAD) or the whole grid (suite), beside the "
+                                     "storage limit and the PostgreSQL baseline")
+    p.add_argument("workload", help="micro, sl, gs, ob or tp: one configuration; suite: the grid of BENCHMARKS.md")
     p.add_argument("--scheduler", choices=SCHEDULER_CHOICES, default="serial")
     p.add_argument("--partitions", type=int, default=1)
     p.add_argument("--txns", type=int, default=50_000)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE")
-    p.add_argument("--max-txns", type=int, default=SequencerConfig().max_txns, help="batch size cap")
+    p.add_argument("--max-txns", type=int, default=200,
+                   help="requests per batch at most (default %(default)s: Calvin's cap per 10 ms epoch)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON here")
+    p.add_argument("--baseline", action="store_true", help="also the PostgreSQL baseline (micro and sl)")
+    p.add_argument("--quick", action="store_true", help="suite: fewer txns and fewer points (about 3 minutes)")
+    p.add_argument("--out", default="bench-results", metavar="DIR",
+                   help="suite: where bench.json and bench-plot.png go (default %(default)s)")
 
     from spark_jobs.cli import add_spark_commands  # lazy: pyspark loads only when a spark job runs
     add_spark_commands(sub)
@@ -160,7 +206,8 @@ def cmd_run(args) -> int:
     from ordo.services import serve_all
 
     return serve_all(args.bootstrap_servers, args.namespace, args.data_dir, args.scheduler, args.partitions,
-                     args.request_partitions, _sequencer_config(args), args.quiet, _placement(args))
+                     args.request_partitions, _sequencer_config(args), args.quiet, _placement(args),
+                     _checkpointing(args))
 
 
 def cmd_sequence(args) -> int:
@@ -174,7 +221,17 @@ def cmd_execute(args) -> int:
     from ordo.services import serve_engine
 
     return serve_engine(args.bootstrap_servers, args.namespace, args.data_dir, args.scheduler,
-                        args.partitions, args.quiet, _placement(args))
+                        args.partitions, args.quiet, _placement(args), _checkpointing(args))
+
+
+def cmd_recover(args) -> int:
+    from recovery.replay import recover
+
+    options = _checkpointing(args)
+    mode = options.pop("restore")
+    recover(args.bootstrap_servers, args.namespace, args.data_dir, args.scheduler, args.partitions, mode,
+            args.idle, args.checkpoint, args.quiet, **options, **_placement(args))
+    return 0
 
 
 def cmd_submit(args) -> int:
@@ -224,6 +281,8 @@ def cmd_gen(args) -> int:
             for knob, (kind, default, text) in module.KNOBS.items():
                 print(f"  {knob}={default}  ({kind.__name__}) {text}")
         return 0
+    if args.workload is None:
+        raise ValueError("name a workload (see `ordo gen --list`)")
     module = _workload(args.workload)
     out = sys.stdout
     for request in module.generate(args.count, args.seed, **parse_knobs(module, args.knob)):
@@ -276,11 +335,13 @@ def cmd_demo(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from ordo.bench import run_bench
+    from ordo.bench import run_bench, run_suite
 
+    if args.workload == "suite":
+        return run_suite(args.quick, args.out)
     module = _workload(args.workload)
     return run_bench(args.workload, args.scheduler, args.partitions, args.txns, args.seed,
-                     parse_knobs(module, args.knob), args.max_txns, args.json)
+                     parse_knobs(module, args.knob), args.max_txns, args.json, args.baseline)
 
 
 COMMANDS = {
@@ -288,6 +349,7 @@ COMMANDS = {
     "run": cmd_run,
     "sequence": cmd_sequence,
     "execute": cmd_execute,
+    "recover": cmd_recover,
     "submit": cmd_submit,
     "gen": cmd_gen,
     "dump": cmd_dump,

@@ -1,0 +1,108 @@
+"""`ordo bench` and the PostgreSQL baseline: the baseline computes what the serial
+interpretation computes, a single configuration reports every documented figure, and the
+suite's plot is drawn from a result set."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ordo.baseline import BaselineUnavailable, PostgresServer, check_serial, run_baseline, serial_state
+from ordo.client import Client
+from procedures.workloads import micro, sl
+from sequencer.topics import ensure_topics
+from tests.helpers import ordo_output
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    try:
+        server = PostgresServer(install=True).start()
+    except BaselineUnavailable as exc:
+        pytest.skip(f"PostgreSQL baseline unavailable: {exc}")
+    yield server
+    server.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workload, requests", [
+    ("micro", list(micro.generate(300, 5, hot=20))),
+    ("sl", list(sl.generate(300, 5))),
+])
+def test_baseline_matches_serial_interpretation(broker, namespace, postgres, workload, requests):
+    # Two request partitions: the baseline's consumption order need not be the order in
+    # which the requests were produced, so the check must follow the baseline's own order.
+    ensure_topics(broker, namespace, request_partitions=2)
+    client = Client(broker, namespace)
+    client.submit(requests)
+    client.close()
+
+    result = run_baseline(broker, namespace, workload, len(requests), postgres)
+
+    assert result.committed + result.aborted == len(requests) and result.rejected == 0
+    assert sorted(entry[0] for entry in result.order) == sorted(r["id"] for r in requests)
+    if workload == "sl":
+        assert result.aborted > 0  # transfers from empty accounts: the check really ran
+    check_serial(result)
+    assert result.state == serial_state(result.order, workload)
+    assert result.state  # not vacuously equal
+    some_key = next(iter(result.state))
+    result.state[some_key] += 1
+    with pytest.raises(AssertionError, match="differs"):
+        check_serial(result)
+
+
+@pytest.mark.slow
+def test_bench_single_configuration_reports_every_figure(tmp_path):
+    path = tmp_path / "bench.json"
+    ordo_output("bench", "micro", "--txns", "2000", "--json", str(path), timeout=180)
+    result = json.loads(path.read_text())
+    for name in ("storage_limit_tps", "engine_tps", "replay_tps", "recovery_tps", "end_to_end_tps",
+                 "engine_over_limit", "end_to_end_over_engine", "replay_over_engine"):
+        assert result[name] > 0, name
+    assert result["batches"] >= 2 and result["txns"] == 2000
+    assert 0 < result["latency_ms"]["p50"] <= result["latency_ms"]["p99"]
+    assert result["latency_ms"]["rate_rps"] > 0
+    assert result["memory_mb"]["engine"] > 0 and result["memory_mb"]["sequencer"] > 0
+    assert result["machine"]["cpus"] >= 1
+
+
+def fake_report() -> dict:
+    runs, log = [], 0
+    speed = {"serial": 1.0, "locking": 1.3, "vll": 1.2, "opchain": 0.8}
+    for hot in (10_000, 100, 10):
+        log += 1
+        for scheduler, factor in speed.items():
+            tags = ["contention", "base"] if hot == 10_000 else ["contention"]
+            runs.append({"log": log, "workload": "micro", "knobs": {"hot": hot}, "label": f"CI {1 / hot:g}",
+                         "partitions": 1, "batch_size": 200, "tags": tags, "scheduler": scheduler,
+                         "storage_limit_tps": 50_000, "engine_tps": round(12_000 * factor),
+                         "engine_over_limit": 0.24 * factor, "end_to_end_tps": 8_000,
+                         "end_to_end_over_engine": 0.66, "replay_tps": 11_000, "replay_over_engine": 0.9,
+                         "latency_ms": {"p50": 40.0, "p99": 90.0}, "memory_mb": {"engine": 150.0}})
+    for mp in (0.0, 0.1, 0.5, 1.0):
+        log += 1
+        for scheduler, factor in speed.items():
+            runs.append({"log": log, "workload": "micro", "knobs": {"hot": 10_000, "mp": mp},
+                         "label": f"mp {mp:.0%}", "partitions": 2, "batch_size": 200, "tags": ["mp"],
+                         "scheduler": scheduler, "storage_limit_tps": 45_000,
+                         "engine_tps": round(9_000 * factor * (1 - 0.8 * mp)), "engine_over_limit": 0.2})
+    logs = [{"log": n, "workload": "micro", "label": "x", "partitions": 1} for n in range(1, log + 1)]
+    return {"suite": "quick", "started": "2026-01-01T00:00:00", "runs": runs, "logs": logs,
+            "baseline": {"sl": {"requests_per_s": 2_000, "durable_requests_per_s": 1_500, "checked_serial": True}},
+            "machine": {"cpus": 2, "cpu_model": "test", "memory_gb": 1, "python": "3", "load_average": [0, 0, 0]}}
+
+
+def test_plot_writes_a_png_from_a_result_set(tmp_path):
+    from ordo.bench import format_report, plot, ratios, targets
+
+    report = fake_report()
+    report["ratios"] = ratios(report)
+    report["targets"] = targets(report)
+    path = plot(report, str(tmp_path / "plot.png"))
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000
+    assert report["ratios"]["opchain_over_locking_micro_ci0.1"] == pytest.approx(0.8 / 1.3, abs=0.01)
+    assert "opchain ÷ locking" in format_report(report)
