@@ -31,7 +31,9 @@ from sequencer.dedupe import RecentIds
 from sequencer.kafka import consumer_config, kafka_config
 from sequencer.log import (
     BATCH_OVERHEAD,
+    START,
     LogCursor,
+    decode,
     encode_batch,
     encode_entry,
     encode_start,
@@ -249,7 +251,5 @@ class Sequencer:
 
 
 def _is_own_start(value: bytes, token: str) -> bool:
-    from sequencer.log import START, decode
-
     kind, record = decode(value)
     return kind == START and record == token

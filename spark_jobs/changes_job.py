@@ -324,15 +324,9 @@ def run(args, out=sys.stdout) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="changes_job.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except (ValueError, FileNotFoundError, RuntimeError) as exc:
-        print(f"changes_job: {exc}", file=sys.stderr)
-        return 2
+    from spark_jobs.session import job_main
+
+    return job_main("changes_job.py", __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

@@ -281,15 +281,9 @@ def run(args, out=sys.stdout) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="producer_job.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except (ValueError, FileNotFoundError, RuntimeError) as exc:
-        print(f"producer_job: {exc}", file=sys.stderr)
-        return 2
+    from spark_jobs.session import job_main
+
+    return job_main("producer_job.py", __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

@@ -80,3 +80,19 @@ def ensure_importable() -> None:
     """For scripts run as `spark-submit spark_jobs/<job>.py`: make `spark_jobs` importable."""
     if ROOT not in sys.path:
         sys.path.insert(0, ROOT)
+
+
+def job_main(prog: str, doc: str | None, add_arguments, run, argv: list[str] | None = None) -> int:
+    """The spark-submit entry point of a job: parse its options, run it, and turn a
+    user error into one line and exit status 2."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog=prog, description=doc,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+        print(f"{prog.removesuffix('.py')}: {exc}", file=sys.stderr)
+        return 2

@@ -49,9 +49,6 @@ class RocksShard:
             return []
         return self._db.get(keys)
 
-    def get(self, key: bytes) -> bytes | None:
-        return self._db.get(key)
-
     def apply_batch(self, writes: dict[bytes, bytes | None], marker: dict[str, Any]) -> None:
         batch = WriteBatch(raw_mode=True)
         for key, value in writes.items():

@@ -100,6 +100,13 @@ def engine_log(tmp_path, name: str):
     return open(tmp_path / f"{name}.log", "w+")
 
 
+def crash_seed() -> tuple[int, random.Random]:
+    """Random kill points, repeatable: ORDO_CRASH_SEED=<printed seed> replays a run."""
+    seed = int(os.environ.get("ORDO_CRASH_SEED", time.time_ns() % 100_000))
+    print(f"ORDO_CRASH_SEED={seed}")
+    return seed, random.Random(seed)
+
+
 def logs_text(tmp_path) -> str:
     return "".join(path.read_text() for path in sorted(tmp_path.glob("*.log")))
 
@@ -108,9 +115,7 @@ def logs_text(tmp_path) -> str:
 def test_engine_sigkilled_again_and_again_ends_as_if_it_never_crashed(broker, namespace, tmp_path, monkeypatch,
                                                                       partitions):
     monkeypatch.setenv("ORDO_TRACE_APPLIED", "1")
-    seed = int(os.environ.get("ORDO_CRASH_SEED", time.time_ns() % 100_000))
-    print(f"ORDO_CRASH_SEED={seed}")
-    rng = random.Random(seed)
+    seed, rng = crash_seed()
     ensure_topics(broker, namespace, request_partitions=2)
     kafka = ("--bootstrap-servers", broker, "--namespace", namespace)
     data_dir = str(tmp_path / "data")
@@ -158,9 +163,7 @@ def test_engine_sigkilled_again_and_again_ends_as_if_it_never_crashed(broker, na
 
 def test_a_killed_ray_worker_stops_the_engine_and_a_restart_recovers(broker, namespace, tmp_path, monkeypatch):
     monkeypatch.setenv("ORDO_TRACE_APPLIED", "1")
-    seed = int(os.environ.get("ORDO_CRASH_SEED", time.time_ns() % 100_000))
-    print(f"ORDO_CRASH_SEED={seed}")
-    rng = random.Random(seed)
+    seed, rng = crash_seed()
     ensure_topics(broker, namespace, request_partitions=2)
     kafka = ("--bootstrap-servers", broker, "--namespace", namespace)
     data_dir = str(tmp_path / "data")
