@@ -127,16 +127,14 @@ class RayGroup:
                  procedure_modules: tuple[str, ...] = (), address: str | None = None,
                  cores: list[int] | None = None):
         start_ray(address)
-        spread = len([node for node in ray.nodes() if node["Alive"]]) > 1
+        nodes = sorted(node["NodeID"] for node in ray.nodes() if node["Alive"])
         self.partitions = partitions
         cores = cores if cores is not None else list(range(os.cpu_count() or 1))
         # num_cpus=0: pinning, not Ray's CPU accounting, decides where workers run, so
         # more partitions than cores still start.
         options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1000}
-        if spread:
-            options["scheduling_strategy"] = "SPREAD"
         self.actors = [
-            PartitionActor.options(**options).remote(
+            PartitionActor.options(**options, **_placement(p, nodes)).remote(
                 cores[p % len(cores)] if cores else None, os.path.abspath(data_dir), p, partitions, scheduler,
                 sync, tuple(procedure_modules))
             for p in range(partitions)
@@ -177,6 +175,16 @@ class RayGroup:
             pass  # a dead worker has nothing left to close
         for actor in self.actors:
             ray.kill(actor)
+
+
+def _placement(partition: int, nodes: list[str]) -> dict[str, Any]:
+    """On a cluster, partition p goes to node p mod the node count: Ray's own SPREAD is a
+    preference it may ignore for actors that reserve no CPU."""
+    if len(nodes) < 2:
+        return {}
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(nodes[partition % len(nodes)], soft=False)}
 
 
 def _alive(actor) -> bool:
