@@ -7,8 +7,8 @@ the same run. Both print a table and can write JSON; the suite also draws a plot
 
 What each figure is (docs/benchmarks.md says more):
 - storage limit: the same writes straight into RocksDB, one WriteBatch per batch;
-- engine: transactions/s of the coordinator handed a pre-filled log's batches (no client,
-  no sequencer, no waiting for Kafka);
+- engine: transactions/s of the partition workers following a pre-filled log from the
+  first batch applied to the last (no client, no sequencer);
 - replay: a log replayed into a fresh data directory by `recovery.replay.recover`;
 - end to end: requests/s from the first request produced until the client has read every
   outcome from <ns>.results (the client is a separate process);
@@ -157,9 +157,9 @@ def produce(bootstrap: str, namespace: str, encoded: list[tuple[str, bytes]]) ->
     client.close()
 
 
-def prefill_log(bootstrap: str, requests: list[dict], batch_size: int, kind: str) -> Log:
-    """Requests produced to <ns>.requests (one partition), sequenced into <ns>.log, and the
-    log's records read back."""
+def prefill_log(bootstrap: str, requests: list[dict], batch_size: int, kind: str, partitions: int = 1) -> Log:
+    """Requests produced to <ns>.requests (one partition), sequenced into <ns>.log with
+    routing for `partitions`, and the log's records read back."""
     from ordo.embedded import SequencerThread
     from sequencer.log import LogCursor
     from sequencer.reader import LogReader
@@ -170,7 +170,8 @@ def prefill_log(bootstrap: str, requests: list[dict], batch_size: int, kind: str
     ensure_topics(bootstrap, namespace, request_partitions=1)
     produce(bootstrap, namespace, encode_requests(requests))
     sequencer = SequencerThread(bootstrap, namespace,
-                                SequencerConfig(max_delay_ms=PREFILL_DELAY_MS, max_txns=batch_size)).start()
+                                SequencerConfig(max_delay_ms=PREFILL_DELAY_MS, max_txns=batch_size,
+                                                partitions=partitions)).start()
     try:
         sequencer.wait_for(len(requests))
     finally:
@@ -203,77 +204,58 @@ class EngineRun:
 
 def engine_throughput(bootstrap: str, log: Log, scheduler: str, partitions: int, directory: str,
                       seconds: float | None = None) -> EngineRun:
-    """Transactions/s of the engine over a pre-filled log, read into memory beforehand: the
-    coordinator is handed one batch after the other (execute, publish the outputs to Kafka,
-    apply the previous batch), as its own loop does. The first batch starts the clock
-    rather than running on it: it pays for connecting the output producer (up to a second
-    with librdkafka), whatever the log's length. With `seconds`, the clock stops after the
-    first batch that ends past it. `txns` counts every applied batch, the first included."""
+    """Transactions/s of the engine over a pre-filled log: the partition workers follow it
+    as they always do (read their slices from Kafka, execute, publish the outputs, apply).
+    Every worker first applies batch 1 and is held there: that batch pays for connecting
+    to the broker and starting up, whatever the log's length. The clock starts when they
+    are released and stops when the last worker has applied the last batch, or, with
+    `seconds`, the batch every worker is held at once that much time has passed.
+    `txns` counts every applied batch, the first included."""
     from scheduler.coordinator import Coordinator
 
-    batches = log.batches()
-    if len(batches) < 2:
+    sizes = {batch.batch_id: len(batch) for batch, _ in log.batches()}
+    if len(sizes) < 2:
         raise ValueError("the engine's clock needs a log of at least two batches (more txns or a smaller --max-txns)")
     coordinator = Coordinator(bootstrap, log.namespace, directory, scheduler, partitions)
     try:
-        first, cursor = batches[0]
-        coordinator.apply(first, cursor)
-        timed = applied = 0
-        started = time.perf_counter()
-        for batch, cursor in batches[1:]:
-            coordinator.apply(batch, cursor)
-            timed += len(batch.entries)
-            applied += 1
-            if seconds is not None and time.perf_counter() - started >= seconds:
+        coordinator.start(hold_at=1)
+        _wait_until_applied(coordinator, 1)
+        started = time.monotonic()
+        coordinator.group.hold(log.last_batch)
+        last = log.last_batch
+        while not all(s["applied"] >= last for s in coordinator.watch(0.01)):
+            if seconds is not None and time.monotonic() - started >= seconds:
+                last = max(s["executed"] for s in coordinator.watch(0))
+                coordinator.group.hold(last)
+                _wait_until_applied(coordinator, last)
                 break
-        elapsed = time.perf_counter() - started
+        elapsed = max(s["applied_at"] for s in coordinator.watch(0)) - started
     finally:
         coordinator.close()
-    return EngineRun(timed / elapsed, timed + len(first.entries), applied + 1, elapsed)
+    timed = sum(sizes[b] for b in range(2, last + 1))
+    return EngineRun(timed / elapsed, timed + sizes[1], last, elapsed)
 
 
-class TimedOutputs:
-    """The engine's Kafka outputs, noting when each batch's outputs are out: a clock for a
-    run we do not drive ourselves (recovery). It runs from the first batch's outputs to the
-    last's, so connecting to the broker and the first fetch of the log stay off it."""
-
-    def __init__(self, bootstrap: str, namespace: str):
-        from scheduler.outputs import KafkaOutputs
-        from sequencer.topics import Topics
-
-        self._inner = KafkaOutputs(bootstrap, Topics(namespace))
-        self.marks: list[tuple[float, int]] = []  # (time, outcomes so far) after each batch
-        self._outcomes = 0
-
-    def publish(self, batch_id: int, outcomes, changes) -> None:
-        self._inner.publish(batch_id, outcomes, changes)
-        self._outcomes += len(outcomes)
-        self.marks.append((time.perf_counter(), self._outcomes))
-
-    def close(self) -> None:
-        self._inner.close()
-
-    def rate(self) -> float:
-        if len(self.marks) < 2:
-            raise RuntimeError("a replay needs at least two batches to be timed")
-        (first, done), (last, total) = self.marks[0], self.marks[-1]
-        return (total - done) / (last - first)
+def _wait_until_applied(coordinator, batch_id: int, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(s["applied"] >= batch_id and s["unapplied"] == 0 for s in coordinator.watch(0.005)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the workers did not apply batch {batch_id} within {timeout:.0f} s")
 
 
 def replay_throughput(bootstrap: str, log: Log, scheduler: str, partitions: int,
                       directory: str) -> tuple[float, float]:
     """`recovery.replay.recover` rebuilding a fresh data directory from the whole log (as
-    `ordo recover --from-scratch` does): (transactions/s between the first and the last
-    replayed batch's outputs, transactions/s as recovery reports it, which also counts
-    connecting and the first fetch)."""
+    `ordo recover --from-scratch` does): (transactions/s from the first replayed batch to
+    the last, transactions/s as recovery reports it, which also counts starting the
+    workers, connecting and the first fetch)."""
     from recovery.replay import recover
 
-    outputs = TimedOutputs(bootstrap, log.namespace)
     report = recover(bootstrap, log.namespace, directory, scheduler, partitions, mode="scratch", idle=1.0,
-                     quiet=True, outputs=outputs)
+                     quiet=True)
     if report.to_batch < log.last_batch:
         raise RuntimeError(f"replay stopped at batch {report.to_batch} of {log.last_batch}")
-    return outputs.rate(), report.txns_per_s
+    return report.steady_txns_per_s, report.txns_per_s
 
 
 # -- end to end: the client process --------------------------------------------------------
@@ -486,7 +468,7 @@ def end_to_end(bootstrap: str, workload: str, knobs: dict, requests: list[dict],
     paced = encode_requests(workload_requests(workload, paced_count, PACED_SEED, knobs, partitions))
     reset = _reset_own_peak()
     coordinator = Coordinator(bootstrap, namespace, directory, scheduler, partitions)
-    sequencer = SequencerProcess(bootstrap, namespace, SequencerConfig(max_txns=batch_size))
+    sequencer = SequencerProcess(bootstrap, namespace, SequencerConfig(max_txns=batch_size, partitions=partitions))
     engine_error: list[BaseException] = []
 
     def run_engine() -> None:
@@ -593,7 +575,7 @@ def run_bench(workload: str, scheduler: str, partitions: int, txns: int, seed: i
         limit = storage_limit(requests, max_txns, os.path.join(root, "limit"))
         with LocalBroker() as broker:
             bootstrap = broker.bootstrap_servers
-            log = prefill_log(bootstrap, requests, max_txns, "engine")
+            log = prefill_log(bootstrap, requests, max_txns, "engine", partitions)
             engine = engine_throughput(bootstrap, log, scheduler, partitions, os.path.join(root, "engine"))
             replay, recovery = replay_throughput(bootstrap, log, scheduler, partitions, os.path.join(root, "replay"))
             e2e = end_to_end(bootstrap, workload, knobs, requests, scheduler, partitions, max_txns,
@@ -826,7 +808,7 @@ def _run_spec(bootstrap: str, spec: Spec, plan: Plan, schedulers, root: str, ser
     requests = workload_requests(spec.workload, count, SEED, spec.knobs, spec.partitions)
     limit = storage_limit(requests, spec.batch_size, os.path.join(root, f"limit-{number}"))
     shutil.rmtree(os.path.join(root, f"limit-{number}"), ignore_errors=True)
-    log = prefill_log(bootstrap, requests, spec.batch_size, "engine")
+    log = prefill_log(bootstrap, requests, spec.batch_size, "engine", spec.partitions)
     label = describe_knobs(spec)
     entry = {"log": number, "workload": spec.workload, "knobs": spec.knobs, "label": label,
              "partitions": spec.partitions, "txns": count, "batch_size": spec.batch_size,
@@ -858,7 +840,7 @@ def _run_spec(bootstrap: str, spec: Spec, plan: Plan, schedulers, root: str, ser
         rates = [run["engine_tps"] for run in runs.values() if run.get("engine_tps")]
         size = round(statistics.median(rates) * plan.replay_seconds) if rates else count
         size = min(count, max(spec.batch_size * 3, size - size % spec.batch_size))
-        replay_log = prefill_log(bootstrap, requests[:size], spec.batch_size, "replay")
+        replay_log = prefill_log(bootstrap, requests[:size], spec.batch_size, "replay", spec.partitions)
         for scheduler, run in runs.items():
             if "engine_tps" not in run:
                 continue

@@ -31,7 +31,7 @@ def _sequencer_options(p: argparse.ArgumentParser) -> None:
 
 def _sequencer_config(args) -> SequencerConfig:
     return SequencerConfig(args.max_delay_ms, args.max_txns, args.max_bytes, args.max_request_bytes,
-                           args.dedupe_window)
+                           args.dedupe_window, args.partitions)
 
 
 def _engine_options(p: argparse.ArgumentParser) -> None:
@@ -109,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sequence", help="run only the sequencer")
     _kafka(p)
     _sequencer_options(p)
+    p.add_argument("--partitions", type=int, default=1, metavar="N",
+                   help="the engine's partition count, for which each batch records its routing (default 1; "
+                        "an engine with another count places every entry itself)")
     p.add_argument("--procedures", action="append", default=[], metavar="MODULE",
                    help="import path of a module with TABLES and PROCEDURES to register (repeatable)")
 
@@ -166,9 +169,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="one configuration (WORKLOAD) or the whole grid (suite), beside the "
                                      "storage limit and the PostgreSQL baseline")
-    p.add_argument("workload", help="micro, sl, gs, ob or tp: one configuration; suite: the grid of BENCHMARKS.md")
+    p.add_argument("workload", help="micro, sl, gs, ob or tp: one configuration; suite: the grid of BENCHMARKS.md; "
+                                    "scale WORKLOAD: the same log at several partition counts")
+    p.add_argument("scaled", nargs="?", metavar="WORKLOAD", help="scale: the workload to scale")
     p.add_argument("--scheduler", choices=SCHEDULER_CHOICES, default="serial")
-    p.add_argument("--partitions", type=int, default=1)
+    p.add_argument("--partitions", default="1", metavar="N[,N…]",
+                   help="partition workers; scale: a comma-separated list (default 1; scale: 1,2)")
+    p.add_argument("--mp", type=float, default=None, metavar="SHARE",
+                   help="scale, micro: share of multi-partition transactions (the knob mp)")
+    p.add_argument("--no-end-to-end", action="store_true", help="scale: the engine only")
     p.add_argument("--txns", type=int, default=50_000)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE")
@@ -339,8 +348,20 @@ def cmd_bench(args) -> int:
 
     if args.workload == "suite":
         return run_suite(args.quick, args.out)
+    if args.workload == "scale":
+        from ordo.bench_scale import run_scale
+
+        if args.scaled is None:
+            raise ValueError("ordo bench scale needs a workload: ordo bench scale micro --partitions 1,2")
+        knobs = parse_knobs(_workload(args.scaled), args.knob)
+        if args.mp is not None:
+            knobs["mp"] = args.mp
+        counts = [int(n) for n in (args.partitions if args.partitions != "1" else "1,2").split(",")]
+        run_scale(args.scaled, counts, args.scheduler, args.txns, args.seed, knobs, args.max_txns,
+                  not args.no_end_to_end, args.json)
+        return 0
     module = _workload(args.workload)
-    return run_bench(args.workload, args.scheduler, args.partitions, args.txns, args.seed,
+    return run_bench(args.workload, args.scheduler, int(args.partitions), args.txns, args.seed,
                      parse_knobs(module, args.knob), args.max_txns, args.json, args.baseline)
 
 

@@ -97,7 +97,7 @@ def sequencer_command(bootstrap: str, namespace: str, config: SequencerConfig,
         "--bootstrap-servers", bootstrap, "--namespace", namespace,
         "--max-delay-ms", str(config.max_delay_ms), "--max-txns", str(config.max_txns),
         "--max-bytes", str(config.max_bytes), "--max-request-bytes", str(config.max_request_bytes),
-        "--dedupe-window", str(config.dedupe_window),
+        "--dedupe-window", str(config.dedupe_window), "--partitions", str(config.partitions),
         *(arg for module in procedure_modules for arg in ("--procedures", module)),
     ]
 

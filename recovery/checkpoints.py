@@ -42,6 +42,11 @@ def checkpoint_name(batch: int) -> str:
     return f"batch-{batch:012d}"
 
 
+def shard_checkpoint_path(root: str, batch: int, partition: int) -> str:
+    """Where a shard's checkpoint of `batch` lives under the checkpoint folder `root`."""
+    return os.path.join(root, checkpoint_name(batch), f"shard-{partition}")
+
+
 def fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -99,25 +104,29 @@ class CheckpointStore:
         """Checkpoint every shard of `group`, all of which have applied `marker`'s batch and
         nothing later, then list the checkpoint in the manifest and prune old ones."""
         batch = marker["batch"]
-        name = checkpoint_name(batch)
-        directory = os.path.join(self.root, name)
+        directory = os.path.join(self.root, checkpoint_name(batch))
         if os.path.exists(directory):  # an earlier attempt at this batch, cut short
             shutil.rmtree(directory)
         os.makedirs(directory)
-        relative = [os.path.join(ROOT, name, f"shard-{p}") for p in range(self.partitions)]
         started = time.perf_counter()
-        markers = group.checkpoint([os.path.abspath(os.path.join(self.data_dir, r)) for r in relative])
+        markers = group.checkpoint([shard_checkpoint_path(self.root, batch, p) for p in range(self.partitions)])
         if any(m is None or m["batch"] != batch for m in markers):
             shutil.rmtree(directory, ignore_errors=True)
             raise CheckpointError(f"shards are not all at batch {batch}: {[m and m['batch'] for m in markers]}")
+        return self.record(batch, marker["cursor"], time.perf_counter() - started)
+
+    def record(self, batch: int, cursor: dict[str, Any], seconds: float | None = None) -> dict[str, Any]:
+        """List the checkpoint of `batch`, whose shard directories are all written, in the
+        manifest, and prune old ones."""
         entry = {
             "batch": batch,
-            "cursor": marker["cursor"],
+            "cursor": cursor,
             "partitions": self.partitions,
-            "shards": relative,
+            "shards": [os.path.join(ROOT, checkpoint_name(batch), f"shard-{p}") for p in range(self.partitions)],
             "created": time.time(),
-            "seconds": round(time.perf_counter() - started, 4),
         }
+        if seconds is not None:
+            entry["seconds"] = round(seconds, 4)
         entries = [e for e in self.entries() if e["batch"] != batch] + [entry]
         entries.sort(key=lambda e: e["batch"])
         kept, pruned = entries[-self.keep:], entries[:-self.keep]

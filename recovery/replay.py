@@ -27,6 +27,8 @@ class ReplayReport:
     restore_s: float  # opening, restoring or wiping the shards, starting the workers
     replay_s: float  # start of the replay .. last batch applied (connecting to Kafka included,
     #                  the final idle wait excluded)
+    steady_txns: int = 0  # txns applied after the first batch was seen applied ..
+    steady_s: float = 0.0  # .. and the time that took: the rate once started up
 
     @property
     def batches(self) -> int:
@@ -35,6 +37,10 @@ class ReplayReport:
     @property
     def txns_per_s(self) -> float:
         return self.txns / self.replay_s if self.replay_s > 0 else 0.0
+
+    @property
+    def steady_txns_per_s(self) -> float:
+        return self.steady_txns / self.steady_s if self.steady_s > 0 else self.txns_per_s
 
     @property
     def batches_per_s(self) -> float:
@@ -61,12 +67,17 @@ class ReplayProgress:
         self._shown = 0.0
         self._shown_batch = -1
         self.done = False
+        self.first_new: tuple[float, int] | None = None  # (time, txns) when a batch was first seen applied
+        self.last_txns = 0
 
     def __call__(self, stats: EngineStats) -> None:
         now = time.monotonic()
         if stats.last_batch != self._seen:
             self._seen = stats.last_batch
             self.last_new = now
+            self.last_txns = stats.txns
+            if self.first_new is None:
+                self.first_new = (now, stats.txns)
         elif now - self.last_new > self.idle:
             if self.checkpoint_at_end:
                 self.coordinator.checkpoint()
@@ -113,6 +124,10 @@ def recover(bootstrap: str, namespace: str, data_dir: str, scheduler: str = "ser
     replayed = stats.last_batch > from_batch
     report = ReplayReport(plan.action, from_batch, stats.last_batch, stats.txns, restore_s,
                           progress.last_new - progress.started if replayed else 0.0)
+    if replayed and progress.first_new is not None:
+        first_at, first_txns = progress.first_new
+        report.steady_txns = progress.last_txns - first_txns
+        report.steady_s = progress.last_new - first_at
     say(f"recovered: {plan.action} + replay of {report.batches} batches, {report.txns:,} txns in "
         f"{report.replay_s:.2f}s ({report.batches_per_s:,.0f} batches/s, {report.txns_per_s:,.0f} txns/s; "
         f"shards ready in {report.restore_s:.2f}s); applied through batch {report.to_batch}")

@@ -12,7 +12,8 @@ from scheduler.execution import COMMITTED, REJECTED, execute, txn_seed
 from sequencer.log import Batch
 from storage.keys import encode_key
 from storage.overlay import ABSENT, BatchOverlay
-from storage.partitioning import Partitioner
+from sequencer.routing import reporter_of_rejected
+from storage.partitioning import Partitioner, place
 
 
 @dataclass(slots=True)
@@ -51,18 +52,62 @@ ONLY = (0,)
 def prepare(batch: Batch, registry: Registry, partitioner: Partitioner,
             partition: int) -> tuple[list[PreparedTxn], list[Outcome]]:
     """The transactions of `batch` that involve `partition`, and the rejections this
-    partition reports (requests the registry refuses at execution time)."""
+    partition reports. With routing made for this partition count, only the entries of
+    this partition's slice are decoded and analyzed; otherwise every entry is placed here."""
+    routing = batch.routing
+    if routing is not None and routing[0] == partitioner.partitions:
+        return _prepare_slice(batch, routing[1][partition], registry, partitioner, partition)
+    return _prepare_all(batch, registry, partitioner, partition)
+
+
+def _prepare_slice(batch: Batch, items: list, registry: Registry, partitioner: Partitioner,
+                   partition: int) -> tuple[list[PreparedTxn], list[Outcome]]:
     txns: list[PreparedTxn] = []
     rejected: list[Outcome] = []
     of = partitioner.of
-    single_partition = partitioner.partitions == 1
+    analyze = registry.analyze
+    entry = batch.entry
+    here = (partition,)
+    for item in items:
+        if type(item) is int:
+            index, participants, active = item, here, here
+        else:
+            index, participants, active = item[0], tuple(item[1]), tuple(item[2])
+        request_id, proc, args = entry(index)
+        if proc is None:
+            rejected.append(Outcome(index, request_id, REJECTED, None, args))
+            continue
+        try:
+            procedure, read_set, write_set = analyze(proc, args)
+        except RequestError as exc:
+            if active[0] == partition:
+                rejected.append(Outcome(index, request_id, REJECTED, None, str(exc)))
+            continue
+        reads = tuple(encode_key(table, key) for table, key in read_set)
+        writes = {encode_key(table, key): (table, key) for table, key in write_set}
+        if len(participants) == 1:
+            local_reads = reads
+        else:
+            local_reads = tuple(k for k, (table, key) in zip(reads, read_set) if of(table, key, k) == partition)
+        txns.append(PreparedTxn(index, request_id, procedure, args, reads, writes, local_reads, participants, active))
+    return txns, rejected
+
+
+def _prepare_all(batch: Batch, registry: Registry, partitioner: Partitioner,
+                 partition: int) -> tuple[list[PreparedTxn], list[Outcome]]:
+    txns: list[PreparedTxn] = []
+    rejected: list[Outcome] = []
+    partitions = partitioner.partitions
+    single_partition = partitions == 1
     for index, (request_id, proc, args) in enumerate(batch.entries):
         if proc is None:
-            continue  # rejected by the sequencer; the coordinator reports it
+            if reporter_of_rejected(index, partitions) == partition:
+                rejected.append(Outcome(index, request_id, REJECTED, None, args))
+            continue
         try:
             procedure, read_set, write_set = registry.analyze(proc, args)
         except RequestError as exc:
-            if partition == 0:
+            if reporter_of_rejected(index, partitions) == partition:
                 rejected.append(Outcome(index, request_id, REJECTED, None, str(exc)))
             continue
         reads = tuple(encode_key(table, key) for table, key in read_set)
@@ -70,17 +115,9 @@ def prepare(batch: Batch, registry: Registry, partitioner: Partitioner,
         if single_partition:
             txns.append(PreparedTxn(index, request_id, procedure, args, reads, writes, reads, ONLY, ONLY))
             continue
-        placed = {encoded: of(table, key, encoded) for encoded, (table, key) in zip(reads, read_set)}
-        writer_partitions = set()
-        for encoded, (table, key) in writes.items():
-            p = placed.get(encoded)
-            if p is None:
-                p = placed[encoded] = of(table, key, encoded)
-            writer_partitions.add(p)
-        participants = tuple(sorted(set(placed.values())))
+        participants, active, placed = place(partitioner, reads, read_set, writes)
         if partition not in participants:
             continue
-        active = tuple(sorted(writer_partitions)) or participants[:1]
         local_reads = tuple(k for k in reads if placed[k] == partition)
         txns.append(PreparedTxn(index, request_id, procedure, args, reads, writes,
                                 local_reads, participants, active))

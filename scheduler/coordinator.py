@@ -1,13 +1,12 @@
-"""The coordinator: follows the log in order, hands each batch to the partition workers
-(one call per batch per worker), publishes one outcome per request and the change data,
-then has the workers apply the batch.
-
-Outputs are flushed before the batch is applied, so a crash can only make a restart emit
-a batch's outputs again (identically), never lose them.
+"""The coordinator: starts the partition workers, which follow the log on their own
+(`scheduler.follower`), and watches them: progress, the checkpoint manifest, stopping.
+It is not on the data path: no batch and no output passes through it.
 
 Every `checkpoint_every` batches (batch ids that are multiples of it, so every run
-checkpoints the same batches) all shards are checkpointed at the same batch; on start,
-shards that disagree are restored from the newest checkpoint (see `recovery/`).
+checkpoints the same batches) each worker checkpoints its shard; once all have, the
+coordinator lists the checkpoint. A checkpoint asked for at any other time holds every
+worker at one batch first. On start, shards that disagree are restored from the newest
+checkpoint (see `recovery/`).
 """
 
 from __future__ import annotations
@@ -15,17 +14,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from procedures.registry import Registry
-from recovery.checkpoints import CheckpointStore
+from recovery.checkpoints import CheckpointError, CheckpointStore
 from recovery.restore import AUTO, DataDirLock, check_log_holds, prepare_shards
-from scheduler.batch import Outcome
-from scheduler.execution import ABORTED, COMMITTED, REJECTED
+from scheduler.follower import FollowOptions
 from scheduler.group import LocalGroup, WorkerGroup
-from scheduler.outputs import KafkaOutputs, OutputSink
-from scheduler.worker import PartitionResult, check_layout
-from sequencer.log import Batch, LogCursor, LogError
+from scheduler.outputs import CollectedOutputs
+from scheduler.worker import check_layout
+from sequencer.log import LogCursor
 from sequencer.reader import LogReader
 from sequencer.topics import Topics
 
@@ -47,10 +45,13 @@ class Coordinator:
     def __init__(self, bootstrap: str, namespace: str, data_dir: str, scheduler: str = "serial",
                  partitions: int = 1, registry: Registry | None = None, sync: bool = False,
                  runtime: str = "auto", ray_address: str | None = None, cores: list[int] | None = None,
-                 procedure_modules: tuple[str, ...] = (), outputs: OutputSink | None = None,
-                 checkpoint_every: int = 100, keep_checkpoints: int = 2, restore: str = AUTO):
-        """`restore`: "auto" (restore only shards that disagree), "checkpoint" or "scratch"."""
+                 procedure_modules: tuple[str, ...] = (), outputs: CollectedOutputs | None = None,
+                 checkpoint_every: int = 100, keep_checkpoints: int = 2, restore: str = AUTO,
+                 pipeline_depth: int = 2):
+        """`restore`: "auto" (restore only shards that disagree), "checkpoint" or "scratch".
+        `outputs`: collect outcomes and change data here instead of publishing them."""
         check_layout(data_dir, partitions)
+        self.bootstrap = bootstrap
         self.topics = Topics(namespace)
         self.stats = EngineStats()
         self._stop = threading.Event()
@@ -65,13 +66,24 @@ class Coordinator:
         except BaseException:
             self._lock.release()
             raise
-        self._applied: dict | None = None  # marker of the last batch all shards applied
         self.cursor = self._resume_cursor()
-        check_log_holds(bootstrap, self.topics.log, self.cursor)
+        try:
+            check_log_holds(bootstrap, self.topics.log, self.cursor)
+        except BaseException:
+            self._close_group()
+            raise
         self.stats.last_batch = self.cursor.next_batch - 1
-        self._uncommitted: dict | None = None  # marker of the executed, published, unapplied batch
-        self._reader = LogReader(bootstrap, self.topics.log, self.cursor, f"{namespace}.engine")
-        self.outputs = outputs if outputs is not None else KafkaOutputs(bootstrap, self.topics)
+        self.outputs = outputs
+        self._options = FollowOptions(bootstrap, namespace, collect=outputs is not None,
+                                      checkpoint_every=checkpoint_every, checkpoint_root=self.checkpoints.root,
+                                      depth=pipeline_depth)
+        self._started = False
+        self._finished = False
+        self._seen_batch = -1
+        latest = self.checkpoints.latest()
+        self._listed_checkpoint = latest["batch"] if latest else 0
+        self._statuses: list[dict] = []
+        self._lag_reader: LogReader | None = None
         self._closed = False
 
     def _resume_cursor(self) -> LogCursor:
@@ -81,7 +93,6 @@ class Coordinator:
         batches = {m["batch"] if m else 0 for m in markers}
         if len(batches) != 1:  # prepare_shards made them agree; a worker must have moved on since
             raise RuntimeError(f"shards stopped at different batches {sorted(batches)}")
-        self._applied = markers[0]
         return LogCursor.from_dict(markers[0]["cursor"])
 
     def stop(self) -> None:
@@ -91,112 +102,142 @@ class Coordinator:
         """Checkpoint at the next batch boundary (safe from a signal handler or a thread)."""
         self._checkpoint_requested.set()
 
-    def checkpoint(self) -> dict | None:
-        """Checkpoint every shard at the last executed batch, applying it first; returns
-        the manifest entry, or None while no batch is applied."""
-        self._checkpoint_requested.clear()
-        self._commit_pending()
-        if self._applied is None:
-            return None
-        latest = self.checkpoints.latest()
-        if latest is not None and latest["batch"] == self._applied["batch"]:
-            return latest
-        entry = self.checkpoints.take(self.group, self._applied)
-        self.stats.checkpoints += 1
-        return entry
+    # -- running ----------------------------------------------------------------------
+
+    def start(self, until_batch: int | None = None, hold_at: int | None = None) -> None:
+        """Start the workers; with `until_batch`, they stop once that batch is applied; with
+        `hold_at`, they execute nothing after that batch until `group.hold(None)`."""
+        if not self._started:
+            self._started = True
+            self.group.start(replace(self._options, stop_after=until_batch, hold_at=hold_at))
 
     def run(self, idle_exit: float | None = None, until_batch: int | None = None,
             progress=None) -> EngineStats:
         """Follow the log until stopped; with `idle_exit`, also stop after that many seconds
         without a new batch; with `until_batch`, stop once that batch is applied.
-        `progress(stats)` is called after every poll."""
+        `progress(stats)` is called a few times a second."""
         last_progress = time.monotonic()
         try:
+            self.start(until_batch)
             while not self._stop.is_set():
-                if until_batch is not None and self.stats.last_batch >= until_batch:
+                self.watch(0.05)
+                if self.finished:
                     break
-                try:
-                    batches = self._reader.poll(0.05)
-                except LogError as exc:
-                    raise LogError(
-                        f"cannot replay {self.topics.log} from batch {self.cursor.next_batch}: {exc}") from None
-                for batch, cursor in batches:
-                    if until_batch is not None and batch.batch_id > until_batch:
-                        break
-                    self.apply(batch, cursor)
-                if batches:
-                    last_progress = time.monotonic()
-                else:
-                    self._commit_pending()
-                    if idle_exit is not None and time.monotonic() - last_progress > idle_exit:
-                        break
                 if self._checkpoint_requested.is_set():
                     self.checkpoint()
+                now = time.monotonic()
+                if self.stats.last_batch != self._seen_batch:
+                    self._seen_batch, last_progress = self.stats.last_batch, now
+                elif idle_exit is not None and now - last_progress > idle_exit:
+                    break
                 if progress is not None:
                     progress(self.stats)
         finally:
             self.close()
         return self.stats
 
-    def apply(self, batch: Batch, cursor: dict) -> None:
-        """Execute a batch, publish its outputs, and have it applied (with the next call to
-        the workers, or when the log goes quiet)."""
-        # Cleared before the call: if it fails, the commit may have landed on some workers
-        # only, and committing it again on close would fail; a restart sorts that out.
-        commit, self._uncommitted = self._uncommitted, None
-        results = self.group.execute(batch, commit)
-        if commit is not None:
-            self._applied = commit
-        self._publish(batch, results)
-        self._uncommitted = {"batch": batch.batch_id, "cursor": cursor}
-        self.stats.batches += 1
-        self.stats.last_batch = batch.batch_id
-        if self.checkpoint_every and batch.batch_id % self.checkpoint_every == 0:
-            self.checkpoint()
+    def watch(self, seconds: float) -> list[dict]:
+        """Let the workers run for up to `seconds`, then take their status (progress,
+        checkpoints to list) and return it."""
+        self._finished = self.group.drive(seconds)
+        self._statuses = self.group.status()
+        self._update(self._statuses)
+        return self._statuses
 
-    def _commit_pending(self) -> None:
-        if self._uncommitted is not None:
-            marker, self._uncommitted = self._uncommitted, None
-            self.group.commit(marker)
-            self._applied = marker
+    @property
+    def finished(self) -> bool:
+        """Whether every worker has stopped."""
+        return self._finished
 
-    def _publish(self, batch: Batch, results: list[PartitionResult]) -> None:
-        outcomes: list[Outcome] = [
-            Outcome(index, request_id, REJECTED, None, error)
-            for index, (request_id, proc, error) in enumerate(batch.entries)
-            if proc is None
-        ]
-        for result in results:
-            outcomes.extend(result.outcomes)
-        outcomes.sort(key=lambda o: o.index)
-        self.outputs.publish(batch.batch_id, outcomes, {r.partition: r.changes for r in results})
+    def _update(self, statuses: list[dict]) -> None:
         stats = self.stats
-        for outcome in outcomes:
-            if outcome.status == COMMITTED:
-                stats.committed += 1
-            elif outcome.status == ABORTED:
-                stats.aborted += 1
-            else:
-                stats.rejected += 1
-        stats.txns += len(outcomes)
+        stats.last_batch = min(s["applied"] for s in statuses)
+        stats.committed = sum(s["committed"] for s in statuses)
+        stats.aborted = sum(s["aborted"] for s in statuses)
+        stats.rejected = sum(s["rejected"] for s in statuses)
+        stats.txns = stats.committed + stats.aborted + stats.rejected
+        stats.batches = stats.last_batch - (self.cursor.next_batch - 1)
+        self._list_checkpoints(statuses)
+
+    def _list_checkpoints(self, statuses: list[dict]) -> None:
+        """List the checkpoints every worker has taken since the last one listed."""
+        taken = [dict((batch, cursor) for batch, cursor in s["checkpointed"]) for s in statuses]
+        common = set(taken[0]).intersection(*taken[1:])
+        newest = self._listed_checkpoint
+        for batch in sorted(b for b in common if b > newest):
+            self.checkpoints.record(batch, taken[0][batch])
+            self._listed_checkpoint = batch
+            self.stats.checkpoints += 1
+
+    def checkpoint(self) -> dict | None:
+        """Checkpoint every shard at one batch: hold every worker after the last batch any
+        of them has executed, wait until all have applied it, checkpoint, go on. Returns
+        the manifest entry, or None while no batch is applied."""
+        self._checkpoint_requested.clear()
+        latest = self.checkpoints.latest()
+        if not self._started:  # the shards agree (see prepare_shards) and nothing runs
+            marker = self.group.applied()[0]
+            if marker is None:
+                return None
+            if latest is not None and latest["batch"] == marker["batch"]:
+                return latest
+            self.stats.checkpoints += 1
+            return self.checkpoints.take(self.group, marker)
+        target = max(s["executed"] for s in self.group.status())
+        if target < 1:
+            return None
+        if latest is not None and latest["batch"] == target:
+            return latest
+        self.group.hold(target)
+        try:
+            while True:
+                if all(s["applied"] == target and s["unapplied"] == 0 for s in self.watch(0.01)):
+                    break
+                if self.finished:
+                    raise CheckpointError(f"the workers stopped before batch {target} was applied on every shard")
+            entry = self.checkpoints.take(self.group, self.group.applied()[0])
+            self.stats.checkpoints += 1
+            self._listed_checkpoint = max(self._listed_checkpoint, target)
+            return entry
+        finally:
+            self.group.hold(None)
 
     def log_lag(self) -> int | str:
-        """Log records not yet read; for display only (some brokers misreport watermarks)."""
-        return self._reader.lag()
+        """Log records not yet read by the slowest worker; for display only (some brokers
+        misreport watermarks)."""
+        if not self._statuses:
+            return "?"
+        if self._lag_reader is None:
+            self._lag_reader = LogReader(self.bootstrap, self.topics.log, LogCursor(), f"{self.topics.namespace}.lag")
+        self._lag_reader.cursor.next_offset = min(s["next_offset"] for s in self._statuses)
+        return self._lag_reader.lag()
 
     def close(self) -> None:
+        """Stop the workers; what they executed is applied once its outputs are out."""
         if self._closed:
             return
         self._closed = True
-        self._reader.close()
-        self.outputs.close()
         try:
-            self._commit_pending()
+            if self._started:
+                self.group.stop()
+                deadline = time.monotonic() + 60
+                while not self.finished:
+                    self.watch(0.1)
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("partition workers did not stop within 60 s")
+                if self.outputs is not None:
+                    for collected in self.group.collected():
+                        self.outputs.merge(collected)
         finally:
-            try:
-                self.group.close()
-            finally:
-                self._lock.release()
+            if self._lag_reader is not None:
+                self._lag_reader.close()
+            self._close_group()
+
+    def _close_group(self) -> None:
+        try:
+            self.group.close()
+        finally:
+            self._lock.release()
 
 
 def make_group(data_dir: str, partitions: int, scheduler: str, registry: Registry | None, sync: bool,

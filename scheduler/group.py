@@ -1,15 +1,20 @@
-"""Partition workers as the coordinator sees them: one call per batch for all of them.
-`LocalGroup` runs them in this process on one event loop; `scheduler.ray_group.RayGroup`
-runs each as a Ray actor in a process of its own."""
+"""Partition workers as the coordinator sees them. Each follows the log on its own
+(`scheduler.follower`); the coordinator starts them, watches them, and can hold them at a
+batch (for a checkpoint of every shard at one batch) or stop them.
+
+`LocalGroup` runs them in this process on one event loop, which the coordinator drives;
+`scheduler.ray_group.RayGroup` runs each as a Ray actor in a process of its own."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any, Protocol
 
 from scheduler.exchange import LocalExchange
-from scheduler.worker import PartitionResult, PartitionWorker
-from sequencer.log import Batch
+from scheduler.follower import FollowOptions, LogFollower
+from scheduler.outputs import CollectedOutputs
+from scheduler.worker import PartitionWorker
 
 
 class WorkerGroup(Protocol):
@@ -17,9 +22,21 @@ class WorkerGroup(Protocol):
 
     def applied(self) -> list[dict[str, Any] | None]: ...
 
-    def execute(self, batch: Batch, commit: dict[str, Any] | None) -> list[PartitionResult]: ...
+    def start(self, options: FollowOptions) -> None:
+        """Every worker starts following the log."""
 
-    def commit(self, marker: dict[str, Any]) -> None: ...
+    def drive(self, seconds: float) -> bool:
+        """Let the workers run for up to `seconds`; True once all of them have finished.
+        Raises if one failed."""
+
+    def status(self) -> list[dict[str, Any]]: ...
+
+    def hold(self, batch_id: int | None) -> None:
+        """Execute no batch after `batch_id` (None: go on)."""
+
+    def stop(self) -> None: ...
+
+    def collected(self) -> list[CollectedOutputs]: ...
 
     def checkpoint(self, paths: list[str]) -> list[dict[str, Any] | None]: ...
 
@@ -36,25 +53,58 @@ class LocalGroup:
                             procedure_modules)
             for p in range(partitions)
         ]
+        self.followers: list[LogFollower] = []
+        self._tasks: list[asyncio.Task] = []
         self._loop = asyncio.new_event_loop()
 
     def applied(self) -> list[dict[str, Any] | None]:
         return [worker.applied() for worker in self.workers]
 
-    def execute(self, batch: Batch, commit: dict[str, Any] | None) -> list[PartitionResult]:
-        return self._loop.run_until_complete(self._execute(batch, commit))
+    def start(self, options: FollowOptions) -> None:
+        if self.partitions > 1:
+            # Followers share one thread here: a blocking wait for the log by one would
+            # stall the others.
+            options = replace(options, idle_wait=min(options.idle_wait, 0.002))
+        self.followers = [LogFollower(worker, options) for worker in self.workers]
+        self._tasks = [self._loop.create_task(f.run()) for f in self.followers]
 
-    async def _execute(self, batch: Batch, commit: dict[str, Any] | None) -> list[PartitionResult]:
-        return await asyncio.gather(*(w.execute(batch, commit) for w in self.workers))
+    def drive(self, seconds: float) -> bool:
+        pending = [t for t in self._tasks if not t.done()]
+        if pending:
+            self._loop.run_until_complete(asyncio.wait(pending, timeout=seconds,
+                                                       return_when=asyncio.FIRST_EXCEPTION))
+        for task in self._tasks:
+            if task.done() and task.exception() is not None:
+                raise task.exception()
+        return all(t.done() for t in self._tasks)
 
-    def commit(self, marker: dict[str, Any]) -> None:
-        for worker in self.workers:
-            worker.commit(marker)
+    def status(self) -> list[dict[str, Any]]:
+        return [f.status() for f in self.followers]
+
+    def hold(self, batch_id: int | None) -> None:
+        for follower in self.followers:
+            follower.hold_at = batch_id
+
+    def stop(self) -> None:
+        for follower in self.followers:
+            follower.stop()
+
+    def collected(self) -> list[CollectedOutputs]:
+        return [f.sink for f in self.followers if isinstance(f.sink, CollectedOutputs)]
 
     def checkpoint(self, paths: list[str]) -> list[dict[str, Any] | None]:
         return [worker.checkpoint(path) for worker, path in zip(self.workers, paths)]
 
     def close(self) -> None:
-        for worker in self.workers:
-            worker.close()
-        self._loop.close()
+        try:
+            for task in self._tasks:
+                if not task.done():
+                    task.cancel()
+            if self._tasks:
+                self._loop.run_until_complete(asyncio.gather(*self._tasks, return_exceptions=True))
+            for follower in self.followers:
+                follower.close()
+        finally:
+            for worker in self.workers:
+                worker.close()
+            self._loop.close()

@@ -82,53 +82,135 @@ def _change(index: int, table: str, key: Any, value: Any) -> dict:
     return {"txn": index, "table": table, "key": key, "value": value}
 
 
+class OutputLost(RuntimeError):
+    """The broker refused an output: the batch must not be applied."""
+
+
 class OutputSink(Protocol):
-    def publish(self, batch_id: int, outcomes: list[Outcome], changes: dict[int, list[list]]) -> None:
-        """Outputs of one batch: outcomes in txn order, change data per partition. Must be
-        durable when it returns: the batch is applied only afterwards."""
+    """Where one partition worker's outputs go. Publishing is asynchronous, so a worker
+    can execute the next batch while the broker acknowledges this one; a batch is applied
+    only once `delivered` says its outputs are durable."""
+
+    def publish(self, batch_id: int, partition: int, outcomes: list[Outcome], changes: list[list]) -> None:
+        """Queue the outputs of one batch on one partition: outcomes in txn order, changes
+        as [txn index, table, key, value or None] in txn order."""
+
+    def delivered(self, batch_id: int) -> bool:
+        """Whether every output of `batch_id` and of the batches before it is acknowledged;
+        raises OutputLost if the broker refused one."""
+
+    def wait(self, timeout: float) -> None:
+        """Wait up to `timeout` seconds for acknowledgements."""
 
     def close(self) -> None: ...
 
 
 class KafkaOutputs:
-    def __init__(self, bootstrap: str, topics: Topics):
+    def __init__(self, bootstrap: str, topics: Topics, extra: dict | None = None):
         self.topics = topics
         self._producer = Producer(kafka_config(bootstrap, {
             "enable.idempotence": True,
             "linger.ms": 2,
             "batch.num.messages": 10_000,
             "queue.buffering.max.messages": 1_000_000,
+            **(extra or {}),
         }))
+        # Unacknowledged messages per batch; batches enter in order, so the first key is
+        # the oldest batch not yet fully acknowledged.
+        self._outstanding: dict[int, int] = {}
+        self._failure: str | None = None
 
-    def publish(self, batch_id: int, outcomes: list[Outcome], changes: dict[int, list[list]]) -> None:
+    def _acknowledger(self, batch_id: int):
+        outstanding = self._outstanding
+
+        def acknowledged(error, message) -> None:
+            if error is not None:
+                if self._failure is None:
+                    self._failure = (f"the broker refused an output of batch {batch_id} "
+                                     f"(topic {message.topic()}): {error.str()}")
+                return
+            left = outstanding[batch_id] - 1
+            if left:
+                outstanding[batch_id] = left
+            else:
+                del outstanding[batch_id]
+        return acknowledged
+
+    def publish(self, batch_id: int, partition: int, outcomes: list[Outcome], changes: list[list]) -> None:
+        records = [(self.topics.results, outcome.id.encode(), outcome_record(outcome, batch_id))
+                   for outcome in outcomes]
+        records += [(self.topics.changes, key, value) for key, value in change_records(batch_id, partition, changes)]
+        self._outstanding[batch_id] = self._outstanding.get(batch_id, 0) + len(records)
+        acknowledged = self._acknowledger(batch_id)
         produce = self._producer.produce
-        results_topic = self.topics.results
-        for outcome in outcomes:
-            produce(results_topic, key=outcome.id.encode(), value=outcome_record(outcome, batch_id))
-        for partition, records in changes.items():
-            for key, value in change_records(batch_id, partition, records):
-                produce(self.topics.changes, key=key, value=value)
-        remaining = self._producer.flush(60)
-        if remaining:
-            raise RuntimeError(f"{remaining} outputs of batch {batch_id} not acknowledged by the broker")
+        for topic, key, value in records:
+            while True:
+                try:
+                    produce(topic, key=key, value=value, on_delivery=acknowledged)
+                    break
+                except BufferError:  # the local queue is full: let the broker catch up
+                    self._producer.poll(0.05)
+
+    def delivered(self, batch_id: int) -> bool:
+        self._producer.poll(0)
+        self._check()
+        outstanding = self._outstanding
+        return not outstanding or next(iter(outstanding)) > batch_id
+
+    def wait(self, timeout: float) -> None:
+        self._producer.poll(timeout)
+        self._check()
+
+    def _check(self) -> None:
+        if self._failure is not None:
+            raise OutputLost(f"{self._failure}; nothing was applied after it, and a restart of the engine "
+                             "publishes it again from the log")
 
     def close(self) -> None:
         self._producer.flush(10)
 
 
 class CollectedOutputs:
-    """Outputs kept in memory: for comparing engine configurations on one log."""
+    """Outputs kept in memory: for comparing engine configurations on one log. Each
+    partition worker collects its own; `merge` puts them together in log order."""
 
     def __init__(self) -> None:
-        self.outcomes: list[dict[str, Any]] = []
-        self.changes: list[tuple] = []  # (batch, txn index, table, key, value or None)
+        self._outcomes: list[tuple] = []  # (batch, txn index, outcome record)
+        self._changes: list[tuple] = []  # (batch, txn index, encoded key, table, key, value or None)
 
-    def publish(self, batch_id: int, outcomes: list[Outcome], changes: dict[int, list[list]]) -> None:
-        self.outcomes.extend({"id": o.id, "status": o.status, "batch": batch_id, "result": o.result,
-                              "error": o.error} for o in outcomes)
-        merged = [(batch_id, *change) for records in changes.values() for change in records]
-        merged.sort(key=lambda c: (c[1], encode_key(c[2], c[3])))  # txn order, then key order
-        self.changes.extend(merged)
+    def publish(self, batch_id: int, partition: int, outcomes: list[Outcome], changes: list[list]) -> None:
+        self._outcomes.extend((batch_id, o.index, {"id": o.id, "status": o.status, "batch": batch_id,
+                                                   "result": o.result, "error": o.error}) for o in outcomes)
+        self._changes.extend((batch_id, index, encode_key(table, key), table, key, value)
+                             for index, table, key, value in changes)
+
+    def delivered(self, batch_id: int) -> bool:
+        return True
+
+    def wait(self, timeout: float) -> None:
+        pass
+
+    def merge(self, other: "CollectedOutputs") -> None:
+        self._outcomes.extend(other._outcomes)
+        self._changes.extend(other._changes)
+
+    @property
+    def outcomes(self) -> list[dict[str, Any]]:
+        """Every outcome in log order."""
+        return [record for *_, record in sorted(self._outcomes, key=_position)]
+
+    @property
+    def changes(self) -> list[tuple]:
+        """(batch, txn index, table, key, value or None) in txn order, then key order."""
+        return [(b, i, table, key, value) for b, i, _, table, key, value in sorted(self._changes, key=_change_order)]
 
     def close(self) -> None:
         pass
+
+
+def _position(item: tuple) -> tuple:
+    return item[0], item[1]
+
+
+def _change_order(item: tuple) -> tuple:
+    return item[0], item[1], item[2]

@@ -1,7 +1,7 @@
 """Partition workers as Ray actors: each in a process of its own, pinned to a core, owning
-one RocksDB shard. The coordinator makes one call per batch per actor; participants of
-multi-partition transactions send each other their local reads directly, one call per
-peer per scheduling step."""
+one RocksDB shard and following the log itself. Participants of multi-partition
+transactions send each other their local reads directly, one call per peer per
+scheduling step."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import os
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import RayActorError, RayTaskError
 
-from scheduler.worker import PartitionResult, PartitionWorker
-from sequencer.log import Batch
+from scheduler.follower import FollowOptions, LogFollower
+from scheduler.outputs import CollectedOutputs
+from scheduler.worker import PartitionWorker
 
 
 class WorkerDied(RuntimeError):
@@ -84,18 +85,33 @@ class PartitionActor:
         self.exchange = RayExchange(partition)
         self.worker = PartitionWorker(data_dir, partition, partitions, scheduler, None, self.exchange, sync,
                                       procedure_modules)
+        self.follower: LogFollower | None = None
 
     def connect(self, peers: dict[int, Any]) -> None:
         self.exchange.peers = peers
 
-    async def execute(self, batch: Batch, commit: dict[str, Any] | None) -> PartitionResult:
-        return await self.worker.execute(batch, commit)
+    async def follow(self, options: FollowOptions) -> dict[str, Any]:
+        """Follow the log until stopped (a call that lasts as long as the worker runs)."""
+        self.follower = LogFollower(self.worker, options)
+        return await self.follower.run()
+
+    async def status(self) -> dict[str, Any] | None:
+        return self.follower.status() if self.follower is not None else None
+
+    async def hold(self, batch_id: int | None) -> None:
+        if self.follower is not None:
+            self.follower.hold_at = batch_id
+
+    async def stop(self) -> None:
+        if self.follower is not None:
+            self.follower.stop()
+
+    async def collected(self) -> CollectedOutputs | None:
+        sink = self.follower.sink if self.follower is not None else None
+        return sink if isinstance(sink, CollectedOutputs) else None
 
     async def deliver(self, batch_id: int, payload: dict[int, dict]) -> None:
         self.exchange.deliver(batch_id, payload)
-
-    async def commit(self, marker: dict[str, Any]) -> None:
-        self.worker.commit(marker)
 
     async def applied(self) -> dict[str, Any] | None:
         return self.worker.applied()
@@ -108,6 +124,8 @@ class PartitionActor:
                 "cores": sorted(os.sched_getaffinity(0)), "node": ray.get_runtime_context().get_node_id()}
 
     async def close(self) -> None:
+        if self.follower is not None:
+            self.follower.close()
         self.worker.close()
 
 
@@ -141,10 +159,17 @@ class RayGroup:
         ]
         peers = dict(enumerate(self.actors))
         self._get([actor.connect.remote(peers) for actor in self.actors])
+        self._runs: list = []
+        self._finished: set = set()
 
     def _get(self, refs: list) -> list:
         try:
             return ray.get(refs)
+        except RayTaskError as exc:
+            cause = getattr(exc, "cause", None)
+            if cause is not None and not isinstance(cause, RayActorError):
+                raise cause from None  # the worker's own error, without Ray's wrapping
+            raise
         except RayActorError as exc:
             dead = [p for p, actor in enumerate(self.actors) if not _alive(actor)]
             first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -155,12 +180,29 @@ class RayGroup:
     def applied(self) -> list[dict[str, Any] | None]:
         return self._get([actor.applied.remote() for actor in self.actors])
 
-    def execute(self, batch: Batch, commit: dict[str, Any] | None) -> list[PartitionResult]:
-        batch_ref = ray.put(batch)
-        return self._get([actor.execute.remote(batch_ref, commit) for actor in self.actors])
+    def start(self, options: FollowOptions) -> None:
+        self._runs = [actor.follow.remote(options) for actor in self.actors]
 
-    def commit(self, marker: dict[str, Any]) -> None:
-        self._get([actor.commit.remote(marker) for actor in self.actors])
+    def drive(self, seconds: float) -> bool:
+        pending = [ref for ref in self._runs if ref not in self._finished]
+        if pending:
+            done, _ = ray.wait(pending, num_returns=1, timeout=seconds)
+            for ref in done:
+                self._get([ref])  # raises what the worker raised
+                self._finished.add(ref)
+        return len(self._finished) == len(self._runs)
+
+    def status(self) -> list[dict[str, Any]]:
+        return self._get([actor.status.remote() for actor in self.actors])
+
+    def hold(self, batch_id: int | None) -> None:
+        self._get([actor.hold.remote(batch_id) for actor in self.actors])
+
+    def stop(self) -> None:
+        self._get([actor.stop.remote() for actor in self.actors])
+
+    def collected(self) -> list[CollectedOutputs]:
+        return [c for c in self._get([actor.collected.remote() for actor in self.actors]) if c is not None]
 
     def checkpoint(self, paths: list[str]) -> list[dict[str, Any] | None]:
         return self._get([actor.checkpoint.remote(path) for actor, path in zip(self.actors, paths)])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,8 +77,8 @@ class PartitionWorker:
         self.scheduler = make_scheduler(scheduler)
         self.exchange = exchange
         self.shard = RocksShard(shard_path(data_dir, partition), sync=sync)
-        self._pending: dict[bytes, bytes | None] | None = None
-        self._pending_batch = 0
+        # Executed batches not yet applied, oldest first: (batch id, overlay, encoded writes).
+        self._unapplied: deque[tuple[int, BatchOverlay, dict[bytes, bytes | None]]] = deque()
 
     def applied(self) -> dict[str, Any] | None:
         return self.shard.applied()
@@ -87,30 +88,37 @@ class PartitionWorker:
 
     async def execute(self, batch: Batch, commit: dict[str, Any] | None = None) -> PartitionResult:
         """Run this partition's share of `batch` on an overlay; nothing reaches the shard
-        until `commit`. `commit`, if given, first applies the previously executed batch:
-        it saves the coordinator a call per batch."""
+        until `commit`. `commit`, if given, first applies the oldest executed batch. Batches
+        executed before this one and not yet applied are read through their overlays."""
         if commit is not None:
             self.commit(commit)
         txns, rejected = prepare(batch, self.registry, self.partitioner, self.partition)
-        overlay = BatchOverlay(self.shard)
+        previous = self._unapplied[-1][1] if self._unapplied else None
+        overlay = BatchOverlay(self.shard, previous)
         overlay.prefetch(key for txn in txns for key in txn.local_reads)
         execution = BatchExecution(batch, self.partition, overlay, self.defaults, self.owner, self.exchange)
         await self.scheduler.run_batch(txns, execution)
         if self.exchange is not None:
             self.exchange.flush()
-        self._pending = overlay.encoded_writes()
-        self._pending_batch = batch.batch_id
+        # Encoded now: the writes of this batch are final, whatever later batches do.
+        self._unapplied.append((batch.batch_id, overlay, overlay.encoded_writes()))
         return PartitionResult(self.partition, rejected + execution.outcomes, execution.changes)
 
+    @property
+    def unapplied(self) -> int:
+        return len(self._unapplied)
+
     def commit(self, marker: dict[str, Any]) -> None:
-        """Apply the executed batch and its marker in one atomic write."""
-        if self._pending is None or marker["batch"] != self._pending_batch:
+        """Apply the oldest executed batch and its marker in one atomic write."""
+        if not self._unapplied or marker["batch"] != self._unapplied[0][0]:
             raise RuntimeError(f"partition {self.partition}: no executed batch {marker['batch']} to commit")
         applied = self.applied()
         if applied is not None and applied["batch"] >= marker["batch"]:
             raise RuntimeError(f"partition {self.partition}: batch {marker['batch']} is already applied")
-        self.shard.apply_batch(self._pending, marker)
-        self._pending = None
+        _, _, writes = self._unapplied.popleft()
+        self.shard.apply_batch(writes, marker)
+        if self._unapplied:
+            self._unapplied[0][1].previous = None  # what it read through is in the shard now
 
     def checkpoint(self, path: str) -> dict[str, Any] | None:
         """A RocksDB checkpoint of the applied state (an executed, uncommitted batch lives

@@ -4,9 +4,14 @@ Two record kinds:
     start:  [START, token]
         written by a sequencer when it takes over; the n-th start record in the log opens
         generation n.
-    batch:  [BATCH, batch_id, generation, time_ms, offsets, entry, entry, ...]
+    batch:  [BATCH, batch_id, generation, time_ms, offsets, routing, entry, entry, ...]
         an epoch of requests; `offsets` maps request partition -> [start, end) consumed;
-        each entry is [id, proc, args] or [id, None, error] (rejected).
+        each entry is the msgpack encoding of [id, proc, args] or [id, None, error]
+        (rejected), kept as a bin so a reader decodes only the entries it needs;
+        `routing` is None or [partitions, slices]: for the partition count the sequencer
+        was told, slices[p] lists what partition p takes part in, each item either an
+        entry index (a single-partition or rejected entry that p alone handles) or
+        [index, participants, active] (a multi-partition one); see `sequencer/routing.py`.
 
 Every reader applies the same acceptance rule (`LogCursor.accept`), so the log means one
 thing to the sequencer, the engine and a replay, whatever the broker does: a batch is
@@ -41,28 +46,83 @@ def encode_entry(entry: list) -> bytes:
 
 
 def encode_batch(batch_id: int, generation: int, time_ms: int,
-                 offsets: dict[int, tuple[int, int]], encoded_entries: list[bytes]) -> bytes:
+                 offsets: dict[int, tuple[int, int]], encoded_entries: list[bytes],
+                 routing: list | None = None) -> bytes:
     """Entries are encoded one by one as they arrive (so an epoch's size is known exactly
-    before it is cut) and concatenated here under one array header."""
-    head = [BATCH, batch_id, generation, time_ms, {p: list(r) for p, r in offsets.items()}]
+    before it is cut) and concatenated here, each as a bin, under one array header."""
+    head = [BATCH, batch_id, generation, time_ms, {p: list(r) for p, r in offsets.items()}, routing]
     return (
         _ARRAY32.pack(0xDD, len(head) + len(encoded_entries))
         + b"".join(msgpack.packb(item) for item in head)
-        + b"".join(encoded_entries)
+        + b"".join(map(_bin, encoded_entries))
     )
 
 
-BATCH_OVERHEAD = 256  # bytes of a batch record beyond its entries, with room to spare
+def _bin(data: bytes) -> bytes:
+    n = len(data)
+    if n < 256:
+        return b"\xc4" + bytes((n,)) + data
+    if n < 65536:
+        return b"\xc5" + n.to_bytes(2, "big") + data
+    return b"\xc6" + n.to_bytes(4, "big") + data
 
 
-@dataclass(slots=True)
+def bin_size(encoded_entry: bytes) -> int:
+    """Bytes an encoded entry takes in a batch record."""
+    n = len(encoded_entry)
+    return n + (2 if n < 256 else 3 if n < 65536 else 5)
+
+
+BATCH_OVERHEAD = 256  # bytes of a batch record beyond its entries and routing, with room to spare
+
+
 class Batch:
-    batch_id: int
-    generation: int
-    time_ms: int
-    offsets: dict[int, list[int]]
-    entries: list[list]
-    log_offset: int = -1
+    """One accepted batch. Entries stay encoded until asked for: a partition worker decodes
+    only those of its slice."""
+
+    __slots__ = ("batch_id", "generation", "time_ms", "offsets", "routing", "log_offset", "_raw", "_entries")
+
+    def __init__(self, batch_id: int, generation: int, time_ms: int, offsets: dict[int, list[int]],
+                 entries: list[list] | None = None, *, raw: list[bytes] | None = None,
+                 routing: list | None = None, log_offset: int = -1):
+        self.batch_id = batch_id
+        self.generation = generation
+        self.time_ms = time_ms
+        self.offsets = offsets
+        self.routing = routing
+        self.log_offset = log_offset
+        self._raw = raw
+        self._entries = entries
+
+    def __len__(self) -> int:
+        return len(self._entries if self._entries is not None else self._raw)
+
+    @property
+    def entries(self) -> list[list]:
+        """Every entry, decoded."""
+        if self._entries is None:
+            self._entries = [_unpack(raw) for raw in self._raw]
+        return self._entries
+
+    def entry(self, index: int) -> list:
+        if self._entries is not None:
+            return self._entries[index]
+        return _unpack(self._raw[index])
+
+    def __getstate__(self):
+        return (self.batch_id, self.generation, self.time_ms, self.offsets, self.routing, self.log_offset,
+                self._raw, self._entries if self._raw is None else None)
+
+    def __setstate__(self, state) -> None:
+        (self.batch_id, self.generation, self.time_ms, self.offsets, self.routing, self.log_offset,
+         self._raw, self._entries) = state
+
+    def __repr__(self) -> str:
+        return f"Batch({self.batch_id}, generation {self.generation}, {len(self)} entries)"
+
+
+def _unpack(raw: bytes) -> list:
+    return msgpack.unpackb(raw, strict_map_key=False, use_list=True)
 
 
 def decode(value: bytes) -> tuple[int, Any]:
@@ -72,7 +132,10 @@ def decode(value: bytes) -> tuple[int, Any]:
         if kind == START:
             return START, record[1]
         if kind == BATCH:
-            return BATCH, Batch(record[1], record[2], record[3], record[4], record[5:])
+            raw = record[6:]
+            if any(type(item) is not bytes for item in raw):
+                raise ValueError("batch entries must be encoded entries")
+            return BATCH, Batch(record[1], record[2], record[3], record[4], raw=raw, routing=record[5])
     except Exception as exc:
         raise LogError(f"unreadable log record: {exc}") from exc
     raise LogError(f"unknown log record kind {kind!r}")

@@ -24,7 +24,7 @@ def log_consumer(bootstrap: str, group: str) -> Consumer:
 class LogReader:
     def __init__(self, bootstrap: str, topic: str, cursor: LogCursor, group: str):
         self.cursor = cursor
-        self._topic = topic
+        self.topic = topic
         self._consumer = log_consumer(bootstrap, group)
         start = cursor.next_offset if cursor.next_offset > 0 else OFFSET_BEGINNING
         self._consumer.assign([TopicPartition(topic, 0, start)])
@@ -58,7 +58,7 @@ class LogReader:
 
     def lag(self) -> int | str:
         try:
-            _, high = self._consumer.get_watermark_offsets(TopicPartition(self._topic, 0), timeout=0.5, cached=False)
+            _, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=0.5, cached=False)
         except Exception:
             return "?"
         return max(0, high - self.cursor.next_offset)

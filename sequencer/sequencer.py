@@ -33,16 +33,22 @@ from sequencer.log import (
     BATCH_OVERHEAD,
     START,
     LogCursor,
+    bin_size,
     decode,
     encode_batch,
     encode_entry,
     encode_start,
 )
 from sequencer.reader import LogReader
+from sequencer.routing import build_routing, item_bytes
 from sequencer.topics import Topics, partition_count
 from sequencer.wire import parse_request
+from storage.keys import encode_key
+from storage.partitioning import Partitioner, place
 
 log = logging.getLogger("ordo.sequencer")
+
+SINGLE = ((0,), (0,))
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,15 +58,19 @@ class SequencerConfig:
     max_bytes: int = 900_000  # below the broker's default 1 MiB message limit
     max_request_bytes: int = 64 * 1024
     dedupe_window: int = 1_000_000
+    partitions: int = 1  # the engine's partition count, for routing each batch
 
     def __post_init__(self) -> None:
-        if self.max_request_bytes + BATCH_OVERHEAD + 64 > self.max_bytes:
+        if self.partitions < 1:
+            raise ValueError("partitions must be >= 1")
+        if self.max_request_bytes + BATCH_OVERHEAD + 64 + item_bytes(tuple(range(self.partitions))) > self.max_bytes:
             raise ValueError("max_request_bytes must leave room in max_bytes for one request")
 
 
 @dataclass(slots=True)
 class _Epoch:
     entries: list[bytes] = field(default_factory=list)
+    placements: list = field(default_factory=list)  # per entry: (participants, active), None if rejected
     size: int = 0
     opened: float = 0.0
     offsets: dict[int, list[int]] = field(default_factory=dict)
@@ -93,6 +103,8 @@ class Sequencer:
         self._cursor = LogCursor()
         self._recent = RecentIds(config.dedupe_window)
         self._last_time = 0
+        tables = registry.tables.values()
+        self._partitioner = Partitioner.for_tables(config.partitions, {t.name: t.partitioner for t in tables})
 
     # -- start-up ---------------------------------------------------------------------
 
@@ -173,29 +185,43 @@ class Sequencer:
         finally:
             self.close()
 
-    def _entry(self, message) -> bytes:
-        """The log entry of one request message: validated, and checked for a duplicate id."""
+    def _entry(self, message) -> tuple[bytes, tuple | None]:
+        """The log entry of one request message, validated and checked for a duplicate
+        id, with its placement (None for a rejected entry)."""
         entry = parse_request(message.value(), message.key(), message.partition(), message.offset(),
                               self.registry, self.config.max_request_bytes)
-        request_id, proc, _ = entry
+        request_id, proc, args = entry
+        placement = None
         if proc is not None:
             if request_id in self._recent:
                 entry = [request_id, None, f"duplicate request id '{request_id}'"]
             else:
                 self._recent.add(request_id)
+                placement = self._place(proc, args)
         self.stats.requests += 1
         if entry[1] is None:
             self.stats.rejected += 1
-        return encode_entry(entry)
+        return encode_entry(entry), placement
+
+    def _place(self, proc: str, args) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        if self.config.partitions == 1:
+            return SINGLE
+        _, read_set, write_set = self.registry.analyze(proc, args)
+        reads = tuple(encode_key(table, key) for table, key in read_set)
+        writes = {encode_key(table, key): (table, key) for table, key in write_set}
+        participants, active, _ = place(self._partitioner, reads, read_set, writes)
+        return participants, active
 
     def _add(self, epoch: _Epoch, message) -> _Epoch:
-        encoded = self._entry(message)
-        if epoch.entries and epoch.size + len(encoded) + BATCH_OVERHEAD > self.config.max_bytes:
+        encoded, placement = self._entry(message)
+        size = bin_size(encoded) + item_bytes(placement and placement[0])
+        if epoch.entries and epoch.size + size + BATCH_OVERHEAD > self.config.max_bytes:
             epoch = self._cut(epoch)  # full by size: what it holds goes out first
         if not epoch.entries:
             epoch.opened = time.monotonic()
         epoch.entries.append(encoded)
-        epoch.size += len(encoded)
+        epoch.placements.append(placement)
+        epoch.size += size
         partition, offset = message.partition(), message.offset()
         span = epoch.offsets.get(partition)
         if span is None:
@@ -209,7 +235,8 @@ class Sequencer:
         self._last_time = max(self._last_time, int(time.time() * 1000))
         batch_id = self._cursor.next_batch
         record = encode_batch(batch_id, self._cursor.generation, self._last_time,
-                              {p: tuple(span) for p, span in epoch.offsets.items()}, epoch.entries)
+                              {p: tuple(span) for p, span in epoch.offsets.items()}, epoch.entries,
+                              build_routing(self.config.partitions, epoch.placements))
         positions = [TopicPartition(self.topics.requests, p, span[1]) for p, span in epoch.offsets.items()]
         self._append(record, positions)
         self._cursor.next_batch += 1

@@ -1,6 +1,10 @@
 """The per-batch write overlay: decoded values of the keys a batch touches. Reads of a
 batch see the writes of earlier transactions of the same batch; aborted transactions
-never reach it; at batch end it becomes one atomic write to the shard."""
+never reach it; at batch end it becomes one atomic write to the shard.
+
+A batch may run while the batches before it wait for their outputs to be acknowledged,
+not yet applied to the shard: its overlay then reads what they wrote from their overlays
+(`previous`) before it reads the shard."""
 
 from __future__ import annotations
 
@@ -27,19 +31,38 @@ ABSENT = _Absent()
 
 
 class BatchOverlay:
-    __slots__ = ("_backend", "_values", "_dirty")
+    __slots__ = ("_backend", "_values", "_dirty", "previous")
 
-    def __init__(self, backend: StorageBackend):
+    def __init__(self, backend: StorageBackend, previous: "BatchOverlay | None" = None):
         self._backend = backend
         self._values: dict[bytes, Any] = {}
         self._dirty: set[bytes] = set()
+        self.previous = previous  # the overlay of the batch before, while it is not applied
 
     def prefetch(self, keys: Iterable[bytes]) -> None:
         """Load many keys with one multi-get before the batch runs."""
         values = self._values
         missing = [k for k in dict.fromkeys(keys) if k not in values]
-        for key, raw in zip(missing, self._backend.get_many(missing)):
-            values[key] = ABSENT if raw is None else decode_value(raw)
+        if self.previous is not None and missing:
+            missing = self.previous.lend(missing, values)
+        if missing:
+            for key, raw in zip(missing, self._backend.get_many(missing)):
+                values[key] = ABSENT if raw is None else decode_value(raw)
+
+    def lend(self, keys: list[bytes], into: dict[bytes, Any]) -> list[bytes]:
+        """Copy into `into` the values that this batch, or an unapplied one before it,
+        wrote for `keys`; return the keys none of them wrote. Values are never mutated
+        in place (RUN gets copies), so sharing them is safe."""
+        dirty, values = self._dirty, self._values
+        rest = []
+        for key in keys:
+            if key in dirty:
+                into[key] = values[key]
+            else:
+                rest.append(key)
+        if rest and self.previous is not None:
+            return self.previous.lend(rest, into)
+        return rest
 
     def get(self, key: bytes) -> Any:
         try:

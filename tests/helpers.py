@@ -78,9 +78,9 @@ def reference_state(interpreter: SerialInterpreter) -> dict:
 
 
 def sequence_requests(bootstrap: str, namespace: str, requests: list, max_txns: int = 100,
-                      request_partitions: int = 2) -> tuple[int, SerialInterpreter]:
-    """Put `requests` through a real sequencer into a fresh namespace's log; return the
-    last batch id and the plain serial interpretation of that log."""
+                      request_partitions: int = 2, partitions: int = 1) -> tuple[int, SerialInterpreter]:
+    """Put `requests` through a real sequencer into a fresh namespace's log, routed for
+    `partitions`; return the last batch id and the plain serial interpretation of that log."""
     from ordo.client import Client
     from ordo.embedded import SequencerThread
     from sequencer.sequencer import SequencerConfig
@@ -90,7 +90,7 @@ def sequence_requests(bootstrap: str, namespace: str, requests: list, max_txns: 
     client = Client(bootstrap, namespace)
     client.submit(requests)
     client.close()
-    sequencer = SequencerThread(bootstrap, namespace, SequencerConfig(max_txns=max_txns)).start()
+    sequencer = SequencerThread(bootstrap, namespace, SequencerConfig(max_txns=max_txns, partitions=partitions)).start()
     sequencer.wait_for(len(requests))
     last_batch = sequencer.sequencer.next_batch - 1
     sequencer.stop()

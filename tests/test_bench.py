@@ -106,3 +106,19 @@ def test_plot_writes_a_png_from_a_result_set(tmp_path):
     assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000
     assert report["ratios"]["opchain_over_locking_micro_ci0.1"] == pytest.approx(0.8 / 1.3, abs=0.01)
     assert "opchain ÷ locking" in format_report(report)
+
+
+@pytest.mark.slow
+def test_bench_scale_measures_every_partition_count_on_one_log(tmp_path):
+    path = tmp_path / "scale.json"
+    out = ordo_output("bench", "scale", "micro", "--partitions", "1,2", "--txns", "3000", "--max-txns", "100",
+                      "--json", str(path), timeout=300)
+    report = json.loads(path.read_text())
+    runs = report["runs"]
+    assert [r["partitions"] for r in runs] == [1, 2]
+    for run in runs:
+        assert run["engine_tps"] > 0 and run["end_to_end_tps"] > 0 and run["batches"] == 30
+        assert run["multi_partition_share"] == 0
+    assert runs[0]["engine_speedup"] == 1.0
+    assert runs[1]["engine_speedup"] == pytest.approx(runs[1]["engine_tps"] / runs[0]["engine_tps"], rel=0.01)
+    assert "speedup" in out

@@ -24,7 +24,9 @@ def shared_log(broker):
         if i % 97 == 0:
             requests.append({"id": f"bad-{i}", "proc": "micro_rmw", "args": {"keys": "nope"}})
             requests.append(dict(a))  # duplicate id
-    last_batch, reference = sequence_requests(broker, namespace, requests, max_txns=97)
+    # Routed for 2 partitions: the 2-partition runs take their slices from the routing, the
+    # others place every entry themselves.
+    last_batch, reference = sequence_requests(broker, namespace, requests, max_txns=97, partitions=2)
     return namespace, last_batch, reference
 
 

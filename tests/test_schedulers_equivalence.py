@@ -291,9 +291,6 @@ def engine(log: list[Batch], scheduler: str, partitions: int, make=None, holding
                     return await asyncio.wait_for(asyncio.gather(*(w.execute(batch) for w in workers)), 60)
 
                 results = asyncio.run(both())
-                # The coordinator reports what the sequencer rejected.
-                outcomes += [(batch.batch_id, i, rid, REJECTED, None, error)
-                             for i, (rid, proc, error) in enumerate(batch.entries) if proc is None]
                 for result in results:
                     outcomes += [(batch.batch_id, o.index, o.id, o.status, o.result, o.error) for o in result.outcomes]
                     changes += [(batch.batch_id, c[0], encode_key(c[1], c[2]), c[3]) for c in result.changes]

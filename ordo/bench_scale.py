@@ -1,0 +1,106 @@
+"""`ordo bench scale`: engine and end-to-end throughput of one request log at several
+partition counts, in one run, with the ratios to the smallest count.
+
+The requests are generated once, aimed at the largest partition count (micro places its
+keys by partition), and each partition count gets the same requests sequenced into the
+same batches, routed for that count. What differs between runs is only the number of
+partition workers. Each worker is pinned to its own core while there are cores; beyond
+the machine's cores, workers share them (the figures then say so).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from typing import Any
+
+from ordo.bench import (
+    end_to_end,
+    engine_throughput,
+    machine,
+    multi_partition_share,
+    prefill_log,
+    workload_requests,
+    _shutdown_ray,
+)
+
+# Published per-core figures of the closest peer (Styx, SIGMOD'25: YCSB-T on 1-CPU workers,
+# 32 workers): 198,493 txn/s at 0 % multi-partition, 105,762 at 100 %.
+STYX_PER_CORE = {0.0: 198_493 / 32, 1.0: 105_762 / 32}
+
+
+def run_scale(workload: str, partition_counts: list[int], scheduler: str, txns: int, seed: int, knobs: dict,
+              max_txns: int, end_to_end_too: bool = True, json_path: str | None = None) -> dict[str, Any]:
+    from sequencer.broker import LocalBroker
+
+    if not partition_counts or any(p < 1 for p in partition_counts):
+        raise ValueError("--partitions takes a comma-separated list of counts >= 1, e.g. 1,2,4")
+    counts = sorted(set(partition_counts))
+    widest = counts[-1]
+    if workload == "micro":
+        knobs = {"partitions": widest, **knobs}
+    requests = workload_requests(workload, txns, seed, knobs, widest)
+    cores = len(os.sched_getaffinity(0))
+    report: dict[str, Any] = {"workload": workload, "scheduler": scheduler, "knobs": knobs, "txns": txns,
+                              "batch_size": max_txns, "machine": machine(), "runs": []}
+    root = tempfile.mkdtemp(prefix="ordo-scale-")
+    say = lambda text="": print(text, flush=True)  # noqa: E731
+    say(f"ordo bench scale {workload} ({scheduler}): {txns:,} txns, partitions {counts}, {cores} cores")
+    try:
+        with LocalBroker() as broker:
+            bootstrap = broker.bootstrap_servers
+            for partitions in counts:
+                log = prefill_log(bootstrap, requests, max_txns, "scale", partitions)
+                engine = engine_throughput(bootstrap, log, scheduler, partitions,
+                                           os.path.join(root, f"engine-{partitions}"))
+                run: dict[str, Any] = {
+                    "partitions": partitions,
+                    "multi_partition_share": round(multi_partition_share(requests, partitions), 3),
+                    "engine_tps": round(engine.tps),
+                    "engine_tps_per_core": round(engine.tps / min(partitions, cores)),
+                    "batches": log.last_batch,
+                    "cores_used": min(partitions, cores),
+                }
+                if end_to_end_too:
+                    e2e = end_to_end(bootstrap, workload, knobs, requests, scheduler, partitions, max_txns,
+                                     os.path.join(root, f"e2e-{partitions}"), phases=[])
+                    run["end_to_end_tps"] = round(e2e["end_to_end_tps"])
+                report["runs"].append(run)
+                say(format_run(run))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        _shutdown_ray()
+    base = report["runs"][0]
+    for run in report["runs"]:
+        run["engine_speedup"] = round(run["engine_tps"] / base["engine_tps"], 3)
+        if "end_to_end_tps" in run and base.get("end_to_end_tps"):
+            run["end_to_end_speedup"] = round(run["end_to_end_tps"] / base["end_to_end_tps"], 3)
+    report["machine"]["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    say()
+    say(format_report(report))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(report, f, indent=2)
+    return report
+
+
+def format_run(run: dict[str, Any]) -> str:
+    line = (f"  {run['partitions']:>3} partition(s): engine {run['engine_tps']:>9,} txn/s "
+            f"({run['engine_tps_per_core']:,}/core, {run['multi_partition_share']:.0%} multi-partition)")
+    if "end_to_end_tps" in run:
+        line += f", end to end {run['end_to_end_tps']:>9,} req/s"
+    return line
+
+
+def format_report(report: dict[str, Any]) -> str:
+    lines = [f"{report['workload']} | {report['scheduler']} | {report['txns']:,} txns | "
+             f"{report['machine']['cpus']} cores",
+             f"{'partitions':>10} {'engine txn/s':>13} {'per core':>9} {'speedup':>8} {'e2e req/s':>10} "
+             f"{'speedup':>8} {'mp share':>9}"]
+    for run in report["runs"]:
+        lines.append(f"{run['partitions']:>10} {run['engine_tps']:>13,} {run['engine_tps_per_core']:>9,} "
+                     f"{run['engine_speedup']:>8.2f} {run.get('end_to_end_tps', 0):>10,} "
+                     f"{run.get('end_to_end_speedup', 0):>8.2f} {run['multi_partition_share']:>9.0%}")
+    return "\n".join(lines)

@@ -1,0 +1,186 @@
+"""A partition worker following the log on its own (Calvin's log forwarding): it reads
+`<ns>.log`, takes its slice of every batch, executes it, publishes its own outcomes and
+change data, and applies the batch to its shard once the broker has acknowledged them.
+
+No process carries batches to the workers or outputs back from them, so adding
+partitions adds readers, executors and producers, and nothing is serialized through
+one process.
+
+Pipelining: a batch executes while the outputs of the batches before it are still in
+flight (up to `depth` batches). The rules stay those of one batch at a time: a batch is
+applied only after all of its outputs are acknowledged, batches are applied in log order,
+and each applied batch carries its marker in the same atomic write.
+
+Checkpoints every `checkpoint_every` batches are taken by each worker on its own, at the
+same batch ids on every partition; the coordinator lists a checkpoint once every
+partition has taken it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from recovery.checkpoints import shard_checkpoint_path
+from scheduler.execution import ABORTED, COMMITTED
+from scheduler.outputs import CollectedOutputs, KafkaOutputs, OutputSink
+from scheduler.worker import PartitionWorker
+from sequencer.log import Batch, LogCursor, LogError
+from sequencer.reader import LogReader
+from sequencer.topics import Topics
+
+KEPT_CHECKPOINT_REPORTS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class FollowOptions:
+    """How every partition worker follows the log (the same for all of them)."""
+
+    bootstrap: str
+    namespace: str
+    collect: bool = False  # keep outputs in memory (tests, comparisons) instead of Kafka
+    checkpoint_every: int = 0
+    checkpoint_root: str | None = None  # the data directory's checkpoint folder
+    depth: int = 2  # executed batches whose outputs may be in flight at once
+    idle_wait: float = 0.05  # how long one log poll may block when nothing is ready
+    stop_after: int | None = None  # stop once this batch is applied
+    hold_at: int | None = None  # execute nothing after this batch until released
+
+
+class LogFollower:
+    def __init__(self, worker: PartitionWorker, options: FollowOptions, sink: OutputSink | None = None):
+        self.worker = worker
+        self.options = options
+        self.partition = worker.partition
+        topics = Topics(options.namespace)
+        if sink is None:
+            sink = CollectedOutputs() if options.collect else KafkaOutputs(options.bootstrap, topics)
+        self.sink = sink
+        marker = worker.applied()
+        self.cursor = LogCursor.from_dict(marker["cursor"]) if marker else LogCursor()
+        self.applied = self.executed = self.cursor.next_batch - 1
+        self._reader = LogReader(options.bootstrap, topics.log, self.cursor,
+                                 f"{options.namespace}.engine-{self.partition}")
+        self._ready: deque[tuple[Batch, dict]] = deque()  # read, not yet executed
+        self._unapplied: deque[tuple[int, dict]] = deque()  # executed: (batch id, cursor after it)
+        self.hold_at = options.hold_at  # execute no batch after this one until released
+        self.stop_after = options.stop_after
+        self._stopping = False
+        self.running = False
+        self.error: str | None = None
+        self.applied_at = 0.0  # time.monotonic() when the last batch was applied
+        self.counts = {COMMITTED: 0, ABORTED: 0, "rejected": 0}
+        self.checkpointed: deque[tuple[int, dict]] = deque(maxlen=KEPT_CHECKPOINT_REPORTS)  # (batch, cursor)
+
+    # -- control, from the coordinator ------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop after the batch being executed; what was executed is still applied."""
+        self._stopping = True
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "partition": self.partition,
+            "executed": self.executed,
+            "applied": self.applied,
+            "applied_at": self.applied_at,
+            "unapplied": len(self._unapplied),
+            "next_offset": self.cursor.next_offset,
+            "committed": self.counts[COMMITTED],
+            "aborted": self.counts[ABORTED],
+            "rejected": self.counts["rejected"],
+            "checkpointed": list(self.checkpointed),
+            "running": self.running,
+            "error": self.error,
+        }
+
+    # -- the loop -----------------------------------------------------------------------
+
+    async def run(self) -> dict[str, Any]:
+        self.running = True
+        try:
+            await self._follow()
+            await self._apply_delivered(limit=0)
+        except BaseException as exc:
+            self.error = f"partition {self.partition}: {exc}" if str(exc) else \
+                f"partition {self.partition}: {type(exc).__name__}"
+            raise
+        finally:
+            self.running = False
+            self._reader.close()
+        return self.status()
+
+    async def _follow(self) -> None:
+        while not self._stopping:
+            if self.stop_after is not None and self.executed >= self.stop_after:
+                return
+            if self.hold_at is not None and self.executed >= self.hold_at:
+                await self._apply_delivered(limit=0)
+                await asyncio.sleep(0.002)
+                continue
+            if not self._ready and not self._read(0):
+                if self._unapplied:
+                    await self._apply_delivered(limit=0)
+                else:
+                    self._read(self.options.idle_wait)
+                await asyncio.sleep(0)  # let control calls and peers' reads in
+                continue
+            batch, cursor = self._ready.popleft()
+            await self._execute(batch, cursor)
+            # A batch may run to its end without suspending (no remote reads to wait for):
+            # yield once per batch, so control calls and peers are served under load too.
+            await asyncio.sleep(0)
+
+    def _read(self, timeout: float) -> int:
+        try:
+            batches = self._reader.poll(timeout, 1000)
+        except LogError as exc:
+            raise LogError(f"cannot replay {self._reader.topic} from batch {self.cursor.next_batch}: {exc}") from None
+        self._ready.extend(batches)
+        return len(batches)
+
+    async def _execute(self, batch: Batch, cursor: dict) -> None:
+        result = await self.worker.execute(batch)
+        self.sink.publish(batch.batch_id, self.partition, result.outcomes, result.changes)
+        counts = self.counts
+        for outcome in result.outcomes:
+            counts[outcome.status] += 1
+        self._unapplied.append((batch.batch_id, cursor))
+        self.executed = batch.batch_id
+        await self._apply_delivered(limit=self.options.depth)
+
+    async def _apply_delivered(self, limit: int) -> None:
+        """Apply, in order, the executed batches whose outputs are acknowledged; wait for
+        acknowledgements while more than `limit` batches are left unapplied."""
+        unapplied, sink = self._unapplied, self.sink
+        while unapplied:
+            batch_id, cursor = unapplied[0]
+            if not sink.delivered(batch_id):
+                if len(unapplied) <= limit:
+                    return
+                sink.wait(0.002)
+                await asyncio.sleep(0)
+                continue
+            unapplied.popleft()
+            self.worker.commit({"batch": batch_id, "cursor": cursor})
+            self.applied = batch_id
+            self.applied_at = time.monotonic()
+            every = self.options.checkpoint_every
+            if every and batch_id % every == 0 and self.options.checkpoint_root:
+                self._checkpoint(batch_id, cursor)
+
+    def _checkpoint(self, batch_id: int, cursor: dict) -> None:
+        path = shard_checkpoint_path(self.options.checkpoint_root, batch_id, self.partition)
+        if os.path.exists(path):  # an earlier attempt at this batch, cut short
+            shutil.rmtree(path)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        self.worker.checkpoint(path)
+        self.checkpointed.append((batch_id, cursor))
+
+    def close(self) -> None:
+        self.sink.close()
