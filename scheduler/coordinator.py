@@ -47,7 +47,7 @@ class Coordinator:
                  runtime: str = "auto", ray_address: str | None = None, cores: list[int] | None = None,
                  procedure_modules: tuple[str, ...] = (), outputs: CollectedOutputs | None = None,
                  checkpoint_every: int = 100, keep_checkpoints: int = 2, restore: str = AUTO,
-                 pipeline_depth: int = 2):
+                 pipeline_depth: int = 8):
         """`restore`: "auto" (restore only shards that disagree), "checkpoint" or "scratch".
         `outputs`: collect outcomes and change data here instead of publishing them."""
         check_layout(data_dir, partitions)

@@ -46,7 +46,7 @@ class FollowOptions:
     collect: bool = False  # keep outputs in memory (tests, comparisons) instead of Kafka
     checkpoint_every: int = 0
     checkpoint_root: str | None = None  # the data directory's checkpoint folder
-    depth: int = 2  # executed batches whose outputs may be in flight at once
+    depth: int = 8  # executed batches whose outputs may be in flight at once
     idle_wait: float = 0.05  # how long one log poll may block when nothing is ready
     stop_after: int | None = None  # stop once this batch is applied
     hold_at: int | None = None  # execute nothing after this batch until released

@@ -77,8 +77,10 @@ class PartitionWorker:
         self.scheduler = make_scheduler(scheduler)
         self.exchange = exchange
         self.shard = RocksShard(shard_path(data_dir, partition), sync=sync)
-        # Executed batches not yet applied, oldest first: (batch id, overlay, encoded writes).
-        self._unapplied: deque[tuple[int, BatchOverlay, dict[bytes, bytes | None]]] = deque()
+        # Executed batches not yet applied, oldest first: (batch id, encoded writes); and the
+        # newest unapplied value of each key they wrote: key -> (batch id, value).
+        self._unapplied: deque[tuple[int, dict[bytes, bytes | None]]] = deque()
+        self._unapplied_values: dict[bytes, tuple[int, Any]] = {}
 
     def applied(self) -> dict[str, Any] | None:
         return self.shard.applied()
@@ -93,15 +95,15 @@ class PartitionWorker:
         if commit is not None:
             self.commit(commit)
         txns, rejected = prepare(batch, self.registry, self.partitioner, self.partition)
-        previous = self._unapplied[-1][1] if self._unapplied else None
-        overlay = BatchOverlay(self.shard, previous)
+        overlay = BatchOverlay(self.shard, self._unapplied_values)
         overlay.prefetch(key for txn in txns for key in txn.local_reads)
         execution = BatchExecution(batch, self.partition, overlay, self.defaults, self.owner, self.exchange)
         await self.scheduler.run_batch(txns, execution)
         if self.exchange is not None:
             self.exchange.flush()
-        # Encoded now: the writes of this batch are final, whatever later batches do.
-        self._unapplied.append((batch.batch_id, overlay, overlay.encoded_writes()))
+        batch_id = batch.batch_id
+        self._unapplied.append((batch_id, overlay.encoded_writes()))
+        self._unapplied_values.update((key, (batch_id, value)) for key, value in overlay.written())
         return PartitionResult(self.partition, rejected + execution.outcomes, execution.changes)
 
     @property
@@ -115,10 +117,12 @@ class PartitionWorker:
         applied = self.applied()
         if applied is not None and applied["batch"] >= marker["batch"]:
             raise RuntimeError(f"partition {self.partition}: batch {marker['batch']} is already applied")
-        _, _, writes = self._unapplied.popleft()
+        batch_id, writes = self._unapplied.popleft()
         self.shard.apply_batch(writes, marker)
-        if self._unapplied:
-            self._unapplied[0][1].previous = None  # what it read through is in the shard now
+        values = self._unapplied_values
+        for key in writes:  # now in the shard, unless a later unapplied batch wrote it again
+            if values[key][0] == batch_id:
+                del values[key]
 
     def checkpoint(self, path: str) -> dict[str, Any] | None:
         """A RocksDB checkpoint of the applied state (an executed, uncommitted batch lives

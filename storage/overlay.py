@@ -3,8 +3,8 @@ batch see the writes of earlier transactions of the same batch; aborted transact
 never reach it; at batch end it becomes one atomic write to the shard.
 
 A batch may run while the batches before it wait for their outputs to be acknowledged,
-not yet applied to the shard: its overlay then reads what they wrote from their overlays
-(`previous`) before it reads the shard."""
+not yet applied to the shard: its overlay then reads what they wrote (`unapplied`: key ->
+(batch id, value) of the newest unapplied write) before it reads the shard."""
 
 from __future__ import annotations
 
@@ -31,38 +31,37 @@ ABSENT = _Absent()
 
 
 class BatchOverlay:
-    __slots__ = ("_backend", "_values", "_dirty", "previous")
+    __slots__ = ("_backend", "_values", "_dirty", "_unapplied")
 
-    def __init__(self, backend: StorageBackend, previous: "BatchOverlay | None" = None):
+    def __init__(self, backend: StorageBackend, unapplied: dict[bytes, tuple[int, Any]] | None = None):
         self._backend = backend
         self._values: dict[bytes, Any] = {}
         self._dirty: set[bytes] = set()
-        self.previous = previous  # the overlay of the batch before, while it is not applied
+        self._unapplied = unapplied
 
     def prefetch(self, keys: Iterable[bytes]) -> None:
         """Load many keys with one multi-get before the batch runs."""
         values = self._values
         missing = [k for k in dict.fromkeys(keys) if k not in values]
-        if self.previous is not None and missing:
-            missing = self.previous.lend(missing, values)
+        unapplied = self._unapplied
+        if unapplied:
+            # Values are never mutated in place (RUN gets copies): sharing them is safe.
+            rest = []
+            for key in missing:
+                written = unapplied.get(key)
+                if written is None:
+                    rest.append(key)
+                else:
+                    values[key] = written[1]
+            missing = rest
         if missing:
             for key, raw in zip(missing, self._backend.get_many(missing)):
                 values[key] = ABSENT if raw is None else decode_value(raw)
 
-    def lend(self, keys: list[bytes], into: dict[bytes, Any]) -> list[bytes]:
-        """Copy into `into` the values that this batch, or an unapplied one before it,
-        wrote for `keys`; return the keys none of them wrote. Values are never mutated
-        in place (RUN gets copies), so sharing them is safe."""
-        dirty, values = self._dirty, self._values
-        rest = []
-        for key in keys:
-            if key in dirty:
-                into[key] = values[key]
-            else:
-                rest.append(key)
-        if rest and self.previous is not None:
-            return self.previous.lend(rest, into)
-        return rest
+    def written(self) -> Iterable[tuple[bytes, Any]]:
+        """(key, value) of every key this batch wrote; ABSENT for a delete."""
+        values = self._values
+        return ((key, values[key]) for key in self._dirty)
 
     def get(self, key: bytes) -> Any:
         try:
