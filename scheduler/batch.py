@@ -33,8 +33,11 @@ class PreparedTxn:
         return len(self.participants) == 1
 
     @property
-    def reporter(self) -> int:
-        return self.active[0]
+    def executor(self) -> int:
+        """The active participant that runs RUN and reports the outcome: spread over the
+        active participants by log position, so no partition runs every one."""
+        active = self.active
+        return active[self.index % len(active)]
 
 
 @dataclass(slots=True)
@@ -160,38 +163,57 @@ class BatchExecution:
         self.finish(txn, self.local_snapshot(txn))
 
     async def run(self, txn: PreparedTxn) -> None:
-        """Calvin's protocol: every participant reads its local keys at the transaction's
-        turn and sends them to the active participants, which run it on the full read
-        set and apply only their own writes. All reach the same decision, no commit round."""
+        """A multi-partition transaction runs RUN once, on its executor (one of its active
+        participants). At the transaction's turn every other participant reads its local
+        keys and sends them to the executor; the executor runs RUN on the complete read
+        set, applies its own writes, and sends every other active participant its writes
+        (none if it aborted), which each applies at the same turn. All reach the same
+        state without a commit round, and RUN's work is not repeated on every writer."""
         if txn.single:
             self.run_single(txn)
             return
+        batch_id, index, here = self.batch.batch_id, txn.index, self.partition
+        executor = txn.executor
         local = self.local_snapshot(txn)
-        peers = tuple(p for p in txn.active if p != self.partition)
-        if peers:
-            self.exchange.send(self.batch.batch_id, txn.index, peers, local)
-        if self.partition not in txn.active:
+        if here != executor:
+            self.exchange.send(batch_id, index, (executor,), local)
+            if here in txn.active:
+                writes = await self.exchange.receive(batch_id, index, 1)
+                if writes:
+                    self.apply(index, writes)
             return
-        senders = sum(1 for p in txn.participants if p != self.partition)
-        remote = await self.exchange.receive(self.batch.batch_id, txn.index, senders)
-        local.update(remote)
-        self.finish(txn, local)
+        local.update(await self.exchange.receive(batch_id, index, len(txn.participants) - 1))
+        status, result, error, writes = self._execute(txn, local)
+        self.outcomes.append(Outcome(index, txn.id, status, result, error))
+        others = tuple(p for p in txn.active if p != here)
+        if status != COMMITTED or not writes:
+            for peer in others:
+                self.exchange.send(batch_id, index, (peer,), {})
+            return
+        by_owner: dict[int, dict[bytes, list]] = {p: {} for p in txn.active}
+        owner = self.owner
+        for encoded, write in writes.items():
+            by_owner[owner(write[0], write[1], encoded)][encoded] = write
+        for peer in others:
+            self.exchange.send(batch_id, index, (peer,), by_owner[peer])
+        if by_owner[here]:
+            self.apply(index, by_owner[here])
+
+    def _execute(self, txn: PreparedTxn, snapshot: dict[bytes, Any]):
+        return execute(txn.procedure, txn.args, snapshot, txn.writes, self.defaults,
+                       self.batch.time_ms, txn_seed(self.batch.batch_id, txn.index))
 
     def finish(self, txn: PreparedTxn, snapshot: dict[bytes, Any]) -> None:
-        status, result, error, writes = execute(
-            txn.procedure, txn.args, snapshot, txn.writes, self.defaults,
-            self.batch.time_ms, txn_seed(self.batch.batch_id, txn.index))
-        if txn.reporter == self.partition:
-            self.outcomes.append(Outcome(txn.index, txn.id, status, result, error))
+        """Run a transaction whose keys are all here."""
+        status, result, error, writes = self._execute(txn, snapshot)
+        self.outcomes.append(Outcome(txn.index, txn.id, status, result, error))
         if status == COMMITTED and writes:
-            self.apply(txn.index, writes, txn.single)
+            self.apply(txn.index, writes)
 
-    def apply(self, index: int, writes: dict[bytes, list], local_only: bool) -> None:
+    def apply(self, index: int, writes: dict[bytes, list]) -> None:
+        """Apply writes of keys this partition owns, in key order."""
         put = self.overlay.put
-        partition = self.partition
         for encoded in sorted(writes):
             table, key, value = writes[encoded]
-            if not local_only and self.owner(table, key, encoded) != partition:
-                continue
             put(encoded, value)
             self.changes.append([index, table, key, None if value is ABSENT else value])

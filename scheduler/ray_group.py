@@ -1,7 +1,7 @@
 """Partition workers as Ray actors: each in a process of its own, pinned to a core, owning
 one RocksDB shard and following the log itself. Participants of multi-partition
-transactions send each other their local reads directly, one call per peer per
-scheduling step."""
+transactions exchange values over sockets of their own (`scheduler.socket_exchange`),
+one message per peer per scheduling step."""
 
 from __future__ import annotations
 
@@ -14,66 +14,12 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from scheduler.follower import FollowOptions, LogFollower
 from scheduler.outputs import CollectedOutputs
+from scheduler.socket_exchange import SocketExchange
 from scheduler.worker import PartitionWorker
 
 
 class WorkerDied(RuntimeError):
     """A partition worker's process is gone: its shard must be recovered before going on."""
-
-
-class RayExchange:
-    """Local reads for peers are held until the scheduler is about to wait (or the batch
-    ends), then go out as one call per peer carrying every transaction's reads."""
-
-    def __init__(self, partition: int):
-        self.partition = partition
-        self.peers: dict[int, Any] = {}
-        self._outbox: dict[tuple[int, int], dict[int, dict]] = {}  # (peer, batch) -> {txn: reads}
-        self._slots: dict[tuple[int, int], list] = {}
-        self._flush_scheduled = False
-
-    def send(self, batch_id: int, index: int, to: tuple[int, ...], values: dict[bytes, Any]) -> None:
-        for peer in to:
-            self._outbox.setdefault((peer, batch_id), {})[index] = values
-
-    def flush(self) -> None:
-        outbox, self._outbox = self._outbox, {}
-        for (peer, batch_id), payload in outbox.items():
-            self.peers[peer].deliver.remote(batch_id, payload)
-
-    def deliver(self, batch_id: int, payload: dict[int, dict]) -> None:
-        for index, values in payload.items():
-            slot = self._slot(batch_id, index)
-            slot[0].update(values)
-            slot[1] += 1
-            slot[2].set()
-
-    def _slot(self, batch_id: int, index: int) -> list:
-        slot = self._slots.get((batch_id, index))
-        if slot is None:
-            slot = self._slots[(batch_id, index)] = [{}, 0, asyncio.Event()]
-        return slot
-
-    def _flush_soon(self) -> None:
-        """Flush once every task that can run now has sent: the loop runs callbacks
-        scheduled here after the tasks already ready, and before it waits for anything."""
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._scheduled_flush)
-
-    def _scheduled_flush(self) -> None:
-        self._flush_scheduled = False
-        self.flush()
-
-    async def receive(self, batch_id: int, index: int, senders: int) -> dict[bytes, Any]:
-        if self._outbox:
-            self._flush_soon()
-        slot = self._slot(batch_id, index)
-        while slot[1] < senders:
-            slot[2].clear()
-            await slot[2].wait()
-        del self._slots[(batch_id, index)]
-        return slot[0]
 
 
 @ray.remote
@@ -82,13 +28,18 @@ class PartitionActor:
                  sync: bool, procedure_modules: tuple[str, ...]):
         if core is not None:
             os.sched_setaffinity(0, {core})
-        self.exchange = RayExchange(partition)
+        self.exchange = SocketExchange(partition)
         self.worker = PartitionWorker(data_dir, partition, partitions, scheduler, None, self.exchange, sync,
                                       procedure_modules)
         self.follower: LogFollower | None = None
 
-    def connect(self, peers: dict[int, Any]) -> None:
-        self.exchange.peers = peers
+    async def listen(self, on_cluster: bool) -> tuple[str, int]:
+        """Where peers reach this worker: 127.0.0.1 on one machine, this node's address
+        on a cluster."""
+        return await self.exchange.listen(ray.util.get_node_ip_address() if on_cluster else "127.0.0.1")
+
+    async def connect(self, addresses: dict[int, tuple[str, int]]) -> None:
+        await self.exchange.connect(addresses)
 
     async def follow(self, options: FollowOptions) -> dict[str, Any]:
         """Follow the log until stopped (a call that lasts as long as the worker runs)."""
@@ -110,9 +61,6 @@ class PartitionActor:
         sink = self.follower.sink if self.follower is not None else None
         return sink if isinstance(sink, CollectedOutputs) else None
 
-    async def deliver(self, batch_id: int, payload: dict[int, dict]) -> None:
-        self.exchange.deliver(batch_id, payload)
-
     async def applied(self) -> dict[str, Any] | None:
         return self.worker.applied()
 
@@ -126,6 +74,7 @@ class PartitionActor:
     async def close(self) -> None:
         if self.follower is not None:
             self.follower.close()
+        self.exchange.close()
         self.worker.close()
 
 
@@ -157,8 +106,8 @@ class RayGroup:
                 sync, tuple(procedure_modules))
             for p in range(partitions)
         ]
-        peers = dict(enumerate(self.actors))
-        self._get([actor.connect.remote(peers) for actor in self.actors])
+        addresses = dict(enumerate(self._get([actor.listen.remote(bool(address)) for actor in self.actors])))
+        self._get([actor.connect.remote(addresses) for actor in self.actors])
         self._runs: list = []
         self._finished: set = set()
 
