@@ -29,6 +29,8 @@ from scheduler.opchain import OpChainScheduler
 from scheduler.vll import VLLScheduler
 from scheduler.worker import PartitionWorker
 from sequencer.log import Batch
+from sequencer.routing import build_routing
+from storage.partitioning import Partitioner, place
 from storage.digest import combine, digest_pairs
 from storage.keys import encode_key
 from storage.overlay import ABSENT
@@ -182,6 +184,27 @@ def to_batches(drawn) -> list[Batch]:
         out.append(Batch(b, 1, 1_000 * b, {}, entries))
     return out
 
+def routed(log: list[Batch], partitions: int) -> list[Batch]:
+    """The same batches with the routing a sequencer told `partitions` records: workers
+    then take their slices from it instead of placing every entry themselves."""
+    partitioner = Partitioner.for_tables(partitions, {t.name: t.partitioner for t in REGISTRY.tables.values()})
+    out = []
+    for batch in log:
+        placements = []
+        for _, proc, args in batch.entries:
+            try:
+                _, read_set, write_set = REGISTRY.analyze(proc, args)
+            except RequestError:
+                placements.append(None)  # what a sequencer would reject
+                continue
+            reads = tuple(encode_key(t, k) for t, k in read_set)
+            writes = {encode_key(t, k): (t, k) for t, k in write_set}
+            participants, active, _ = place(partitioner, reads, read_set, writes)
+            placements.append((participants, active))
+        out.append(Batch(batch.batch_id, batch.generation, batch.time_ms, batch.offsets, batch.entries,
+                         routing=build_routing(partitions, placements)))
+    return out
+
 # --- the yardstick: a dictionary and RUN, one request at a time --------------------------
 
 
@@ -314,16 +337,17 @@ CONFIGS = [
 ]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batches)
 def test_every_scheduler_equals_serial_interpretation(drawn):
     log = to_batches(drawn)
     expected_outcomes, expected_changes, expected_digest = interpret(log)
     may_fall_back = any(proc == "t_div" and args.get("by") == 0 for batch in drawn for proc, args in batch)
-    for partitions in (1, 2):
+    # 1 and 2 partitions place every entry themselves; 3 take their slices from routing.
+    for partitions, layout_log in ((1, log), (2, log), (3, routed(log, 3))):
         for name, make in CONFIGS:
-            outcomes, changes, digest, fallbacks = engine(log, name, partitions, make, holding=partitions > 1,
-                                                          memory=True)
+            outcomes, changes, digest, fallbacks = engine(layout_log, name, partitions, make,
+                                                          holding=partitions > 1, memory=True)
             label = f"{name}{'' if make is None else '*'} on {partitions} partition(s)"
             assert outcomes == expected_outcomes, label
             assert changes == expected_changes, label
@@ -354,6 +378,37 @@ def test_workload_generators_agree_across_schedulers():
             outcomes, changes, digest, fallbacks = engine(log, name, partitions, make)
             assert (outcomes, changes, digest) == expected, f"{name} on {partitions} partition(s)"
             assert fallbacks == 0
+
+
+def test_routed_batches_of_hundreds_on_three_and_four_partitions():
+    """Every workload generator aimed at 4 partitions, half multi-partition, in batches of
+    300: routed and unrouted, on 3 and 4 partitions, every scheduler gives the serial result."""
+    from procedures.workloads import ALL_WORKLOADS
+
+    knobs = {"micro": {"partitions": 4, "keys": 400, "hot": 8, "mp": 0.5}, "sl": {"records": 200},
+             "gs": {"records": 200}, "ob": {"records": 200}, "tp": {"segments": 8, "vehicles": 300}}
+    streams = {name: workload.generate(10_000, seed=5, **knobs[name]) for name, workload in ALL_WORKLOADS.items()}
+    log, n = [], 0
+    for b in range(1, 4):
+        entries = []
+        for i in range(300):
+            name = list(streams)[(i * 3 + b) % len(streams)]
+            req = next(streams[name])
+            entries.append([f"h{n}", req["proc"], req["args"]])
+            n += 1
+        entries[7] = [entries[7][0], None, "rejected by the sequencer"]
+        log.append(Batch(b, 1, 1_000 * b, {}, entries))
+    expected = interpret(log)
+    multi = sum(len(p) > 1 for batch in routed(log, 4) for p in batch.routing[1][0] if type(p) is list)
+    assert multi > 50  # the mix really spans partitions
+    for partitions in (3, 4):
+        for layout_log in (log, routed(log, partitions)):
+            for name, make in CONFIGS:
+                outcomes, changes, digest, fallbacks = engine(layout_log, name, partitions, make,
+                                                              holding=True, memory=True)
+                label = f"{name} on {partitions} partitions, {'routed' if layout_log is not log else 'placed'}"
+                assert (outcomes, changes, digest) == expected, label
+                assert fallbacks == 0, label
 
 
 # Cross-chain dependencies are where operation chains go wrong: a denser mix of the
