@@ -118,10 +118,11 @@ def _prepare_all(batch: Batch, registry: Registry, partitioner: Partitioner,
         if single_partition:
             txns.append(PreparedTxn(index, request_id, procedure, args, reads, writes, reads, ONLY, ONLY))
             continue
-        participants, active, placed = place(partitioner, reads, read_set, writes)
+        participants, active = place(partitioner, read_set, write_set)
         if partition not in participants:
             continue
-        local_reads = tuple(k for k in reads if placed[k] == partition)
+        of = partitioner.of
+        local_reads = tuple(k for k, (table, key) in zip(reads, read_set) if of(table, key, k) == partition)
         txns.append(PreparedTxn(index, request_id, procedure, args, reads, writes,
                                 local_reads, participants, active))
     return txns, rejected

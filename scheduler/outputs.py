@@ -111,10 +111,9 @@ class KafkaOutputs:
         self._producer = Producer(kafka_config(bootstrap, {
             "enable.idempotence": True,
             # Workers do not wait for acknowledgements batch by batch (they pipeline), so
-            # outputs can gather longer and travel compressed: fewer, smaller produce
-            # requests, which is most of what a broker spends on them.
+            # outputs can gather longer: fewer produce requests, which is most of what a
+            # broker spends on them. Uncompressed, so that any Kafka client reads them.
             "linger.ms": 5,
-            "compression.type": "lz4",
             "batch.num.messages": 10_000,
             "queue.buffering.max.messages": 1_000_000,
             **(extra or {}),

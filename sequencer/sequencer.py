@@ -42,8 +42,7 @@ from sequencer.log import (
 from sequencer.reader import LogReader
 from sequencer.routing import build_routing, item_bytes
 from sequencer.topics import Topics, partition_count
-from sequencer.wire import parse_request
-from storage.keys import encode_key
+from sequencer.wire import parse_request_sets
 from storage.partitioning import Partitioner, place
 
 log = logging.getLogger("ordo.sequencer")
@@ -188,29 +187,20 @@ class Sequencer:
     def _entry(self, message) -> tuple[bytes, tuple | None]:
         """The log entry of one request message, validated and checked for a duplicate
         id, with its placement (None for a rejected entry)."""
-        entry = parse_request(message.value(), message.key(), message.partition(), message.offset(),
-                              self.registry, self.config.max_request_bytes)
-        request_id, proc, args = entry
+        entry, sets = parse_request_sets(message.value(), message.key(), message.partition(), message.offset(),
+                                         self.registry, self.config.max_request_bytes)
+        request_id, proc, _ = entry
         placement = None
         if proc is not None:
             if request_id in self._recent:
                 entry = [request_id, None, f"duplicate request id '{request_id}'"]
             else:
                 self._recent.add(request_id)
-                placement = self._place(proc, args)
+                placement = SINGLE if self.config.partitions == 1 else place(self._partitioner, *sets)
         self.stats.requests += 1
         if entry[1] is None:
             self.stats.rejected += 1
         return encode_entry(entry), placement
-
-    def _place(self, proc: str, args) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        if self.config.partitions == 1:
-            return SINGLE
-        _, read_set, write_set = self.registry.analyze(proc, args)
-        reads = tuple(encode_key(table, key) for table, key in read_set)
-        writes = {encode_key(table, key): (table, key) for table, key in write_set}
-        participants, active, _ = place(self._partitioner, reads, read_set, writes)
-        return participants, active
 
     def _add(self, epoch: _Epoch, message) -> _Epoch:
         encoded, placement = self._entry(message)

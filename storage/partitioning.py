@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Mapping
 from zlib import crc32
 
+from storage.keys import encode_key
+
 
 class Partitioner:
     def __init__(self, partitions: int, modulo_tables: frozenset[str] = frozenset()):
@@ -26,21 +28,21 @@ class Partitioner:
             return key % n
         return crc32(encoded) % n
 
+    def of_key(self, table: str, key: int | str) -> int:
+        """`of` for a key not encoded yet: it is encoded only if its table hashes."""
+        n = self.partitions
+        if n == 1:
+            return 0
+        if table in self.modulo_tables and type(key) is int:
+            return key % n
+        return crc32(encode_key(table, key)) % n
 
-def place(partitioner: Partitioner, reads: tuple[bytes, ...], read_set, writes: dict[bytes, tuple]
-          ) -> tuple[tuple[int, ...], tuple[int, ...], dict[bytes, int]]:
+
+def place(partitioner: Partitioner, read_set, write_set) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Where a transaction runs, computed in this one place for the sequencer and the
-    workers alike: its participants (partitions holding any of its keys, ascending), its
-    active participants (those it writes; its lowest participant if it writes nothing),
-    and the partition of each key. `reads` are the encoded keys of `read_set`; `writes`
-    maps each encoded written key to its (table, key)."""
-    of = partitioner.of
-    placed = {encoded: of(table, key, encoded) for encoded, (table, key) in zip(reads, read_set)}
-    writers = set()
-    for encoded, (table, key) in writes.items():
-        p = placed.get(encoded)
-        if p is None:
-            p = placed[encoded] = of(table, key, encoded)
-        writers.add(p)
-    participants = tuple(sorted(set(placed.values())))
-    return participants, tuple(sorted(writers)) or participants[:1], placed
+    workers alike: its participants (partitions holding any of its keys, ascending) and
+    its active participants (those it writes; its lowest participant if it writes nothing)."""
+    of = partitioner.of_key
+    writers = {of(table, key) for table, key in write_set}
+    participants = tuple(sorted(writers.union(of(table, key) for table, key in read_set)))
+    return participants, tuple(sorted(writers)) or participants[:1]

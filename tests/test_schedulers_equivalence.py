@@ -197,10 +197,7 @@ def routed(log: list[Batch], partitions: int) -> list[Batch]:
             except RequestError:
                 placements.append(None)  # what a sequencer would reject
                 continue
-            reads = tuple(encode_key(t, k) for t, k in read_set)
-            writes = {encode_key(t, k): (t, k) for t, k in write_set}
-            participants, active, _ = place(partitioner, reads, read_set, writes)
-            placements.append((participants, active))
+            placements.append(place(partitioner, read_set, write_set))
         out.append(Batch(batch.batch_id, batch.generation, batch.time_ms, batch.offsets, batch.entries,
                          routing=build_routing(partitions, placements)))
     return out
