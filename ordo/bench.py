@@ -223,7 +223,7 @@ def engine_throughput(bootstrap: str, log: Log, scheduler: str, partitions: int,
         started = time.monotonic()
         coordinator.group.hold(log.last_batch)
         last = log.last_batch
-        while not all(s["applied"] >= last for s in coordinator.watch(0.01)):
+        while not all(s["applied"] >= last for s in coordinator.watch(0.1)):
             if seconds is not None and time.monotonic() - started >= seconds:
                 last = max(s["executed"] for s in coordinator.watch(0))
                 coordinator.group.hold(last)
