@@ -72,7 +72,14 @@ class PartitionActor:
                 "cores": sorted(os.sched_getaffinity(0)), "node": ray.get_runtime_context().get_node_id()}
 
     async def close(self) -> None:
+        """Stop following first (what was executed is applied once its outputs are out),
+        then close: the shard must not close under a batch being applied."""
         if self.follower is not None:
+            self.follower.stop()
+            for _ in range(1000):
+                if not self.follower.running:
+                    break
+                await asyncio.sleep(0.01)
             self.follower.close()
         self.exchange.close()
         self.worker.close()
