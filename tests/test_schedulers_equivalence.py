@@ -353,22 +353,28 @@ def test_every_scheduler_equals_serial_interpretation(drawn):
                 assert fallbacks == 0, label
 
 
-def test_workload_generators_agree_across_schedulers():
-    """The benchmark generators' own streams, 2 partitions, larger batches."""
+def generated_log(knobs: dict, seed: int, batch_size: int, stride: int, prefix: str) -> list[Batch]:
+    """Three batches mixing every workload generator's own stream."""
     from procedures.workloads import ALL_WORKLOADS
 
-    knobs = {"micro": {"partitions": 2, "keys": 60, "hot": 4, "mp": 0.5}, "sl": {"records": 40},
-             "gs": {"records": 40}, "ob": {"records": 40}, "tp": {"segments": 4, "vehicles": 80}}
+    streams = {name: workload.generate(10_000, seed=seed, **knobs[name]) for name, workload in ALL_WORKLOADS.items()}
+    names = list(streams)
     log, n = [], 0
-    streams = {name: workload.generate(10_000, seed=3, **knobs[name]) for name, workload in ALL_WORKLOADS.items()}
     for b in range(1, 4):
         entries = []
-        for i in range(150):
-            name = list(streams)[(i * 7 + b) % len(streams)]
-            req = next(streams[name])
-            entries.append([f"g{n}", req["proc"], req["args"]])
+        for i in range(batch_size):
+            req = next(streams[names[(i * stride + b) % len(names)]])
+            entries.append([f"{prefix}{n}", req["proc"], req["args"]])
             n += 1
         log.append(Batch(b, 1, 1_000 * b, {}, entries))
+    return log
+
+
+def test_workload_generators_agree_across_schedulers():
+    """The benchmark generators' own streams, 2 partitions, larger batches."""
+    knobs = {"micro": {"partitions": 2, "keys": 60, "hot": 4, "mp": 0.5}, "sl": {"records": 40},
+             "gs": {"records": 40}, "ob": {"records": 40}, "tp": {"segments": 4, "vehicles": 80}}
+    log = generated_log(knobs, seed=3, batch_size=150, stride=7, prefix="g")
     expected = interpret(log)
     for partitions in (1, 2):
         for name, make in CONFIGS:
@@ -380,23 +386,13 @@ def test_workload_generators_agree_across_schedulers():
 def test_routed_batches_of_hundreds_on_three_and_four_partitions():
     """Every workload generator aimed at 4 partitions, half multi-partition, in batches of
     300: routed and unrouted, on 3 and 4 partitions, every scheduler gives the serial result."""
-    from procedures.workloads import ALL_WORKLOADS
-
     knobs = {"micro": {"partitions": 4, "keys": 400, "hot": 8, "mp": 0.5}, "sl": {"records": 200},
              "gs": {"records": 200}, "ob": {"records": 200}, "tp": {"segments": 8, "vehicles": 300}}
-    streams = {name: workload.generate(10_000, seed=5, **knobs[name]) for name, workload in ALL_WORKLOADS.items()}
-    log, n = [], 0
-    for b in range(1, 4):
-        entries = []
-        for i in range(300):
-            name = list(streams)[(i * 3 + b) % len(streams)]
-            req = next(streams[name])
-            entries.append([f"h{n}", req["proc"], req["args"]])
-            n += 1
-        entries[7] = [entries[7][0], None, "rejected by the sequencer"]
-        log.append(Batch(b, 1, 1_000 * b, {}, entries))
+    log = generated_log(knobs, seed=5, batch_size=300, stride=3, prefix="h")
+    for batch in log:
+        batch.entries[7] = [batch.entries[7][0], None, "rejected by the sequencer"]
     expected = interpret(log)
-    multi = sum(len(p) > 1 for batch in routed(log, 4) for p in batch.routing[1][0] if type(p) is list)
+    multi = sum(type(item) is list for batch in routed(log, 4) for item in batch.routing[1][0])
     assert multi > 50  # the mix really spans partitions
     for partitions in (3, 4):
         for layout_log in (log, routed(log, partitions)):
