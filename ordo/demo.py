@@ -42,7 +42,7 @@ def run_demo(workload: str, count: int, scheduler: str, partitions: int, data_di
         say(f"  data       {data_dir}")
         ensure_topics(bootstrap, namespace, request_partitions=2)
         coordinator = Coordinator(bootstrap, namespace, data_dir, scheduler, partitions)
-        sequencer = SequencerProcess(bootstrap, namespace, SequencerConfig())
+        sequencer = SequencerProcess(bootstrap, namespace, SequencerConfig(partitions=partitions))
         sequencer.start()
         requests = list(module.generate(count, seed=7))
         requests.append(dict(requests[0]))  # a duplicate id
