@@ -1,13 +1,26 @@
 """Argument schemas: a request's `args` object is checked against its procedure's schema
-before ANALYZE, so a wrong shape becomes a clear rejection instead of a crash."""
+before ANALYZE, so a wrong shape becomes a clear rejection instead of a crash.
+
+Also the one rule for values that travel through Ordo (`value_problem`): request bodies,
+values RUN writes and results all pass it. The log and the shards are msgpack and the
+outputs strict JSON; a value one of them cannot hold would otherwise fail far from its
+cause, when a whole batch is encoded."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
+# msgpack holds integers from -2**63 to 2**64 - 1; beyond them encoding fails.
+WIRE_INT_MIN = INT64_MIN
+WIRE_INT_MAX = 2**64 - 1
+# Deep enough for any real value, far below what msgpack (512) and the recursive JSON
+# codecs (the interpreter's recursion limit) give up at.
+MAX_DEPTH = 64
+_WIRE_RANGE = "(-2**63 to 2**64 - 1)"
 
 
 class ArgumentError(ValueError):
@@ -19,11 +32,20 @@ class Int:
     min: int = INT64_MIN
     max: int = INT64_MAX
 
+    def __post_init__(self) -> None:
+        # Bounds inside msgpack's range make every accepted integer loggable, with no
+        # check of its own on the sequencer's path.
+        if not WIRE_INT_MIN <= self.min <= self.max <= WIRE_INT_MAX:
+            raise ValueError(f"Int bounds [{self.min}, {self.max}] must lie within [-2**63, 2**64 - 1]")
+
     def check(self, name: str, value: Any) -> int:
         # bool is an int subclass in Python but never a valid integer argument.
         if type(value) is not int:
             raise ArgumentError(f"argument '{name}': expected integer, got {_kind(value)}")
         if not self.min <= value <= self.max:
+            if not WIRE_INT_MIN <= value <= WIRE_INT_MAX:
+                # Not the number itself: thousands of digits make no reason.
+                raise ArgumentError(f"argument '{name}': integer out of range {_WIRE_RANGE}")
             raise ArgumentError(f"argument '{name}': {value} outside [{self.min}, {self.max}]")
         return value
 
@@ -74,6 +96,67 @@ def check_args(schema: dict[str, Field], args: Any) -> dict[str, Any]:
     for name, field in schema.items():
         field.check(name, args[name])
     return args
+
+
+def text_problem(text: str) -> str | None:
+    """Why `text` cannot be encoded as UTF-8 (a lone surrogate, which JSON's \\u escapes
+    can produce), or None."""
+    if text.isascii():
+        return None
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        return f"text is not valid Unicode: lone surrogate at character {exc.start}"
+    return None
+
+
+def value_problem(value: Any, max_depth: int = MAX_DEPTH) -> str | None:
+    """Why `value` cannot travel through Ordo, or None. Allowed: null, booleans, integers
+    from -2**63 to 2**64 - 1, finite floats, valid text, lists (tuples) and maps keyed by
+    text or integers, nested at most `max_depth` deep. Iterative, so no depth of input
+    can exhaust the stack."""
+    stack = [(value, 1)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        item, depth = pop()
+        kind = type(item)
+        if kind is int:
+            if not WIRE_INT_MIN <= item <= WIRE_INT_MAX:
+                return f"integer out of range {_WIRE_RANGE}"
+        elif kind is str:
+            if not item.isascii():
+                problem = text_problem(item)
+                if problem is not None:
+                    return problem
+        elif item is None or kind is bool:
+            continue
+        elif kind is float:
+            if not math.isfinite(item):
+                return f"{item} is not a finite number"
+        elif kind is list or kind is tuple or kind is dict:
+            if depth > max_depth:
+                return f"nested deeper than {max_depth} levels"
+            depth += 1
+            if kind is dict:
+                for key, member in item.items():
+                    key_kind = type(key)
+                    if key_kind is str:
+                        if not key.isascii():
+                            problem = text_problem(key)
+                            if problem is not None:
+                                return problem
+                    elif key_kind is int:
+                        if not WIRE_INT_MIN <= key <= WIRE_INT_MAX:
+                            return f"integer out of range {_WIRE_RANGE}"
+                    else:
+                        return f"map key of type {key_kind.__name__} (keys are text or integers)"
+                    push((member, depth))
+            else:
+                for member in item:
+                    push((member, depth))
+        else:
+            return f"Object of type {kind.__name__} is not JSON serializable"
+    return None
 
 
 def _kind(value: Any) -> str:

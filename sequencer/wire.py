@@ -2,24 +2,73 @@
 
     {"id": "r-42", "proc": "sl_transfer", "args": {...}}
 
-`parse_request` turns any message into a log entry, never an exception:
+`parse_request` turns any bytes into a log entry, never an exception:
     [id, proc, args]   a request that will run
     [id, None, error]  a rejected request, with a clear reason
+and every entry it returns can be encoded into the log (msgpack): no text in it holds a
+lone surrogate, no integer exceeds 64 bits, no number is NaN or infinite, and nothing is
+nested deeper than `MAX_DEPTH`.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 from typing import Any
 
+from procedures.args import MAX_DEPTH, Int, List, Str, text_problem, value_problem
 from procedures.registry import Registry, RequestError
 
 MAX_ID_LENGTH = 256
+
+# Raw surrogate bytes fail the strict decode, so a lone surrogate can only come from a
+# \uD800-\uDFFF escape: text without one needs no walk for it.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+_BRACKET = re.compile(r"[][{}]")
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400 parses to infinity
+        raise ValueError(f"number {text[:40]} out of range")
+    return value
+
+
+# NaN and Infinity are Python's extension of JSON, refused here at no cost to other
+# numbers; floats are rare in requests, so checking each one costs nothing either.
+_decode = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite_float).decode
+
+
+def _too_deep(text: str) -> bool:
+    """Whether `text` nests deeper than `MAX_DEPTH`, brackets inside strings aside."""
+    depth = 0
+    for bracket in _BRACKET.findall(_JSON_STRING.sub("", text)):
+        if bracket in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                return True
+        else:
+            depth -= 1
+    return False
+
+
+def _safe(text: str) -> str:
+    """Text that msgpack can encode, whatever produced it."""
+    if text_problem(text) is None:
+        return text
+    return text.encode("utf-8", "backslashreplace").decode()
 
 
 def fallback_id(key: bytes | None, partition: int, offset: int) -> str:
     """The id of a message whose body has no usable id: its Kafka key, else its position."""
     if key:
+        # "replace" turns bytes that are not UTF-8, surrogates included, into U+FFFD.
         return key.decode("utf-8", errors="replace")[:MAX_ID_LENGTH]
     return f"@{partition}:{offset}"
 
@@ -39,9 +88,23 @@ def parse_request_sets(value: bytes | None, key: bytes | None, partition: int, o
         return [fallback_id(key, partition, offset), None,
                 f"request too large: {len(value)} bytes > limit {max_bytes}"], None
     try:
-        body = json.loads(value)
-    except (UnicodeDecodeError, ValueError) as exc:
+        # Strict, unlike json.loads (which lets surrogates encoded as bytes through).
+        text = value.decode(json.detect_encoding(value))
+    except UnicodeDecodeError as exc:
+        return [fallback_id(key, partition, offset), None, f"invalid JSON: not valid Unicode text: {exc}"], None
+    # Bracket counts bound the depth from above; only a message with many of them is scanned.
+    if text.count("[") + text.count("{") > MAX_DEPTH and _too_deep(text):
+        return [fallback_id(key, partition, offset), None, f"request nested deeper than {MAX_DEPTH} levels"], None
+    try:
+        body = _decode(text)
+    except RecursionError:  # cannot happen below MAX_DEPTH; kept so no input can stop the sequencer
+        return [fallback_id(key, partition, offset), None, f"request nested deeper than {MAX_DEPTH} levels"], None
+    except ValueError as exc:
         return [fallback_id(key, partition, offset), None, f"invalid JSON: {exc}"], None
+    if "\\u" in text and _SURROGATE_ESCAPE.search(text) is not None:
+        problem = value_problem(body)
+        if problem is not None:
+            return [fallback_id(key, partition, offset), None, f"invalid request: {problem}"], None
     if type(body) is not dict:
         return [fallback_id(key, partition, offset), None, "request must be a JSON object"], None
     request_id = body.get("id")
@@ -56,10 +119,31 @@ def parse_request_sets(value: bytes | None, key: bytes | None, partition: int, o
     if extra:
         return [request_id, None, f"unknown field(s): {', '.join(extra)}"], None
     try:
-        _, read_set, write_set = registry.analyze(body["proc"], body["args"])
+        procedure, read_set, write_set = registry.analyze(body["proc"], body["args"])
     except RequestError as exc:
-        return [request_id, None, str(exc)], None
-    return [request_id, body["proc"], body["args"]], (read_set, write_set)
+        return [request_id, None, _safe(str(exc))], None
+    args = body["args"]
+    if not _plain_schema(procedure.args):
+        problem = value_problem(args)  # a field type of the procedure's own may let anything by
+        if problem is not None:
+            return [request_id, None, f"{procedure.name}: bad arguments: {problem}"], None
+    return [request_id, body["proc"], args], (read_set, write_set)
+
+
+# Schemas made of Int, Str and List fields only: what they accept is loggable already
+# (Int bounds lie within 64 bits, text was checked while parsing). Kept by identity, so
+# the check costs one dictionary look-up per request.
+_plain_schemas: dict[int, dict] = {}
+
+
+def _plain_schema(schema: dict) -> bool:
+    if _plain_schemas.get(id(schema)) is schema:
+        return True
+    plain = all(type(field) in (Int, Str) or (type(field) is List and type(field.item) in (Int, Str))
+                for field in schema.values())
+    if plain:
+        _plain_schemas[id(schema)] = schema  # holding it keeps its id from being reused
+    return plain
 
 
 def encode_request(request_id: str, proc: str, args: dict[str, Any]) -> bytes:
