@@ -98,6 +98,30 @@ def check_args(schema: dict[str, Field], args: Any) -> dict[str, Any]:
     return args
 
 
+# Schema (by identity, held so its id is not reused) -> names of its List fields.
+_simple_schemas: dict[int, tuple[dict, tuple[str, ...]]] = {}
+
+
+def list_fields(schema: dict[str, Field]) -> tuple[str, ...] | None:
+    """The names of the List fields of a schema made of Int, Str and List-of-Int-or-Str
+    fields only, or None for a schema with a field type of its own. What such a schema
+    accepts is a flat map of integers within 64 bits, text and lists of those, so it needs
+    no walk to be known loggable, and a copy one level deep is a private copy. Costs one
+    dictionary look-up per call."""
+    cached = _simple_schemas.get(id(schema))
+    if cached is not None and cached[0] is schema:
+        return cached[1]
+    lists = []
+    for name, field in schema.items():
+        kind = type(field)
+        if kind is List and type(field.item) in (Int, Str):
+            lists.append(name)
+        elif kind is not Int and kind is not Str:
+            return None
+    _simple_schemas[id(schema)] = (schema, tuple(lists))
+    return tuple(lists)
+
+
 def text_problem(text: str) -> str | None:
     """Why `text` cannot be encoded as UTF-8 (a lone surrogate, which JSON's \\u escapes
     can produce), or None."""

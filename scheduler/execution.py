@@ -12,10 +12,13 @@ import json
 import random
 from typing import Any
 
+import msgpack
+
+from procedures.args import WIRE_INT_MAX, WIRE_INT_MIN, list_fields, text_problem, value_problem
 from procedures.contract import Abort, Procedure, UndeclaredAccess
 from storage.keys import encode_key
 from storage.overlay import ABSENT
-from storage.values import encode_value
+from storage.values import decode_value, encode_value
 
 COMMITTED = "committed"
 ABORTED = "aborted"
@@ -26,9 +29,85 @@ _SCALARS = (int, str, float, bool, type(None), bytes)
 MAX_RESULT_BYTES = 64 * 1024
 MAX_ERROR_CHARS = 1000
 
+_packb, _unpackb = msgpack.packb, msgpack.unpackb
+# As the outcome record encodes a result (scheduler/outputs.py), but strict about NaN.
+_result_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+
+
+class BadValue(Exception):
+    """RUN wrote a value that a shard or the change data cannot hold."""
+
 
 def _short(text: str) -> str:
+    if text_problem(text) is not None:  # an error is published as UTF-8 like any output
+        text = text.encode("utf-8", "backslashreplace").decode()
     return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS] + "…"
+
+
+# The two checks below are the only ones every scheduler applies to what RUN (or an
+# operation form standing in for it) hands back, so no scheduler can commit what
+# another aborts. Both rest on `value_problem`, the rule the request wire uses too.
+
+def stored_value(value: Any) -> Any:
+    """`value` as a shard will hold it, or BadValue. A container comes back as a private
+    copy, normalized as reading it back from the shard gives it (tuples as lists, maps in
+    key order), so a later transaction sees the same value whether it reads it from this
+    batch, an earlier unapplied one or the shard."""
+    kind = type(value)
+    if kind is int:
+        if WIRE_INT_MIN <= value <= WIRE_INT_MAX:
+            return value
+    elif kind is str:
+        if value.isascii():
+            return value
+    elif kind is bool or value is None:
+        return value
+    problem = value_problem(value)
+    if problem is not None:
+        raise BadValue(problem)
+    if kind is list or kind is tuple or kind is dict:
+        try:
+            return decode_value(encode_value(value))
+        except TypeError:  # canonical order needs comparable map keys
+            raise BadValue("map keys mix text and integers") from None
+    return value
+
+
+def result_problem(result: Any) -> str | None:
+    """Why `result` cannot be published in an outcome record, or None."""
+    kind = type(result)
+    if result is None or kind is bool or (kind is int and WIRE_INT_MIN <= result <= WIRE_INT_MAX):
+        return None
+    problem = value_problem(result)
+    if problem is not None:
+        return f"result cannot be published: {problem}"
+    if kind is str and len(result) * 6 + 2 <= MAX_RESULT_BYTES:
+        return None  # escaped, each character takes at most 6 bytes
+    text = _result_json(result)
+    size = len(text) if text.isascii() else len(text.encode())
+    if size > MAX_RESULT_BYTES:
+        return f"result too large: {size} bytes > limit {MAX_RESULT_BYTES}"
+    return None
+
+
+def private_args(args: dict, schema: dict) -> dict:
+    """A copy of `args` for RUN to change as it likes. RUN may run again on the same
+    arguments (an operation-chain stretch that falls back to RUN), and partitions in one
+    process share the decoded log entry; a RUN that changed them in place would make
+    those runs see another transaction than the log holds.
+
+    Arguments passed their schema. Under Int, Str and List fields they are flat, so a
+    dict copy and a copy of each list is a private copy: measured 0.2 us for sl's
+    arguments and 0.4 us for micro's, where copy.deepcopy takes 3 us and executing the
+    transaction 2 us (sl) to 5 us (micro). Other schemas take a msgpack round trip, which
+    gives exactly what decoding the entry from the log gives."""
+    lists = list_fields(schema)
+    if lists is None:
+        return _unpackb(_packb(args), strict_map_key=False)
+    own = args.copy()
+    for name in lists:
+        own[name] = own[name].copy()
+    return own
 
 
 class TxnContext:
@@ -73,9 +152,11 @@ class TxnContext:
         encoded = encode_key(table, key)
         if encoded not in self._write_set:
             raise UndeclaredAccess(f"write of {table}[{key!r}] is not in the write set declared by ANALYZE")
-        if type(value) not in _SCALARS:
-            encode_value(value)  # a value storage cannot hold fails this txn, not the batch
-            value = copy.deepcopy(value)
+        if type(value) is not int or not WIRE_INT_MIN <= value <= WIRE_INT_MAX:  # inline: the common case
+            try:
+                value = stored_value(value)  # a value storage cannot hold fails this txn, not the batch
+            except BadValue as exc:
+                raise BadValue(f"{table}[{key!r}]: {exc}") from None
         self.writes[encoded] = [table, key, value]
 
     def delete(self, table: str, key: int | str) -> None:
@@ -97,16 +178,17 @@ def execute(procedure: Procedure, args: dict, snapshot: dict[bytes, Any], write_
     """Run RUN once: (status, result, error, writes). Never raises for a procedure's fault."""
     ctx = TxnContext(snapshot, write_set, defaults, now, seed)
     try:
-        result = procedure.run(ctx, args)
-        kind = type(result)
-        if kind is not int and kind is not bool and result is not None:
-            size = len(json.dumps(result, allow_nan=False))
-            if size > MAX_RESULT_BYTES:
-                return ABORTED, None, f"result too large: {size} bytes > limit {MAX_RESULT_BYTES}", {}
+        result = procedure.run(ctx, private_args(args, procedure.args))
     except Abort as exc:
         return ABORTED, None, _short(exc.reason), {}
     except UndeclaredAccess as exc:
-        return ABORTED, None, f"undeclared access: {exc}", {}
+        return ABORTED, None, _short(f"undeclared access: {exc}"), {}
+    except BadValue as exc:
+        return ABORTED, None, _short(f"{procedure.name}: cannot store {exc}"), {}
     except Exception as exc:  # RUN is user code: its failure aborts this txn only
         return ABORTED, None, _short(f"{procedure.name} raised {type(exc).__name__}: {exc}"), {}
+    if result is not None and (type(result) is not int or not WIRE_INT_MIN <= result <= WIRE_INT_MAX):
+        problem = result_problem(result)
+        if problem is not None:
+            return ABORTED, None, problem, {}
     return COMMITTED, result, None, ctx.writes

@@ -38,7 +38,9 @@ RUN runs once through `execute` on those versions, and each chain continues from
 value RUN wrote there.
 
 Escape hatch: if an operation function, condition or result function raises, or yields
-a value storage cannot hold — cases in which RUN would abort with its own error text —
+a value storage cannot hold or a result an outcome cannot carry (the checks of
+`execution.stored_value` and `execution.result_problem`, which RUN's path applies too) —
+cases in which RUN would abort with its own error text —
 nothing of the chains has reached the overlay yet, so the stretch is dropped and its
 transactions run one by one through RUN instead (counted in `fallbacks`).
 
@@ -53,17 +55,16 @@ in log order left.
 from __future__ import annotations
 
 import copy
-import json
 import random
 from typing import Any
 
+from procedures.args import WIRE_INT_MAX, WIRE_INT_MIN
 from procedures.operations import OP_MODIFY, OP_READ, OP_WRITE, as_operations
 from scheduler.base import Scheduler, in_log_order, register
 from scheduler.batch import BatchExecution, Outcome, PreparedTxn
-from scheduler.execution import ABORTED, COMMITTED, execute, txn_seed
+from scheduler.execution import ABORTED, COMMITTED, execute, result_problem, stored_value, txn_seed
 from storage.keys import encode_key
 from storage.overlay import ABSENT
-from storage.values import encode_value
 
 _SCALARS = (int, str, float, bool, type(None), bytes)
 
@@ -78,14 +79,6 @@ def _view(value: Any, default: Any) -> Any:
         value = default
     if type(value) in _SCALARS:
         return value
-    return copy.deepcopy(value)
-
-
-def _stored(value: Any) -> Any:
-    """A value a WRITE produced, checked and copied as ctx.write does."""
-    if type(value) in _SCALARS:
-        return value
-    encode_value(value)
     return copy.deepcopy(value)
 
 
@@ -310,10 +303,11 @@ class _Evaluation:
                             value = arg(own, *[_view(versions[dep], default) for dep, default in state.deps[i]])
                         else:
                             value = arg(own)
-                        if type(value) not in _SCALARS:
-                            encode_value(value)  # what ctx.write checks
+                        # What ctx.write does: a value RUN could not write makes RUN decide.
+                        if type(value) is not int or not WIRE_INT_MIN <= value <= WIRE_INT_MAX:
+                            value = stored_value(value)
                     elif kind == OP_WRITE:
-                        value = _stored(arg)
+                        value = stored_value(arg)
                     else:
                         if outputs is not None:
                             outputs[i] = _view(value, defaults.get(table, 0))
@@ -371,10 +365,13 @@ class _Evaluation:
                 outputs = [v if type(v) in _SCALARS else copy.deepcopy(v) for v in state.outputs]
                 try:
                     result = state.result(outputs)
-                    if type(result) not in _SCALARS or type(result) is bytes:
-                        json.dumps(result, allow_nan=False)
                 except Exception as exc:
                     raise FormFailed(f"{state.txn.procedure.name}: result raised {type(exc).__name__}") from exc
+                # Chains have moved past this transaction with its writes, so it cannot
+                # abort here: RUN decides the stretch, and execute aborts it as every
+                # other scheduler does.
+                if result_problem(result) is not None:
+                    raise FormFailed(f"{state.txn.procedure.name}: result cannot be published")
             state.outcome = (COMMITTED, result, None)
 
     def flush(self) -> None:

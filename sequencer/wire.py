@@ -17,7 +17,7 @@ import math
 import re
 from typing import Any
 
-from procedures.args import MAX_DEPTH, Int, List, Str, text_problem, value_problem
+from procedures.args import MAX_DEPTH, list_fields, text_problem, value_problem
 from procedures.registry import Registry, RequestError
 
 MAX_ID_LENGTH = 256
@@ -123,27 +123,11 @@ def parse_request_sets(value: bytes | None, key: bytes | None, partition: int, o
     except RequestError as exc:
         return [request_id, None, _safe(str(exc))], None
     args = body["args"]
-    if not _plain_schema(procedure.args):
+    if list_fields(procedure.args) is None:
         problem = value_problem(args)  # a field type of the procedure's own may let anything by
         if problem is not None:
             return [request_id, None, f"{procedure.name}: bad arguments: {problem}"], None
     return [request_id, body["proc"], args], (read_set, write_set)
-
-
-# Schemas made of Int, Str and List fields only: what they accept is loggable already
-# (Int bounds lie within 64 bits, text was checked while parsing). Kept by identity, so
-# the check costs one dictionary look-up per request.
-_plain_schemas: dict[int, dict] = {}
-
-
-def _plain_schema(schema: dict) -> bool:
-    if _plain_schemas.get(id(schema)) is schema:
-        return True
-    plain = all(type(field) in (Int, Str) or (type(field) is List and type(field.item) in (Int, Str))
-                for field in schema.values())
-    if plain:
-        _plain_schemas[id(schema)] = schema  # holding it keeps its id from being reused
-    return plain
 
 
 def encode_request(request_id: str, proc: str, args: dict[str, Any]) -> bytes:
