@@ -1,4 +1,7 @@
-"""Reading a data directory: dump and digest over every shard, safe while the engine runs."""
+"""Reading a data directory: dump and digest over every shard, safe while the engine runs.
+
+A shard that RocksDB finds damaged stops both with one line naming the shard and what to
+do: a dump cut short or a digest of part of the state would look like real answers."""
 
 from __future__ import annotations
 
@@ -8,12 +11,39 @@ from typing import Any, Iterator
 from scheduler.worker import layout_partitions, shard_path
 from storage.digest import combine
 from storage.keys import decode_key
-from storage.rocks import RocksShard
+from storage.rocks import RocksShard, ShardCorrupt
 from storage.values import decode_value
 
 
+class CorruptShardError(RuntimeError):
+    """A shard of the data directory is damaged; the message says what to do."""
+
+
+def _corrupt(data_dir: str, exc: ShardCorrupt) -> CorruptShardError:
+    partitions = layout_partitions(data_dir)
+    shard = next((f"shard {p}" for p in range(partitions) if shard_path(data_dir, p) == exc.path), "a shard")
+    return CorruptShardError(
+        f"{shard} ({exc.path}) is corrupt: {exc.detail}. Its records cannot be trusted: stop the engine, then "
+        f"restore the shards from a checkpoint with `ordo recover --from-checkpoint --data-dir {data_dir} "
+        f"--bootstrap-servers H:P --namespace NS`, or rebuild them from the log with "
+        f"`ordo recover --from-scratch` and the same options (a checkpoint can share damaged files with the "
+        f"shard; see docs/operations.md)")
+
+
 def open_shards(data_dir: str) -> list[RocksShard]:
-    return [RocksShard(shard_path(data_dir, p), read_only=True) for p in range(layout_partitions(data_dir))]
+    shards: list[RocksShard] = []
+    try:
+        for p in range(layout_partitions(data_dir)):
+            shards.append(RocksShard(shard_path(data_dir, p), read_only=True))
+    except ShardCorrupt as exc:
+        for shard in shards:
+            shard.close()
+        raise _corrupt(data_dir, exc) from None
+    except BaseException:
+        for shard in shards:
+            shard.close()
+        raise
+    return shards
 
 
 def records(data_dir: str, table: str | None = None) -> Iterator[dict[str, Any]]:
@@ -23,6 +53,8 @@ def records(data_dir: str, table: str | None = None) -> Iterator[dict[str, Any]]
         for raw_key, raw_value in heapq.merge(*(shard.items(table) for shard in shards)):
             name, key = decode_key(raw_key)
             yield {"table": name, "key": key, "value": decode_value(raw_value)}
+    except ShardCorrupt as exc:
+        raise _corrupt(data_dir, exc) from None
     finally:
         for shard in shards:
             shard.close()
@@ -34,6 +66,8 @@ def digest(data_dir: str) -> tuple[int, int]:
     try:
         applied = [shard.applied() for shard in shards]
         return combine(shard.digest() for shard in shards), min((a or {}).get("batch", 0) for a in applied)
+    except ShardCorrupt as exc:
+        raise _corrupt(data_dir, exc) from None
     finally:
         for shard in shards:
             shard.close()

@@ -6,7 +6,7 @@ import os
 from typing import Any, Iterator
 
 import msgpack
-from rocksdict import AccessType, Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import AccessType, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
 from storage.digest import digest_pairs
 from storage.keys import META_PREFIX, meta_key, table_prefix
@@ -31,6 +31,32 @@ def _options() -> Options:
     return options
 
 
+class ShardCorrupt(RuntimeError):
+    """RocksDB found a shard's files damaged: a block whose checksum does not match, a file
+    cut short. What the shard holds can no longer be trusted."""
+
+    def __init__(self, path: str, detail: str):
+        self.path = path
+        self.detail = detail
+        super().__init__(f"shard {path} is corrupt: {detail}")
+
+
+def _failure(path: str, exc: Exception) -> RuntimeError:
+    """What a RocksDB error means for a shard. rocksdict raises a bare Exception whose
+    text is RocksDB's status ("Corruption: …", "IO error: …")."""
+    detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    if detail.startswith("Corruption"):
+        return ShardCorrupt(path, detail)
+    return RuntimeError(f"shard {path} cannot be read: {detail}")
+
+
+def _scan_options() -> ReadOptions:
+    options = ReadOptions()
+    # The default, made explicit: a scan must never report a block that fails its checksum.
+    options.set_verify_checksums(True)
+    return options
+
+
 class RocksShard:
     """A RocksDB shard. `read_only=True` opens a consistent view of a shard that another
     process may be writing (used by dump and digest while the engine runs)."""
@@ -40,7 +66,10 @@ class RocksShard:
         if read_only:
             if not os.path.isdir(path):
                 raise FileNotFoundError(f"no shard at {path}")
-            self._db = Rdict(path, _options(), access_type=AccessType.read_only())
+            try:
+                self._db = Rdict(path, _options(), access_type=AccessType.read_only())
+            except Exception as exc:
+                raise _failure(path, exc) from None
         else:
             os.makedirs(path, exist_ok=True)
             self._db = Rdict(path, _options())
@@ -70,21 +99,28 @@ class RocksShard:
         self._db.write(batch, self._write_options)
 
     def applied(self) -> dict[str, Any] | None:
-        raw = self._db.get(APPLIED)
+        try:
+            raw = self._db.get(APPLIED)
+        except Exception as exc:
+            raise _failure(self.path, exc) from None
         return None if raw is None else msgpack.unpackb(raw, strict_map_key=False)
 
     def applied_trace(self) -> dict[int, int]:
         """Batch id -> times applied, as recorded under ORDO_TRACE_APPLIED=1."""
         trace = {}
-        it = self._db.iter()
+        it = self._db.iter(_scan_options())
         it.seek(TRACE_PREFIX)
         while it.valid() and it.key().startswith(TRACE_PREFIX):
             trace[int(it.key()[len(TRACE_PREFIX):])] = msgpack.unpackb(it.value())
             it.next()
+        self._check(it)
         return trace
 
     def items(self, table: str | None = None) -> Iterator[tuple[bytes, bytes]]:
-        it = self._db.iter()
+        """Every record, or a table's, in key order. An iterator that stops on an error
+        looks just like one at the end, so its status is checked: a damaged shard raises
+        ShardCorrupt instead of ending the scan short."""
+        it = self._db.iter(_scan_options())
         if table is None:
             it.seek_to_first()
             # Metadata sorts first (leading 0x00): skip past it.
@@ -99,9 +135,16 @@ class RocksShard:
             while it.valid():
                 key = it.key()
                 if not key.startswith(prefix):
-                    break
+                    return
                 yield key, it.value()
                 it.next()
+        self._check(it)
+
+    def _check(self, it) -> None:
+        try:
+            it.status()  # raises RocksDB's error, if the iterator stopped on one
+        except Exception as exc:
+            raise _failure(self.path, exc) from None
 
     def digest(self) -> int:
         return digest_pairs(self.items())
