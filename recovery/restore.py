@@ -9,9 +9,16 @@
 - With no checkpoint, every shard is wiped and the log is replayed from its beginning
   (as for new shards, which need nothing done).
 
-Replacing a shard is crash-safe: the copy is built beside it, the old shard is renamed
-away, the copy renamed in. A crash in between leaves a shard missing or the shards
-disagreeing, and the next start restores again.
+A checkpoint can be broken: a file of it missing or damaged. Checkpoints are tried newest
+first; one whose copy cannot be made, opened, or read through with every block's checksum
+verified is reported on stderr in one line and the next older one is tried. When none
+works, the shards are rebuilt from the beginning of the log (the engine then checks that
+the log still holds it), or, if a checkpoint was asked for, recovery stops and says why.
+
+Replacing the shards is crash-safe: every shard's copy is built and checked beside it
+before any live shard is touched; then each old shard is renamed away and its copy
+renamed in. A crash in between leaves a shard missing or the shards disagreeing, and the
+next start restores again.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +36,7 @@ from recovery.checkpoints import CheckpointError, CheckpointStore, copy_checkpoi
 from scheduler.worker import shard_path
 from sequencer.log import LogCursor
 from sequencer.reader import log_consumer
-from storage.rocks import RocksShard
+from storage.rocks import RocksShard, ShardCorrupt
 
 AUTO = "auto"  # continue if the shards agree, else restore (or rebuild)
 CHECKPOINT = "checkpoint"  # restore from the newest checkpoint whatever the shards say
@@ -102,16 +110,18 @@ def prepare_shards(data_dir: str, partitions: int, store: CheckpointStore, mode:
     if mode == SCRATCH:
         _wipe(data_dir, partitions)
         return Plan("rebuild", "asked to rebuild from scratch", cleaned=cleaned)
-    latest = store.latest()
     if mode == CHECKPOINT:
-        if latest is None:
+        restored, broken = restore_newest_usable(data_dir, store)
+        if restored is None:
+            if broken:
+                raise RecoveryError(f"no usable checkpoint in {data_dir} ({'; '.join(broken)}): "
+                                    "rebuild the shards from the log with --from-scratch")
             raise RecoveryError(f"no complete checkpoint in {data_dir}: start without --from-checkpoint, "
                                 "or rebuild the shards from the log with --from-scratch")
-        restore(data_dir, store, latest)
-        return Plan("restore", "asked to restore from a checkpoint", latest, cleaned)
+        return Plan("restore", _noting("asked to restore from a checkpoint", broken), restored, cleaned)
     states = inspect_shards(data_dir, partitions)
     if all(s.marker is None and s.problem in (None, "missing") for s in states):
-        if latest is None:
+        if store.latest() is None:
             return Plan("fresh", "new shards", cleaned=cleaned)
         reason = "no shard holds applied state"
     else:
@@ -119,29 +129,91 @@ def prepare_shards(data_dir: str, partitions: int, store: CheckpointStore, mode:
         if reason is None:
             batch = states[0].marker["batch"]
             return Plan("resume", f"shards agree: applied through batch {batch}", cleaned=cleaned)
-    if latest is not None:
-        restore(data_dir, store, latest)
-        return Plan("restore", reason, latest, cleaned)
+    restored, broken = restore_newest_usable(data_dir, store)
+    if restored is not None:
+        return Plan("restore", _noting(reason, broken), restored, cleaned)
     _wipe(data_dir, partitions)
+    if broken:
+        return Plan("rebuild", f"{reason}; no usable checkpoint", cleaned=cleaned)
     return Plan("rebuild", f"{reason}; no checkpoint", cleaned=cleaned)
 
 
-def restore(data_dir: str, store: CheckpointStore, entry: dict[str, Any]) -> None:
-    for p, source in enumerate(store.shard_dirs(entry)):
-        target = shard_path(data_dir, p)
-        staging = target + _STAGING
-        if os.path.exists(staging):
-            shutil.rmtree(staging)
+def _noting(reason: str, broken: list[str]) -> str:
+    if not broken:
+        return reason
+    return f"{reason}; skipped {len(broken)} unusable newer checkpoint(s)"
+
+
+def restore_newest_usable(data_dir: str, store: CheckpointStore,
+                          stream=None) -> tuple[dict[str, Any] | None, list[str]]:
+    """Restore every shard from the newest checkpoint that works, trying older ones in
+    turn. Returns that checkpoint's entry (None if none worked) and, for each one that did
+    not, why; each is also reported on `stream` as it is skipped."""
+    candidates = [e for e in reversed(store.entries()) if e["partitions"] == store.partitions]
+    broken: list[str] = []
+    for i, entry in enumerate(candidates):
         try:
-            copy_checkpoint(source, staging)
-        except OSError as exc:
-            raise CheckpointError(f"cannot copy checkpoint {source}: {exc}") from None
-        _replace(target, staging)
+            restore(data_dir, store, entry)
+            return entry, broken
+        except CheckpointError as exc:
+            broken.append(f"batch {entry['batch']}: {exc}")
+            following = (f"trying the one of batch {candidates[i + 1]['batch']}" if i + 1 < len(candidates)
+                         else "no older checkpoint")
+            print(f"checkpoint of batch {entry['batch']} is unusable ({exc}); {following}",
+                  file=stream or sys.stderr, flush=True)
+    return None, broken
+
+
+def restore(data_dir: str, store: CheckpointStore, entry: dict[str, Any]) -> None:
+    """Replace every shard by its copy in checkpoint `entry`, or raise CheckpointError and
+    leave the shards as they were."""
+    batch = entry["batch"]
+    staged = []
+    try:
+        for p, source in enumerate(store.shard_dirs(entry)):
+            staging = shard_path(data_dir, p) + _STAGING
+            if os.path.exists(staging):
+                shutil.rmtree(staging)
+            staged.append(staging)
+            try:
+                copy_checkpoint(source, staging)
+            except OSError as exc:
+                raise CheckpointError(f"cannot copy shard {p}: {_first_line(exc)}") from None
+            problem = _check_copy(staging, batch)
+            if problem is not None:
+                raise CheckpointError(f"shard {p} {problem}")
+    except BaseException:
+        for staging in staged:
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
+    for p, staging in enumerate(staged):
+        _replace(shard_path(data_dir, p), staging)
     fsync_dir(data_dir)
-    batches = [(s.marker or {}).get("batch") if not s.problem else s.problem
-               for s in inspect_shards(data_dir, store.partitions)]
-    if any(b != entry["batch"] for b in batches):
-        raise CheckpointError(f"checkpoint of batch {entry['batch']} restored shards at {batches}")
+
+
+def _check_copy(path: str, batch: int) -> str | None:
+    """What is wrong with a shard's copy of the checkpoint of `batch`, or None. Reading
+    it through finds what opening it does not: a block whose bytes no longer match its
+    checksum (SST files are hard-linked, so such damage is shared by every checkpoint and
+    shard that links the file). That costs one read of the shard's data per restore,
+    which is rare and followed by a replay anyway."""
+    try:
+        with RocksShard(path, read_only=True) as shard:
+            marker = shard.applied()
+            for _ in shard.items():
+                pass
+    except ShardCorrupt as exc:
+        return f"is corrupt: {exc.detail}"
+    except Exception as exc:
+        return f"cannot be read: {_first_line(exc)}"
+    found = (marker or {}).get("batch")
+    if found != batch:
+        return f"holds batch {found}, not {batch}"
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
 
 
 def _replace(target: str, staging: str | None) -> None:
