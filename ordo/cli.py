@@ -220,8 +220,9 @@ def cmd_run(args) -> int:
 
 
 def cmd_sequence(args) -> int:
-    from ordo.services import serve_sequencer
+    from ordo.services import die_with_parent, serve_sequencer
 
+    die_with_parent()  # when an engine started this sequencer, it goes when the engine goes
     return serve_sequencer(args.bootstrap_servers, args.namespace, _sequencer_config(args),
                            tuple(args.procedures))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -90,6 +91,37 @@ def serve_engine(bootstrap: str, namespace: str, data_dir: str, scheduler: str, 
     return 0
 
 
+# Set by a parent for the child it starts: the parent's pid, which the child then dies with.
+PARENT_ENV = "ORDO_DIE_WITH_PARENT"
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """In a child started with PARENT_ENV: have the kernel SIGKILL this process when its
+    parent dies, however the parent dies (SIGKILL included, when no handler can run).
+
+    Why prctl(PR_SET_PDEATHSIG) rather than polling os.getppid(): the kernel delivers it
+    at once, and it needs no thread of ours that must stay alive and scheduled in the child.
+    Why the child sets it, after exec, rather than a preexec_fn: preexec_fn runs Python in
+    the forked copy of a process full of threads (Ray, librdkafka, the supervisor), which
+    Python documents as unsafe. Comparing getppid() with the pid the parent passed closes
+    the window in which the parent died before this call. SIGKILL, not SIGTERM: the
+    sequencer is built to be killed at any point (exactly-once append, tested under
+    repeated SIGKILL), and a signal that cannot be caught or delayed leaves no orphan.
+    Linux only; elsewhere a child outlives a killed parent as before."""
+    parent = os.environ.pop(PARENT_ENV, None)  # not for the child's own children
+    if parent is None or not sys.platform.startswith("linux"):
+        return
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return
+    if prctl(_PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGKILL), 0, 0, 0) != 0:
+        return
+    if os.getppid() != int(parent):
+        os._exit(1)  # the parent is already gone
+
+
 def sequencer_command(bootstrap: str, namespace: str, config: SequencerConfig,
                       procedure_modules: tuple[str, ...] = ()) -> list[str]:
     return [
@@ -114,8 +146,15 @@ class SequencerProcess:
         self._watch = threading.Thread(target=self._supervise, daemon=True)
         self.restarts = 0
 
+    def _spawn(self) -> subprocess.Popen:
+        # The child dies with this process (die_with_parent). The kernel ties that to the
+        # thread that forks it: the main thread here, the supervisor for a restart; both
+        # live as long as the engine serves.
+        return subprocess.Popen(self._command, env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                                    PARENT_ENV: str(os.getpid())})
+
     def start(self) -> None:
-        self._process = subprocess.Popen(self._command, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self._process = self._spawn()
         self._watch.start()
 
     @property
@@ -130,7 +169,7 @@ class SequencerProcess:
             print(f"sequencer exited with {code}; restarting", file=sys.stderr, flush=True)
             time.sleep(0.5)
             self.restarts += 1
-            self._process = subprocess.Popen(self._command, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            self._process = self._spawn()
 
     def stop(self, timeout: float = 30.0) -> None:
         self._stopping.set()
