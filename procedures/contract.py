@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Literal, Protocol
+from typing import Any, Callable, Iterable, Protocol
 
 from procedures.args import Field
 
-# A logical key: (table name, key). Keys are integers or strings.
-Key = tuple[str, int | str]
+# A logical key: (table name, key). Keys are integers, strings, or tuples of them
+# (composite keys, docs/keys.md).
+Key = tuple[str, int | str | tuple]
 KeySets = tuple[Iterable[Key], Iterable[Key]]
 
 
@@ -50,11 +51,24 @@ class Table:
 
     `partitioner` is "hash" (a stable hash of the encoded key) or "modulo" (integer
     key modulo the partition count, so a generator can aim at a partition).
+    `partition_by=i` places a composite (tuple) key by its i-th component alone (an
+    integer modulo the partition count, a string by its hash), so related rows stay
+    together: TPC-C's tables by warehouse id (docs/keys.md). It sets `partitioner` to
+    "component:i".
     """
 
     name: str
     default: Any = 0
-    partitioner: Literal["hash", "modulo"] = "hash"
+    partitioner: str = "hash"
+    partition_by: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.partition_by is not None:
+            if type(self.partition_by) is not int or self.partition_by < 0:
+                raise ValueError(f"table '{self.name}': partition_by must be a component index >= 0")
+            object.__setattr__(self, "partitioner", f"component:{self.partition_by}")
+        elif self.partitioner not in ("hash", "modulo"):
+            raise ValueError(f"table '{self.name}': partitioner must be 'hash' or 'modulo'")
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +78,8 @@ class Procedure:
     analyze(args) -> (read set, write set) of logical keys.
     run(ctx, args) -> result (any msgpack/JSON-serialisable value).
     operations: the optional per-key operation form used by the operation-chain scheduler.
+    reconnoiter: for sets that depend on stored values (Calvin's OLLP, procedures/ollp.py):
+        reconnoiter(args) -> the keys to read first; analyze is then analyze(args, assumed).
     """
 
     name: str
@@ -71,3 +87,4 @@ class Procedure:
     analyze: Callable[[dict], KeySets]
     run: Callable[[TxnContext, dict], Any]
     operations: Callable[[dict], Any] | None = field(default=None)
+    reconnoiter: Callable[[dict], Iterable[Key]] | None = field(default=None)

@@ -7,6 +7,8 @@ from typing import Any, Iterable
 
 from procedures.args import ArgumentError, check_args
 from procedures.contract import Key, Procedure, Table
+from procedures.ollp import AssumptionError, assumed_values, reconnaissance_keys, split_args
+from storage.keys import normal_key
 
 
 class RequestError(ValueError):
@@ -50,15 +52,18 @@ class Registry:
         the same sets.
         """
         procedure = self.procedure(name)
-        try:
-            check_args(procedure.args, args)
-        except ArgumentError as exc:
-            raise RequestError(f"{procedure.name}: {exc}") from None
-        try:
-            reads, writes = procedure.analyze(args)
-            reads, writes = _ordered_set(reads), _ordered_set(writes)
-        except Exception as exc:  # a procedure's ANALYZE is user code
-            raise RequestError(f"{procedure.name}: ANALYZE failed: {type(exc).__name__}: {exc}") from None
+        if procedure.reconnoiter is not None:
+            reads, writes = self._analyze_dependent(procedure, args)
+        else:
+            try:
+                check_args(procedure.args, args)
+            except ArgumentError as exc:
+                raise RequestError(f"{procedure.name}: {exc}") from None
+            try:
+                reads, writes = procedure.analyze(args)
+                reads, writes = _ordered_set(reads), _ordered_set(writes)
+            except Exception as exc:  # a procedure's ANALYZE is user code
+                raise RequestError(f"{procedure.name}: ANALYZE failed: {type(exc).__name__}: {exc}") from None
         tables = self.tables
         for table, _ in reads + writes:
             if table not in tables:
@@ -66,11 +71,38 @@ class Registry:
         return procedure, reads, writes
 
 
+    @staticmethod
+    def _analyze_dependent(procedure: Procedure, args: Any) -> tuple[tuple[Key, ...], tuple[Key, ...]]:
+        """ANALYZE of a procedure with a reconnaissance (procedures/ollp.py): without assumed
+        values, its read set is the reconnaissance keys; with them, the sets they give."""
+        plain, record = split_args(args)
+        try:
+            check_args(procedure.args, plain)
+        except ArgumentError as exc:
+            raise RequestError(f"{procedure.name}: {exc}") from None
+        try:
+            keys = reconnaissance_keys(procedure, plain)
+            if record is None:
+                return _ordered_set(keys), ()
+            assumed = assumed_values(record, keys)
+        except AssumptionError as exc:
+            raise RequestError(f"{procedure.name}: {exc}") from None
+        except Exception as exc:
+            raise RequestError(f"{procedure.name}: reconnaissance failed: {type(exc).__name__}: {exc}") from None
+        try:
+            reads, writes = procedure.analyze(plain, assumed)
+            return _ordered_set(keys + tuple(reads)), _ordered_set(writes)
+        except Exception as exc:
+            raise RequestError(f"{procedure.name}: ANALYZE failed: {type(exc).__name__}: {exc}") from None
+
+
 def _ordered_set(keys: Iterable[Key]) -> tuple[Key, ...]:
+    if type(keys) is not list and type(keys) is not tuple:
+        keys = list(keys)  # a generator is read once, whichever path below takes it
     try:
         ordered = tuple(dict.fromkeys(keys))
-    except TypeError:  # keys given as lists rather than tuples
-        ordered = tuple(dict.fromkeys((table, key) for table, key in keys))
+    except TypeError:  # pairs or composite keys given as lists rather than tuples
+        ordered = tuple(dict.fromkeys((table, normal_key(key)) for table, key in keys))
     for item in ordered:
         if type(item) is not tuple or len(item) != 2:
             raise TypeError(f"a key must be a (table, key) pair, got {item!r}")

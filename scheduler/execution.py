@@ -16,6 +16,7 @@ import msgpack
 
 from procedures.args import WIRE_INT_MAX, WIRE_INT_MIN, list_fields, text_problem, value_problem
 from procedures.contract import Abort, Procedure, UndeclaredAccess
+from procedures.ollp import check_turn
 from storage.keys import encode_key
 from storage.overlay import ABSENT
 from storage.values import decode_value, encode_value
@@ -132,7 +133,9 @@ class TxnContext:
             self._random = random.Random(self._seed)
         return self._random
 
-    def read(self, table: str, key: int | str) -> Any:
+    def read(self, table: str, key: int | str | tuple) -> Any:
+        if type(key) is list:
+            key = tuple(key)  # a composite key as msgpack or JSON gave it
         encoded = encode_key(table, key)
         written = self.writes.get(encoded)
         if written is not None:
@@ -148,7 +151,9 @@ class TxnContext:
             return value
         return copy.deepcopy(value)  # stored values stay immutable whatever RUN does
 
-    def write(self, table: str, key: int | str, value: Any) -> None:
+    def write(self, table: str, key: int | str | tuple, value: Any) -> None:
+        if type(key) is list:
+            key = tuple(key)
         encoded = encode_key(table, key)
         if encoded not in self._write_set:
             raise UndeclaredAccess(f"write of {table}[{key!r}] is not in the write set declared by ANALYZE")
@@ -159,7 +164,9 @@ class TxnContext:
                 raise BadValue(f"{table}[{key!r}]: {exc}") from None
         self.writes[encoded] = [table, key, value]
 
-    def delete(self, table: str, key: int | str) -> None:
+    def delete(self, table: str, key: int | str | tuple) -> None:
+        if type(key) is list:
+            key = tuple(key)
         encoded = encode_key(table, key)
         if encoded not in self._write_set:
             raise UndeclaredAccess(f"delete of {table}[{key!r}] is not in the write set declared by ANALYZE")
@@ -176,6 +183,13 @@ def txn_seed(batch_id: int, index: int) -> int:
 def execute(procedure: Procedure, args: dict, snapshot: dict[bytes, Any], write_set,
             defaults: dict[str, Any], now: int, seed: int) -> tuple[str, Any, str | None, dict[bytes, list]]:
     """Run RUN once: (status, result, error, writes). Never raises for a procedure's fault."""
+    if procedure.reconnoiter is not None:  # its assumptions are checked first (procedures/ollp.py)
+        try:
+            decided = check_turn(procedure, args, snapshot, defaults)
+        except Exception as exc:
+            return ABORTED, None, _short(f"{procedure.name}: reconnaissance failed: {type(exc).__name__}: {exc}"), {}
+        if decided is not None:
+            return (*decided, {})
     ctx = TxnContext(snapshot, write_set, defaults, now, seed)
     try:
         result = procedure.run(ctx, private_args(args, procedure.args))

@@ -2,8 +2,13 @@
 
 Layout: table name (UTF-8) + 0x00 + tag + key bytes. Integers (int64) are stored
 big-endian with the sign bit flipped so byte order equals numeric order; strings as
-UTF-8. Integer keys sort before string keys of the same table. Engine metadata lives
-under a leading 0x00, which no table name can produce.
+UTF-8. Integer keys sort before string keys, and both before composite keys, of the same
+table. Engine metadata lives under a leading 0x00, which no table name can produce.
+
+Composite keys are tuples of integers and strings (docs/keys.md): tag 0x03, then each
+component as its own tag and body. A string component is escaped (0x00 -> 0x00 0xFF) and
+ends with 0x00 0x01, so a shorter string sorts before its extensions and the encoding of
+a tuple's prefix is a byte prefix of the tuple's encoding: byte order = tuple order.
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ from functools import lru_cache
 
 _INT = b"\x01"
 _STR = b"\x02"
+_TUPLE = b"\x03"
 _SEP = b"\x00"
+_STR_END = b"\x00\x01"
 _BIAS = 1 << 63
 _PACK = struct.Struct(">Q").pack
 _UNPACK = struct.Struct(">Q").unpack
@@ -25,23 +32,88 @@ def table_prefix(table: str) -> bytes:
 
 
 @lru_cache(maxsize=1 << 18)
-def encode_key(table: str, key: int | str) -> bytes:
-    """Memoised: a transaction names each key several times (ANALYZE, placement, RUN)."""
+def encode_key(table: str, key: int | str | tuple) -> bytes:
+    """Memoised: a transaction names each key several times (ANALYZE, placement, RUN).
+    A composite key must be a tuple (msgpack and JSON give lists: `normal_key`)."""
     if type(key) is int:
         return table.encode() + _SEP + _INT + _PACK(key + _BIAS)
     if type(key) is str:
         return table.encode() + _SEP + _STR + key.encode()
-    raise TypeError(f"key of table '{table}' must be an integer or a string, got {type(key).__name__}")
+    if type(key) is tuple:
+        return table.encode() + _SEP + _TUPLE + _components(table, key)
+    raise TypeError(f"key of table '{table}' must be an integer, a string or a tuple of them, "
+                    f"got {type(key).__name__}")
 
 
-def decode_key(raw: bytes) -> tuple[str, int | str]:
+def _components(table: str, key: tuple) -> bytes:
+    if not key:
+        raise TypeError(f"composite key of table '{table}' is empty")
+    parts = []
+    for component in key:
+        kind = type(component)
+        if kind is int:
+            if not -_BIAS <= component < _BIAS:
+                raise TypeError(f"key component of table '{table}' outside 64 bits: {component}")
+            parts.append(_INT + _PACK(component + _BIAS))
+        elif kind is str:
+            parts.append(_STR + component.encode().replace(b"\x00", b"\x00\xff") + _STR_END)
+        else:
+            raise TypeError(f"composite key components of table '{table}' must be integers or strings, "
+                            f"got {kind.__name__}")
+    return b"".join(parts)
+
+
+def normal_key(key):
+    """A key as `encode_key` takes it: a list (what msgpack and JSON carry a tuple as)
+    becomes a tuple. Every boundary where keys come from outside RUN's Python values
+    (ANALYZE results, ctx.read/write/delete arguments) passes through here."""
+    return tuple(key) if type(key) is list else key
+
+
+def prefix_bytes(table: str, prefix: tuple) -> bytes:
+    """The bytes every key of `table` whose leading components equal `prefix` starts with."""
+    return table.encode() + _SEP + _TUPLE + _components(table, tuple(prefix))
+
+
+def decode_key(raw: bytes) -> tuple[str, int | str | tuple]:
     table, _, rest = raw.partition(_SEP)
     tag, body = rest[:1], rest[1:]
     if tag == _INT:
         return table.decode(), _UNPACK(body)[0] - _BIAS
     if tag == _STR:
         return table.decode(), body.decode()
+    if tag == _TUPLE:
+        return table.decode(), _decode_components(raw, body)
     raise ValueError(f"not a table key: {raw!r}")
+
+
+def _decode_components(raw: bytes, body: bytes) -> tuple:
+    out: list[int | str] = []
+    i, n = 0, len(body)
+    while i < n:
+        tag = body[i:i + 1]
+        if tag == _INT:
+            out.append(_UNPACK(body[i + 1:i + 9])[0] - _BIAS)
+            i += 9
+        elif tag == _STR:
+            j, chunk = i + 1, bytearray()
+            while True:
+                k = body.find(_SEP, j)
+                if k < 0 or k + 1 >= n:
+                    raise ValueError(f"not a table key: {raw!r}")
+                chunk += body[j:k]
+                if body[k + 1] == 0xFF:
+                    chunk += _SEP
+                    j = k + 2
+                elif body[k + 1] == 0x01:
+                    i = k + 2
+                    break
+                else:
+                    raise ValueError(f"not a table key: {raw!r}")
+            out.append(chunk.decode())
+        else:
+            raise ValueError(f"not a table key: {raw!r}")
+    return tuple(out)
 
 
 def meta_key(name: str) -> bytes:

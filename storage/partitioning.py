@@ -1,5 +1,6 @@
 """Which partition owns a key: a stable hash of the encoded key (never Python's salted
-hash()), or, for tables that declare it, the integer key modulo the partition count."""
+hash()), or, for tables that declare it, the integer key modulo the partition count, or
+one component of a composite key (an integer modulo the count, a string by its hash)."""
 
 from __future__ import annotations
 
@@ -10,32 +11,49 @@ from storage.keys import encode_key
 
 
 class Partitioner:
-    def __init__(self, partitions: int, modulo_tables: frozenset[str] = frozenset()):
+    def __init__(self, partitions: int, modulo_tables: frozenset[str] = frozenset(),
+                 component_tables: Mapping[str, int] | None = None):
         if partitions < 1:
             raise ValueError("partitions must be >= 1")
         self.partitions = partitions
         self.modulo_tables = modulo_tables
+        self.component_tables = dict(component_tables or {})
 
     @classmethod
     def for_tables(cls, partitions: int, partitioners: Mapping[str, str]) -> "Partitioner":
-        return cls(partitions, frozenset(t for t, kind in partitioners.items() if kind == "modulo"))
+        components = {t: int(kind.partition(":")[2]) for t, kind in partitioners.items()
+                      if kind.startswith("component:")}
+        return cls(partitions, frozenset(t for t, kind in partitioners.items() if kind == "modulo"), components)
 
-    def of(self, table: str, key: int | str, encoded: bytes) -> int:
+    def of(self, table: str, key: int | str | tuple, encoded: bytes) -> int:
         n = self.partitions
         if n == 1:
             return 0
         if table in self.modulo_tables and type(key) is int:
             return key % n
+        if self.component_tables and table in self.component_tables:
+            return self._by_component(table, key, n)
         return crc32(encoded) % n
 
-    def of_key(self, table: str, key: int | str) -> int:
+    def of_key(self, table: str, key: int | str | tuple) -> int:
         """`of` for a key not encoded yet: it is encoded only if its table hashes."""
         n = self.partitions
         if n == 1:
             return 0
         if table in self.modulo_tables and type(key) is int:
             return key % n
+        if self.component_tables and table in self.component_tables:
+            return self._by_component(table, key, n)
         return crc32(encode_key(table, key)) % n
+
+    def _by_component(self, table: str, key, n: int) -> int:
+        index = self.component_tables[table]
+        if type(key) is tuple and index < len(key):
+            component = key[index]
+            if type(component) is int:
+                return component % n
+            return crc32(component.encode()) % n
+        return crc32(encode_key(table, key)) % n  # a key without that component: hashed whole
 
 
 def place(partitioner: Partitioner, read_set, write_set) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -1,0 +1,129 @@
+"""Dependent transactions (Calvin's OLLP): a procedure whose read and write sets depend on
+stored values (an alias binding, a secondary index) declares a reconnaissance.
+
+    Procedure(..., reconnoiter=keys_of, analyze=sets_of)
+    keys_of(args) -> the keys whose values decide the sets
+    sets_of(args, assumed) -> (read set, write set), `assumed` mapping each of those keys
+                              to the value it is assumed to hold
+
+The assumed values travel with the request, in its arguments under OLLP_FIELD:
+
+    {"restarts": n, "assumed": [value of each reconnaissance key, in declared order]}
+
+A request without them (what a client sends) is sequenced with the reconnaissance keys as
+its read set; at its turn in the log it reads them and is re-sequenced with what it read.
+A request with them is sequenced with the sets those values give (plus the
+reconnaissance keys); at its turn it re-reads the keys and runs only if every value is
+still the assumed one. Otherwise it is re-sequenced with the values read at its turn and
+`restarts` + 1; past MAX_RESTARTS it is rejected. Every step is a function of the log, so
+every scheduler and partition count decides the same (docs/ollp.md).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable
+
+from storage.keys import encode_key, normal_key
+from storage.overlay import ABSENT
+from storage.values import encode_value
+
+OLLP_FIELD = "@ollp"
+MAX_RESTARTS = 5
+RESTARTED = "restarted"  # the status of a transaction re-sequenced at its turn (never published)
+
+_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+
+
+class AssumptionError(ValueError):
+    """Malformed assumed values in a request."""
+
+
+def split_args(args: Any) -> tuple[Any, dict | None]:
+    """(the procedure's own arguments, the OLLP record or None)."""
+    if type(args) is not dict or OLLP_FIELD not in args:
+        return args, None
+    plain = {name: value for name, value in args.items() if name != OLLP_FIELD}
+    return plain, args[OLLP_FIELD]
+
+
+def restarts_of(args: Any) -> int:
+    if type(args) is dict:
+        record = args.get(OLLP_FIELD)
+        if type(record) is dict and type(record.get("restarts")) is int:
+            return record["restarts"]
+    return 0
+
+
+def request_identity(request_id: str, args: Any) -> str:
+    """What the sequencer's duplicate check remembers of a request: its id, and for a
+    re-sequenced one also its restart count, so each step of one request enters the log
+    once and a re-publication of a step (a replay) is recognised as a repeat."""
+    if type(args) is dict:
+        record = args.get(OLLP_FIELD)
+        if type(record) is dict:
+            return f"{request_id}\x00{record.get('restarts')}"
+    return request_id
+
+
+def is_resequenced(request_id: str, identity: str) -> bool:
+    return identity is not request_id
+
+
+def reconnaissance_keys(procedure, args: dict) -> tuple:
+    keys = tuple(dict.fromkeys((table, normal_key(key)) for table, key in procedure.reconnoiter(args)))
+    for table, key in keys:
+        encode_key(table, key)  # a key storage cannot hold fails ANALYZE, not the turn
+    return keys
+
+
+def assumed_values(record: Any, keys: tuple) -> dict:
+    """The OLLP record's assumptions as {key: value}, checked against the keys."""
+    if type(record) is not dict or set(record) != {"restarts", "assumed"}:
+        raise AssumptionError(f"'{OLLP_FIELD}' must be an object with 'restarts' and 'assumed'")
+    restarts, assumed = record["restarts"], record["assumed"]
+    if type(restarts) is not int or not 0 <= restarts <= MAX_RESTARTS:
+        raise AssumptionError(f"'{OLLP_FIELD}.restarts' must be an integer from 0 to {MAX_RESTARTS}")
+    if type(assumed) is not list or len(assumed) != len(keys):
+        raise AssumptionError(f"'{OLLP_FIELD}.assumed' must list one value per reconnaissance key ({len(keys)})")
+    return dict(zip(keys, assumed))
+
+
+def wire_normal(value: Any) -> Any:
+    """`value` as it comes back from a JSON request: the form assumptions are kept in, so an
+    assumption compares the same whether it came through Kafka or not."""
+    if value is None or type(value) in (int, str, bool):
+        return value
+    return json.loads(_dumps(value))
+
+
+def check_turn(procedure, args: dict, snapshot: dict, defaults: dict) -> tuple[str, Any, str | None] | None:
+    """At the transaction's turn: None if it may run (its assumptions hold), else its
+    decision: re-sequenced with the values read now, or rejected past the bound."""
+    plain, record = split_args(args)
+    keys = reconnaissance_keys(procedure, plain)
+    current = []
+    for table, key in keys:
+        value = snapshot.get(encode_key(table, key), ABSENT)
+        current.append(wire_normal(defaults.get(table, 0) if value is ABSENT else value))
+    if record is not None:
+        assumed = record["assumed"]
+        if all(encode_value(a) == encode_value(c) for a, c in zip(assumed, current)):
+            return None
+        restarts = record["restarts"] + 1
+        if restarts > MAX_RESTARTS:
+            return ("rejected", None, f"{procedure.name}: the values its keys depend on changed before its turn "
+                    f"{restarts} times in a row (limit {MAX_RESTARTS} restarts)")
+    else:
+        restarts = 0
+    return RESTARTED, {"proc": procedure.name, "args": {**plain, OLLP_FIELD: {"restarts": restarts,
+                                                                              "assumed": current}}}, None
+
+
+def restart_request(request_id: str, result: dict) -> bytes:
+    """The message a re-sequenced transaction's executor appends to <ns>.requests."""
+    return _dumps({"id": request_id, "proc": result["proc"], "args": result["args"]}).encode()
+
+
+def ordered_keys(keys: Iterable) -> tuple:
+    return tuple(dict.fromkeys(keys))
