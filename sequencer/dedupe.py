@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from procedures.ollp import request_identity
+
 
 class RecentIds:
     def __init__(self, capacity: int):
@@ -28,6 +30,6 @@ class RecentIds:
             self._ids.discard(self._order.popleft())
 
     def add_batch_entries(self, entries: list[list]) -> None:
-        for request_id, proc, _ in entries:
+        for request_id, proc, args in entries:
             if proc is not None:
-                self.add(request_id)
+                self.add(request_identity(request_id, args))

@@ -27,6 +27,7 @@ from confluent_kafka import (
 )
 
 from procedures.registry import Registry
+from procedures.ollp import is_resequenced, request_identity
 from sequencer.dedupe import RecentIds
 from sequencer.kafka import consumer_config, kafka_config
 from sequencer.log import (
@@ -189,13 +190,16 @@ class Sequencer:
         id, with its placement (None for a rejected entry)."""
         entry, sets = parse_request_sets(message.value(), message.key(), message.partition(), message.offset(),
                                          self.registry, self.config.max_request_bytes)
-        request_id, proc, _ = entry
+        request_id, proc, args = entry
         placement = None
         if proc is not None:
-            if request_id in self._recent:
+            identity = request_identity(request_id, args)
+            if identity in self._recent:
+                if is_resequenced(request_id, identity):
+                    return None, None  # a replayed re-sequencing of a dependent txn: already in the log
                 entry = [request_id, None, f"duplicate request id '{request_id}'"]
             else:
-                self._recent.add(request_id)
+                self._recent.add(identity)
                 placement = SINGLE if self.config.partitions == 1 else place(self._partitioner, *sets)
         self.stats.requests += 1
         if entry[1] is None:
@@ -204,6 +208,8 @@ class Sequencer:
 
     def _add(self, epoch: _Epoch, message) -> _Epoch:
         encoded, placement = self._entry(message)
+        if encoded is None:
+            return self._skip(epoch, message)
         size = bin_size(encoded) + item_bytes(placement and placement[0])
         if epoch.entries and epoch.size + size + BATCH_OVERHEAD > self.config.max_bytes:
             epoch = self._cut(epoch)  # full by size: what it holds goes out first
@@ -217,6 +223,16 @@ class Sequencer:
         if span is None:
             start = self._cursor.request_offsets.get(partition, offset)
             epoch.offsets[partition] = [start, offset + 1]
+        else:
+            span[1] = offset + 1
+        return epoch
+
+    def _skip(self, epoch: _Epoch, message) -> _Epoch:
+        """A dropped message still counts as consumed once the epoch holding it is cut."""
+        partition, offset = message.partition(), message.offset()
+        span = epoch.offsets.get(partition)
+        if span is None:
+            epoch.offsets[partition] = [self._cursor.request_offsets.get(partition, offset), offset + 1]
         else:
             span[1] = offset + 1
         return epoch
