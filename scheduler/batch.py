@@ -47,6 +47,7 @@ class Outcome:
     status: str
     result: Any
     error: str | None
+    restarts: int = 0  # how often a dependent transaction was re-sequenced (procedures/ollp.py)
 
 
 ONLY = (0,)

@@ -26,6 +26,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from procedures.ollp import RESTARTED
 from recovery.checkpoints import shard_checkpoint_path
 from scheduler.execution import ABORTED, COMMITTED
 from scheduler.outputs import CollectedOutputs, KafkaOutputs, OutputSink
@@ -74,7 +75,7 @@ class LogFollower:
         self.running = False
         self.error: str | None = None
         self.applied_at = 0.0  # time.monotonic() when the last batch was applied
-        self.counts = {COMMITTED: 0, ABORTED: 0, "rejected": 0}
+        self.counts = {COMMITTED: 0, ABORTED: 0, "rejected": 0, RESTARTED: 0}
         self.checkpointed: deque[tuple[int, dict]] = deque(maxlen=KEPT_CHECKPOINT_REPORTS)  # (batch, cursor)
 
     # -- control, from the coordinator ------------------------------------------------

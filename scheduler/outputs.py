@@ -1,7 +1,11 @@
 """The engine's outputs, as they appear on Kafka.
 
-<ns>.results, key = request id, one record per request:
-    {"id": "r-42", "status": "committed", "batch": 17, "result": null, "error": null}
+<ns>.results, key = request id, one record per request, with its position in the log
+(batch, index in the batch) and how often it was re-sequenced (procedures/ollp.py):
+    {"id": "r-42", "status": "committed", "batch": 17, "txn": 3, "restarts": 0,
+     "result": null, "error": null}
+A dependent transaction re-sequenced at its turn has no record there: its executor appends
+its next step to <ns>.requests instead, as part of the batch's outputs.
 <ns>.changes, key = "<batch>:<partition>:<part>", the change data of a batch on a
 partition in transaction order, split into parts that each fit in one Kafka message:
     {"batch": 17, "partition": 0, "part": 0, "parts": 1, "changes": [
@@ -21,6 +25,7 @@ from typing import Any, Protocol
 
 from confluent_kafka import Producer
 
+from procedures.ollp import RESTARTED, restart_request
 from scheduler.batch import Outcome
 from sequencer.kafka import kafka_config
 from sequencer.topics import Topics
@@ -35,14 +40,23 @@ MAX_MESSAGE_BYTES = 900_000
 def outcome_record(outcome: Outcome, batch_id: int) -> bytes:
     if outcome.result is None and outcome.error is None:  # the common case, formatted directly
         return (f'{{"id":{_dumps(outcome.id)},"status":"{outcome.status}","batch":{batch_id},'
-                f'"result":null,"error":null}}').encode()
+                f'"txn":{outcome.index},"restarts":{outcome.restarts},"result":null,"error":null}}').encode()
     return _dumps({
         "id": outcome.id,
         "status": outcome.status,
         "batch": batch_id,
+        "txn": outcome.index,
+        "restarts": outcome.restarts,
         "result": outcome.result,
         "error": outcome.error,
     }).encode()
+
+
+def outcome_message(outcome: Outcome, batch_id: int, topics: Topics) -> tuple[str, bytes, bytes]:
+    """(topic, key, value): an outcome, or the next step of a re-sequenced transaction."""
+    if outcome.status == RESTARTED:
+        return topics.requests, outcome.id.encode(), restart_request(outcome.id, outcome.result)
+    return topics.results, outcome.id.encode(), outcome_record(outcome, batch_id)
 
 
 def change_key(batch_id: int, partition: int, part: int) -> bytes:
@@ -140,8 +154,8 @@ class KafkaOutputs:
         return acknowledged
 
     def publish(self, batch_id: int, partition: int, outcomes: list[Outcome], changes: list[list]) -> None:
-        records = [(self.topics.results, outcome.id.encode(), outcome_record(outcome, batch_id))
-                   for outcome in outcomes]
+        topics = self.topics
+        records = [outcome_message(outcome, batch_id, topics) for outcome in outcomes]
         records += [(self.topics.changes, key, value) for key, value in change_records(batch_id, partition, changes)]
         self._outstanding[batch_id] = self._outstanding.get(batch_id, 0) + len(records)
         acknowledged = self._acknowledger(batch_id)
@@ -180,10 +194,14 @@ class CollectedOutputs:
     def __init__(self) -> None:
         self._outcomes: list[tuple] = []  # (batch, txn index, outcome record)
         self._changes: list[tuple] = []  # (batch, txn index, encoded key, table, key, value or None)
+        self._restarts: list[tuple] = []  # (batch, txn index, request message)
 
     def publish(self, batch_id: int, partition: int, outcomes: list[Outcome], changes: list[list]) -> None:
-        self._outcomes.extend((batch_id, o.index, {"id": o.id, "status": o.status, "batch": batch_id,
-                                                   "result": o.result, "error": o.error}) for o in outcomes)
+        restarted = [o for o in outcomes if o.status == RESTARTED] if outcomes else ()
+        if restarted:
+            self._restarts.extend((batch_id, o.index, restart_request(o.id, o.result)) for o in restarted)
+            outcomes = [o for o in outcomes if o.status != RESTARTED]
+        self._outcomes.extend((batch_id, o.index, _collected(o, batch_id)) for o in outcomes)
         self._changes.extend((batch_id, index, encode_key(table, key), table, key, value)
                              for index, table, key, value in changes)
 
@@ -196,11 +214,17 @@ class CollectedOutputs:
     def merge(self, other: "CollectedOutputs") -> None:
         self._outcomes.extend(other._outcomes)
         self._changes.extend(other._changes)
+        self._restarts.extend(other._restarts)
 
     @property
     def outcomes(self) -> list[dict[str, Any]]:
         """Every outcome in log order."""
         return [record for *_, record in sorted(self._outcomes, key=_position)]
+
+    @property
+    def restarts(self) -> list[bytes]:
+        """The requests re-sequenced transactions appended, in log order of their turns."""
+        return [message for *_, message in sorted(self._restarts, key=_position)]
 
     @property
     def changes(self) -> list[tuple]:
@@ -209,6 +233,13 @@ class CollectedOutputs:
 
     def close(self) -> None:
         pass
+
+
+def _collected(o: Outcome, batch_id: int) -> dict[str, Any]:
+    record = {"id": o.id, "status": o.status, "batch": batch_id, "result": o.result, "error": o.error}
+    if o.restarts:  # only dependent transactions' records differ from the reference's
+        record["restarts"] = o.restarts
+    return record
 
 
 def _position(item: tuple) -> tuple:

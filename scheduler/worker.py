@@ -10,6 +10,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from procedures.ollp import restarts_of
 from procedures.registry import Registry, default_registry
 from scheduler.base import make_scheduler
 from scheduler.batch import BatchExecution, Outcome, ReadExchange, prepare
@@ -57,6 +58,14 @@ def relax_garbage_collection() -> None:
     gc.set_threshold(100_000, 50, 100)
 
 
+def count_restarts(txns: list, outcomes: list[Outcome]) -> None:
+    """Give each outcome of a dependent transaction its restart count (from its request)."""
+    restarts = {t.index: restarts_of(t.args) for t in txns if t.procedure.reconnoiter is not None}
+    if restarts:
+        for outcome in outcomes:
+            outcome.restarts = restarts.get(outcome.index, 0)
+
+
 @dataclass(slots=True)
 class PartitionResult:
     partition: int
@@ -99,6 +108,7 @@ class PartitionWorker:
         overlay.prefetch(key for txn in txns for key in txn.local_reads)
         execution = BatchExecution(batch, self.partition, overlay, self.defaults, self.owner, self.exchange)
         await self.scheduler.run_batch(txns, execution)
+        count_restarts(txns, execution.outcomes)
         if self.exchange is not None:
             self.exchange.flush()
         batch_id = batch.batch_id

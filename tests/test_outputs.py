@@ -6,7 +6,11 @@ from scheduler.outputs import change_records, outcome_record
 
 def test_outcome_record_is_the_documented_json():
     record = json.loads(outcome_record(Outcome(3, "r-1", "aborted", None, "insufficient funds"), 17))
-    assert record == {"id": "r-1", "status": "aborted", "batch": 17, "result": None, "error": "insufficient funds"}
+    assert record == {"id": "r-1", "status": "aborted", "batch": 17, "txn": 3, "restarts": 0, "result": None,
+                      "error": "insufficient funds"}
+    plain = json.loads(outcome_record(Outcome(4, "r-2", "committed", None, None, restarts=2), 17))
+    assert plain == {"id": "r-2", "status": "committed", "batch": 17, "txn": 4, "restarts": 2, "result": None,
+                     "error": None}
 
 
 def test_change_data_is_split_into_parts_that_fit_a_message():
