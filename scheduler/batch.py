@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from procedures.fingerprint import refused_entry
 from procedures.registry import Registry, RequestError
 from scheduler.execution import COMMITTED, REJECTED, execute, txn_seed
 from sequencer.log import Batch
@@ -84,9 +85,7 @@ def _prepare_slice(batch: Batch, items: list, registry: Registry, partitioner: P
         try:
             procedure, read_set, write_set = analyze(proc, args)
         except RequestError as exc:
-            if active[0] == partition:
-                rejected.append(Outcome(index, request_id, REJECTED, None, str(exc)))
-            continue
+            raise refused_entry(batch.batch_id, index, request_id, str(exc)) from None
         reads = tuple(encode_key(table, key) for table, key in read_set)
         writes = {encode_key(table, key): (table, key) for table, key in write_set}
         if len(participants) == 1:
@@ -111,9 +110,7 @@ def _prepare_all(batch: Batch, registry: Registry, partitioner: Partitioner,
         try:
             procedure, read_set, write_set = registry.analyze(proc, args)
         except RequestError as exc:
-            if reporter_of_rejected(index, partitions) == partition:
-                rejected.append(Outcome(index, request_id, REJECTED, None, str(exc)))
-            continue
+            raise refused_entry(batch.batch_id, index, request_id, str(exc)) from None
         reads = tuple(encode_key(table, key) for table, key in read_set)
         writes = {encode_key(table, key): (table, key) for table, key in write_set}
         if single_partition:

@@ -27,11 +27,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from procedures.ollp import RESTARTED
+from procedures.fingerprint import describe, differences, refused_start
 from recovery.checkpoints import shard_checkpoint_path
 from scheduler.execution import ABORTED, COMMITTED
 from scheduler.outputs import CollectedOutputs, KafkaOutputs, OutputSink
 from scheduler.worker import PartitionWorker
-from sequencer.log import Batch, LogCursor, LogError
+from sequencer.log import Batch, LogCursor, LogError, Start
 from sequencer.reader import LogReader
 from sequencer.topics import Topics
 
@@ -66,7 +67,7 @@ class LogFollower:
         self.cursor = LogCursor.from_dict(marker["cursor"]) if marker else LogCursor()
         self.applied = self.executed = self.cursor.next_batch - 1
         self._reader = LogReader(options.bootstrap, topics.log, self.cursor,
-                                 f"{options.namespace}.engine-{self.partition}")
+                                 f"{options.namespace}.engine-{self.partition}", self._check_procedures)
         self._ready: deque[tuple[Batch, dict]] = deque()  # read, not yet executed
         self._unapplied: deque[tuple[int, dict]] = deque()  # executed: (batch id, cursor after it)
         self.hold_at = options.hold_at  # execute no batch after this one until released
@@ -136,6 +137,14 @@ class LogFollower:
             # A batch may run to its end without suspending (no remote reads to wait for):
             # yield once per batch, so control calls and peers are served under load too.
             await asyncio.sleep(0)
+
+    def _check_procedures(self, start: Start) -> None:
+        """A new sequencer generation names its procedure set: this worker must be able
+        to run every procedure of it as the sequencer validated it."""
+        if start.procedures is not None:
+            problems = differences(start.procedures, describe(self.worker.registry))
+            if problems:
+                raise refused_start(problems)
 
     def _read(self, timeout: float) -> int:
         try:

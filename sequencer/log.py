@@ -1,23 +1,32 @@
 """The log: the total order of requests, one Kafka partition of msgpack records.
 
 Two record kinds:
-    start:  [START, token]
+    start:  [START, token, procedures]
         written by a sequencer when it takes over; the n-th start record in the log opens
-        generation n.
-    batch:  [BATCH, batch_id, generation, time_ms, offsets, routing, entry, entry, ...]
+        generation n. The first start's token is the log's identity (`log_id`).
+        `procedures` describes the procedure set the sequencer validates with
+        (`procedures.registry.Registry.describe`), so an engine can refuse a log it
+        would interpret differently.
+    batch:  [BATCH, batch_id, generation, time_ms, offsets, routing, log_id, entry, entry, ...]
         an epoch of requests; `offsets` maps request partition -> [start, end) consumed;
         each entry is the msgpack encoding of [id, proc, args] or [id, None, error]
         (rejected), kept as a bin so a reader decodes only the entries it needs;
         `routing` is None or [partitions, slices]: for the partition count the sequencer
         was told, slices[p] lists what partition p takes part in, each item either an
         entry index (a single-partition or rejected entry that p alone handles) or
-        [index, participants, active] (a multi-partition one); see `sequencer/routing.py`.
+        [index, participants, active] (a multi-partition one); see `sequencer/routing.py`;
+        `log_id` names the log the batch belongs to.
 
 Every reader applies the same acceptance rule (`LogCursor.accept`), so the log means one
 thing to the sequencer, the engine and a replay, whatever the broker does: a batch is
 accepted only if it carries the current generation and the next batch id. Records of a
 fenced or aborted sequencer transaction, should a broker deliver them, are therefore
 either consistently accepted by every reader or consistently ignored.
+
+A log is recognised by its identity, kept in every batch and in every cursor (so in every
+applied marker and checkpoint): a reader refuses a batch of another log (`LogMismatch`),
+which is what a broker restarted without its data presents, and a log whose first record
+is not a start record (its head deleted by retention) is refused too.
 """
 
 from __future__ import annotations
@@ -37,8 +46,20 @@ class LogError(RuntimeError):
     """The log cannot be followed: a batch is missing or a record is unreadable."""
 
 
-def encode_start(token: str) -> bytes:
-    return msgpack.packb([START, token])
+class LogMismatch(LogError):
+    """The log is not the one this reader followed before: the broker lost it, or the
+    topic was deleted and made again."""
+
+
+# Batches of an older generation that continued the sequence after a newer start record,
+# with no batch of the newer generation yet: a fenced sequencer leaves at most the one
+# transaction it had in flight, so more than this means the start record did not come
+# from a sequencer that went on to write (a foreign or forged record).
+STALE_LIMIT = 4
+
+
+def encode_start(token: str, procedures: dict | None = None) -> bytes:
+    return msgpack.packb([START, token, procedures])
 
 
 def encode_entry(entry: list) -> bytes:
@@ -47,10 +68,10 @@ def encode_entry(entry: list) -> bytes:
 
 def encode_batch(batch_id: int, generation: int, time_ms: int,
                  offsets: dict[int, tuple[int, int]], encoded_entries: list[bytes],
-                 routing: list | None = None) -> bytes:
+                 routing: list | None = None, log_id: str | None = None) -> bytes:
     """Entries are encoded one by one as they arrive (so an epoch's size is known exactly
     before it is cut) and concatenated here, each as a bin, under one array header."""
-    head = [BATCH, batch_id, generation, time_ms, {p: list(r) for p, r in offsets.items()}, routing]
+    head = [BATCH, batch_id, generation, time_ms, {p: list(r) for p, r in offsets.items()}, routing, log_id]
     return (
         _ARRAY32.pack(0xDD, len(head) + len(encoded_entries))
         + b"".join(msgpack.packb(item) for item in head)
@@ -80,12 +101,14 @@ class Batch:
     """One accepted batch. Entries stay encoded until asked for: a partition worker decodes
     only those of its slice."""
 
-    __slots__ = ("batch_id", "generation", "time_ms", "offsets", "routing", "log_offset", "_raw", "_entries")
+    __slots__ = ("batch_id", "generation", "time_ms", "offsets", "routing", "log_id", "log_offset",
+                 "_raw", "_entries")
 
     def __init__(self, batch_id: int, generation: int, time_ms: int, offsets: dict[int, list[int]],
                  entries: list[list] | None = None, *, raw: list[bytes] | None = None,
-                 routing: list | None = None, log_offset: int = -1):
+                 routing: list | None = None, log_id: str | None = None, log_offset: int = -1):
         self.batch_id = batch_id
+        self.log_id = log_id
         self.generation = generation
         self.time_ms = time_ms
         self.offsets = offsets
@@ -110,15 +133,21 @@ class Batch:
         return _unpack(self._raw[index])
 
     def __getstate__(self):
-        return (self.batch_id, self.generation, self.time_ms, self.offsets, self.routing, self.log_offset,
-                self._raw, self._entries if self._raw is None else None)
+        return (self.batch_id, self.generation, self.time_ms, self.offsets, self.routing, self.log_id,
+                self.log_offset, self._raw, self._entries if self._raw is None else None)
 
     def __setstate__(self, state) -> None:
-        (self.batch_id, self.generation, self.time_ms, self.offsets, self.routing, self.log_offset,
-         self._raw, self._entries) = state
+        (self.batch_id, self.generation, self.time_ms, self.offsets, self.routing, self.log_id,
+         self.log_offset, self._raw, self._entries) = state
 
     def __repr__(self) -> str:
         return f"Batch({self.batch_id}, generation {self.generation}, {len(self)} entries)"
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    token: str
+    procedures: dict | None
 
 
 def _unpack(raw: bytes) -> list:
@@ -130,12 +159,15 @@ def decode(value: bytes) -> tuple[int, Any]:
         record = msgpack.unpackb(value, strict_map_key=False, use_list=True)
         kind = record[0]
         if kind == START:
-            return START, record[1]
+            if type(record[1]) is not str:
+                raise ValueError("a start record's token must be a string")
+            return START, Start(record[1], record[2] if len(record) > 2 else None)
         if kind == BATCH:
-            raw = record[6:]
+            raw = record[7:]
             if any(type(item) is not bytes for item in raw):
                 raise ValueError("batch entries must be encoded entries")
-            return BATCH, Batch(record[1], record[2], record[3], record[4], raw=raw, routing=record[5])
+            return BATCH, Batch(record[1], record[2], record[3], record[4], raw=raw, routing=record[5],
+                                log_id=record[6])
     except Exception as exc:
         raise LogError(f"unreadable log record: {exc}") from exc
     raise LogError(f"unknown log record kind {kind!r}")
@@ -150,21 +182,49 @@ class LogCursor:
     generation: int = 0
     next_offset: int = 0  # next Kafka offset of the log partition to read
     request_offsets: dict[int, int] = field(default_factory=dict)  # partition -> next offset
+    log_id: str | None = None  # the first start record's token
+    # Not persisted: what the reader saw since it started.
+    stale: int = field(default=0, compare=False)  # see STALE_LIMIT
+    started: Start | None = field(default=None, compare=False)  # the latest start record
+    foreign: int = field(default=0, compare=False)  # unreadable records skipped
 
     def accept(self, value: bytes, offset: int) -> Batch | None:
         """Advance past the record at `offset`; return it if it is the next batch."""
         self.next_offset = offset + 1
-        kind, record = decode(value)
+        try:
+            kind, record = decode(value)
+        except LogError:
+            # No sequencer writes such a record, so it is no batch: every reader skips it
+            # alike. A damaged batch is not lost silently: the next one shows a gap.
+            self.foreign += 1
+            return None
         if kind == START:
+            if self.log_id is None and self.generation == 0:
+                self.log_id = record.token
             self.generation += 1
+            self.started = record
             return None
         batch: Batch = record
+        if self.generation == 0:
+            raise LogError(
+                f"the log does not begin with a sequencer's start record (batch {batch.batch_id} at offset "
+                f"{offset} comes first): its head was deleted, typically by topic retention")
+        if self.log_id is None:
+            self.log_id = batch.log_id  # a cursor persisted before logs carried their identity
+        if batch.log_id != self.log_id:
+            raise LogMismatch(
+                f"batch {batch.batch_id} at offset {offset} belongs to log {batch.log_id}, not to log "
+                f"{self.log_id} that this reader followed: the broker lost the log (restarted without its "
+                f"data?) or the topic was made again")
         if batch.generation != self.generation or batch.batch_id < self.next_batch:
+            if batch.generation < self.generation and batch.batch_id >= self.next_batch:
+                self.stale += 1
             return None  # a fenced sequencer's record, or a repeat
         if batch.batch_id > self.next_batch:
             raise LogError(
                 f"log gap: expected batch {self.next_batch}, found batch {batch.batch_id} at offset {offset}"
             )
+        self.stale = 0
         self.next_batch += 1
         for partition, (_, end) in batch.offsets.items():
             self.request_offsets[int(partition)] = end
@@ -177,6 +237,7 @@ class LogCursor:
             "generation": self.generation,
             "next_offset": self.next_offset,
             "request_offsets": dict(self.request_offsets),
+            "log_id": self.log_id,
         }
 
     @classmethod
@@ -186,4 +247,5 @@ class LogCursor:
             data["generation"],
             data["next_offset"],
             {int(p): o for p, o in data["request_offsets"].items()},
+            data.get("log_id"),
         )

@@ -1,12 +1,27 @@
 """Following the log: a consumer on the log's single partition that feeds every record
-through a LogCursor, so all readers accept exactly the same batches."""
+through a LogCursor, so all readers accept exactly the same batches.
+
+A follower also watches what it cannot see in the records themselves: a log that got
+shorter than what it already read (the broker lost it) and a log whose sequence stalled
+behind a start record no batch followed. Either stops it with a clear error instead of
+waiting forever for batches that will never be accepted."""
 
 from __future__ import annotations
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+import time
+from typing import Callable
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from sequencer.kafka import consumer_config
-from sequencer.log import Batch, LogCursor
+from sequencer.log import STALE_LIMIT, Batch, LogCursor, LogError, Start
+
+WATCH_EVERY = 2.0  # seconds between checks of the log's end offset
+STALE_GRACE = 5.0  # how long the sequence may stall behind a start record before it is an error
+
+
+class LogLost(LogError):
+    """The broker no longer holds the log this reader followed."""
 
 
 def log_consumer(bootstrap: str, group: str) -> Consumer:
@@ -22,22 +37,72 @@ def log_consumer(bootstrap: str, group: str) -> Consumer:
 
 
 class LogReader:
-    def __init__(self, bootstrap: str, topic: str, cursor: LogCursor, group: str):
+    def __init__(self, bootstrap: str, topic: str, cursor: LogCursor, group: str,
+                 on_start: Callable[[Start], None] | None = None):
         self.cursor = cursor
         self.topic = topic
+        self._on_start = on_start
         self._consumer = log_consumer(bootstrap, group)
         start = cursor.next_offset if cursor.next_offset > 0 else OFFSET_BEGINNING
         self._consumer.assign([TopicPartition(topic, 0, start)])
+        self._watched = 0.0
+        self._stale_since: float | None = None
 
     def poll(self, timeout: float, max_records: int = 500) -> list[tuple[Batch, dict]]:
         """Accepted batches among the next records (possibly none), each with the cursor
         as it stood right after it: what a shard records as applied with that batch."""
         accepted = []
-        for offset, value in self.poll_raw(timeout, max_records):
-            batch = self.cursor.accept(value, offset)
+        cursor = self.cursor
+        records = self.poll_raw(timeout, max_records)
+        for offset, value in records:
+            batch = cursor.accept(value, offset)
+            if cursor.started is not None:
+                start, cursor.started = cursor.started, None
+                if self._on_start is not None:
+                    self._on_start(start)
             if batch is not None:
-                accepted.append((batch, self.cursor.to_dict()))
+                accepted.append((batch, cursor.to_dict()))
+        if not records or cursor.stale > STALE_LIMIT:
+            self._watch()
         return accepted
+
+    def _watch(self) -> None:
+        now = time.monotonic()
+        if now - self._watched < WATCH_EVERY:
+            return
+        self._watched = now
+        end = self._end_offset()
+        if end is None and self.cursor.next_offset == 0:
+            raise LogError(f"topic {self.topic} does not exist: create the namespace's topics first "
+                           f"(`ordo run` creates them)")
+        if end is None:
+            raise LogLost(f"topic {self.topic} is gone: the broker lost the log (restarted without its data?); "
+                          f"see docs/operations.md, 'Broker lost'")
+        if 0 <= end < self.cursor.next_offset:
+            raise LogLost(f"{self.topic} ends at offset {end}, but this reader has already read up to offset "
+                          f"{self.cursor.next_offset}: the broker lost the log (restarted without its data?); "
+                          f"see docs/operations.md, 'Broker lost'")
+        if self.cursor.stale <= STALE_LIMIT:
+            self._stale_since = None
+        elif end == self.cursor.next_offset:
+            self._stale_since = self._stale_since or now
+            if now - self._stale_since >= STALE_GRACE:
+                cursor = self.cursor
+                raise LogError(
+                    f"{cursor.stale} batches from batch {cursor.next_batch} on belong to generation "
+                    f"{cursor.generation - 1}, after a start record of generation {cursor.generation} that no "
+                    f"batch followed: a record on {self.topic} did not come from a sequencer; restart the "
+                    f"sequencer (a new generation takes over) and keep other producers off the log")
+
+    def _end_offset(self) -> int | None:
+        """The log's end offset; None if the topic is gone; -1 if the broker did not say."""
+        try:
+            return self._consumer.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=5, cached=False)[1]
+        except KafkaException as exc:
+            if exc.args[0].code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION,
+                                      KafkaError._UNKNOWN_TOPIC):
+                return None
+            return -1
 
     def poll_raw(self, timeout: float, max_records: int = 500) -> list[tuple[int, bytes]]:
         """The next records as (offset, value), without acceptance."""

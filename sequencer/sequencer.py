@@ -26,27 +26,37 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from procedures.fingerprint import describe
 from procedures.registry import Registry
 from procedures.ollp import is_resequenced, request_identity
 from sequencer.dedupe import RecentIds
 from sequencer.kafka import consumer_config, kafka_config
 from sequencer.log import (
     BATCH_OVERHEAD,
-    START,
     LogCursor,
     bin_size,
-    decode,
     encode_batch,
     encode_entry,
     encode_start,
 )
 from sequencer.reader import LogReader
 from sequencer.routing import build_routing, item_bytes
-from sequencer.topics import Topics, partition_count
+from sequencer.topics import Topics, check_topics, partition_count
 from sequencer.wire import parse_request_sets
 from storage.partitioning import Partitioner, place
 
 log = logging.getLogger("ordo.sequencer")
+
+# How long appending one batch may keep failing before the sequencer gives up with a clear
+# error instead of retrying forever (a broker that lost its transaction state answers
+# every attempt with an abortable error).
+APPEND_DEADLINE = 60.0
+# How often an idle sequencer checks that the broker still holds what it sequenced.
+WATCH_EVERY = 2.0
+
+
+class BrokerLost(RuntimeError):
+    """The broker no longer holds what this sequencer wrote or consumed."""
 
 SINGLE = ((0,), (0,))
 
@@ -101,6 +111,8 @@ class Sequencer:
         }))
         self._consumer: Consumer | None = None
         self._cursor = LogCursor()
+        self._log_end = 0  # the log's end offset after this sequencer's last append, as far as known
+        self._watched = 0.0
         self._recent = RecentIds(config.dedupe_window)
         self._last_time = 0
         tables = registry.tables.values()
@@ -114,7 +126,7 @@ class Sequencer:
         self._producer.init_transactions(timeout)
         token = uuid.uuid4().hex
         self._producer.begin_transaction()
-        self._producer.produce(self.topics.log, value=encode_start(token))
+        self._producer.produce(self.topics.log, value=encode_start(token, describe(self.registry)), partition=0)
         self._producer.commit_transaction(timeout)
         self._catch_up(token, timeout)
         partitions = partition_count(self.bootstrap, self.topics.requests)
@@ -141,7 +153,8 @@ class Sequencer:
                     if batch is not None:
                         self._recent.add_batch_entries(batch.entries)
                         self._last_time = max(self._last_time, batch.time_ms)
-                    elif _is_own_start(value, token):
+                    elif self._cursor.started is not None and self._cursor.started.token == token:
+                        self._log_end = offset + 1
                         return
             raise TimeoutError("sequencer start record did not appear in the log")
         finally:
@@ -169,7 +182,10 @@ class Sequencer:
             while not self._stop.is_set():
                 wait = max_delay if not epoch.entries else max(0.0, epoch.opened + max_delay - time.monotonic())
                 room = self.config.max_txns - len(epoch.entries)
-                for message in self._consumer.consume(room, max(wait, 0.001)):
+                messages = self._consumer.consume(room, max(wait, 0.001))
+                if not messages and not epoch.entries:
+                    self._watch()
+                for message in messages:
                     error = message.error()
                     if error is not None:
                         if error.code() != KafkaError._PARTITION_EOF:
@@ -242,7 +258,7 @@ class Sequencer:
         batch_id = self._cursor.next_batch
         record = encode_batch(batch_id, self._cursor.generation, self._last_time,
                               {p: tuple(span) for p, span in epoch.offsets.items()}, epoch.entries,
-                              build_routing(self.config.partitions, epoch.placements))
+                              build_routing(self.config.partitions, epoch.placements), self._cursor.log_id)
         positions = [TopicPartition(self.topics.requests, p, span[1]) for p, span in epoch.offsets.items()]
         self._append(record, positions)
         self._cursor.next_batch += 1
@@ -254,20 +270,23 @@ class Sequencer:
 
     def _append(self, record: bytes, positions: list[TopicPartition]) -> None:
         producer = self._producer
+        deadline = time.monotonic() + APPEND_DEADLINE
         while True:
             producer.begin_transaction()
             try:
-                producer.produce(self.topics.log, value=record)
+                producer.produce(self.topics.log, value=record, partition=0, on_delivery=self._delivered)
                 producer.send_offsets_to_transaction(positions, self._consumer.consumer_group_metadata(), 30)
-                self._commit()
+                self._commit(deadline)
                 return
             except KafkaException as exc:
                 if not exc.args[0].txn_requires_abort():
                     raise  # fenced or fatal: another sequencer owns the log now
+                if time.monotonic() > deadline:
+                    raise BrokerLost(self._cannot_append(exc)) from None
                 producer.abort_transaction(30)
                 # Append the same batch again; readers drop a visible aborted copy by its id.
 
-    def _commit(self) -> None:
+    def _commit(self, deadline: float) -> None:
         while True:
             try:
                 self._producer.commit_transaction(30)
@@ -275,6 +294,30 @@ class Sequencer:
             except KafkaException as exc:
                 if not exc.args[0].retriable():
                     raise
+                if time.monotonic() > deadline:
+                    raise BrokerLost(self._cannot_append(exc)) from None
+
+    def _cannot_append(self, exc: KafkaException) -> str:
+        return (f"cannot append batch {self._cursor.next_batch} to {self.topics.log} for "
+                f"{APPEND_DEADLINE:.0f} s ({exc.args[0].str()}): the broker may have been restarted without its "
+                f"data; see docs/operations.md, 'Broker lost'")
+
+    def _delivered(self, error, message) -> None:
+        if error is None:
+            self._log_end = max(self._log_end, message.offset() + 1)
+
+    def _watch(self) -> None:
+        """When idle, check that the broker still holds the log and the requests this
+        sequencer has consumed: a broker restarted without its data would otherwise
+        have it sequence into a new, unrelated log without a word."""
+        now = time.monotonic()
+        if now - self._watched < WATCH_EVERY:
+            return
+        self._watched = now
+        problem = broker_problem(self._consumer, self.topics, self._log_end, self._cursor.request_offsets)
+        if problem:
+            raise BrokerLost(f"{problem}: the broker lost data this sequencer wrote or consumed (restarted "
+                             f"without its data?); see docs/operations.md, 'Broker lost'")
 
     def close(self) -> None:
         if self._consumer is not None:
@@ -283,6 +326,27 @@ class Sequencer:
         self._producer.flush(5)
 
 
-def _is_own_start(value: bytes, token: str) -> bool:
-    kind, record = decode(value)
-    return kind == START and record == token
+def broker_problem(consumer: Consumer, topics: Topics, log_end: int, request_offsets: dict[int, int]) -> str | None:
+    """What the broker lacks of the log's first `log_end` records and of the consumed
+    request positions, or None. Watermarks are asked of the broker, not cached."""
+    def high(topic: str, partition: int) -> int | None:
+        try:
+            return consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=5, cached=False)[1]
+        except KafkaException as exc:
+            if exc.args[0].code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION,
+                                      KafkaError._UNKNOWN_TOPIC):
+                return None
+            return -1  # the broker did not answer: not a loss we can tell yet
+
+    end = high(topics.log, 0)
+    if end is None:
+        return f"topic {topics.log} is gone"
+    if 0 <= end < log_end:
+        return f"{topics.log} ends at offset {end}, below the {log_end} records already appended"
+    for partition, offset in request_offsets.items():
+        end = high(topics.requests, partition)
+        if end is None:
+            return f"partition {partition} of {topics.requests} is gone"
+        if 0 <= end < offset:
+            return f"partition {partition} of {topics.requests} ends at offset {end}, below the {offset} already sequenced"
+    return None

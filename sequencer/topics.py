@@ -67,6 +67,21 @@ def ensure_topics(bootstrap: str, namespace: str, request_partitions: int = 1,
     return topics
 
 
+def check_topics(bootstrap: str, topics: Topics, timeout: float = 30.0) -> None:
+    """The namespace's topics exist and the log has one partition; else a clear error
+    (a producer would otherwise have the broker make them with its defaults)."""
+    admin = AdminClient(kafka_config(bootstrap))
+    existing = admin.list_topics(timeout=timeout).topics
+    missing = [name for name in (topics.requests, topics.log, topics.results, topics.changes)
+               if name not in existing or existing[name].error is not None]
+    if missing:
+        raise RuntimeError(f"topics {', '.join(missing)} do not exist: create the namespace's topics first "
+                           f"(`ordo run` creates them)")
+    log_partitions = len(existing[topics.log].partitions)
+    if log_partitions != 1:
+        raise RuntimeError(f"topic {topics.log} has {log_partitions} partitions; the log needs exactly 1")
+
+
 def partition_count(bootstrap: str, topic: str, timeout: float = 30.0) -> int:
     admin = AdminClient(kafka_config(bootstrap))
     metadata = admin.list_topics(topic, timeout=timeout).topics.get(topic)

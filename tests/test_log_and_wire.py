@@ -1,10 +1,11 @@
 import json
 
+import msgpack
 import pytest
 
 from procedures.registry import default_registry
 from sequencer.dedupe import RecentIds
-from sequencer.log import BATCH, LogCursor, LogError, decode, encode_batch, encode_entry, encode_start
+from sequencer.log import BATCH, LogCursor, LogError, LogMismatch, decode, encode_batch, encode_entry, encode_start
 from sequencer.wire import parse_request
 
 registry = default_registry()
@@ -40,9 +41,9 @@ def test_bad_messages_become_rejections_never_exceptions(value, key, expected_id
     assert request_id == expected_id and proc is None and error in reason
 
 
-def batch_record(batch_id, generation, entries=(["a", None, "x"],), offsets=None):
+def batch_record(batch_id, generation, entries=(["a", None, "x"],), offsets=None, log_id="s1"):
     return encode_batch(batch_id, generation, 1000 + batch_id, offsets or {0: (0, 1)},
-                        [encode_entry(e) for e in entries])
+                        [encode_entry(e) for e in entries], log_id=log_id)
 
 
 def test_batch_record_round_trip():
@@ -62,20 +63,53 @@ def test_cursor_accepts_next_batch_of_current_generation_only():
     assert cursor.accept(batch_record(2, 1), 4) is None  # a fenced sequencer's late write
     accepted = cursor.accept(batch_record(2, 2, offsets={0: (1, 5)}), 5)
     assert accepted.batch_id == 2 and accepted.log_offset == 5
-    assert cursor.to_dict() == {"next_batch": 3, "generation": 2, "next_offset": 6, "request_offsets": {0: 5}}
+    assert cursor.to_dict() == {"next_batch": 3, "generation": 2, "next_offset": 6, "request_offsets": {0: 5},
+                                "log_id": "s1"}
     assert LogCursor.from_dict(cursor.to_dict()) == cursor
 
 
 def test_cursor_refuses_to_skip_a_missing_batch():
     cursor = LogCursor()
-    cursor.accept(encode_start("s"), 0)
+    cursor.accept(encode_start("s1"), 0)
     with pytest.raises(LogError, match="expected batch 1, found batch 3"):
         cursor.accept(batch_record(3, 1), 1)
 
 
-def test_unreadable_record_is_a_clear_error():
-    with pytest.raises(LogError, match="unreadable log record"):
-        LogCursor().accept(b"\xc1garbage", 0)
+def test_unreadable_record_is_skipped_alike_by_every_reader_and_a_lost_batch_still_shows():
+    cursor = LogCursor()
+    cursor.accept(encode_start("s1"), 0)
+    assert cursor.accept(b"\xc1garbage", 1) is None and cursor.foreign == 1
+    assert cursor.accept(msgpack.packb([0, 7]), 2) is None and cursor.foreign == 2  # a start without a token
+    assert cursor.accept(batch_record(1, 1), 3).batch_id == 1
+    with pytest.raises(LogError, match="expected batch 2, found batch 3"):
+        cursor.accept(batch_record(3, 1), 4)
+
+
+def test_a_batch_of_another_log_is_refused():
+    cursor = LogCursor()
+    cursor.accept(encode_start("s1"), 0)
+    cursor.accept(batch_record(1, 1), 1)
+    restored = LogCursor.from_dict(cursor.to_dict())
+    restored.accept(encode_start("t9"), 2)  # what a restarted, empty broker's new log shows
+    with pytest.raises(LogMismatch, match="belongs to log t9, not to log s1"):
+        restored.accept(batch_record(1, 2, log_id="t9"), 3)
+
+
+def test_a_log_without_its_head_is_refused():
+    with pytest.raises(LogError, match="does not begin with a sequencer's start record"):
+        LogCursor().accept(batch_record(900, 3), 5000)
+
+
+def test_batches_ignored_after_a_start_no_batch_followed_are_counted():
+    cursor = LogCursor()
+    cursor.accept(encode_start("s1"), 0)
+    cursor.accept(batch_record(1, 1), 1)
+    cursor.accept(encode_start("forged"), 2)
+    for offset, batch_id in enumerate(range(2, 8), start=3):
+        assert cursor.accept(batch_record(batch_id, 1), offset) is None
+    assert cursor.stale == 6 and cursor.next_batch == 2
+    cursor.accept(encode_start("s3"), 9)
+    assert cursor.accept(batch_record(2, 3), 10).batch_id == 2 and cursor.stale == 0
 
 
 def test_recent_ids_forget_the_oldest_beyond_capacity():

@@ -174,12 +174,24 @@ request = st.one_of(good, good, good, good, bad)
 batches = st.lists(st.lists(request, min_size=1, max_size=20), min_size=1, max_size=3)
 
 
+def sequenced(request_id: str, proc, args) -> list:
+    """The entry a sequencer logs for a request: itself, or its rejection with the reason
+    (an engine refuses to run an accepted entry its procedures cannot validate)."""
+    if proc is None:
+        return [request_id, None, args]
+    try:
+        REGISTRY.analyze(proc, args)
+    except RequestError as exc:
+        return [request_id, None, str(exc)]
+    return [request_id, proc, args]
+
+
 def to_batches(drawn) -> list[Batch]:
     out, n = [], 0
     for b, requests in enumerate(drawn, start=1):
         entries = []
         for proc, args in requests:
-            entries.append([f"r{n}", proc, args])
+            entries.append(sequenced(f"r{n}", proc, args))
             n += 1
         out.append(Batch(b, 1, 1_000 * b, {}, entries))
     return out
@@ -364,7 +376,7 @@ def generated_log(knobs: dict, seed: int, batch_size: int, stride: int, prefix: 
         entries = []
         for i in range(batch_size):
             req = next(streams[names[(i * stride + b) % len(names)]])
-            entries.append([f"{prefix}{n}", req["proc"], req["args"]])
+            entries.append(sequenced(f"{prefix}{n}", req["proc"], req["args"]))
             n += 1
         log.append(Batch(b, 1, 1_000 * b, {}, entries))
     return log
