@@ -222,6 +222,11 @@ class CollectedOutputs:
         return [record for *_, record in sorted(self._outcomes, key=_position)]
 
     @property
+    def positioned(self) -> list[tuple[int, int, dict[str, Any]]]:
+        """(batch, txn index, outcome record) in log order."""
+        return sorted(self._outcomes, key=_position)
+
+    @property
     def restarts(self) -> list[bytes]:
         """The requests re-sequenced transactions appended, in log order of their turns."""
         return [message for *_, message in sorted(self._restarts, key=_position)]

@@ -1,0 +1,75 @@
+"""Running logs of dependent transactions (procedures/ollp.py) through real partition
+workers in-process, the way the sequencer and the engine close the loop: the requests a
+batch's re-sequenced transactions append are parsed by the sequencer's wire parser and
+open the next batch."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+
+import msgpack
+
+from procedures.registry import Registry
+from scheduler.exchange import LocalExchange
+from scheduler.outputs import CollectedOutputs
+from scheduler.worker import PartitionWorker
+from sequencer.log import Batch
+from sequencer.wire import parse_request
+from storage.digest import combine
+from storage.keys import decode_key
+from storage.values import decode_value
+
+
+def _entry(message: bytes, registry: Registry) -> list:
+    """The log entry the sequencer makes of a request message, as a worker decodes it."""
+    entry = parse_request(message, None, 0, 0, registry, 1 << 20)
+    return msgpack.unpackb(msgpack.packb(entry), strict_map_key=False)
+
+
+def run_dependent(batches: list[list[dict]], scheduler: str, partitions: int, registry: Registry,
+                  max_batches: int = 200, restarts_first: bool = True) -> dict:
+    """Execute `batches` of request dicts (then the restarts they cause, each batch's
+    restarts opening the next batch) on `partitions` workers; return the outcomes, change
+    data, restart messages, the final log, digest and state."""
+    pending = [list(b) for b in batches]
+    with tempfile.TemporaryDirectory() as data_dir:
+        exchange = LocalExchange()
+        workers = [PartitionWorker(data_dir, p, partitions, scheduler, registry, exchange.endpoint(p))
+                   for p in range(partitions)]
+        outputs = CollectedOutputs()
+        log: list[list] = []
+        restarts: list[bytes] = []
+        try:
+            batch_id = 0
+            carried: list[list] = []
+            while pending or carried:
+                batch_id += 1
+                assert batch_id <= max_batches, "restarts did not settle"
+                fresh = [_entry(json.dumps(r).encode(), registry) for r in (pending.pop(0) if pending else [])]
+                entries = carried + fresh if restarts_first else fresh + carried
+                batch = Batch(batch_id, 1, 1_000 * batch_id, {}, entries)
+                log.append(entries)
+                step = CollectedOutputs()
+
+                async def all_partitions(batch=batch):
+                    return await asyncio.wait_for(asyncio.gather(*(w.execute(batch) for w in workers)), 60)
+
+                for result in asyncio.run(all_partitions()):
+                    step.publish(batch_id, result.partition, result.outcomes, result.changes)
+                for worker in workers:
+                    worker.commit({"batch": batch_id, "cursor": {}})
+                outputs.merge(step)
+                restarts += step.restarts
+                carried = [_entry(message, registry) for message in step.restarts]
+            digest = combine(w.shard.digest() for w in workers)
+            state = {}
+            for worker in workers:
+                for raw_key, raw_value in worker.shard.items(None):
+                    state[decode_key(raw_key)] = decode_value(raw_value)
+        finally:
+            for worker in workers:
+                worker.close()
+    return {"outcomes": outputs.outcomes, "positioned": outputs.positioned, "changes": outputs.changes, "restarts": restarts,
+            "log": log, "digest": digest, "state": state}
