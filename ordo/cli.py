@@ -345,12 +345,12 @@ def cmd_demo(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from ordo.bench import run_bench, run_suite
-
     if args.workload == "suite":
+        from ordo.benchmarks.suite import run_suite
+
         return run_suite(args.quick, args.out)
     if args.workload == "scale":
-        from ordo.bench_scale import run_scale
+        from ordo.benchmarks.scale import run_scale
 
         if args.scaled is None:
             raise ValueError("ordo bench scale needs a workload: ordo bench scale micro --partitions 1,2")
@@ -361,6 +361,8 @@ def cmd_bench(args) -> int:
         run_scale(args.scaled, counts, args.scheduler, args.txns, args.seed, knobs, args.max_txns,
                   not args.no_end_to_end, args.json)
         return 0
+    from ordo.benchmarks.configuration import run_bench
+
     module = _workload(args.workload)
     return run_bench(args.workload, args.scheduler, int(args.partitions), args.txns, args.seed,
                      parse_knobs(module, args.knob), args.max_txns, args.json, args.baseline)

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from ordo.baseline import BaselineUnavailable, PostgresServer, check_serial, run_baseline, serial_state
+from ordo.benchmarks.baseline import BaselineUnavailable, PostgresServer, check_serial, run_baseline, serial_state
 from ordo.client import Client
 from procedures.workloads import micro, sl
 from sequencer.topics import ensure_topics
@@ -95,7 +95,8 @@ def fake_report() -> dict:
 
 
 def test_plot_writes_a_png_from_a_result_set(tmp_path):
-    from ordo.bench import format_report, plot, ratios, targets
+    from ordo.benchmarks.plot import plot
+    from ordo.benchmarks.report import format_report, ratios, targets
 
     report = fake_report()
     report["ratios"] = ratios(report)

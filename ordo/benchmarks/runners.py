@@ -1,0 +1,165 @@
+"""The runs a benchmark measures: the engine over a pre-filled log, a replay, and the
+whole pipeline end to end with a client process (throughput, latency and memory)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+from ordo.benchmarks.defaults import LATENCY_LOAD, PACED_MAX_RATE, PACED_SEED, WARMUP_SEED
+from ordo.benchmarks.load_client import client_main
+from ordo.benchmarks.memory import MemoryWatch, reset_own_peak
+from ordo.benchmarks.prefill import Log, new_namespace
+from ordo.benchmarks.requests import encode_requests, workload_requests
+
+
+@dataclass
+class EngineRun:
+    tps: float
+    txns: int
+    batches: int
+    seconds: float
+
+
+def engine_throughput(bootstrap: str, log: Log, scheduler: str, partitions: int, directory: str,
+                      seconds: float | None = None) -> EngineRun:
+    """Transactions/s of the engine over a pre-filled log: the partition workers follow it
+    as they always do (read their slices from Kafka, execute, publish the outputs, apply).
+    Every worker first applies batch 1 and is held there: that batch pays for connecting
+    to the broker and starting up, whatever the log's length. The clock starts when they
+    are released and stops when the last worker has applied the last batch, or, with
+    `seconds`, the batch every worker is held at once that much time has passed.
+    `txns` counts every applied batch, the first included."""
+    from scheduler.coordinator import Coordinator
+
+    sizes = {batch.batch_id: len(batch) for batch, _ in log.batches()}
+    if len(sizes) < 2:
+        raise ValueError("the engine's clock needs a log of at least two batches (more txns or a smaller --max-txns)")
+    coordinator = Coordinator(bootstrap, log.namespace, directory, scheduler, partitions)
+    try:
+        coordinator.start(hold_at=1)
+        _wait_until_applied(coordinator, 1)
+        started = time.monotonic()
+        coordinator.group.hold(log.last_batch)
+        last = log.last_batch
+        while not all(s["applied"] >= last for s in coordinator.watch(0.1)):
+            if seconds is not None and time.monotonic() - started >= seconds:
+                last = max(s["executed"] for s in coordinator.watch(0))
+                coordinator.group.hold(last)
+                _wait_until_applied(coordinator, last)
+                break
+        elapsed = max(s["applied_at"] for s in coordinator.watch(0)) - started
+    finally:
+        coordinator.close()
+    timed = sum(sizes[b] for b in range(2, last + 1))
+    return EngineRun(timed / elapsed, timed + sizes[1], last, elapsed)
+
+
+def _wait_until_applied(coordinator, batch_id: int, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(s["applied"] >= batch_id and s["unapplied"] == 0 for s in coordinator.watch(0.005)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the workers did not apply batch {batch_id} within {timeout:.0f} s")
+
+
+def replay_throughput(bootstrap: str, log: Log, scheduler: str, partitions: int,
+                      directory: str) -> tuple[float, float]:
+    """`recovery.replay.recover` rebuilding a fresh data directory from the whole log (as
+    `ordo recover --from-scratch` does): (transactions/s from the first replayed batch to
+    the last, transactions/s as recovery reports it, which also counts starting the
+    workers, connecting and the first fetch)."""
+    from recovery.replay import recover
+
+    report = recover(bootstrap, log.namespace, directory, scheduler, partitions, mode="scratch", idle=1.0,
+                     quiet=True)
+    if report.to_batch < log.last_batch:
+        raise RuntimeError(f"replay stopped at batch {report.to_batch} of {log.last_batch}")
+    return report.steady_txns_per_s, report.txns_per_s
+
+
+def end_to_end(bootstrap: str, workload: str, knobs: dict, requests: list[dict], scheduler: str,
+               partitions: int, batch_size: int, directory: str,
+               phases: list[tuple[str, float, float]] = (("latency_ms", LATENCY_LOAD, 3.0),)) -> dict:
+    """Sequencer (child process), engine (this process; Ray workers with 2+ partitions) and
+    a client process on a fresh namespace: end-to-end throughput, latency at half of it,
+    and peak memory per process."""
+    import multiprocessing
+    import queue
+
+    from ordo.services import SequencerProcess
+    from scheduler.coordinator import Coordinator
+    from sequencer.sequencer import SequencerConfig
+    from sequencer.topics import ensure_topics
+
+    namespace = new_namespace("e2e")
+    ensure_topics(bootstrap, namespace, request_partitions=1)
+    warmup = encode_requests(workload_requests(workload, 20, WARMUP_SEED, knobs, partitions))
+    paced_count = int(sum(load * seconds for _, load, seconds in phases) * PACED_MAX_RATE) + 100
+    paced = encode_requests(workload_requests(workload, paced_count, PACED_SEED, knobs, partitions))
+    reset = reset_own_peak()
+    coordinator = Coordinator(bootstrap, namespace, directory, scheduler, partitions)
+    sequencer = SequencerProcess(bootstrap, namespace, SequencerConfig(max_txns=batch_size, partitions=partitions))
+    engine_error: list[BaseException] = []
+
+    def run_engine() -> None:
+        try:
+            coordinator.run()
+        except BaseException as exc:
+            engine_error.append(exc)
+
+    engine = threading.Thread(target=run_engine, daemon=True)
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    client = context.Process(target=client_main, args=(bootstrap, namespace, warmup, encode_requests(requests),
+                                                       paced, list(phases), out), daemon=True)
+    workers = getattr(coordinator.group, "where", None)
+    roles = {"engine": [os.getpid()], "sequencer": [], "workers": [w["pid"] for w in workers()] if workers else []}
+    watch = None
+    try:
+        sequencer.start()
+        roles["sequencer"] = [sequencer.pid]
+        engine.start()
+        client.start()
+        watch = MemoryWatch(roles, {"sequencer", "workers"} | ({"engine"} if reset else set())).start()
+        result = None
+        deadline = time.monotonic() + 600
+        while result is None:
+            try:
+                result = out.get(timeout=0.5)
+            except queue.Empty:
+                if engine_error:
+                    raise RuntimeError(f"engine failed: {engine_error[0]!r}") from engine_error[0]
+                if not client.is_alive() or time.monotonic() > deadline:
+                    raise RuntimeError("the benchmark client ended without a result")
+        memory = watch.stop()
+        if "error" in result:
+            raise RuntimeError(f"benchmark client: {result['error']}")
+    finally:
+        if watch is not None:
+            watch.stop()
+        coordinator.stop()
+        if engine.ident is not None:
+            engine.join(120)
+        else:
+            coordinator.close()
+        sequencer.stop()
+        client.join(10)
+        if client.is_alive():
+            client.kill()
+    result["memory_mb"] = memory
+    return result
+
+
+def rounded(values: dict) -> dict:
+    return {k: round(v, 2) if isinstance(v, float) else v for k, v in values.items()}
+
+
+def shutdown_ray() -> None:
+    if "ray" in sys.modules:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
