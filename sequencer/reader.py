@@ -84,7 +84,7 @@ class LogReader:
                           f"see docs/operations.md, 'Broker lost'")
         if self.cursor.stale <= STALE_LIMIT:
             self._stale_since = None
-        elif end == self.cursor.next_offset:
+        elif end <= self.cursor.next_offset + 1:  # at the tail (a transaction marker may follow)
             self._stale_since = self._stale_since or now
             if now - self._stale_since >= STALE_GRACE:
                 cursor = self.cursor

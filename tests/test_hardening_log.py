@@ -1,0 +1,144 @@
+"""The log is the source of truth, so an engine must never follow a log that is not the
+one it applied, nor wait silently for one the broker lost: a broker restarted without its
+data, a forged record, a replay with other procedures each stop with one clear line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from confluent_kafka import Producer
+
+from sequencer.broker import LocalBroker, free_port
+from sequencer.kafka import kafka_config
+from sequencer.log import encode_start
+from sequencer.topics import ensure_topics
+from tests.helpers import ROOT, dump_state, ordo, read_results, stop
+
+pytestmark = pytest.mark.slow
+
+
+def deposits(start: int, count: int) -> str:
+    return "".join(json.dumps({"id": f"d{i}", "proc": "sl_deposit", "args": {
+        "account": i % 7, "asset": i % 3, "account_amount": 1, "asset_amount": 2}}) + "\n"
+        for i in range(start, start + count))
+
+
+def cli(*args: str, input: str | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    return subprocess.run([sys.executable, "-m", "ordo.cli", *args], input=input, capture_output=True,
+                          text=True, cwd=ROOT, env=env, timeout=timeout)
+
+
+def submit(bootstrap: str, namespace: str, lines: str) -> None:
+    done = cli("submit", "--bootstrap-servers", bootstrap, "--namespace", namespace, "--file", "-", input=lines)
+    assert done.returncode == 0, done.stderr
+
+
+def ended(process: subprocess.Popen, timeout: float) -> int | None:
+    try:
+        return process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def test_a_broker_restarted_without_its_data_stops_the_engine_with_one_line_and_keeps_its_state(tmp_path):
+    port = free_port()
+    broker = LocalBroker(port=port)
+    bootstrap = broker.start()
+    data = str(tmp_path / "d")
+    engine = ordo("run", "--bootstrap-servers", bootstrap, "--namespace", "lost", "--data-dir", data,
+                  "--quiet", "--runtime", "local", stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(3)
+        submit(bootstrap, "lost", deposits(0, 30))
+        assert len({r["id"] for r in read_results(bootstrap, "lost.results", 30, timeout=60)}) == 30
+        broker.stop()
+        broker = LocalBroker(port=port)
+        broker.start()  # same address, nothing in it: what a memory-only broker's restart is
+        code = ended(engine, 90)
+        assert code not in (None, 0), "the engine went on as if nothing had happened"
+        lines = engine.stderr.read()
+        assert "lost the log" in lines, lines
+        before = dump_state(data)
+        assert sum(v for (table, _), v in before.items() if table == "account") == 30
+
+        # Started again on an empty broker: a new log appears, and the engine that applied
+        # the old one refuses it instead of skipping its batches as "repeats".
+        broker.stop()
+        broker = LocalBroker(port=port)
+        broker.start()
+        again = ordo("run", "--bootstrap-servers", bootstrap, "--namespace", "lost", "--data-dir", data,
+                     "--quiet", "--runtime", "local", stderr=subprocess.PIPE, text=True)
+        try:
+            time.sleep(3)
+            submit(bootstrap, "lost", deposits(100, 5))
+            code = ended(again, 90)
+            lines = again.stderr.read() if code is not None else ""
+            assert code not in (None, 0), "the engine followed a log it never applied"
+            assert "lost the log" in lines or "belongs to log" in lines, lines
+        finally:
+            stop(again)
+        assert dump_state(data) == before
+    finally:
+        stop(engine)
+        broker.stop()
+
+
+def test_a_forged_start_record_stops_the_engine_instead_of_hiding_every_later_batch(broker, namespace, tmp_path):
+    ensure_topics(broker, namespace)
+    data = str(tmp_path / "d")
+    engine = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", data,
+                  "--quiet", "--runtime", "local", stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(3)
+        submit(broker, namespace, deposits(0, 10))
+        read_results(broker, f"{namespace}.results", 10, timeout=60)
+        producer = Producer(kafka_config(broker))
+        producer.produce(f"{namespace}.log", encode_start("forged"), partition=0)
+        producer.produce(f"{namespace}.log", b"\x00garbage!", partition=0)  # unreadable: skipped alike
+        producer.flush(10)
+        for round_ in range(8):  # the live sequencer's batches now carry an older generation
+            submit(broker, namespace, deposits(1000 + 10 * round_, 10))
+            time.sleep(0.3)
+        code = ended(engine, 60)
+        lines = engine.stderr.read() if code is not None else ""
+        assert code not in (None, 0), "the engine ignored later batches without a word"
+        assert "did not come from a sequencer" in lines, lines
+    finally:
+        stop(engine)
+
+    # The way out the message gives: restart the sequencer, and nothing is lost.
+    again = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", data,
+                 "--quiet", "--runtime", "local")
+    try:
+        results = read_results(broker, f"{namespace}.results", 90, timeout=90)
+        assert {r["id"] for r in results} == {f"d{i}" for i in range(10)} | {f"d{i}" for i in range(1000, 1080)}
+    finally:
+        assert stop(again) == 0
+    accounts = sum(v for (table, _), v in dump_state(data).items() if table == "account")
+    assert accounts == 90
+
+
+def test_replay_with_other_procedures_is_refused_not_rejected_request_by_request(broker, namespace, tmp_path):
+    ensure_topics(broker, namespace)
+    engine = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir",
+                  str(tmp_path / "d"), "--quiet", "--runtime", "local",
+                  "--procedures", "tests.hardening_procedures")
+    try:
+        time.sleep(3)
+        submit(broker, namespace, deposits(0, 5))
+        read_results(broker, f"{namespace}.results", 5, timeout=60)
+    finally:
+        assert stop(engine) == 0
+    # The same log replayed by an engine without the module the sequencer had.
+    done = cli("recover", "--bootstrap-servers", broker, "--namespace", namespace,
+               "--data-dir", str(tmp_path / "fresh"), "--idle", "3")
+    assert done.returncode != 0, done.stderr
+    assert "the log was sequenced with procedures this engine lacks" in done.stderr
+    assert "--procedures" in done.stderr
+    assert len(done.stderr.strip().splitlines()) <= 3, done.stderr
