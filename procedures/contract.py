@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol
 
 from procedures.args import Field
+from storage.keys import KeyRange
 
 # A logical key: (table name, key). Keys are integers, strings, or tuples of them
 # (composite keys, docs/keys.md).
@@ -44,6 +45,8 @@ class TxnContext(Protocol):
 
     def abort(self, reason: str) -> None: ...
 
+    def scan(self, table: str, prefix: tuple) -> list[tuple[tuple, Any]]: ...
+
 
 @dataclass(frozen=True, slots=True)
 class Table:
@@ -55,20 +58,35 @@ class Table:
     integer modulo the partition count, a string by its hash), so related rows stay
     together: TPC-C's tables by warehouse id (docs/keys.md). It sets `partitioner` to
     "component:i".
+    `range_by=k` lets transactions declare ranges of this table: `Prefix(table, first k
+    components)`, which must include the partition component. Every access to a key of
+    such a table also locks the range it lies in (docs/keys.md).
     """
 
     name: str
     default: Any = 0
     partitioner: str = "hash"
     partition_by: int | None = None
+    range_by: int | None = None
 
     def __post_init__(self) -> None:
+        if self.range_by is not None and (self.partition_by is None or type(self.range_by) is not int
+                                          or not self.partition_by < self.range_by):
+            raise ValueError(f"table '{self.name}': range_by needs partition_by, and must exceed it")
         if self.partition_by is not None:
             if type(self.partition_by) is not int or self.partition_by < 0:
                 raise ValueError(f"table '{self.name}': partition_by must be a component index >= 0")
             object.__setattr__(self, "partitioner", f"component:{self.partition_by}")
         elif self.partitioner not in ("hash", "modulo"):
             raise ValueError(f"table '{self.name}': partitioner must be 'hash' or 'modulo'")
+
+
+def Prefix(table: str, prefix) -> Key:  # noqa: N802  (reads as a declaration in ANALYZE)
+    """A declared range for a read or write set: every key of `table` whose leading
+    components are `prefix` (a table with `range_by=len(prefix)`). In the read set, RUN may
+    read any key in it (`ctx.read`) or all of them (`ctx.scan`); in the write set, write
+    any key in it."""
+    return (table, KeyRange(prefix))
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ from typing import Any, Iterable
 from procedures.args import ArgumentError, check_args
 from procedures.contract import Key, Procedure, Table
 from procedures.ollp import AssumptionError, assumed_values, reconnaissance_keys, split_args
-from storage.keys import normal_key
+from storage.keys import KeyRange, normal_key
 
 
 class RequestError(ValueError):
@@ -19,12 +19,15 @@ class Registry:
     def __init__(self) -> None:
         self.procedures: dict[str, Procedure] = {}
         self.tables: dict[str, Table] = {}
+        self.range_tables: dict[str, tuple[int, int]] = {}  # table -> (range_by, partition_by)
 
     def add_table(self, table: Table) -> None:
         existing = self.tables.get(table.name)
         if existing is not None and existing != table:
             raise ValueError(f"table '{table.name}' registered twice with different settings")
         self.tables[table.name] = table
+        if table.range_by is not None:
+            self.range_tables[table.name] = (table.range_by, table.partition_by)
 
     def add_procedure(self, procedure: Procedure) -> None:
         if procedure.name in self.procedures:
@@ -68,7 +71,53 @@ class Registry:
         for table, _ in reads + writes:
             if table not in tables:
                 raise RequestError(f"{procedure.name}: ANALYZE named unknown table '{table}'")
+        if self.range_tables:
+            reads, writes = self._with_ranges(procedure.name, reads, writes)
         return procedure, reads, writes
+
+    def _with_ranges(self, name: str, reads: tuple, writes: tuple) -> tuple[tuple, tuple]:
+        """Check declared ranges, and add to the write set the range of every key of a
+        range table the transaction touches, so it is locked against anyone who declared
+        that range (docs/keys.md)."""
+        ranges = self.range_tables
+        implied: list[Key] = []
+        read_ranges: list[Key] = []
+        for which, keys in (("read", reads), ("write", writes)):
+            for table, key in keys:
+                shape = ranges.get(table)
+                if type(key) is KeyRange:
+                    if shape is None or len(key.components) != shape[0]:
+                        need = "no ranges" if shape is None else f"ranges of {shape[0]} components"
+                        raise RequestError(f"{name}: {which} range {table}{list(key.components)}: "
+                                           f"table '{table}' takes {need}")
+                    if which == "read":
+                        read_ranges.append((table, key))
+                elif shape is not None:
+                    if type(key) is not tuple or len(key) < shape[0]:
+                        raise RequestError(f"{name}: key {key!r} of table '{table}' needs at least "
+                                           f"{shape[0]} components")
+                    implied.append((table, KeyRange(key[:shape[0]])))
+        if read_ranges:
+            self._check_confined(name, read_ranges, reads + writes)
+        if not implied:
+            return reads, writes
+        return reads, _ordered_set(writes + tuple(implied))
+
+    def _check_confined(self, name: str, read_ranges: list, keys: tuple) -> None:
+        """A transaction that reads a range runs where that range lies, under any partition
+        count: all its keys must share the range's partition component."""
+        table, rng = read_ranges[0]
+        home = rng.components[self.range_tables[table][1]]
+        for table, key in keys:
+            spec = self.tables[table].partitioner
+            components = key.components if type(key) is KeyRange else key
+            if not spec.startswith("component:"):
+                raise RequestError(f"{name}: a transaction that reads a range may only touch tables partitioned "
+                                   f"like it; '{table}' is not")
+            index = int(spec[len("component:"):])
+            if type(components) is not tuple or index >= len(components) or components[index] != home:
+                raise RequestError(f"{name}: a transaction that reads a range must keep to its partition "
+                                   f"(component {home!r}); {table}{key!r} does not")
 
 
     @staticmethod

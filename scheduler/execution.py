@@ -17,8 +17,8 @@ import msgpack
 from procedures.args import WIRE_INT_MAX, WIRE_INT_MIN, list_fields, text_problem, value_problem
 from procedures.contract import Abort, Procedure, UndeclaredAccess
 from procedures.ollp import check_turn
-from storage.keys import encode_key
-from storage.overlay import ABSENT
+from storage.keys import KeyRange, decode_key, encode_key, is_range_key, range_scan_prefix
+from storage.overlay import ABSENT, RangeView
 from storage.values import decode_value, encode_value
 
 COMMITTED = "committed"
@@ -144,7 +144,7 @@ class TxnContext:
             try:
                 value = self._snapshot[encoded]
             except KeyError:
-                raise UndeclaredAccess(f"read of {table}[{key!r}] is not in the read set declared by ANALYZE") from None
+                value = self._in_range(table, key, encoded)
         if value is ABSENT:
             value = self._defaults.get(table, 0)
         if type(value) in _SCALARS:
@@ -155,7 +155,7 @@ class TxnContext:
         if type(key) is list:
             key = tuple(key)
         encoded = encode_key(table, key)
-        if encoded not in self._write_set:
+        if encoded not in self._write_set and not self._in_write_range(encoded):
             raise UndeclaredAccess(f"write of {table}[{key!r}] is not in the write set declared by ANALYZE")
         if type(value) is not int or not WIRE_INT_MIN <= value <= WIRE_INT_MAX:  # inline: the common case
             try:
@@ -168,12 +168,38 @@ class TxnContext:
         if type(key) is list:
             key = tuple(key)
         encoded = encode_key(table, key)
-        if encoded not in self._write_set:
+        if encoded not in self._write_set and not self._in_write_range(encoded):
             raise UndeclaredAccess(f"delete of {table}[{key!r}] is not in the write set declared by ANALYZE")
         self.writes[encoded] = [table, key, ABSENT]
 
     def abort(self, reason: str) -> None:
         raise Abort(str(reason))
+
+    # Declared ranges (docs/keys.md): looked for only when a key is not declared itself.
+
+    def _in_range(self, table: str, key: Any, encoded: bytes) -> Any:
+        for view in self._snapshot.values():
+            if type(view) is RangeView and encoded.startswith(view.prefix):
+                return view.get(encoded)
+        raise UndeclaredAccess(f"read of {table}[{key!r}] is not in the read set declared by ANALYZE")
+
+    def _in_write_range(self, encoded: bytes) -> bool:
+        return any(is_range_key(declared) and encoded.startswith(range_scan_prefix(declared))
+                   for declared in self._write_set)
+
+    def scan(self, table: str, prefix) -> list[tuple[Any, Any]]:
+        """[(key, value)] of every present key in a declared read range, in key order,
+        this transaction's own writes included."""
+        encoded = encode_key(table, KeyRange(prefix))
+        view = self._snapshot.get(encoded)
+        if type(view) is not RangeView:
+            raise UndeclaredAccess(f"scan of {table}{list(prefix)} is not a range declared in the read set")
+        found = dict(view.items())
+        for written, (_, _, value) in self.writes.items():
+            if written.startswith(view.prefix):
+                found[written] = value
+        return [(decode_key(k)[1], v if type(v) in _SCALARS else copy.deepcopy(v))
+                for k, v in sorted(found.items()) if v is not ABSENT]
 
 
 def txn_seed(batch_id: int, index: int) -> int:

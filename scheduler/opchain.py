@@ -63,7 +63,7 @@ from procedures.operations import OP_MODIFY, OP_READ, OP_WRITE, as_operations
 from scheduler.base import Scheduler, in_log_order, register
 from scheduler.batch import BatchExecution, Outcome, PreparedTxn
 from scheduler.execution import ABORTED, COMMITTED, execute, result_problem, stored_value, txn_seed
-from storage.keys import encode_key
+from storage.keys import KeyRange, encode_key, is_range_key, ranges_seen
 from storage.overlay import ABSENT
 
 _SCALARS = (int, str, float, bool, type(None), bytes)
@@ -397,6 +397,12 @@ class _Evaluation:
                     changes.append([index, table, key, None if value is ABSENT else value])
 
 
+def _declares_range(txn: PreparedTxn) -> bool:
+    """A transaction over a declared range reads or writes keys no chain knows of: it runs
+    at its log position between stretches, as a multi-partition one does."""
+    return any(type(key) is KeyRange for _, key in txn.writes.values()) or any(map(is_range_key, txn.reads))
+
+
 def _first(item: tuple) -> bytes:
     return item[0]
 
@@ -414,8 +420,9 @@ class OpChainScheduler(Scheduler):
 
     async def run_batch(self, txns: list[PreparedTxn], execution: BatchExecution) -> None:
         stretch: list[PreparedTxn] = []
+        ranged = ranges_seen()
         for txn in txns:
-            if txn.single:
+            if txn.single and not (ranged and _declares_range(txn)):
                 stretch.append(txn)
                 continue
             self._stretch(stretch, execution)

@@ -9,6 +9,10 @@ Composite keys are tuples of integers and strings (docs/keys.md): tag 0x03, then
 component as its own tag and body. A string component is escaped (0x00 -> 0x00 0xFF) and
 ends with 0x00 0x01, so a shorter string sorts before its extensions and the encoding of
 a tuple's prefix is a byte prefix of the tuple's encoding: byte order = tuple order.
+
+A declared range (`KeyRange`, every key of a table starting with some components) encodes
+under tag 0x04 with the same components: a key never stored, which schedulers lock like
+any other key (docs/keys.md).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from functools import lru_cache
 _INT = b"\x01"
 _STR = b"\x02"
 _TUPLE = b"\x03"
+_RANGE = b"\x04"
+_RANGE_BYTE = 4
 _SEP = b"\x00"
 _STR_END = b"\x00\x01"
 _BIAS = 1 << 63
@@ -31,6 +37,34 @@ def table_prefix(table: str) -> bytes:
     return table.encode() + _SEP
 
 
+class KeyRange:
+    """The keys of a table whose leading components equal `components`. Not a tuple, so
+    that it never compares (or caches) equal to the composite key it names."""
+
+    __slots__ = ("components",)
+
+    def __init__(self, components) -> None:
+        self.components = tuple(components)
+
+    def __eq__(self, other) -> bool:
+        return type(other) is KeyRange and other.components == self.components
+
+    def __hash__(self) -> int:
+        return hash((KeyRange, self.components))
+
+    def __repr__(self) -> str:
+        return f"KeyRange{self.components!r}"
+
+
+_ranges_seen = False
+
+
+def ranges_seen() -> bool:
+    """Whether this process ever encoded a range: code that treats ranged transactions
+    apart can skip looking for them until then."""
+    return _ranges_seen
+
+
 @lru_cache(maxsize=1 << 18)
 def encode_key(table: str, key: int | str | tuple) -> bytes:
     """Memoised: a transaction names each key several times (ANALYZE, placement, RUN).
@@ -41,6 +75,10 @@ def encode_key(table: str, key: int | str | tuple) -> bytes:
         return table.encode() + _SEP + _STR + key.encode()
     if type(key) is tuple:
         return table.encode() + _SEP + _TUPLE + _components(table, key)
+    if type(key) is KeyRange:
+        global _ranges_seen
+        _ranges_seen = True
+        return table.encode() + _SEP + _RANGE + _components(table, key.components)
     raise TypeError(f"key of table '{table}' must be an integer, a string or a tuple of them, "
                     f"got {type(key).__name__}")
 
@@ -75,6 +113,17 @@ def prefix_bytes(table: str, prefix: tuple) -> bytes:
     return table.encode() + _SEP + _TUPLE + _components(table, tuple(prefix))
 
 
+def is_range_key(encoded: bytes) -> bool:
+    at = encoded.find(_SEP) + 1
+    return 0 < at < len(encoded) and encoded[at] == _RANGE_BYTE
+
+
+def range_scan_prefix(encoded: bytes) -> bytes:
+    """The byte prefix of every stored key in the range that `encoded` (a range key) names."""
+    at = encoded.find(_SEP) + 1
+    return encoded[:at] + _TUPLE + encoded[at + 1:]
+
+
 def decode_key(raw: bytes) -> tuple[str, int | str | tuple]:
     table, _, rest = raw.partition(_SEP)
     tag, body = rest[:1], rest[1:]
@@ -84,6 +133,8 @@ def decode_key(raw: bytes) -> tuple[str, int | str | tuple]:
         return table.decode(), body.decode()
     if tag == _TUPLE:
         return table.decode(), _decode_components(raw, body)
+    if tag == _RANGE:
+        return table.decode(), KeyRange(_decode_components(raw, body))
     raise ValueError(f"not a table key: {raw!r}")
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from storage.backend import StorageBackend
+from storage.keys import is_range_key, range_scan_prefix
 from storage.values import decode_value, encode_value
 
 
@@ -28,6 +29,23 @@ class _Absent:
 
 
 ABSENT = _Absent()
+
+
+class RangeView:
+    """What a transaction that declared a range reads it through, at its turn, while it
+    holds the range's lock: any key in it, or all of its present keys in order."""
+
+    __slots__ = ("_overlay", "prefix")
+
+    def __init__(self, overlay: "BatchOverlay", range_key: bytes):
+        self._overlay = overlay
+        self.prefix = range_scan_prefix(range_key)
+
+    def get(self, key: bytes) -> Any:
+        return self._overlay.get(key)
+
+    def items(self) -> list[tuple[bytes, Any]]:
+        return self._overlay.range_items(self.prefix)
 
 
 class BatchOverlay:
@@ -56,7 +74,10 @@ class BatchOverlay:
             missing = rest
         if missing:
             for key, raw in zip(missing, self._backend.get_many(missing)):
-                values[key] = ABSENT if raw is None else decode_value(raw)
+                if raw is not None:
+                    values[key] = decode_value(raw)
+                elif not is_range_key(key):  # a range is read live, never cached (`get`)
+                    values[key] = ABSENT
 
     def written(self) -> Iterable[tuple[bytes, Any]]:
         """(key, value) of every key this batch wrote; ABSENT for a delete."""
@@ -68,7 +89,25 @@ class BatchOverlay:
             return self._values[key]
         except KeyError:
             self.prefetch((key,))
-            return self._values[key]
+            try:
+                return self._values[key]
+            except KeyError:  # a declared range: a view for the transaction holding its lock
+                return RangeView(self, key)
+
+    def range_items(self, prefix: bytes) -> list[tuple[bytes, Any]]:
+        """(key, value) of every present key starting with `prefix`, in key order, as this
+        overlay sees them: the shard, then unapplied batches, then this batch."""
+        found: dict[bytes, Any] = {key: raw for key, raw in self._backend.prefix_items(prefix)}
+        for key in found:
+            found[key] = decode_value(found[key])
+        if self._unapplied:
+            for key, (_, value) in self._unapplied.items():
+                if key.startswith(prefix):
+                    found[key] = value
+        for key, value in self._values.items():
+            if key.startswith(prefix):
+                found[key] = value
+        return [(key, found[key]) for key in sorted(found) if found[key] is not ABSENT]
 
     def put(self, key: bytes, value: Any) -> None:
         self._values[key] = value

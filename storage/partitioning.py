@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Mapping
 from zlib import crc32
 
-from storage.keys import encode_key
+from storage.keys import KeyRange, encode_key
 
 
 class Partitioner:
@@ -48,6 +48,8 @@ class Partitioner:
 
     def _by_component(self, table: str, key, n: int) -> int:
         index = self.component_tables[table]
+        if type(key) is KeyRange:  # a declared range lies where its keys do
+            key = key.components
         if type(key) is tuple and index < len(key):
             component = key[index]
             if type(component) is int:

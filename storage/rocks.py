@@ -140,6 +140,18 @@ class RocksShard:
                 it.next()
         self._check(it)
 
+    def prefix_items(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """The records whose keys start with `prefix`, in key order."""
+        it = self._db.iter(_scan_options())
+        it.seek(prefix)
+        while it.valid():
+            key = it.key()
+            if not key.startswith(prefix):
+                break
+            yield key, it.value()
+            it.next()
+        self._check(it)
+
     def _check(self, it) -> None:
         try:
             it.status()  # raises RocksDB's error, if the iterator stopped on one

@@ -369,7 +369,7 @@ def generated_log(knobs: dict, seed: int, batch_size: int, stride: int, prefix: 
     """Three batches mixing every workload generator's own stream."""
     from procedures.workloads import ALL_WORKLOADS
 
-    streams = {name: workload.generate(10_000, seed=seed, **knobs[name]) for name, workload in ALL_WORKLOADS.items()}
+    streams = {name: ALL_WORKLOADS[name].generate(10_000, seed=seed, **knobs[name]) for name in knobs}
     names = list(streams)
     log, n = [], 0
     for b in range(1, 4):
@@ -385,7 +385,8 @@ def generated_log(knobs: dict, seed: int, batch_size: int, stride: int, prefix: 
 def test_workload_generators_agree_across_schedulers():
     """The benchmark generators' own streams, 2 partitions, larger batches."""
     knobs = {"micro": {"partitions": 2, "keys": 60, "hot": 4, "mp": 0.5}, "sl": {"records": 40},
-             "gs": {"records": 40}, "ob": {"records": 40}, "tp": {"segments": 4, "vehicles": 80}}
+             "gs": {"records": 40}, "ob": {"records": 40}, "tp": {"segments": 4, "vehicles": 80},
+             "alias": {"aliases": 8, "accounts": 6}}
     log = generated_log(knobs, seed=3, batch_size=150, stride=7, prefix="g")
     expected = interpret(log)
     for partitions in (1, 2):
