@@ -49,8 +49,42 @@ def _placement_options(p: argparse.ArgumentParser) -> None:
                         "auto: Ray when there is more than one partition")
     g.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster instead of starting one")
     g.add_argument("--cores", type=_cores, metavar="LIST", help="cores to pin workers to, e.g. 0,1 (default: all)")
+    _procedure_options(g)
+
+
+def _procedure_options(g) -> None:
+    g.add_argument("--app", action="append", default=[], metavar="MODULE:APP",
+                   help="an ordo.App to run, by import path relative to the current directory, e.g. bank:app "
+                        "(repeatable)")
     g.add_argument("--procedures", action="append", default=[], metavar="MODULE",
                    help="import path of a module with TABLES and PROCEDURES to register (repeatable)")
+    g.add_argument("--workloads", metavar="LIST",
+                   help="built-in workloads to register beside --app/--procedures, e.g. sl,micro or all "
+                        "(without --app and --procedures: all of them)")
+
+
+def _procedure_specs(args) -> tuple[str, ...]:
+    """The procedure set named on the command line, checked here so that a mistake is one
+    line before anything starts; the current directory goes on PYTHONPATH for the
+    sequencer child and Ray workers, which import the same specs."""
+    import os
+
+    from procedures.loading import load_registry, workload_specs
+
+    for app in args.app:
+        if ":" not in app:
+            raise ValueError(f"--app takes MODULE:APP, e.g. bank:app (got {app!r}; a module with "
+                             f"PROCEDURES goes to --procedures)")
+    specs = [*args.procedures, *args.app]
+    if args.workloads:
+        specs += workload_specs(args.workloads)
+    if args.app or args.procedures:
+        here = os.getcwd()
+        paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+        if here not in paths:
+            os.environ["PYTHONPATH"] = os.pathsep.join([here, *filter(None, paths)])
+    load_registry(specs)
+    return tuple(specs)
 
 
 def _checkpoint_options(p: argparse.ArgumentParser) -> None:
@@ -88,7 +122,7 @@ def _cores(text: str) -> list[int]:
 
 def _placement(args) -> dict:
     return {"runtime": args.runtime, "ray_address": args.ray_address, "cores": args.cores,
-            "procedure_modules": tuple(args.procedures)}
+            "procedure_modules": _procedure_specs(args)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -112,8 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--partitions", type=int, default=1, metavar="N",
                    help="the engine's partition count, for which each batch records its routing (default 1; "
                         "an engine with another count places every entry itself)")
-    p.add_argument("--procedures", action="append", default=[], metavar="MODULE",
-                   help="import path of a module with TABLES and PROCEDURES to register (repeatable)")
+    _procedure_options(p)
 
     p = sub.add_parser("execute", help="run only the engine (follows <ns>.log)")
     _kafka(p)
@@ -224,7 +257,7 @@ def cmd_sequence(args) -> int:
 
     die_with_parent()  # when an engine started this sequencer, it goes when the engine goes
     return serve_sequencer(args.bootstrap_servers, args.namespace, _sequencer_config(args),
-                           tuple(args.procedures))
+                           _procedure_specs(args))
 
 
 def cmd_execute(args) -> int:

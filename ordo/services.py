@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Callable
 
-from procedures.registry import default_registry
+from procedures.loading import load_registry
 from scheduler.coordinator import Coordinator, EngineStats
 from sequencer.sequencer import Sequencer, SequencerConfig
 from sequencer.topics import ensure_topics
@@ -48,7 +48,7 @@ def announce_start(coordinator: Coordinator, stream=sys.stderr) -> None:
 
 def serve_sequencer(bootstrap: str, namespace: str, config: SequencerConfig,
                     procedure_modules: tuple[str, ...] = ()) -> int:
-    sequencer = Sequencer(bootstrap, namespace, default_registry(procedure_modules), config)
+    sequencer = Sequencer(bootstrap, namespace, load_registry(procedure_modules), config)
     on_termination(sequencer.stop)
     sequencer.start()
     print(f"sequencer generation {sequencer.generation} resumes at batch {sequencer.next_batch}",

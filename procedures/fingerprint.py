@@ -42,7 +42,7 @@ class ProcedureSetMismatch(RuntimeError):
     """The engine's procedures are not those the log was sequenced with."""
 
 
-WAY_OUT = ("run the engine with the procedures the sequencer had (the same --procedures); "
+WAY_OUT = ("run the engine with the procedures the sequencer had (the same --app, --procedures and --workloads); "
            "see docs/operations.md, 'Procedure change'")
 
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from procedures.ollp import restarts_of
-from procedures.registry import Registry, default_registry
+from procedures.loading import load_registry
+from procedures.registry import Registry
 from scheduler.base import make_scheduler
 from scheduler.batch import BatchExecution, Outcome, ReadExchange, prepare
 from sequencer.log import Batch
@@ -79,7 +80,7 @@ class PartitionWorker:
                  sync: bool = False, procedure_modules: tuple[str, ...] = ()):
         relax_garbage_collection()
         self.partition = partition
-        self.registry = registry or default_registry(procedure_modules)
+        self.registry = registry or load_registry(procedure_modules)
         tables = self.registry.tables.values()
         self.partitioner = Partitioner.for_tables(partitions, {t.name: t.partitioner for t in tables})
         self.defaults = {t.name: t.default for t in tables}

@@ -49,7 +49,7 @@ def test_bad_input_gets_one_clear_outcome_and_later_requests_still_commit(broker
     ensure_topics(broker, namespace)
     engine = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace,
                   "--data-dir", str(tmp_path / "d"), "--max-request-bytes", "2000", "--quiet",
-                  "--procedures", "tests.faulty_procedures")
+                  "--procedures", "tests.faulty_procedures", "--workloads", "sl")
     deposit = {"account": 1, "asset": 1, "account_amount": 5, "asset_amount": 5}
     bad = [
         (b"bad-json", b'{"id": "bad-json", "proc": '),

@@ -1,0 +1,116 @@
+"""Which procedures an engine and a sequencer run: a procedure set is named by specs, each
+travelling as a string to every process that needs it (the sequencer child, Ray workers).
+
+A spec is
+- `module`: a module with `PROCEDURES` (and `TABLES`), as the built-in workload modules;
+- `module:attribute`: an object with `PROCEDURES` and `TABLES`, such as an `ordo.App`.
+
+No spec at all means every built-in workload (the demo's and the benchmarks' set). Once a
+spec names user code, the built-in workloads come only where a spec names them too
+(`workload_spec`): a user's table `account` must not meet the `sl` workload's.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import os
+import sys
+from typing import Any, Iterable
+
+from procedures.contract import Procedure, Table
+from procedures.registry import Registry, default_registry
+
+WORKLOADS_PACKAGE = "procedures.workloads"
+
+
+def workload_spec(name: str) -> str:
+    """The spec of a built-in workload, checked against the known ones."""
+    from procedures.workloads import ALL_WORKLOADS
+
+    if name not in ALL_WORKLOADS:
+        raise ValueError(f"unknown workload '{name}' (choose from {', '.join(ALL_WORKLOADS)})")
+    return f"{WORKLOADS_PACKAGE}.{name}"
+
+
+def workload_specs(text: str) -> list[str]:
+    """`sl,micro` or `all`: the specs of those built-in workloads."""
+    from procedures.workloads import ALL_WORKLOADS
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise ValueError("--workloads needs names, e.g. sl,micro (or all)")
+    if names == ["all"]:
+        names = list(ALL_WORKLOADS)
+    return [workload_spec(n) for n in names]
+
+
+def load_registry(specs: Iterable[str] = ()) -> Registry:
+    specs = tuple(specs)
+    if not specs:
+        return default_registry()
+    registry = Registry()
+    for spec in dict.fromkeys(specs):
+        tables, procedures = load_spec(spec)
+        try:
+            registry.add_workload(tables, procedures)
+        except ValueError as exc:
+            raise ValueError(f"{spec}: {exc}") from None
+    return registry
+
+
+def load_spec(spec: str) -> tuple[list[Table], list[Procedure]]:
+    """The tables and procedures a spec names; a clear ValueError for anything else."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"a procedure set is named by 'module' or 'module:app', got {spec!r}")
+    module_name, _, attribute = spec.partition(":")
+    module = import_user_module(module_name)
+    if attribute:
+        if not hasattr(module, attribute):
+            raise ValueError(f"module '{module_name}' has no attribute '{attribute}'"
+                             f"{_did_you_mean(attribute, [n for n in vars(module) if not n.startswith('_')])}")
+        holder: Any = getattr(module, attribute)
+        what = f"'{spec}'"
+    else:
+        holder = module
+        what = f"module '{module_name}'"
+    if not hasattr(holder, "PROCEDURES"):
+        hint = ""
+        if not attribute:
+            apps = [n for n, v in vars(module).items() if hasattr(type(v), "procedure") and hasattr(v, "PROCEDURES")]
+            hint = (f" (it defines an app: use --app {module_name}:{apps[0]})" if apps else
+                    _did_you_mean("PROCEDURES", [n for n in vars(module) if n.isupper()]))
+        raise ValueError(f"{what} defines no PROCEDURES{hint}")
+    procedures = list(holder.PROCEDURES)
+    tables = list(getattr(holder, "TABLES", ()))
+    if not procedures:
+        raise ValueError(f"{what} registers no procedures")
+    for item in procedures:
+        if not isinstance(item, Procedure):
+            raise ValueError(f"{what}: PROCEDURES holds {item!r}, not a Procedure")
+    for item in tables:
+        if not isinstance(item, Table):
+            raise ValueError(f"{what}: TABLES holds {item!r}, not a Table")
+    return tables, procedures
+
+
+def import_user_module(name: str):
+    """Import a module by its import path, the current directory first on the path (as
+    `python -m` does), so `--app bank:app` finds ./bank.py."""
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name and name.startswith(exc.name):
+            raise ValueError(f"cannot import '{name}': no module named '{exc.name}' (the path is relative "
+                             f"to the current directory, {here})") from None
+        raise ValueError(f"cannot import '{name}': {exc}") from None
+    except Exception as exc:
+        raise ValueError(f"cannot import '{name}': {type(exc).__name__}: {exc}") from None
+
+
+def _did_you_mean(word: str, candidates: list[str]) -> str:
+    close = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
