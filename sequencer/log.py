@@ -16,6 +16,12 @@ Two record kinds:
         entry index (a single-partition or rejected entry that p alone handles) or
         [index, participants, active] (a multi-partition one); see `sequencer/routing.py`;
         `log_id` names the log the batch belongs to.
+    snapshot: [SNAPSHOT, cursor, accepted, time_ms]
+        the sequencer's own state right after the record before it (a cursor as
+        `LogCursor.to_dict` gives it, the number of entries accepted so far, the batch
+        time), written in the same transaction as every SNAPSHOT_EVERY-th batch and once
+        after a sequencer's start-up: a restarting sequencer reads the log from a recent
+        snapshot, not from its head. Every other reader skips it.
 
 Every reader applies the same acceptance rule (`LogCursor.accept`), so the log means one
 thing to the sequencer, the engine and a replay, whatever the broker does: a batch is
@@ -39,6 +45,7 @@ import msgpack
 
 START = 0
 BATCH = 1
+SNAPSHOT = 2
 _ARRAY32 = struct.Struct(">BI")
 
 
@@ -60,6 +67,19 @@ STALE_LIMIT = 4
 
 def encode_start(token: str, procedures: dict | None = None) -> bytes:
     return msgpack.packb([START, token, procedures])
+
+
+SNAPSHOT_EVERY = 100
+
+
+def encode_snapshot(cursor: dict, accepted: int, time_ms: int) -> bytes:
+    return msgpack.packb([SNAPSHOT, cursor, accepted, time_ms])
+
+
+def is_batch_record(value: bytes) -> bool:
+    """Batch records start with a 32-bit array header (see encode_batch); a reader that
+    looks only for start and snapshot records skips them undecoded."""
+    return value[:1] == b"\xdd"
 
 
 def encode_entry(entry: list) -> bytes:
@@ -150,6 +170,13 @@ class Start:
     procedures: dict | None
 
 
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    cursor: "LogCursor"
+    accepted: int
+    time_ms: int
+
+
 def _unpack(raw: bytes) -> list:
     return msgpack.unpackb(raw, strict_map_key=False, use_list=True)
 
@@ -162,6 +189,8 @@ def decode(value: bytes) -> tuple[int, Any]:
             if type(record[1]) is not str:
                 raise ValueError("a start record's token must be a string")
             return START, Start(record[1], record[2] if len(record) > 2 else None)
+        if kind == SNAPSHOT:
+            return SNAPSHOT, Snapshot(LogCursor.from_dict(record[1]), record[2], record[3])
         if kind == BATCH:
             raw = record[7:]
             if any(type(item) is not bytes for item in raw):
@@ -197,6 +226,8 @@ class LogCursor:
             # No sequencer writes such a record, so it is no batch: every reader skips it
             # alike. A damaged batch is not lost silently: the next one shows a gap.
             self.foreign += 1
+            return None
+        if kind == SNAPSHOT:
             return None
         if kind == START:
             if self.log_id is None and self.generation == 0:

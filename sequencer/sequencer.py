@@ -33,14 +33,17 @@ from sequencer.dedupe import RecentIds
 from sequencer.kafka import consumer_config, kafka_config
 from sequencer.log import (
     BATCH_OVERHEAD,
+    SNAPSHOT_EVERY,
     LogCursor,
     bin_size,
     encode_batch,
     encode_entry,
+    encode_snapshot,
     encode_start,
 )
 from sequencer.reader import LogReader
 from sequencer.routing import build_routing, item_bytes
+from sequencer.startup import find_seed
 from sequencer.topics import Topics, check_topics, partition_count
 from sequencer.wire import parse_request_sets
 from storage.partitioning import Partitioner, place
@@ -92,6 +95,7 @@ class SequencerStats:
     requests: int = 0  # taken into an epoch
     sequenced: int = 0  # appended to the log
     rejected: int = 0
+    startup_records: int = 0  # log records read at start-up
 
 
 class Sequencer:
@@ -112,6 +116,7 @@ class Sequencer:
         self._consumer: Consumer | None = None
         self._cursor = LogCursor()
         self._log_end = 0  # the log's end offset after this sequencer's last append, as far as known
+        self._accepted = 0  # entries accepted into the log so far (what the duplicate check remembers)
         self._watched = 0.0
         self._recent = RecentIds(config.dedupe_window)
         self._last_time = 0
@@ -122,13 +127,20 @@ class Sequencer:
 
     def start(self, timeout: float = 60.0) -> None:
         """Fence any earlier sequencer, mark the takeover in the log, and learn from the
-        log where sequencing stands."""
+        log where sequencing stands: from a recent snapshot of an earlier sequencer's
+        state, reading forward to this sequencer's own start record."""
+        check_topics(self.bootstrap, self.topics, timeout)
         self._producer.init_transactions(timeout)
         token = uuid.uuid4().hex
         self._producer.begin_transaction()
-        self._producer.produce(self.topics.log, value=encode_start(token, describe(self.registry)), partition=0)
+        self._producer.produce(self.topics.log, value=encode_start(token, describe(self.registry)), partition=0,
+                               on_delivery=self._delivered)
         self._producer.commit_transaction(timeout)
+        seed = find_seed(self.bootstrap, self.topics.log, self._log_end - 1, self.config.dedupe_window)
+        if seed is not None:
+            self._cursor, self._accepted, self._last_time = seed
         self._catch_up(token, timeout)
+        self._append([encode_snapshot(self._cursor.to_dict(), self._accepted, self._last_time)], [])
         partitions = partition_count(self.bootstrap, self.topics.requests)
         self._consumer = Consumer(consumer_config(self.bootstrap, {
             "group.id": self._group,
@@ -144,19 +156,28 @@ class Sequencer:
         log.info("sequencer generation %d resumes at batch %d", self._cursor.generation, self._cursor.next_batch)
 
     def _catch_up(self, token: str, timeout: float) -> None:
+        """Read from the cursor to this sequencer's start record; `timeout` bounds a
+        stretch without progress, not the whole read."""
         reader = LogReader(self.bootstrap, self.topics.log, self._cursor, f"{self._group}.catchup")
         deadline = time.monotonic() + timeout
         try:
             while time.monotonic() < deadline:
-                for offset, value in reader.poll_raw(0.2, 1000):
+                records = reader.poll_raw(0.2, 1000)
+                if records:
+                    deadline = time.monotonic() + timeout
+                for offset, value in records:
+                    self.stats.startup_records += 1
                     batch = self._cursor.accept(value, offset)
                     if batch is not None:
-                        self._recent.add_batch_entries(batch.entries)
+                        entries = batch.entries
+                        self._recent.add_batch_entries(entries)
+                        self._accepted += sum(proc is not None for _, proc, _ in entries)
                         self._last_time = max(self._last_time, batch.time_ms)
                     elif self._cursor.started is not None and self._cursor.started.token == token:
                         self._log_end = offset + 1
                         return
-            raise TimeoutError("sequencer start record did not appear in the log")
+            raise TimeoutError(f"this sequencer's start record did not appear in {self.topics.log} "
+                               f"within {timeout:.0f} s of the last record read")
         finally:
             reader.close()
 
@@ -260,22 +281,34 @@ class Sequencer:
                               {p: tuple(span) for p, span in epoch.offsets.items()}, epoch.entries,
                               build_routing(self.config.partitions, epoch.placements), self._cursor.log_id)
         positions = [TopicPartition(self.topics.requests, p, span[1]) for p, span in epoch.offsets.items()]
-        self._append(record, positions)
+        records = [record]
+        after = self._cursor.to_dict()
+        after["next_batch"] = batch_id + 1
+        after["request_offsets"].update((p, span[1]) for p, span in epoch.offsets.items())
+        accepted = self._accepted + sum(placement is not None for placement in epoch.placements)
+        if batch_id % SNAPSHOT_EVERY == 0:
+            records.append(encode_snapshot(after, accepted, self._last_time))
+        self._append(records, positions)
         self._cursor.next_batch += 1
         for partition, span in epoch.offsets.items():
             self._cursor.request_offsets[partition] = span[1]
+        self._accepted = accepted
         self.stats.batches += 1
         self.stats.sequenced += len(epoch.entries)
         return _Epoch()
 
-    def _append(self, record: bytes, positions: list[TopicPartition]) -> None:
+    def _append(self, records: list[bytes], positions: list[TopicPartition]) -> None:
+        """Append records (a batch and perhaps a snapshot, or a snapshot alone) and the
+        request positions they consume, in one transaction."""
         producer = self._producer
         deadline = time.monotonic() + APPEND_DEADLINE
         while True:
             producer.begin_transaction()
             try:
-                producer.produce(self.topics.log, value=record, partition=0, on_delivery=self._delivered)
-                producer.send_offsets_to_transaction(positions, self._consumer.consumer_group_metadata(), 30)
+                for record in records:
+                    producer.produce(self.topics.log, value=record, partition=0, on_delivery=self._delivered)
+                if positions:
+                    producer.send_offsets_to_transaction(positions, self._consumer.consumer_group_metadata(), 30)
                 self._commit(deadline)
                 return
             except KafkaException as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from sequencer.kafka import kafka_config
 
@@ -39,9 +39,21 @@ class Topics:
         return f"{self.namespace}.changes"
 
 
+# The log is the source of truth: it keeps every record for ever, and is never compacted.
+LOG_SETTINGS = {"retention.ms": "-1", "retention.bytes": "-1", "cleanup.policy": "delete"}
+
+
+def log_settings(replication: int) -> dict[str, str]:
+    settings = dict(LOG_SETTINGS)
+    if replication >= 3:  # an append is acknowledged once two replicas hold it
+        settings["min.insync.replicas"] = "2"
+    return settings
+
+
 def ensure_topics(bootstrap: str, namespace: str, request_partitions: int = 1,
-                  timeout: float = 30.0) -> Topics:
-    """Create the namespace's topics that do not exist yet; existing ones are kept as they are.
+                  timeout: float = 30.0, replication: int = 1) -> Topics:
+    """Create the namespace's topics that do not exist yet; existing ones are kept as they are,
+    but an existing log must have the settings a source of truth needs (see check_log).
     The log has exactly one partition: it is the total order."""
     topics = Topics(namespace)
     admin = AdminClient(kafka_config(bootstrap))
@@ -52,7 +64,8 @@ def ensure_topics(bootstrap: str, namespace: str, request_partitions: int = 1,
         topics.results: 1,
         topics.changes: 1,
     }
-    new = [NewTopic(name, partitions, 1) for name, partitions in wanted.items() if name not in existing]
+    new = [NewTopic(name, partitions, replication, config=log_settings(replication) if name == topics.log else {})
+           for name, partitions in wanted.items() if name not in existing]
     if new:
         for name, future in admin.create_topics(new, operation_timeout=timeout).items():
             try:
@@ -60,10 +73,7 @@ def ensure_topics(bootstrap: str, namespace: str, request_partitions: int = 1,
             except Exception as exc:  # created meanwhile by another process is fine
                 if "already exists" not in str(exc).lower() and "TOPIC_ALREADY_EXISTS" not in str(exc):
                     raise
-    existing = admin.list_topics(timeout=timeout).topics
-    log_partitions = len(existing[topics.log].partitions)
-    if log_partitions != 1:
-        raise RuntimeError(f"topic {topics.log} has {log_partitions} partitions; the log needs exactly 1")
+    check_log(admin, topics, timeout)
     return topics
 
 
@@ -77,9 +87,29 @@ def check_topics(bootstrap: str, topics: Topics, timeout: float = 30.0) -> None:
     if missing:
         raise RuntimeError(f"topics {', '.join(missing)} do not exist: create the namespace's topics first "
                            f"(`ordo run` creates them)")
+    check_log(admin, topics, timeout)
+
+
+def check_log(admin: AdminClient, topics: Topics, timeout: float = 30.0) -> None:
+    """The log has one partition and keeps every record: with a finite retention its head
+    would go, and with it the only way to rebuild state or restart the sequencer."""
+    existing = admin.list_topics(topics.log, timeout=timeout).topics
     log_partitions = len(existing[topics.log].partitions)
     if log_partitions != 1:
         raise RuntimeError(f"topic {topics.log} has {log_partitions} partitions; the log needs exactly 1")
+    try:
+        (future,) = admin.describe_configs([ConfigResource("topic", topics.log)]).values()
+        configs = future.result(timeout)
+    except Exception:  # a broker that does not describe configs: nothing to check against
+        return
+    wrong = [f"{name}={configs[name].value}" for name, value in LOG_SETTINGS.items()
+             if name in configs and configs[name].value != value]
+    if wrong:
+        fix = ",".join(f"{name}={value}" for name, value in LOG_SETTINGS.items())
+        raise RuntimeError(
+            f"topic {topics.log} has {', '.join(wrong)}: the log is the source of truth and must keep every "
+            f"record; run `kafka-configs --bootstrap-server … --alter --entity-type topics --entity-name "
+            f"{topics.log} --add-config {fix}` (see docs/operations.md, 'Log retention')")
 
 
 def partition_count(bootstrap: str, topic: str, timeout: float = 30.0) -> int:
