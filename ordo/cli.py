@@ -203,7 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="one configuration (WORKLOAD) or the whole grid (suite), beside the "
                                      "storage limit and the PostgreSQL baseline")
     p.add_argument("workload", help="micro, sl, gs, ob or tp: one configuration; suite: the grid of BENCHMARKS.md; "
-                                    "scale WORKLOAD: the same log at several partition counts")
+                                    "scale WORKLOAD: the same log at several partition counts; "
+                                    "tpcc: TPC-C engine throughput per partition count (--partitions 1,2)")
     p.add_argument("scaled", nargs="?", metavar="WORKLOAD", help="scale: the workload to scale")
     p.add_argument("--scheduler", choices=SCHEDULER_CHOICES, default="serial")
     p.add_argument("--partitions", default="1", metavar="N[,N…]",
@@ -285,34 +286,60 @@ def cmd_submit(args) -> int:
             call_args = json.loads(args.args)
         except ValueError as exc:
             raise ValueError(f"--args is not valid JSON: {exc}") from None
-        requests = [new_request(args.proc, call_args, args.id)]
+        lines, requests = [1], [new_request(args.proc, call_args, args.id)]
     else:
-        requests = list(_read_lines(args.file))
-    client = Client(args.bootstrap_servers, args.namespace)
-    ids = client.submit(requests)
-    client.close()
-    print(f"submitted {len(ids)} request(s)", file=sys.stderr)
-    if not args.wait:
-        return 0
-    outcomes = client.outcomes(ids, timeout=args.timeout)
+        numbered = list(_read_lines(args.file))
+        lines, requests = [n for n, _ in numbered], [line for _, line in numbered]
+    with Client(args.bootstrap_servers, args.namespace) as client:
+        submission = client.submit_many(requests)
+        sent = submission.sent
+        for note in _submission_notes(submission, lines, args.proc is not None):
+            print(note, file=sys.stderr)
+        print(f"submitted {len(sent)} request(s)", file=sys.stderr)
+        if not args.wait:
+            return 1 if submission.failed else 0
+        found = client.collect(sent, timeout=args.timeout)
     counts: dict[str, int] = {}
-    for request_id in ids:
-        outcome = outcomes.get(request_id)
-        status = outcome["status"] if outcome else "no outcome yet"
-        counts[status] = counts.get(status, 0) + 1
-        if len(ids) <= 20 and outcome:
-            print(json.dumps(outcome))
+    for request_id in dict.fromkeys(sent):
+        outcomes = found.get(request_id, [])
+        for outcome in outcomes:
+            counts[outcome.get("status", "?")] = counts.get(outcome.get("status", "?"), 0) + 1
+            if len(sent) <= 20:
+                print(json.dumps(outcome))
+    missing = len(sent) - sum(counts.values())
+    if missing:
+        counts["no outcome yet"] = missing
+    if submission.failed:
+        counts["not sent"] = len(submission.failed)
     print(", ".join(f"{n} {status}" for status, n in sorted(counts.items())), file=sys.stderr)
-    return 0 if len(outcomes) == len(set(ids)) else 1
+    return 0 if not missing and not submission.failed else 1
+
+
+def _submission_notes(submission, lines: list[int], single: bool) -> list[str]:
+    """What the user must know about what was sent: requests the broker refused (not
+    waited for), requests without a usable id (their outcomes are named by position),
+    and ids sent more than once (one outcome per copy)."""
+    what = (lambda i: "the request") if single else (lambda i: f"line {lines[i]}")
+    notes = [f"{what(i)}: not sent: {reason}" for i, reason in sorted(submission.failed.items())[:5]]
+    if len(submission.failed) > 5:
+        notes.append(f"and {len(submission.failed) - 5} more not sent")
+    for i in submission.by_position[:5]:
+        notes.append(f"{what(i)} has no usable 'id': the engine answers it as {submission.ids[i]}")
+    if len(submission.by_position) > 5:
+        notes.append(f"and {len(submission.by_position) - 5} more without a usable id")
+    for request_id, copies in sorted(submission.duplicates().items())[:5]:
+        notes.append(f"id {request_id!r} sent {copies} times: each copy gets an outcome (a copy the sequencer "
+                     f"still remembers is rejected as a duplicate)")
+    return notes
 
 
 def _read_lines(path: str):
     stream = sys.stdin.buffer if path == "-" else open(path, "rb")
     with stream:
-        for line in stream:
+        for number, line in enumerate(stream, 1):
             line = line.strip()
             if line:
-                yield line  # sent as it is: the engine, not the client, judges each request
+                yield number, line  # sent as it is: the engine, not the client, judges each request
 
 
 def cmd_gen(args) -> int:
@@ -382,6 +409,13 @@ def cmd_bench(args) -> int:
         from ordo.benchmarks.suite import run_suite
 
         return run_suite(args.quick, args.out)
+    if args.workload == "tpcc":
+        from ordo.benchmarks.tpcc import run_tpcc
+
+        knobs = parse_knobs(_workload("tpcc"), args.knob)
+        run_tpcc([int(n) for n in args.partitions.split(",")], args.scheduler, args.txns, args.seed, knobs,
+                 args.max_txns, args.json)
+        return 0
     if args.workload == "scale":
         from ordo.benchmarks.scale import run_scale
 

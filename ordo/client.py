@@ -1,33 +1,69 @@
-"""The client API: submit requests to a namespace and collect their outcomes."""
+"""The client API: submit requests to a namespace and collect their outcomes.
+
+    client = ordo.Client("127.0.0.1:9092", "bank")
+    request_id = client.submit("deposit", {"account": 1, "amount": 5})
+    outcome = client.wait_one(request_id, timeout=30)
+
+Outcomes are read from every partition of `<ns>.results`, starting where the topic ended
+just before this client first produced: a client sees the answers to its own requests,
+not older outcomes of the same ids. docs/client.md has the whole contract.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
-from typing import Any, Iterable
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable, Iterable, Iterator
 
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    Consumer,
-    KafkaError,
-    Producer,
-    TopicPartition,
-)
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from sequencer.kafka import consumer_config, kafka_config
 from sequencer.topics import Topics
+from sequencer.wire import MAX_ID_LENGTH
+
+Request = dict[str, Any] | bytes | tuple[str, bytes]
 
 
 def new_request(proc: str, args: dict[str, Any], request_id: str | None = None) -> dict[str, Any]:
     return {"id": request_id or f"req-{uuid.uuid4().hex}", "proc": proc, "args": args}
 
 
+@dataclass
+class Submission:
+    """What `submit_many` sent. `ids[i]` is the id the outcome of the i-th request will carry:
+    its own id, or `@partition:offset` for a message without a usable id (the engine names
+    such an outcome by its position); None where the broker did not take the request, with
+    the reason in `failed`."""
+
+    ids: list[str | None] = field(default_factory=list)
+    failed: dict[int, str] = field(default_factory=dict)
+    by_position: list[int] = field(default_factory=list)  # requests without a usable id
+
+    @property
+    def sent(self) -> list[str]:
+        return [i for i in self.ids if i is not None]
+
+    def duplicates(self) -> dict[str, int]:
+        """Ids sent more than once: each copy gets an outcome of its own (a copy the
+        sequencer still remembers is rejected as a duplicate)."""
+        return {i: n for i, n in Counter(self.sent).items() if n > 1}
+
+
 class Client:
-    def __init__(self, bootstrap: str, namespace: str):
+    def __init__(self, bootstrap: str, namespace: str, settings: dict[str, Any] | None = None):
+        """`settings`: librdkafka settings for this client's producer and consumers
+        (security, timeouts), beside the bootstrap servers."""
         self.bootstrap = bootstrap
         self.topics = Topics(namespace)
+        self.settings = dict(settings or {})
         self._producer: Producer | None = None
+        self._start: dict[int, int] | None = None  # results partition -> offset before our first request
+
+    # -- submitting --------------------------------------------------------------------------
 
     def _ensure_producer(self) -> Producer:
         if self._producer is None:
@@ -35,73 +71,258 @@ class Client:
                 "enable.idempotence": True,
                 "linger.ms": 5,
                 "queue.buffering.max.messages": 1_000_000,
+                **self.settings,
             }))
         return self._producer
 
-    def submit(self, requests: Iterable[dict[str, Any] | bytes | tuple[str, bytes]], on_sent=None) -> list[str]:
-        """Produce requests and return their ids. A request is a dict, a raw message body
-        sent as it is (keyed by its 'id' when it has one), or a (key, raw body) pair."""
+    def submit(self, proc_or_requests: str | Iterable[Request], args: dict[str, Any] | None = None, *,
+               request_id: str | None = None) -> str | list[str]:
+        """`submit("deposit", {...})`: one request, returns its id. `submit([...])`: many, as
+        `submit_many`, returns their ids and raises if the broker refused any."""
+        if isinstance(proc_or_requests, str):
+            submission = self.submit_many([new_request(proc_or_requests, args or {}, request_id)])
+            if submission.failed:
+                raise RuntimeError(f"request not sent: {submission.failed[0]}")
+            return submission.ids[0]
+        submission = self.submit_many(proc_or_requests)
+        if submission.failed:
+            first = min(submission.failed)
+            raise RuntimeError(f"{len(submission.failed)} requests were not acknowledged by the broker "
+                               f"(request {first}: {submission.failed[first]})")
+        return submission.sent
+
+    def submit_many(self, requests: Iterable[Request], timeout: float = 60.0) -> Submission:
+        """Produce requests, in order, and wait until the broker has them. A request is a
+        dict (`new_request`), a raw message body sent as it is (keyed by its 'id' when it
+        has a usable one: the engine, not the client, judges each request), or a
+        (key, raw body) pair."""
+        self._mark_start()
         producer = self._ensure_producer()
-        ids = []
-        for request in requests:
-            if isinstance(request, dict):
-                key, value = str(request.get("id", "")), json.dumps(request, separators=(",", ":"))
-            elif isinstance(request, tuple):
-                key, value = request
-            else:
-                key, value = _raw_id(request), request
+        submission = Submission()
+        keyless: dict[int, None] = {}
+
+        def delivered(index: int, error, message) -> None:
+            if error is not None:
+                submission.failed[index] = str(error)
+                submission.ids[index] = None
+            elif index in keyless:
+                submission.ids[index] = f"@{message.partition()}:{message.offset()}"
+                submission.by_position.append(index)
+
+        for index, request in enumerate(requests):
+            key, value, outcome_id = _key_and_value(request)
+            submission.ids.append(outcome_id)
+            if not outcome_id:
+                keyless[index] = None
+            report = lambda error, message, index=index: delivered(index, error, message)  # noqa: E731
             while True:
                 try:
-                    producer.produce(self.topics.requests, key=key.encode() if key else None, value=value)
+                    producer.produce(self.topics.requests, key=key.encode() if key else None, value=value,
+                                     on_delivery=report)
                     break
                 except BufferError:
                     producer.poll(0.05)
-            if on_sent is not None:
-                on_sent(key)
-            ids.append(key)
+                except KafkaException as exc:  # e.g. larger than the client's message.max.bytes
+                    submission.failed[index] = str(exc.args[0].str() if exc.args else exc)
+                    submission.ids[index] = None
+                    break
             producer.poll(0)
-        remaining = producer.flush(60)
+        remaining = producer.flush(timeout)
         if remaining:
-            raise RuntimeError(f"{remaining} requests were not acknowledged by the broker")
-        return ids
+            raise RuntimeError(f"{remaining} requests were not acknowledged by the broker within {timeout:.0f} s")
+        return submission
 
-    def outcomes(self, ids: Iterable[str], timeout: float = 60.0, on_outcome=None) -> dict[str, dict]:
-        """Wait for one outcome per id, reading <ns>.results from its beginning; returns
-        what arrived before the timeout (missing ids are simply absent)."""
-        wanted = set(ids)
-        found: dict[str, dict] = {}
-        consumer = Consumer(consumer_config(self.bootstrap, {
+    # -- outcomes ----------------------------------------------------------------------------
+
+    def _mark_start(self) -> None:
+        if self._start is None:
+            self._start = self._end_offsets()
+
+    def _partitions(self, consumer: Consumer) -> list[int]:
+        topic = self.topics.results
+        metadata = consumer.list_topics(topic, timeout=10).topics.get(topic)
+        if metadata is None or metadata.error is not None or not metadata.partitions:
+            return []
+        return sorted(metadata.partitions)
+
+    def _end_offsets(self) -> dict[int, int]:
+        """Where each partition of <ns>.results ends now (an absent topic: nothing yet, so
+        from its beginning)."""
+        topic = self.topics.results
+        consumer = self._consumer()
+        try:
+            ends = {p: max(0, consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1])
+                    for p in self._partitions(consumer)}
+            if not ends:
+                return ends
+            # A broker may report less than its true end (the local broker does, after a
+            # multi-record produce): read on from there until nothing more comes.
+            consumer.assign([TopicPartition(topic, p, offset) for p, offset in ends.items()])
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                messages = consumer.consume(10_000, 0.25)
+                if not messages:
+                    break
+                for message in messages:
+                    if message.error() is None:
+                        ends[message.partition()] = max(ends[message.partition()], message.offset() + 1)
+            return ends
+        finally:
+            consumer.close()
+
+    def _consumer(self) -> Consumer:
+        return Consumer(consumer_config(self.bootstrap, {
             "group.id": f"ordo-client-{uuid.uuid4().hex}",
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
+            **self.settings,
         }))
-        consumer.assign([TopicPartition(self.topics.results, 0, OFFSET_BEGINNING)])
-        deadline = time.monotonic() + timeout
+
+    def _reader(self, from_beginning: bool) -> Consumer:
+        consumer = self._consumer()
+        start = {} if from_beginning else (self._start if self._start is not None else self._end_offsets())
+        partitions = self._partitions(consumer)
+        if not partitions:
+            consumer.close()
+            raise RuntimeError(f"topic {self.topics.results} does not exist: is the namespace right, and has "
+                               f"`ordo run` created its topics?")
+        consumer.assign([TopicPartition(self.topics.results, p, start.get(p, OFFSET_BEGINNING))
+                         for p in partitions])
+        return consumer
+
+    def stream(self, from_beginning: bool = False, idle: float | None = None) -> Iterator[dict]:
+        """Every outcome as it arrives, from every partition of <ns>.results: from where the
+        topic ended before this client's first request (or now, for a client that sent
+        none), or from the beginning. Stops after `idle` seconds without one (None: never).
+        A record that is not an outcome object is yielded as {"unreadable": raw bytes}."""
+        consumer = self._reader(from_beginning)
+        last = time.monotonic()
         try:
-            while len(found) < len(wanted) and time.monotonic() < deadline:
+            while idle is None or time.monotonic() - last < idle:
                 for message in consumer.consume(10_000, 0.1):
                     if message.error() is not None:
-                        if message.error().code() != KafkaError._PARTITION_EOF:
-                            raise RuntimeError(f"results read failed: {message.error()}")
-                        continue
-                    outcome = json.loads(message.value())
-                    if outcome["id"] in wanted and outcome["id"] not in found:
-                        found[outcome["id"]] = outcome
-                        if on_outcome is not None:
-                            on_outcome(outcome)
+                        if message.error().code() == KafkaError._PARTITION_EOF:
+                            continue
+                        raise RuntimeError(f"reading {self.topics.results} failed: {message.error()}")
+                    last = time.monotonic()
+                    yield _outcome(message.value())
         finally:
             consumer.close()
+
+    def collect(self, ids: Iterable[str], timeout: float = 60.0, from_beginning: bool = False,
+                on_outcome: Callable[[dict], None] | None = None) -> dict[str, list[dict]]:
+        """Wait for the outcomes of `ids`, one per time an id is listed (a request sent twice
+        gets two outcomes); returns what arrived before the timeout, by id, in arrival order."""
+        wanted = Counter(ids)
+        found: dict[str, list[dict]] = {}
+        pending = sum(wanted.values())
+        if not pending:
+            return found
+        deadline = time.monotonic() + timeout
+        for outcome in self.stream(from_beginning, idle=max(0.0, deadline - time.monotonic())):
+            request_id = outcome.get("id")
+            if isinstance(request_id, str) and len(found.get(request_id, ())) < wanted.get(request_id, 0):
+                found.setdefault(request_id, []).append(outcome)
+                pending -= 1
+                if on_outcome is not None:
+                    on_outcome(outcome)
+            if not pending or time.monotonic() >= deadline:
+                break
         return found
+
+    def wait(self, ids: Iterable[str], timeout: float = 60.0, on_outcome=None,
+             from_beginning: bool = False) -> dict[str, dict]:
+        """The first outcome of each id since this client's first request; ids without one
+        by the timeout are absent."""
+        found = self.collect(list(dict.fromkeys(ids)), timeout, from_beginning, on_outcome)
+        return {request_id: outcomes[0] for request_id, outcomes in found.items()}
+
+    def wait_one(self, request_id: str, timeout: float = 60.0) -> dict:
+        found = self.wait([request_id], timeout)
+        if request_id not in found:
+            raise TimeoutError(f"no outcome for {request_id!r} within {timeout:.0f} s")
+        return found[request_id]
+
+    def outcomes(self, ids: Iterable[str], timeout: float = 60.0, on_outcome=None) -> dict[str, dict]:
+        """`wait`; a client that has sent nothing reads <ns>.results from its beginning."""
+        return self.wait(ids, timeout, on_outcome, from_beginning=self._start is None)
 
     def close(self) -> None:
         if self._producer is not None:
             self._producer.flush(10)
             self._producer = None
 
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class AsyncClient:
+    """`Client` for asyncio code: the same calls, awaited (each runs on a worker thread)."""
+
+    def __init__(self, bootstrap: str, namespace: str, settings: dict[str, Any] | None = None):
+        self.client = Client(bootstrap, namespace, settings)
+
+    async def submit(self, proc_or_requests, args: dict[str, Any] | None = None, *,
+                     request_id: str | None = None):
+        return await asyncio.to_thread(self.client.submit, proc_or_requests, args, request_id=request_id)
+
+    async def submit_many(self, requests: Iterable[Request]) -> Submission:
+        return await asyncio.to_thread(self.client.submit_many, list(requests))
+
+    async def wait(self, ids: Iterable[str], timeout: float = 60.0) -> dict[str, dict]:
+        return await asyncio.to_thread(self.client.wait, list(ids), timeout)
+
+    async def wait_one(self, request_id: str, timeout: float = 60.0) -> dict:
+        return await asyncio.to_thread(self.client.wait_one, request_id, timeout)
+
+    async def stream(self, from_beginning: bool = False, idle: float | None = None) -> AsyncIterator[dict]:
+        outcomes = self.client.stream(from_beginning, idle)
+        done = object()
+        try:
+            while (outcome := await asyncio.to_thread(next, outcomes, done)) is not done:
+                yield outcome
+        finally:
+            await asyncio.to_thread(outcomes.close)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.client.close)
+
+
+def _key_and_value(request: Request) -> tuple[str, bytes, str]:
+    """(message key, message body, the id its outcome will carry: "" where the message's
+    position will name it)."""
+    if isinstance(request, dict):
+        value = json.dumps(request, separators=(",", ":")).encode()
+        request_id = request.get("id")
+        request_id = request_id if _usable_id(request_id) else ""
+        return request_id, value, request_id
+    if isinstance(request, tuple):
+        key, value = request
+        return key, value, _raw_id(value) or (key[:MAX_ID_LENGTH] if key else "")
+    request_id = _raw_id(request)
+    return request_id, request, request_id
+
+
+def _usable_id(request_id: Any) -> bool:
+    """The id the engine will name the outcome by (sequencer/wire.py): else the message's
+    position names it."""
+    return isinstance(request_id, str) and 0 < len(request_id) <= MAX_ID_LENGTH
+
 
 def _raw_id(body: bytes) -> str:
     try:
         request_id = json.loads(body).get("id")
-        return request_id if isinstance(request_id, str) else ""
     except Exception:
         return ""
+    return request_id if _usable_id(request_id) else ""
+
+
+def _outcome(raw: bytes | None) -> dict:
+    try:
+        outcome = json.loads(raw)
+    except (TypeError, ValueError):
+        return {"unreadable": raw}
+    return outcome if isinstance(outcome, dict) else {"unreadable": raw}

@@ -1,0 +1,137 @@
+"""The client API and `ordo submit --wait`: a client reads only the outcomes of its own
+requests, from every partition of <ns>.results; duplicates, lines without a usable id and
+lines the broker never took are reported as they are, and nothing waits for the latter."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from ordo.client import AsyncClient, Client
+from sequencer.topics import ensure_topics
+from tests.helpers import ROOT, ordo, stop
+
+pytestmark = pytest.mark.slow
+
+
+def deposit(request_id: str, account: int = 1) -> dict:
+    return {"id": request_id, "proc": "sl_deposit",
+            "args": {"account": account, "asset": 1, "account_amount": 1, "asset_amount": 1}}
+
+
+@pytest.fixture
+def engine(broker, namespace, tmp_path):
+    """An engine on a namespace whose <ns>.results has two partitions."""
+    admin = AdminClient({"bootstrap.servers": broker})
+    for future in admin.create_topics([NewTopic(f"{namespace}.results", 2, 1)]).values():
+        future.result(30)
+    ensure_topics(broker, namespace)
+    process = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir",
+                   str(tmp_path / "data"), "--quiet", "--runtime", "local")
+    yield
+    assert stop(process) == 0
+
+
+def submit(broker: str, namespace: str, path, *extra: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ordo.cli", "submit", "--bootstrap-servers", broker,
+                           "--namespace", namespace, "--file", str(path), "--wait", *extra],
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def write_lines(path, lines: list) -> None:
+    path.write_bytes(b"".join((line if isinstance(line, bytes) else json.dumps(line).encode()) + b"\n"
+                              for line in lines))
+
+
+def test_submit_wait_prints_only_its_own_outcomes_from_every_results_partition(broker, namespace, engine,
+                                                                                tmp_path):
+    requests = tmp_path / "r.jsonl"
+    write_lines(requests, [deposit(f"a{i}", i) for i in range(12)])
+    first = submit(broker, namespace, requests)
+    assert first.returncode == 0, first.stderr
+    outcomes = [json.loads(line) for line in first.stdout.splitlines()]
+    first_batches = {o["batch"] for o in outcomes}
+    assert sorted(o["id"] for o in outcomes) == sorted(f"a{i}" for i in range(12))
+    assert {o["status"] for o in outcomes} == {"committed"}
+    assert first.stderr.strip().endswith("12 committed")
+
+    # The outcomes really are spread over both partitions of <ns>.results.
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=broker, enable_auto_commit=False, consumer_timeout_ms=2000)
+    consumer.assign([TopicPartition(f"{namespace}.results", p) for p in (0, 1)])
+    consumer.seek_to_beginning()
+    assert {message.partition for message in consumer} == {0, 1}
+    consumer.close()
+
+    # The same ids again: the answers to this submission (the sequencer's verdict on each
+    # copy), not the outcomes of the first one.
+    again = submit(broker, namespace, requests)
+    assert again.returncode == 0, again.stderr
+    outcomes = [json.loads(line) for line in again.stdout.splitlines()]
+    assert sorted(o["id"] for o in outcomes) == sorted(f"a{i}" for i in range(12))
+    assert min(o["batch"] for o in outcomes) > max(first_batches)
+    assert [o["error"] for o in outcomes] == [f"duplicate request id '{o['id']}'" for o in outcomes]
+    assert again.stderr.strip().endswith("12 rejected")
+
+
+def test_submit_wait_reports_duplicates_lines_without_id_and_lines_not_sent(broker, namespace, engine, tmp_path):
+    requests = tmp_path / "r.jsonl"
+    write_lines(requests, [deposit("x"), deposit("x"), b"not json", {"proc": "sl_deposit", "args": {}},
+                           json.dumps({**deposit("huge"), "pad": "p" * 2_000_000}).encode(), b"", deposit("y")])
+    started = time.monotonic()
+    done = submit(broker, namespace, requests, "--timeout", "90")
+    elapsed = time.monotonic() - started
+    assert done.returncode == 1, done.stderr  # a line was not sent
+    assert elapsed < 60, "waited for a line it never sent"
+    notes = done.stderr
+    assert "line 5: not sent:" in notes and "huge" not in done.stdout
+    assert "line 3 has no usable 'id': the engine answers it as @" in notes
+    assert "line 4 has no usable 'id': the engine answers it as @" in notes
+    assert "id 'x' sent 2 times" in notes
+    assert "submitted 5 request(s)" in notes
+    outcomes = [json.loads(line) for line in done.stdout.splitlines()]
+    by_id: dict[str, list] = {}
+    for outcome in outcomes:
+        by_id.setdefault(outcome["id"], []).append(outcome)
+    assert sorted(o["status"] for o in by_id.pop("x")) == ["committed", "rejected"]
+    assert [o["status"] for o in by_id.pop("y")] == ["committed"]
+    positional = sorted(by_id.items())
+    assert len(positional) == 2 and all(i.startswith("@") for i, _ in positional)
+    errors = sorted(o[0]["error"] for _, o in positional)
+    assert errors[0].startswith("invalid JSON") and errors[1] == "missing or invalid 'id' (non-empty string)"
+    assert notes.strip().splitlines()[-1] == "2 committed, 1 not sent, 3 rejected"
+
+
+def test_client_submits_waits_and_streams_its_outcomes(broker, namespace, engine):
+    with Client(broker, namespace) as client:
+        one = client.submit("sl_deposit", deposit("c0")["args"], request_id="c0")
+        assert one == "c0"
+        assert client.wait_one("c0", timeout=60)["status"] == "committed"
+        submission = client.submit_many([deposit("c1"), deposit("c1"), b"[1, 2]"])
+        assert submission.ids[:2] == ["c1", "c1"] and submission.ids[2].startswith("@")
+        assert submission.duplicates() == {"c1": 2} and submission.by_position == [2]
+        found = client.collect(submission.sent, timeout=60)
+        assert sorted(o["status"] for o in found["c1"]) == ["committed", "rejected"]
+        assert found[submission.ids[2]][0]["error"] == "request must be a JSON object"
+        streamed = [o["id"] for o in client.stream(idle=2)]
+        assert sorted(streamed) == sorted(["c0", "c1", "c1", submission.ids[2]])
+        with pytest.raises(TimeoutError, match="no outcome for 'never'"):
+            client.wait_one("never", timeout=1)
+
+    async def use_async() -> dict:
+        client = AsyncClient(broker, namespace)
+        request_id = await client.submit("sl_deposit", deposit("c2")["args"], request_id="c2")
+        outcome = await client.wait_one(request_id, timeout=60)
+        await client.close()
+        return outcome
+
+    assert asyncio.run(use_async())["status"] == "committed"
