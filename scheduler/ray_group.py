@@ -46,8 +46,17 @@ class PartitionActor:
         self.follower = LogFollower(self.worker, options)
         return await self.follower.run()
 
-    async def status(self) -> dict[str, Any] | None:
-        return self.follower.status() if self.follower is not None else None
+    async def status(self) -> dict[str, Any]:
+        if self.follower is not None:
+            return self.follower.status()
+        # Asked before `follow` has begun (calls from one caller may overtake each other):
+        # what the shard says, and that nothing runs yet.
+        marker = self.worker.applied()
+        applied = marker["batch"] if marker else 0
+        next_offset = marker["cursor"]["next_offset"] if marker else 0
+        return {"partition": self.worker.partition, "executed": applied, "applied": applied, "applied_at": 0.0,
+                "unapplied": 0, "next_offset": next_offset, "committed": 0, "aborted": 0, "rejected": 0,
+                "checkpointed": [], "running": False, "error": None}
 
     async def hold(self, batch_id: int | None) -> None:
         if self.follower is not None:

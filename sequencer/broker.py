@@ -81,6 +81,10 @@ class LocalBroker:
     def is_running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self.is_running() else None
+
     def start(self, timeout: float = 30.0) -> str:
         if self.is_running():
             return self.bootstrap_servers

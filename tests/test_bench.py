@@ -120,6 +120,10 @@ def test_bench_scale_measures_every_partition_count_on_one_log(tmp_path):
     for run in runs:
         assert run["engine_tps"] > 0 and run["end_to_end_tps"] > 0 and run["batches"] == 30
         assert run["multi_partition_share"] == 0
+        cpu = run["cpu_ms_per_ktxn"]
+        assert set(cpu) == ({"broker", "driver"} if run["partitions"] == 1 else {"broker", "driver", "workers"})
+        assert cpu["broker"] > 0  # it served the workers' reads and took their outputs
+    assert runs[0]["cpu_ms_per_ktxn"]["driver"] > runs[1]["cpu_ms_per_ktxn"]["driver"]  # the worker left it
     assert runs[0]["engine_speedup"] == 1.0
     assert runs[1]["engine_speedup"] == pytest.approx(runs[1]["engine_tps"] / runs[0]["engine_tps"], rel=0.01)
     assert "speedup" in out

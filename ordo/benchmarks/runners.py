@@ -22,17 +22,53 @@ class EngineRun:
     txns: int
     batches: int
     seconds: float
+    # CPU seconds each process spent while the clock ran: "broker", "driver" (this process:
+    # the coordinator, and the worker itself with one in-process partition), "workers".
+    cpu: dict[str, float] | None = None
+
+
+class CpuWatch:
+    """CPU time (user + system) of named processes between `start` and `stop`."""
+
+    def __init__(self, pids: dict[str, list[int]]):
+        import psutil
+
+        self._processes = {name: [psutil.Process(pid) for pid in ids] for name, ids in pids.items() if ids}
+        self._start: dict[str, float] = {}
+
+    def _now(self) -> dict[str, float]:
+        import psutil
+
+        total = {}
+        for name, processes in self._processes.items():
+            seconds = 0.0
+            for process in processes:
+                try:
+                    times = process.cpu_times()
+                    seconds += times.user + times.system
+                except psutil.Error:  # gone: what it used is lost to the figure
+                    pass
+            total[name] = seconds
+        return total
+
+    def start(self) -> None:
+        self._start = self._now()
+
+    def stop(self) -> dict[str, float]:
+        end = self._now()
+        return {name: round(end[name] - self._start[name], 3) for name in end}
 
 
 def engine_throughput(bootstrap: str, log: Log, scheduler: str, partitions: int, directory: str,
-                      seconds: float | None = None) -> EngineRun:
+                      seconds: float | None = None, broker_pid: int | None = None) -> EngineRun:
     """Transactions/s of the engine over a pre-filled log: the partition workers follow it
     as they always do (read their slices from Kafka, execute, publish the outputs, apply).
     Every worker first applies batch 1 and is held there: that batch pays for connecting
     to the broker and starting up, whatever the log's length. The clock starts when they
     are released and stops when the last worker has applied the last batch, or, with
     `seconds`, the batch every worker is held at once that much time has passed.
-    `txns` counts every applied batch, the first included."""
+    `txns` counts every applied batch, the first included. With `broker_pid`, the CPU time
+    of the broker, the workers and this process over the timed stretch is measured too."""
     from scheduler.coordinator import Coordinator
 
     sizes = {batch.batch_id: len(batch) for batch, _ in log.batches()}
@@ -42,6 +78,12 @@ def engine_throughput(bootstrap: str, log: Log, scheduler: str, partitions: int,
     try:
         coordinator.start(hold_at=1)
         _wait_until_applied(coordinator, 1)
+        watch = None
+        if broker_pid is not None:
+            where = getattr(coordinator.group, "where", None)
+            workers = [w["pid"] for w in where()] if where is not None else []
+            watch = CpuWatch({"broker": [broker_pid], "driver": [os.getpid()], "workers": workers})
+            watch.start()
         started = time.monotonic()
         coordinator.group.hold(log.last_batch)
         last = log.last_batch
@@ -52,10 +94,11 @@ def engine_throughput(bootstrap: str, log: Log, scheduler: str, partitions: int,
                 _wait_until_applied(coordinator, last)
                 break
         elapsed = max(s["applied_at"] for s in coordinator.watch(0)) - started
+        cpu = watch.stop() if watch is not None else None
     finally:
         coordinator.close()
     timed = sum(sizes[b] for b in range(2, last + 1))
-    return EngineRun(timed / elapsed, timed + sizes[1], last, elapsed)
+    return EngineRun(timed / elapsed, timed + sizes[1], last, elapsed, cpu)
 
 
 def _wait_until_applied(coordinator, batch_id: int, timeout: float = 300) -> None:

@@ -26,6 +26,13 @@ from ordo.benchmarks.runners import end_to_end, engine_throughput, shutdown_ray
 STYX_PER_CORE = {0.0: 198_493 / 32, 1.0: 105_762 / 32}
 
 
+def cpu_per_ktxn(engine) -> dict[str, float]:
+    timed = engine.tps * engine.seconds
+    if not engine.cpu or not timed:
+        return {}
+    return {name: round(seconds * 1e6 / timed, 1) for name, seconds in engine.cpu.items()}
+
+
 def run_scale(workload: str, partition_counts: list[int], scheduler: str, txns: int, seed: int, knobs: dict,
               max_txns: int, end_to_end_too: bool = True, json_path: str | None = None) -> dict[str, Any]:
     from sequencer.broker import LocalBroker
@@ -49,7 +56,7 @@ def run_scale(workload: str, partition_counts: list[int], scheduler: str, txns: 
             for partitions in counts:
                 log = prefill_log(bootstrap, requests, max_txns, "scale", partitions)
                 engine = engine_throughput(bootstrap, log, scheduler, partitions,
-                                           os.path.join(root, f"engine-{partitions}"))
+                                           os.path.join(root, f"engine-{partitions}"), broker_pid=broker.pid)
                 run: dict[str, Any] = {
                     "partitions": partitions,
                     "multi_partition_share": round(multi_partition_share(requests, partitions), 3),
@@ -57,6 +64,8 @@ def run_scale(workload: str, partition_counts: list[int], scheduler: str, txns: 
                     "engine_tps_per_core": round(engine.tps / min(partitions, cores)),
                     "batches": log.last_batch,
                     "cores_used": min(partitions, cores),
+                    # CPU milliseconds per 1,000 transactions, by process, over the timed stretch
+                    "cpu_ms_per_ktxn": cpu_per_ktxn(engine),
                 }
                 if end_to_end_too:
                     e2e = end_to_end(bootstrap, workload, knobs, requests, scheduler, partitions, max_txns,
@@ -86,6 +95,9 @@ def format_run(run: dict[str, Any]) -> str:
             f"({run['engine_tps_per_core']:,}/core, {run['multi_partition_share']:.0%} multi-partition)")
     if "end_to_end_tps" in run:
         line += f", end to end {run['end_to_end_tps']:>9,} req/s"
+    cpu = run.get("cpu_ms_per_ktxn")
+    if cpu:
+        line += "; CPU ms per 1,000 txns: " + ", ".join(f"{name} {ms:,.0f}" for name, ms in cpu.items())
     return line
 
 
