@@ -1,0 +1,114 @@
+"""`ordo bench tpcc`: TPC-C engine throughput at one or more partition counts, per core,
+beside Styx's published figure, with the consistency conditions checked on the result.
+
+The population and the mix are produced and sequenced first (a pre-filled log, routed for
+the partition count). The workers apply the load batches, are held there, and the clock
+runs from their release until the last worker has applied the last batch: it measures the
+transactions of the mix only. Lookups by last name carry the client's reconnaissance
+(knob assume=1), as Calvin's clients do it before sequencing; a pre-filled log has no
+sequencer left to re-sequence them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from typing import Any
+
+from ordo.benchmarks.machine import machine
+from ordo.benchmarks.prefill import prefill_log
+from ordo.benchmarks.runners import _wait_until_applied, shutdown_ray
+
+# Styx (SIGMOD'25, Python on Kafka): about 3,000 TPC-C txn/s with sub-second p99.
+STYX_TPCC_TPS = 3_000
+DEFAULT_KNOBS = {"warehouses": 2, "customers": 300, "items": 10_000}
+
+
+def run_tpcc(partition_counts: list[int], scheduler: str, txns: int, seed: int, knobs: dict, max_txns: int,
+             json_path: str | None = None) -> dict[str, Any]:
+    from procedures.workloads import tpcc
+    from sequencer.broker import LocalBroker
+
+    knobs = {**DEFAULT_KNOBS, **knobs, "assume": 1}
+    requests = list(tpcc.generate(txns, seed, **knobs))
+    loads = sum(1 for r in requests if r["proc"].startswith("tpcc_load_"))
+    cores = len(os.sched_getaffinity(0))
+    report: dict[str, Any] = {"workload": "tpcc", "scheduler": scheduler, "knobs": knobs, "txns": txns,
+                              "load_requests": loads, "batch_size": max_txns, "machine": machine(), "runs": [],
+                              "styx_tps": STYX_TPCC_TPS}
+    say = lambda text="": print(text, flush=True)  # noqa: E731
+    say(f"ordo bench tpcc ({scheduler}): {txns:,} txns after {loads} load requests, knobs {knobs}, "
+        f"partitions {partition_counts}, {cores} cores")
+    root = tempfile.mkdtemp(prefix="ordo-tpcc-")
+    try:
+        with LocalBroker() as broker:
+            for partitions in sorted(set(partition_counts)):
+                started = time.monotonic()
+                log = prefill_log(broker.bootstrap_servers, requests, max_txns, "tpcc", partitions)
+                prefill_s = time.monotonic() - started
+                directory = os.path.join(root, f"p{partitions}")
+                run = _measure(broker.bootstrap_servers, log, scheduler, partitions, directory, loads)
+                run["prefill_s"] = round(prefill_s, 1)
+                run["engine_tps_per_core"] = round(run["engine_tps"] / min(partitions, cores))
+                run["cores_used"] = min(partitions, cores)
+                run["conditions"] = _conditions(directory)
+                report["runs"].append(run)
+                say(format_run(run))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        shutdown_ray()
+    report["machine"]["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(report, f, indent=2)
+    return report
+
+
+def _measure(bootstrap: str, log, scheduler: str, partitions: int, directory: str, loads: int) -> dict[str, Any]:
+    """Release the workers held after the last batch holding a load request; time the rest."""
+    from scheduler.coordinator import Coordinator
+
+    batches = [batch for batch, _ in log.batches()]
+    seen, load_batch = 0, batches[0].batch_id
+    for batch in batches:
+        if seen >= loads:
+            break
+        seen += len(batch)
+        load_batch = batch.batch_id
+    timed = sum(len(b) for b in batches if b.batch_id > load_batch)
+    if not timed:
+        raise ValueError("no batch of the mix follows the load: more --txns or a smaller --max-txns")
+    coordinator = Coordinator(bootstrap, log.namespace, directory, scheduler, partitions)
+    try:
+        coordinator.start(hold_at=load_batch)
+        _wait_until_applied(coordinator, load_batch, timeout=1800)
+        started = time.monotonic()
+        coordinator.group.hold(log.last_batch)
+        while not all(s["applied"] >= log.last_batch for s in coordinator.watch(0.1)):
+            pass
+        statuses = coordinator.watch(0)
+        elapsed = max(s["applied_at"] for s in statuses) - started
+        committed = sum(s["committed"] for s in statuses)
+        aborted = sum(s["aborted"] for s in statuses)
+    finally:
+        coordinator.close()
+    return {"partitions": partitions, "engine_tps": round(timed / elapsed), "timed_txns": timed,
+            "seconds": round(elapsed, 2), "batches": log.last_batch, "load_batches": load_batch,
+            "committed": committed, "aborted": aborted}
+
+
+def _conditions(directory: str) -> list[str]:
+    from ordo.state import records
+    from procedures.workloads.tpcc_consistency import violations
+
+    return violations(records(directory))
+
+
+def format_run(run: dict[str, Any]) -> str:
+    held = "hold" if not run["conditions"] else f"{len(run['conditions'])} VIOLATED"
+    return (f"  {run['partitions']} partition(s): {run['engine_tps']:,} txn/s engine, "
+            f"{run['engine_tps_per_core']:,} per core (Styx: {STYX_TPCC_TPS:,} txn/s), "
+            f"{run['timed_txns']:,} txns in {run['seconds']} s; consistency conditions {held}")
