@@ -204,7 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "storage limit and the PostgreSQL baseline")
     p.add_argument("workload", help="micro, sl, gs, ob or tp: one configuration; suite: the grid of BENCHMARKS.md; "
                                     "scale WORKLOAD: the same log at several partition counts; "
-                                    "tpcc: TPC-C engine throughput per partition count (--partitions 1,2)")
+                                    "tpcc: TPC-C engine throughput per partition count (--partitions 1,2); "
+                                    "alias: dependent transactions end to end, with their restart rate")
     p.add_argument("scaled", nargs="?", metavar="WORKLOAD", help="scale: the workload to scale")
     p.add_argument("--scheduler", choices=SCHEDULER_CHOICES, default="serial")
     p.add_argument("--partitions", default="1", metavar="N[,N…]",
@@ -212,6 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mp", type=float, default=None, metavar="SHARE",
                    help="scale, micro: share of multi-partition transactions (the knob mp)")
     p.add_argument("--no-end-to-end", action="store_true", help="scale: the engine only")
+    p.add_argument("--rate", type=float, default=None, metavar="REQ_PER_S",
+                   help="alias: the client sends at this rate (default: all at once)")
     p.add_argument("--txns", type=int, default=50_000)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE")
@@ -229,7 +232,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from ordo import config
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    config.add_common_options(parser)
+    try:
+        config.apply(parser, argv)
+    except ValueError as exc:
+        print(f"ordo: {exc}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(config.without_config(argv))
+    config.setup_logging(args)
     try:
         return COMMANDS[args.command](args)
     except KeyboardInterrupt:
@@ -409,6 +423,12 @@ def cmd_bench(args) -> int:
         from ordo.benchmarks.suite import run_suite
 
         return run_suite(args.quick, args.out)
+    if args.workload == "alias":
+        from ordo.benchmarks.dependent import run_alias
+
+        run_alias(args.scheduler, int(args.partitions), args.txns, args.seed, parse_knobs(_workload("alias"),
+                  args.knob), args.max_txns, args.json, args.rate)
+        return 0
     if args.workload == "tpcc":
         from ordo.benchmarks.tpcc import run_tpcc
 
