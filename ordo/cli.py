@@ -232,7 +232,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from ordo import config
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    config.add_common_options(parser)
+    try:
+        config.apply(parser, argv)
+    except ValueError as exc:
+        print(f"ordo: {exc}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(config.without_config(argv))
+    config.setup_logging(args)
     try:
         return COMMANDS[args.command](args)
     except KeyboardInterrupt:

@@ -1,0 +1,105 @@
+"""Every option from the command line, ORDO_<OPTION> or a TOML file, in that precedence;
+a setting that cannot be used is one clear error naming where it came from."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ordo import config
+from ordo.cli import build_parser
+from sequencer.sequencer import SequencerConfig
+from tests.helpers import ROOT
+
+
+def parse(argv: list[str], environ: dict[str, str]):
+    parser = build_parser()
+    config.add_common_options(parser)
+    config.apply(parser, argv, environ)
+    return parser.parse_args(config.without_config(argv))
+
+
+@pytest.fixture
+def settings(tmp_path):
+    path = tmp_path / "ordo.toml"
+    path.write_text(
+        'bootstrap_servers = "file:1"\n'
+        'namespace = "from-file"\n'
+        "partitions = 3\n"
+        "[run]\n"
+        'data-dir = "/from/file"\n'
+        'app = ["bank:app", "shop:app"]\n'
+        "quiet = true\n"
+        "checkpoint-every = 7\n")
+    return str(path)
+
+
+def test_precedence_is_command_line_then_environment_then_file_then_default(settings):
+    args = parse(["run", "--config", settings], {})
+    assert (args.bootstrap_servers, args.namespace, args.partitions, args.data_dir) == (
+        "file:1", "from-file", 3, "/from/file")
+    assert args.app == ["bank:app", "shop:app"] and args.quiet is True and args.checkpoint_every == 7
+    assert args.scheduler == "serial" and args.max_txns == SequencerConfig().max_txns  # defaults where nothing says otherwise
+
+    environ = {"ORDO_CONFIG": settings, "ORDO_NAMESPACE": "from-env", "ORDO_PARTITIONS": "2",
+               "ORDO_QUIET": "false", "ORDO_APP": "env:app,other:app", "ORDO_SCHEDULER": "vll"}
+    args = parse(["run"], environ)
+    assert (args.bootstrap_servers, args.namespace, args.partitions, args.scheduler) == (
+        "file:1", "from-env", 2, "vll")
+    assert args.quiet is False and args.app == ["env:app", "other:app"]
+
+    args = parse(["run", "--namespace", "cli", "--partitions", "4", "--quiet"], environ)
+    assert (args.namespace, args.partitions, args.quiet) == ("cli", 4, True)
+
+
+def test_a_required_option_may_come_from_the_environment():
+    args = parse(["execute", "--data-dir", "d"], {"ORDO_BOOTSTRAP_SERVERS": "env:9"})
+    assert args.bootstrap_servers == "env:9"
+    with pytest.raises(SystemExit):  # and without it, still required
+        parse(["execute", "--data-dir", "d"], {})
+
+
+def test_top_level_settings_apply_only_to_commands_that_have_the_option(settings):
+    args = parse(["--config", settings, "gen", "micro"], {})  # gen has no --namespace: not an error
+    assert not hasattr(args, "namespace") and args.count == 1000
+
+
+@pytest.mark.parametrize("text, environ, message", [
+    ('bootstrap_server = "x"\n', {}, "unknown setting 'bootstrap-server' at the top level "
+                                     "(did you mean 'bootstrap-servers'?)"),
+    ('[run]\ncount = 3\n', {}, "unknown setting 'count' at the [run]"),
+    ('[run]\npartitions = "two"\n', {}, "[run]: --partitions: invalid literal for int()"),
+    ('[run]\nscheduler = "fifo"\n', {}, "--scheduler: 'fifo' is not one of serial, locking, vll, opchain"),
+    ("partitions = [", {}, "is not valid TOML"),
+    ("", {"ORDO_QUIET": "maybe"}, "ORDO_QUIET: --quiet: expected true or false, got 'maybe'"),
+])
+def test_a_bad_setting_names_its_source(tmp_path, text, environ, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(config.ConfigError) as caught:
+        parse(["run", "--config", str(path)], environ)
+    assert message in str(caught.value)
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ordo.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": ROOT, **(env or {})}, timeout=60)
+
+
+def test_the_command_line_tool_reads_the_environment_and_the_file(tmp_path):
+    path = tmp_path / "ordo.toml"
+    path.write_text("[gen]\ncount = 2\nseed = 5\n")
+    lines = lambda done: done.stdout.splitlines()  # noqa: E731
+    assert len(lines(cli("gen", "micro", "--config", str(path)))) == 2
+    from_env = cli("gen", "micro", env={"ORDO_CONFIG": str(path), "ORDO_COUNT": "3"})
+    assert len(lines(from_env)) == 3
+    assert lines(from_env)[:2] == lines(cli("gen", "micro", "--config", str(path)))  # seed 5 from the file
+    assert len(lines(cli("gen", "micro", "--count", "1", env={"ORDO_CONFIG": str(path), "ORDO_COUNT": "3"}))) == 1
+    missing = cli("gen", "micro", "--config", str(tmp_path / "nope.toml"))
+    assert missing.returncode == 2 and missing.stderr.strip() == f"ordo: configuration file {tmp_path}/nope.toml " \
+                                                                  f"does not exist"
+    version = cli("--version")
+    assert version.returncode == 0 and version.stdout.startswith("ordo ")
