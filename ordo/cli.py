@@ -138,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     _checkpoint_options(p)
     p.add_argument("--request-partitions", type=int, default=1, metavar="R",
                    help="partitions of <ns>.requests when it is created (default 1)")
+    p.add_argument("--log-replication", type=int, default=1, metavar="N",
+                   help="replicas of the namespace's topics when they are created; with 3 or more, "
+                        "<ns>.log also gets min.insync.replicas=2 (default 1)")
     _sequencer_options(p)
 
     p = sub.add_parser("sequence", help="run only the sequencer")
@@ -264,7 +267,7 @@ def cmd_run(args) -> int:
 
     return serve_all(args.bootstrap_servers, args.namespace, args.data_dir, args.scheduler, args.partitions,
                      args.request_partitions, _sequencer_config(args), args.quiet, _placement(args),
-                     _checkpointing(args))
+                     _checkpointing(args), args.log_replication)
 
 
 def cmd_sequence(args) -> int:

@@ -184,9 +184,9 @@ class SequencerProcess:
 
 def serve_all(bootstrap: str, namespace: str, data_dir: str, scheduler: str, partitions: int,
               request_partitions: int, config: SequencerConfig, quiet: bool = False,
-              placement: dict | None = None, checkpointing: dict | None = None) -> int:
+              placement: dict | None = None, checkpointing: dict | None = None, log_replication: int = 1) -> int:
     placement = placement or {}
-    ensure_topics(bootstrap, namespace, request_partitions)
+    ensure_topics(bootstrap, namespace, request_partitions, replication=log_replication)
     coordinator = Coordinator(bootstrap, namespace, data_dir, scheduler, partitions, **placement,
                               **(checkpointing or {}))
     sequencer = SequencerProcess(bootstrap, namespace, config, placement.get("procedure_modules", ()))
