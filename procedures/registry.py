@@ -67,11 +67,14 @@ class Registry:
                 reads, writes = _ordered_set(reads), _ordered_set(writes)
             except Exception as exc:  # a procedure's ANALYZE is user code
                 raise RequestError(f"{procedure.name}: ANALYZE failed: {type(exc).__name__}: {exc}") from None
-        tables = self.tables
-        for table, _ in reads + writes:
+        tables, range_tables = self.tables, self.range_tables
+        ranged = False
+        for table, key in reads + writes:
             if table not in tables:
                 raise RequestError(f"{procedure.name}: ANALYZE named unknown table '{table}'")
-        if self.range_tables:
+            if table in range_tables or type(key) is KeyRange:
+                ranged = True
+        if ranged:
             reads, writes = self._with_ranges(procedure.name, reads, writes)
         return procedure, reads, writes
 
