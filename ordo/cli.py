@@ -40,6 +40,8 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--partitions", type=int, default=1, metavar="N", help="partition workers (default 1)")
     _placement_options(p)
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="serve Prometheus metrics on 127.0.0.1:PORT (0: a free port, printed at start)")
 
 
 def _placement_options(p: argparse.ArgumentParser) -> None:
@@ -267,7 +269,7 @@ def cmd_run(args) -> int:
 
     return serve_all(args.bootstrap_servers, args.namespace, args.data_dir, args.scheduler, args.partitions,
                      args.request_partitions, _sequencer_config(args), args.quiet, _placement(args),
-                     _checkpointing(args), args.log_replication)
+                     _checkpointing(args), args.log_replication, metrics_port=args.metrics_port)
 
 
 def cmd_sequence(args) -> int:
@@ -282,7 +284,7 @@ def cmd_execute(args) -> int:
     from ordo.services import serve_engine
 
     return serve_engine(args.bootstrap_servers, args.namespace, args.data_dir, args.scheduler,
-                        args.partitions, args.quiet, _placement(args), _checkpointing(args))
+                        args.partitions, args.quiet, _placement(args), _checkpointing(args), args.metrics_port)
 
 
 def cmd_recover(args) -> int:

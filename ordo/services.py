@@ -58,12 +58,14 @@ def serve_sequencer(bootstrap: str, namespace: str, config: SequencerConfig,
 
 
 class Progress:
-    """One status line a second: batches, throughput, outcomes, log lag."""
+    """A status line a second while there is work: batches, throughput, outcomes, log lag
+    and requests not yet sequenced; none while the engine is idle."""
 
-    def __init__(self, coordinator: Coordinator, stream=sys.stderr, every: float = 1.0):
+    def __init__(self, coordinator: Coordinator, stream=sys.stderr, every: float = 1.0, lags=None):
         self._coordinator = coordinator
         self._stream = stream
         self._every = every
+        self._lags = lags  # ordo.metrics.Lags, refreshed by the caller
         self._last = time.monotonic()
         self._last_txns = 0
 
@@ -72,14 +74,27 @@ class Progress:
         if now - self._last < self._every:
             return
         rate = (stats.txns - self._last_txns) / (now - self._last)
-        self._last, self._last_txns = now, stats.txns
+        if self._lags is not None:
+            log_lag, requests_lag = self._lags.log, self._lags.requests
+        else:
+            log_lag, requests_lag = self._coordinator.log_lag(), None
+        self._last, moved, self._last_txns = now, stats.txns != self._last_txns, stats.txns
+        if not moved and not requests_lag:
+            # Idle: nothing new to say. (The log lag can stay at 1 when idle: a transaction
+            # marker follows the last batch.)
+            return
+        unknown = lambda value: "?" if value is None else value  # noqa: E731
         print(f"batch {stats.last_batch} | {stats.txns} txns ({rate:,.0f}/s) | committed {stats.committed} "
-              f"aborted {stats.aborted} rejected {stats.rejected} | log lag {self._coordinator.log_lag()}",
+              f"aborted {stats.aborted} rejected {stats.rejected} | log lag {unknown(log_lag)}"
+              + ("" if self._lags is None else f" | requests lag {unknown(requests_lag)}"),
               file=self._stream, flush=True)
 
 
 def serve_engine(bootstrap: str, namespace: str, data_dir: str, scheduler: str, partitions: int,
-                 quiet: bool = False, placement: dict | None = None, checkpointing: dict | None = None) -> int:
+                 quiet: bool = False, placement: dict | None = None, checkpointing: dict | None = None,
+                 metrics_port: int | None = None) -> int:
+    from ordo.metrics import engine_observer
+
     coordinator = Coordinator(bootstrap, namespace, data_dir, scheduler, partitions, **(placement or {}),
                               **(checkpointing or {}))
     on_termination(coordinator.stop)
@@ -87,7 +102,11 @@ def serve_engine(bootstrap: str, namespace: str, data_dir: str, scheduler: str, 
     announce_start(coordinator)
     print(f"engine ({scheduler}, {partitions} partition(s)) resumes after batch {coordinator.stats.last_batch}",
           file=sys.stderr, flush=True)
-    coordinator.run(progress=None if quiet else Progress(coordinator))
+    progress, close_observer = engine_observer(coordinator, bootstrap, namespace, quiet, metrics_port)
+    try:
+        coordinator.run(progress=progress)
+    finally:
+        close_observer()
     return 0
 
 
@@ -184,7 +203,10 @@ class SequencerProcess:
 
 def serve_all(bootstrap: str, namespace: str, data_dir: str, scheduler: str, partitions: int,
               request_partitions: int, config: SequencerConfig, quiet: bool = False,
-              placement: dict | None = None, checkpointing: dict | None = None, log_replication: int = 1) -> int:
+              placement: dict | None = None, checkpointing: dict | None = None, log_replication: int = 1,
+              metrics_port: int | None = None) -> int:
+    from ordo.metrics import engine_observer
+
     placement = placement or {}
     ensure_topics(bootstrap, namespace, request_partitions, replication=log_replication)
     coordinator = Coordinator(bootstrap, namespace, data_dir, scheduler, partitions, **placement,
@@ -196,9 +218,11 @@ def serve_all(bootstrap: str, namespace: str, data_dir: str, scheduler: str, par
     sequencer.start()
     print(f"ordo running: namespace {namespace}, {scheduler} scheduler, {partitions} partition(s), "
           f"data in {data_dir}; Ctrl-C stops", file=sys.stderr, flush=True)
+    progress, close_observer = engine_observer(coordinator, bootstrap, namespace, quiet, metrics_port, sequencer)
     try:
-        coordinator.run(progress=None if quiet else Progress(coordinator))
+        coordinator.run(progress=progress)
     finally:
+        close_observer()
         sequencer.stop()
     print(f"stopped after batch {coordinator.stats.last_batch}", file=sys.stderr, flush=True)
     return 0

@@ -145,6 +145,11 @@ class Coordinator:
         return self._statuses
 
     @property
+    def statuses(self) -> list[dict]:
+        """Every worker's status as the last watch took it (metrics read it from here)."""
+        return self._statuses
+
+    @property
     def finished(self) -> bool:
         """Whether every worker has stopped."""
         return self._finished

@@ -37,6 +37,8 @@ from sequencer.reader import LogReader
 from sequencer.topics import Topics
 
 KEPT_CHECKPOINT_REPORTS = 16
+# Upper bounds (seconds) of the batch latency histogram in the status (ordo/metrics.py).
+BATCH_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +80,10 @@ class LogFollower:
         self.applied_at = 0.0  # time.monotonic() when the last batch was applied
         self.counts = {COMMITTED: 0, ABORTED: 0, "rejected": 0, RESTARTED: 0}
         self.checkpointed: deque[tuple[int, dict]] = deque(maxlen=KEPT_CHECKPOINT_REPORTS)  # (batch, cursor)
+        self.busy_s = 0.0  # time spent executing batches
+        # Sequencer's batch time -> executed here: counts per bucket (the last: beyond them), sum.
+        self.latency_counts = [0] * (len(BATCH_LATENCY_BUCKETS) + 1)
+        self.latency_sum = 0.0
 
     # -- control, from the coordinator ------------------------------------------------
 
@@ -96,6 +102,10 @@ class LogFollower:
             "committed": self.counts[COMMITTED],
             "aborted": self.counts[ABORTED],
             "rejected": self.counts["rejected"],
+            "restarted": self.counts[RESTARTED],
+            "busy_s": self.busy_s,
+            "latency_counts": list(self.latency_counts),
+            "latency_sum": self.latency_sum,
             "checkpointed": list(self.checkpointed),
             "running": self.running,
             "error": self.error,
@@ -155,7 +165,10 @@ class LogFollower:
         return len(batches)
 
     async def _execute(self, batch: Batch, cursor: dict) -> None:
+        started = time.perf_counter()
         result = await self.worker.execute(batch)
+        self.busy_s += time.perf_counter() - started
+        self._observe_latency(time.time() - batch.time_ms / 1000)
         self.sink.publish(batch.batch_id, self.partition, result.outcomes, result.changes)
         counts = self.counts
         for outcome in result.outcomes:
@@ -163,6 +176,15 @@ class LogFollower:
         self._unapplied.append((batch.batch_id, cursor))
         self.executed = batch.batch_id
         await self._apply_delivered(limit=self.options.depth)
+
+    def _observe_latency(self, seconds: float) -> None:
+        seconds = max(0.0, seconds)
+        self.latency_sum += seconds
+        for i, bound in enumerate(BATCH_LATENCY_BUCKETS):
+            if seconds <= bound:
+                self.latency_counts[i] += 1
+                return
+        self.latency_counts[-1] += 1
 
     async def _apply_delivered(self, limit: int) -> None:
         """Apply, in order, the executed batches whose outputs are acknowledged; wait for

@@ -1,0 +1,201 @@
+"""Prometheus metrics of a running engine (`--metrics-port`), served on 127.0.0.1.
+
+Workers may run as Ray actors in other processes: nothing is served from them. Every
+figure comes from the statuses the coordinator already polls (scheduler/follower.py),
+read when Prometheus scrapes, so a scrape costs the workers nothing.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Callable
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.exposition import start_http_server
+
+from scheduler.follower import BATCH_LATENCY_BUCKETS
+
+STATUSES = ("committed", "aborted", "rejected", "restarted")
+LAG_EVERY = 1.0  # seconds between broker queries for the lags, however often one scrapes
+
+
+class RequestsLag:
+    """Requests produced to <ns>.requests that the sequencer has not yet put into the log:
+    the topic's end offsets minus the offsets the sequencer commits with each batch (its
+    consumer group `<ns>.sequencer`). As the broker reports them: for display."""
+
+    def __init__(self, bootstrap: str, namespace: str):
+        from confluent_kafka import Consumer
+
+        from sequencer.kafka import kafka_config
+        from sequencer.topics import Topics
+
+        self.topic = Topics(namespace).requests
+        self.group = f"{namespace}.sequencer"
+        self._consumer = Consumer(kafka_config(bootstrap, {"group.id": self.group, "enable.auto.commit": False}))
+        self._probe = Consumer(kafka_config(bootstrap, {"group.id": f"ordo-lag-{uuid.uuid4().hex}",
+                                                        "enable.auto.commit": False}))
+
+    def __call__(self) -> int | None:
+        from confluent_kafka import TopicPartition
+
+        try:
+            metadata = self._probe.list_topics(self.topic, timeout=2).topics.get(self.topic)
+            if metadata is None or metadata.error is not None:
+                return None
+            partitions = [TopicPartition(self.topic, p) for p in sorted(metadata.partitions)]
+            committed = {tp.partition: tp.offset for tp in self._consumer.committed(partitions, timeout=2)}
+            lag = 0
+            for tp in partitions:
+                high = self._probe.get_watermark_offsets(tp, timeout=2, cached=False)[1]
+                done = committed.get(tp.partition, -1)
+                lag += max(0, high - max(done, 0))
+            return lag
+        except Exception:
+            return None
+
+    def close(self) -> None:
+        self._consumer.close()
+        self._probe.close()
+
+
+class Lags:
+    """The log lag and the requests-topic lag, refreshed from the engine's own loop at most
+    every LAG_EVERY seconds (the broker is asked there, not on each scrape or line)."""
+
+    def __init__(self, coordinator, requests_lag: Callable[[], int | None] | None = None):
+        self.coordinator = coordinator
+        self.requests_lag = requests_lag
+        self.log: int | None = None
+        self.requests: int | None = None
+        self._taken = 0.0
+
+    def refresh(self) -> None:
+        if time.monotonic() - self._taken < LAG_EVERY:
+            return
+        self._taken = time.monotonic()
+        try:
+            value = self.coordinator.log_lag()
+            self.log = value if isinstance(value, int) else None
+        except Exception:
+            self.log = None
+        self.requests = self.requests_lag() if self.requests_lag is not None else None
+
+
+class EngineCollector:
+    """The Prometheus view of a coordinator's polled statuses, plus the lags."""
+
+    def __init__(self, coordinator, lags: Lags | None = None, sequencer_restarts: Callable[[], int] | None = None):
+        self.coordinator = coordinator
+        self.lags = lags
+        self.sequencer_restarts = sequencer_restarts
+
+    def collect(self):
+        statuses = list(self.coordinator.statuses)
+        stats = self.coordinator.stats
+        yield _gauge("ordo_last_applied_batch", "the newest batch applied on every partition", stats.last_batch)
+        yield _counter("ordo_batches", "batches applied on every partition since this engine started",
+                       stats.batches)
+        txns = CounterMetricFamily("ordo_transactions", "transaction outcomes by status", labels=["status"])
+        by_partition = CounterMetricFamily("ordo_partition_transactions",
+                                           "transaction outcomes reported by each partition",
+                                           labels=["partition", "status"])
+        busy = CounterMetricFamily("ordo_worker_busy_seconds", "time each partition worker spent executing "
+                                                               "batches", labels=["partition"])
+        for status in STATUSES:
+            txns.add_metric([status], sum(s.get(status, 0) for s in statuses))
+            for s in statuses:
+                by_partition.add_metric([str(s["partition"]), status], s.get(status, 0))
+        for s in statuses:
+            busy.add_metric([str(s["partition"])], s.get("busy_s", 0.0))
+        yield txns
+        yield _counter("ordo_aborts", "transactions aborted (ctx.abort, a failing RUN, an undeclared access)",
+                       sum(s.get("aborted", 0) for s in statuses))
+        yield by_partition
+        yield busy
+        yield _histogram(statuses)
+        yield _counter("ordo_checkpoints", "checkpoints listed since this engine started", stats.checkpoints)
+        log_lag, requests_lag = (self.lags.log, self.lags.requests) if self.lags is not None else (None, None)
+        if log_lag is not None:
+            yield _gauge("ordo_log_lag_records", "log records not yet read by the slowest partition worker",
+                         log_lag)
+        if requests_lag is not None:
+            yield _gauge("ordo_requests_lag_messages", "requests not yet sequenced into the log", requests_lag)
+        if self.sequencer_restarts is not None:
+            yield _counter("ordo_sequencer_restarts", "times the engine restarted its sequencer process",
+                           self.sequencer_restarts())
+
+
+def _gauge(name: str, text: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, text, value=value)
+
+
+def _counter(name: str, text: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, text, value=value)
+
+
+def _histogram(statuses: list[dict]) -> HistogramMetricFamily:
+    counts = [0] * (len(BATCH_LATENCY_BUCKETS) + 1)
+    total = 0.0
+    for s in statuses:
+        for i, n in enumerate(s.get("latency_counts", ())):
+            counts[i] += n
+        total += s.get("latency_sum", 0.0)
+    buckets, running = [], 0
+    for bound, n in zip([*map(str, BATCH_LATENCY_BUCKETS), "+Inf"], counts):
+        running += n
+        buckets.append((bound, running))
+    histogram = HistogramMetricFamily("ordo_batch_latency_seconds",
+                                      "from the sequencer cutting a batch to a partition having executed it "
+                                      "(one observation per batch and partition)")
+    histogram.add_metric([], buckets, total)
+    return histogram
+
+
+class MetricsServer:
+    def __init__(self, port: int, collector: EngineCollector):
+        self.registry = CollectorRegistry()
+        self.registry.register(collector)
+        try:
+            self._server, self._thread = start_http_server(port, addr="127.0.0.1", registry=self.registry)
+        except OSError as exc:
+            raise RuntimeError(f"cannot serve metrics on 127.0.0.1:{port}: {exc.strerror or exc}") from None
+        self.port = self._server.server_address[1]
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def engine_observer(coordinator, bootstrap: str, namespace: str, quiet: bool, metrics_port: int | None,
+                    sequencer=None, stream=None) -> tuple[Callable | None, Callable[[], None]]:
+    """The engine loop's progress hook (the progress line, the lags, the metrics endpoint
+    on `metrics_port`) and what closes them."""
+    import sys
+
+    from ordo.services import Progress
+
+    if quiet and metrics_port is None:
+        return None, lambda: None
+    requests_lag = RequestsLag(bootstrap, namespace)
+    lags = Lags(coordinator, requests_lag)
+    server = None
+    if metrics_port is not None:
+        restarts = (lambda: sequencer.restarts) if sequencer is not None else None
+        server = MetricsServer(metrics_port, EngineCollector(coordinator, lags, restarts))
+        print(f"metrics on http://127.0.0.1:{server.port}/metrics", file=stream or sys.stderr, flush=True)
+    line = None if quiet else Progress(coordinator, stream or sys.stderr, lags=lags)
+
+    def progress(stats) -> None:
+        lags.refresh()
+        if line is not None:
+            line(stats)
+
+    def close() -> None:
+        if server is not None:
+            server.close()
+        requests_lag.close()
+
+    return progress, close

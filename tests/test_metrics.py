@@ -1,0 +1,121 @@
+"""`--metrics-port`: a Prometheus endpoint on 127.0.0.1, scraped with a real HTTP GET and
+parsed with prometheus-client's own parser; figures from the workers' statuses, Ray
+actors included. The progress line says the requests-topic lag and is quiet when idle."""
+
+from __future__ import annotations
+
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from ordo.client import Client
+from sequencer.topics import ensure_topics
+from tests.helpers import ROOT, stop
+
+pytestmark = pytest.mark.slow
+
+
+def scrape(port: int) -> dict[str, list]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        assert response.status == 200
+        text = response.read().decode()
+    return {family.name: family.samples for family in text_string_to_metric_families(text)}
+
+
+def value(families: dict, family: str, sample: str, **labels) -> float:
+    found = [s.value for s in families[family] if s.name == sample and all(s.labels.get(k) == v
+                                                                           for k, v in labels.items())]
+    assert len(found) == 1, (family, sample, labels, families.get(family))
+    return found[0]
+
+
+@pytest.mark.parametrize("partitions", [1, 2])
+def test_metrics_endpoint_reports_the_engine(broker, namespace, tmp_path, partitions):
+    ensure_topics(broker, namespace)
+    engine = subprocess.Popen(
+        [sys.executable, "-m", "ordo.cli", "run", "--bootstrap-servers", broker, "--namespace", namespace,
+         "--data-dir", str(tmp_path / "d"), "--partitions", str(partitions), "--metrics-port", "0"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1"}, stderr=subprocess.PIPE,
+        text=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in engine.stderr], daemon=True).start()
+    try:
+        port = None
+        deadline = time.monotonic() + 120
+        while port is None:
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            if line.startswith("metrics on http://127.0.0.1:"):
+                port = int(line.split(":")[2].split("/")[0])
+        deposits = [{"id": f"d{i}", "proc": "sl_deposit",
+                     "args": {"account": i, "asset": i, "account_amount": 5, "asset_amount": 5}} for i in range(30)]
+        transfers = [{"id": f"t{i}", "proc": "sl_transfer", "args": {
+            "src_account": 1000 + i, "dst_account": i, "src_asset": 1000 + i, "dst_asset": i,
+            "account_amount": 1, "asset_amount": 1}} for i in range(5)]  # from empty accounts: aborted
+        with Client(broker, namespace) as client:
+            sent = client.submit(deposits + transfers + [{"id": "bad", "proc": "nope", "args": {}}])
+            found = client.wait(sent, timeout=120)
+        assert len(found) == 36
+
+        deadline = time.monotonic() + 30
+        while True:  # the endpoint shows what the workers reported at the coordinator's last poll
+            families = scrape(port)
+            if value(families, "ordo_transactions", "ordo_transactions_total", status="rejected") == 1:
+                break
+            assert time.monotonic() < deadline, families["ordo_transactions"]
+            time.sleep(0.5)
+        assert value(families, "ordo_transactions", "ordo_transactions_total", status="committed") == 30
+        assert value(families, "ordo_transactions", "ordo_transactions_total", status="aborted") == 5
+        assert value(families, "ordo_aborts", "ordo_aborts_total") == 5
+        batches = value(families, "ordo_batches", "ordo_batches_total")
+        assert batches >= 1 and value(families, "ordo_last_applied_batch", "ordo_last_applied_batch") >= batches
+        for p in range(partitions):
+            assert value(families, "ordo_worker_busy_seconds", "ordo_worker_busy_seconds_total",
+                         partition=str(p)) > 0
+        per_partition = sum(value(families, "ordo_partition_transactions", "ordo_partition_transactions_total",
+                                  partition=str(p), status="committed") for p in range(partitions))
+        assert per_partition == 30
+        observed = value(families, "ordo_batch_latency_seconds", "ordo_batch_latency_seconds_count")
+        assert observed >= batches * partitions
+        assert value(families, "ordo_batch_latency_seconds", "ordo_batch_latency_seconds_bucket", le="+Inf") \
+            == observed
+        assert value(families, "ordo_batch_latency_seconds", "ordo_batch_latency_seconds_sum") > 0
+        assert value(families, "ordo_requests_lag_messages", "ordo_requests_lag_messages") >= 0
+        assert "ordo_log_lag_records" in families
+        assert value(families, "ordo_sequencer_restarts", "ordo_sequencer_restarts_total") == 0
+
+        # Progress lines while there was work, with the requests lag; none once idle.
+        time.sleep(3)
+        busy = []
+        while not lines.empty():
+            busy.append(lines.get())
+        assert any(line.startswith("batch ") and "| requests lag " in line for line in busy), busy
+        time.sleep(4)
+        idle = []
+        while not lines.empty():
+            idle.append(lines.get())
+        assert idle == [], idle
+    finally:
+        assert stop(engine) == 0
+
+
+def test_a_busy_metrics_port_is_one_clear_line(broker, namespace, tmp_path):
+    import socket
+
+    ensure_topics(broker, namespace)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "ordo.cli", "execute", "--bootstrap-servers", broker,
+                               "--namespace", namespace, "--data-dir", str(tmp_path / "d"), "--runtime", "local",
+                               "--metrics-port", str(port)], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
+                              capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith(f"ordo execute: cannot serve metrics on 127.0.0.1:{port}")
