@@ -226,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-txns", type=int, default=200,
                    help="requests per batch at most (default %(default)s: Calvin's cap per 10 ms epoch)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON here")
-    p.add_argument("--baseline", action="store_true", help="also the PostgreSQL baseline (micro and sl)")
+    p.add_argument("--baseline", action="store_true", help="also the PostgreSQL baseline (micro, sl and tpcc)")
     p.add_argument("--quick", action="store_true", help="suite: fewer txns and fewer points (about 3 minutes)")
     p.add_argument("--out", default="bench-results", metavar="DIR",
                    help="suite: where bench.json and bench-plot.png go (default %(default)s)")
@@ -439,7 +439,7 @@ def cmd_bench(args) -> int:
 
         knobs = parse_knobs(_workload("tpcc"), args.knob)
         run_tpcc([int(n) for n in args.partitions.split(",")], args.scheduler, args.txns, args.seed, knobs,
-                 args.max_txns, args.json)
+                 args.max_txns, args.json, args.baseline)
         return 0
     if args.workload == "scale":
         from ordo.benchmarks.scale import run_scale

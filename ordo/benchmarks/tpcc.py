@@ -28,7 +28,9 @@ DEFAULT_KNOBS = {"warehouses": 2, "customers": 300, "items": 10_000}
 
 
 def run_tpcc(partition_counts: list[int], scheduler: str, txns: int, seed: int, knobs: dict, max_txns: int,
-             json_path: str | None = None) -> dict[str, Any]:
+             json_path: str | None = None, baseline: bool = False) -> dict[str, Any]:
+    """`baseline`: also the PostgreSQL baseline over the same requests
+    (ordo/benchmarks/tpcc_baseline.py)."""
     from procedures.workloads import tpcc
     from sequencer.broker import LocalBroker
 
@@ -57,6 +59,9 @@ def run_tpcc(partition_counts: list[int], scheduler: str, txns: int, seed: int, 
                 run["conditions"] = _conditions(directory)
                 report["runs"].append(run)
                 say(format_run(run))
+            if baseline:
+                report["baseline"] = _baseline(broker.bootstrap_servers, log, loads)
+                say(format_baseline(report["baseline"]))
     finally:
         shutil.rmtree(root, ignore_errors=True)
         shutdown_ray()
@@ -98,6 +103,29 @@ def _measure(bootstrap: str, log, scheduler: str, partitions: int, directory: st
     return {"partitions": partitions, "engine_tps": round(timed / elapsed), "timed_txns": timed,
             "seconds": round(elapsed, 2), "batches": log.last_batch, "load_batches": load_batch,
             "committed": committed, "aborted": aborted}
+
+
+def _baseline(bootstrap: str, log, loads: int) -> dict[str, Any]:
+    from ordo.benchmarks.baseline import BaselineUnavailable, PostgresServer
+    from ordo.benchmarks.tpcc_baseline import run_tpcc_baseline
+
+    try:
+        server = PostgresServer(install=True).start()
+    except BaselineUnavailable as exc:
+        return {"error": str(exc)}
+    try:
+        return run_tpcc_baseline(bootstrap, log.namespace, log.requests, loads, server)
+    finally:
+        server.stop()
+
+
+def format_baseline(result: dict[str, Any]) -> str:
+    if "error" in result:
+        return f"  PostgreSQL baseline unavailable: {result['error']}"
+    held = "hold" if not result["conditions"] else f"{len(result['conditions'])} VIOLATED"
+    return (f"  PostgreSQL baseline (one SERIALIZABLE transaction per request, same procedures): "
+            f"{result['tps']:,} txn/s, {result['txns']:,} txns in {result['seconds']} s, "
+            f"{result['retries']} retries; consistency conditions {held}")
 
 
 def _conditions(directory: str) -> list[str]:

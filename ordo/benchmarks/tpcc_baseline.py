@@ -1,0 +1,154 @@
+"""The PostgreSQL baseline for TPC-C: the same transactions (the registered procedures'
+RUN functions, unchanged) over PostgreSQL, as a conventional service would run them: a
+Kafka consumer reads `<ns>.requests` from offset 0 and applies each request as one
+SERIALIZABLE transaction, committing per request and retrying serialization failures.
+
+Rows live in one table `kv (k bytea PRIMARY KEY, v bytea)`: the key is Ordo's encoded
+key (table and composite key, order-preserving), the value msgpack. RUN's `ctx.read` is
+a SELECT (a missing key reads as its table's default), its writes are buffered and upserted
+at the end, as the engine applies them. A conventional database needs no reconnaissance:
+a lookup by last name reads the index row inside the transaction, so the `@ollp`
+assumptions a request may carry are ignored, and nothing checks declared sets.
+
+The baseline applies the requests in its own order with its own clock, so its state is
+not compared with the engine's; it is checked by TPC-C's consistency conditions instead.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import uuid
+from collections import Counter
+from typing import Any
+
+from procedures.contract import Abort
+from procedures.ollp import split_args
+from storage.keys import decode_key, encode_key, normal_key
+from storage.values import decode_value, encode_value
+
+_UPSERT = "INSERT INTO kv (k, v) VALUES (%s, %s) ON CONFLICT (k) DO UPDATE SET v = excluded.v"
+
+
+class _Context:
+    """What RUN sees, over one open PostgreSQL transaction."""
+
+    def __init__(self, cur, defaults: dict, now: int, seed: int):
+        self._cur = cur
+        self._defaults = defaults
+        self.writes: dict[bytes, Any] = {}
+        self.now = now
+        self.random = random.Random(seed)
+
+    def read(self, table: str, key) -> Any:
+        encoded = encode_key(table, normal_key(key))
+        if encoded in self.writes:
+            value = self.writes[encoded]  # RUN's own write (None: deleted)
+            value = None if value is None else decode_value(encode_value(value))
+        else:
+            row = self._cur.execute("SELECT v FROM kv WHERE k = %s", (encoded,)).fetchone()
+            value = None if row is None else decode_value(row[0])
+        return self._defaults.get(table, 0) if value is None else value
+
+    def write(self, table: str, key, value: Any) -> None:
+        self.writes[encode_key(table, normal_key(key))] = value
+
+    def delete(self, table: str, key) -> None:
+        self.writes[encode_key(table, normal_key(key))] = None
+
+    def abort(self, reason: str) -> None:
+        raise Abort(reason)
+
+    def flush(self) -> None:
+        puts = [(k, encode_value(v)) for k, v in sorted(self.writes.items()) if v is not None]
+        deletes = [(k,) for k, v in sorted(self.writes.items()) if v is None]
+        if puts:
+            self._cur.executemany(_UPSERT, puts)
+        if deletes:
+            self._cur.executemany("DELETE FROM kv WHERE k = %s", deletes)
+
+
+def apply_request(conn, registry, body: dict, index: int, max_retries: int = 50) -> tuple[str, int]:
+    """Run one request's procedure as one SERIALIZABLE transaction: (status, retries)."""
+    from psycopg import errors
+
+    procedure = registry.procedures.get(body.get("proc")) if isinstance(body, dict) else None
+    if procedure is None or not isinstance(body.get("args"), dict):
+        return "rejected", 0
+    args, _ = split_args(body["args"])
+    defaults = {t.name: t.default for t in registry.tables.values()}
+    for attempt in range(max_retries + 1):
+        try:
+            with conn.cursor() as cur:
+                ctx = _Context(cur, defaults, int(time.time() * 1000), index)
+                procedure.run(ctx, args)
+                ctx.flush()
+            conn.commit()
+            return "committed", attempt
+        except Abort:
+            conn.rollback()
+            return "aborted", attempt
+        except (errors.SerializationFailure, errors.DeadlockDetected):
+            conn.rollback()
+            time.sleep(min(0.001 * 2 ** attempt, 0.05))
+    raise RuntimeError(f"request {body.get('id')} failed {max_retries} serialization retries")
+
+
+def run_tpcc_baseline(bootstrap: str, namespace: str, requests: list[dict], loads: int, server) -> dict[str, Any]:
+    """Apply every request of `<namespace>.requests` (the load, then the mix); the clock
+    runs over the mix only. Returns the figures and the consistency conditions found."""
+    import psycopg
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+    from procedures.registry import default_registry
+    from procedures.workloads.tpcc_consistency import violations
+    from sequencer.kafka import kafka_config
+    from sequencer.topics import Topics, partition_count
+
+    registry = default_registry()
+    topic = Topics(namespace).requests
+    conn = server.connect()
+    counts: Counter = Counter()
+    retries = 0
+    try:
+        with conn.transaction():
+            conn.execute("DROP TABLE IF EXISTS kv")
+            conn.execute("CREATE TABLE kv (k bytea PRIMARY KEY, v bytea NOT NULL)")
+        conn.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
+        conn.execute("SET synchronous_commit = off")
+        conn.commit()
+        consumer = Consumer(kafka_config(bootstrap, {
+            "group.id": f"ordo-baseline-{uuid.uuid4().hex}", "enable.auto.commit": False,
+            "enable.partition.eof": False, "fetch.wait.max.ms": 5}))
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partition_count(bootstrap, topic))])
+        seen, started = 0, None
+        deadline = time.monotonic() + 1800
+        try:
+            while seen < len(requests):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"baseline consumed {seen} of {len(requests)} requests")
+                for message in consumer.consume(min(1000, len(requests) - seen), 0.1):
+                    if message.error() is not None:
+                        if message.error().code() == KafkaError._PARTITION_EOF:
+                            continue
+                        raise RuntimeError(f"requests read failed: {message.error()}")
+                    if seen == loads:
+                        started = time.perf_counter()
+                    seen += 1
+                    status, tries = apply_request(conn, registry, json.loads(message.value()), seen)
+                    if seen > loads:
+                        counts[status] += 1
+                        retries += tries
+            seconds = time.perf_counter() - started
+        finally:
+            consumer.close()
+        conn.isolation_level = None
+        records = [{"table": table, "key": key, "value": decode_value(raw)}
+                   for table, key, raw in ((*decode_key(bytes(k)), v) for k, v in conn.execute("SELECT k, v FROM kv"))]
+        conn.commit()
+    finally:
+        conn.close()
+    timed = len(requests) - loads
+    return {"txns": timed, "tps": round(timed / seconds), "seconds": round(seconds, 2), "retries": retries,
+            "statuses": dict(counts), "server": server.version, "conditions": violations(records)}
