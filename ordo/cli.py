@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+
+from confluent_kafka import KafkaException
 
 from sequencer.sequencer import SequencerConfig
 
@@ -250,11 +253,24 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(config.without_config(argv))
     config.setup_logging(args)
     try:
+        if hasattr(args, "app"):
+            _procedure_specs(args)  # a mistake in the user's own code first: finding it needs no broker
+        if getattr(args, "bootstrap_servers", None):
+            from sequencer.reachability import check_reachable
+
+            check_reachable(args.bootstrap_servers)
         return COMMANDS[args.command](args)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`ordo dump … | head`): what it wanted was written.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"ordo {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KafkaException as exc:
+        print(f"ordo {args.command}: Kafka: {exc.args[0].str() if exc.args else exc}", file=sys.stderr)
         return 2
 
 

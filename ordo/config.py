@@ -205,3 +205,6 @@ def setup_logging(args: argparse.Namespace) -> None:
     level = getattr(args, "log_level", None) or "warning"
     logging.basicConfig(level=getattr(logging, level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # librdkafka repeats connection failures for as long as a broker is away; Ordo says
+    # what fails in one line of its own, so its lines show only when asked for.
+    logging.getLogger("ordo.librdkafka").setLevel(logging.DEBUG if level in ("debug", "info") else logging.CRITICAL)

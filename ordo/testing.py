@@ -23,7 +23,7 @@ from typing import Any, Iterable
 
 from procedures.registry import Registry
 from scheduler.exchange import LocalExchange
-from scheduler.worker import PartitionWorker
+from scheduler.worker import PartitionWorker, check_layout
 from sequencer.log import Batch
 from sequencer.sequencer import SequencerConfig
 from sequencer.wire import parse_request
@@ -66,6 +66,7 @@ class TestEngine:
         self.max_request_bytes = max_request_bytes
         self._own_dir = data_dir is None
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="ordo-test-engine-")
+        check_layout(self.data_dir, partitions)  # a data directory `ordo dump` and `ordo digest` read
         exchange = LocalExchange()
         self.workers = [PartitionWorker(self.data_dir, p, partitions, scheduler, self.registry, exchange.endpoint(p))
                         for p in range(partitions)]

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+# librdkafka's own log lines (connection FAIL lines repeated while a broker is away) go
+# through Python logging under this name, shown only with --log-level info or debug: Ordo
+# reports what actually fails in one line of its own.
+LIBRDKAFKA_LOGGER = logging.getLogger("ordo.librdkafka")
 
 
 def kafka_config(bootstrap: str, settings: dict[str, Any] | None = None) -> dict[str, Any]:
     """librdkafka settings: the bootstrap servers, quiet about connections a broker closes
     at shutdown (normal, not an error), plus the caller's settings."""
-    return {"bootstrap.servers": bootstrap, "log.connection.close": False, **(settings or {})}
+    return {"bootstrap.servers": bootstrap, "log.connection.close": False, "logger": LIBRDKAFKA_LOGGER,
+            **(settings or {})}
 
 
 def consumer_config(bootstrap: str, settings: dict[str, Any] | None = None) -> dict[str, Any]:

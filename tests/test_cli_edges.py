@@ -1,0 +1,81 @@
+"""Everyday command-line paths a new user hits: output piped into `head`, and a broker
+that is not there."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ordo.app import App
+from ordo.testing import TestEngine
+from tests.helpers import ROOT
+
+ORDO = f"{sys.executable} -m ordo.cli"
+
+
+def shell(command: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", f"set -o pipefail; {command}"], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": ROOT}, timeout=timeout)
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    """A data directory with a few thousand records, written by the real workers."""
+    app = App("edges")
+    app.table("t")
+
+    def fill(ctx, args):
+        for key in range(4000):
+            ctx.write("t", key, key)
+
+    app.procedure("fill", args={}, analyze=lambda args: ([], [("t", k) for k in range(4000)]))(fill)
+    path = str(tmp_path / "d")
+    with TestEngine(app, data_dir=path) as engine:
+        assert engine.call("fill", {})["status"] == "committed"
+        assert engine.read("t", 3999) == 3999
+    return path
+
+
+def test_dump_into_head_ends_quietly(data_dir):
+    done = shell(f"{ORDO} dump --data-dir {data_dir} | head -n 2")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    assert done.stdout.splitlines() == ['{"table": "t", "key": 0, "value": 0}', '{"table": "t", "key": 1, "value": 1}']
+
+
+def test_gen_into_head_ends_quietly():
+    done = shell(f"{ORDO} gen micro --count 200000 | head -n 1")
+    assert done.returncode == 0 and done.stderr == "" and len(done.stdout.splitlines()) == 1
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nothing listens once closed
+
+
+@pytest.mark.parametrize("command", [
+    ["run", "--data-dir", "{tmp}/d"],
+    ["execute", "--data-dir", "{tmp}/d"],
+    ["sequence"],
+    ["recover", "--data-dir", "{tmp}/d"],
+    ["submit", "--proc", "sl_deposit", "--args", "{{}}", "--wait"],
+])
+def test_an_unreachable_broker_is_one_line_at_once(tmp_path, command):
+    port = closed_port()
+    args = [a.format(tmp=tmp_path) for a in command]
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "ordo.cli", args[0], "--bootstrap-servers", f"127.0.0.1:{port}",
+                           *args[1:]], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True,
+                          text=True, timeout=60)
+    elapsed = time.monotonic() - started
+    assert done.returncode == 2
+    assert elapsed < 15, f"took {elapsed:.0f} s"
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"ordo {args[0]}: no Kafka broker answers at 127.0.0.1:{port} within 5 s")
