@@ -241,10 +241,9 @@ class CollectedOutputs:
 
 
 def _collected(o: Outcome, batch_id: int) -> dict[str, Any]:
-    record = {"id": o.id, "status": o.status, "batch": batch_id, "result": o.result, "error": o.error}
-    if o.restarts:  # only dependent transactions' records differ from the reference's
-        record["restarts"] = o.restarts
-    return record
+    """The outcome record as <ns>.results carries it, decoded."""
+    return {"id": o.id, "status": o.status, "batch": batch_id, "txn": o.index, "restarts": o.restarts,
+            "result": o.result, "error": o.error}
 
 
 def _position(item: tuple) -> tuple:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from procedures.ollp import restarts_of
 from procedures.registry import Registry, RequestError
 from scheduler.execution import COMMITTED, REJECTED, execute, txn_seed
 from sequencer.log import Batch
@@ -31,7 +32,8 @@ class SerialInterpreter:
 
     def _one(self, batch: Batch, index: int, request_id: str, proc, args) -> None:
         def outcome(status, result=None, error=None):
-            self.outcomes.append({"id": request_id, "status": status, "batch": batch.batch_id,
+            self.outcomes.append({"id": request_id, "status": status, "batch": batch.batch_id, "txn": index,
+                                  "restarts": restarts_of(args) if proc is not None else 0,
                                   "result": result, "error": error})
         if proc is None:
             outcome(REJECTED, error=args)
