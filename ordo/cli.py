@@ -476,6 +476,13 @@ def cmd_bench(args) -> int:
                      parse_knobs(module, args.knob), args.max_txns, args.json, args.baseline)
 
 
+def cmd_spark(args) -> int:
+    from ordo.extras import require
+
+    require("pyspark", "spark", f"ordo spark {args.spark_command}" if hasattr(args, "spark_command") else "ordo spark")
+    return args.spark_handler(args)
+
+
 COMMANDS = {
     "broker": cmd_broker,
     "run": cmd_run,
@@ -488,7 +495,7 @@ COMMANDS = {
     "digest": cmd_digest,
     "demo": cmd_demo,
     "bench": cmd_bench,
-    "spark": lambda args: args.spark_handler(args),
+    "spark": lambda args: cmd_spark(args),
 }
 
 if __name__ == "__main__":

@@ -81,6 +81,12 @@ class PostgresServer:
     package creates), else `nobody`."""
 
     def __init__(self, install: bool = False):
+        from ordo.extras import MissingExtra, require
+
+        try:
+            require("psycopg", "bench", "the PostgreSQL baseline")
+        except MissingExtra as exc:
+            raise BaselineUnavailable(str(exc)) from None
         self.bindir = find_bindir(install)
         self.root: str | None = None
         self.run_as: str | None = None

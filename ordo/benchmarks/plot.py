@@ -15,6 +15,9 @@ COLOURS = {"serial": "#4d4d4d", "locking": "#1f77b4", "vll": "#2ca02c", "opchain
 def plot(report: dict, path: str) -> str:
     """Engine throughput vs contention index (micro, 1 partition) and vs multi-partition
     share (micro, 2 partitions): one line per scheduler, the storage limit dashed."""
+    from ordo.extras import require
+
+    require("matplotlib", "bench", "the benchmark plot")
     import matplotlib
 
     matplotlib.use("Agg")

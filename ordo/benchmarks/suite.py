@@ -83,6 +83,9 @@ def run_suite(quick: bool = False, out_dir: str = "bench-results", schedulers: t
     """`ordo bench suite`: the grid of BENCHMARKS.md, a table, JSON and a plot."""
     from sequencer.broker import LocalBroker
 
+    from ordo.extras import require
+
+    require("matplotlib", "bench", "ordo bench suite (its plot)")  # before the grid, not after it
     plan = plan_suite(quick)
     os.makedirs(out_dir, exist_ok=True)
     began = time.time()
