@@ -132,6 +132,23 @@ class Client:
             raise RuntimeError(f"{remaining} requests were not acknowledged by the broker within {timeout:.0f} s")
         return submission
 
+    def wait_for_topics(self, timeout: float = 60.0) -> None:
+        """Wait until the namespace's requests and results topics exist (an engine started
+        just before creates them), or raise TimeoutError."""
+        consumer = self._consumer()
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                topics = consumer.list_topics(timeout=5).topics
+                if self.topics.requests in topics and self.topics.results in topics:
+                    return
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"topics {self.topics.requests} and {self.topics.results} do not exist after "
+                                       f"{timeout:.0f} s: is an engine (`ordo run`) running on this namespace?")
+                time.sleep(0.2)
+        finally:
+            consumer.close()
+
     # -- outcomes ----------------------------------------------------------------------------
 
     def _mark_start(self) -> None:
