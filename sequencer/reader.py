@@ -1,8 +1,8 @@
 """Following the log: a consumer on the log's single partition that feeds every record
 through a LogCursor, so all readers accept exactly the same batches.
 
-A follower also watches what it cannot see in the records themselves: a log that got
-shorter than what it already read (the broker lost it) and a log whose sequence stalled
+A follower also watches what it cannot see in the records themselves: a log that no
+longer holds the last record it read (the broker lost it) and a log whose sequence stalled
 behind a start record no batch followed. Either stops it with a clear error instead of
 waiting forever for batches that will never be accepted."""
 
@@ -15,6 +15,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from sequencer.kafka import consumer_config
 from sequencer.log import STALE_LIMIT, Batch, LogCursor, LogError, Start
+from sequencer.log_probe import RecordProbe, fingerprint
 
 WATCH_EVERY = 2.0  # seconds between checks of the log's end offset
 STALE_GRACE = 5.0  # how long the sequence may stall behind a start record before it is an error
@@ -45,8 +46,14 @@ class LogReader:
         self._consumer = log_consumer(bootstrap, group)
         start = cursor.next_offset if cursor.next_offset > 0 else OFFSET_BEGINNING
         self._consumer.assign([TopicPartition(topic, 0, start)])
+        self._bootstrap, self._group = bootstrap, group
         self._watched = 0.0
         self._stale_since: float | None = None
+        # (offset, fingerprint) of the newest record read; resuming, the record before the
+        # cursor, known only to exist
+        self._last_read: tuple[int, bytes | None] | None = (
+            (cursor.next_offset - 1, None) if cursor.next_offset > 0 else None)
+        self._probe: RecordProbe | None = None
 
     def poll(self, timeout: float, max_records: int = 500) -> list[tuple[Batch, dict]]:
         """Accepted batches among the next records (possibly none), each with the cursor
@@ -62,6 +69,9 @@ class LogReader:
                     self._on_start(start)
             if batch is not None:
                 accepted.append((batch, cursor.to_dict()))
+        if records:
+            offset, value = records[-1]
+            self._last_read = (offset, fingerprint(value))
         if not records or cursor.stale > STALE_LIMIT:
             self._watch()
         return accepted
@@ -71,23 +81,26 @@ class LogReader:
         if now - self._watched < WATCH_EVERY:
             return
         self._watched = now
-        end = self._end_offset()
-        if end is None and self.cursor.next_offset == 0:
-            raise LogError(f"topic {self.topic} does not exist: create the namespace's topics first "
-                           f"(`ordo run` creates them)")
-        if end is None:
-            raise LogLost(f"topic {self.topic} is gone: the broker lost the log (restarted without its data?); "
-                          f"see docs/operations.md, 'Broker lost'")
-        if 0 <= end < self.cursor.next_offset:
-            raise LogLost(f"{self.topic} ends at offset {end}, but this reader has already read up to offset "
-                          f"{self.cursor.next_offset}: the broker lost the log (restarted without its data?); "
-                          f"see docs/operations.md, 'Broker lost'")
-        if self.cursor.stale <= STALE_LIMIT:
+        if self._last_read is None:
+            if self._end_offset() is None:
+                raise LogError(f"topic {self.topic} does not exist: create the namespace's topics first "
+                               f"(`ordo run` creates them)")
+            return
+        if self._probe is None:
+            self._probe = RecordProbe(self._bootstrap, self.topic, f"{self._group}.probe")
+        offset, digest = self._last_read
+        if self._probe.holds(offset, digest) is False:
+            raise LogLost(f"{self.topic} no longer holds the record at offset {offset} that this reader read: "
+                          f"the broker lost the log (restarted without its data?); see docs/operations.md, "
+                          f"'Broker lost'")
+        cursor = self.cursor
+        if cursor.stale <= STALE_LIMIT:
             self._stale_since = None
-        elif end <= self.cursor.next_offset + 1:  # at the tail (a transaction marker may follow)
+            return
+        end = self._end_offset()
+        if end is not None and 0 <= end <= cursor.next_offset + 1:  # at the tail (a marker may follow)
             self._stale_since = self._stale_since or now
             if now - self._stale_since >= STALE_GRACE:
-                cursor = self.cursor
                 raise LogError(
                     f"{cursor.stale} batches from batch {cursor.next_batch} on belong to generation "
                     f"{cursor.generation - 1}, after a start record of generation {cursor.generation} that no "
@@ -117,6 +130,10 @@ class LogReader:
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
                     continue
+                if error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+                    raise LogLost(f"{self.topic} does not reach offset {self.cursor.next_offset} any more, where "
+                                  f"this reader stands: the broker lost the log (restarted without its data?); "
+                                  f"see docs/operations.md, 'Broker lost'")
                 raise RuntimeError(f"log read failed: {error}")
             out.append((message.offset(), message.value()))
         return out
@@ -132,3 +149,6 @@ class LogReader:
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
+        if self._probe is not None:
+            self._probe.close()
+            self._probe = None

@@ -31,6 +31,7 @@ from procedures.registry import Registry
 from procedures.ollp import is_resequenced, request_identity
 from sequencer.dedupe import RecentIds
 from sequencer.kafka import consumer_config, kafka_config
+from sequencer.log_probe import RecordProbe, fingerprint
 from sequencer.log import (
     BATCH_OVERHEAD,
     SNAPSHOT_EVERY,
@@ -116,6 +117,8 @@ class Sequencer:
         self._consumer: Consumer | None = None
         self._cursor = LogCursor()
         self._log_end = 0  # the log's end offset after this sequencer's last append, as far as known
+        self._last_appended: tuple[int, bytes] | None = None  # (offset, fingerprint)
+        self._probe: RecordProbe | None = None
         self._accepted = 0  # entries accepted into the log so far (what the duplicate check remembers)
         self._watched = 0.0
         self._recent = RecentIds(config.dedupe_window)
@@ -336,42 +339,33 @@ class Sequencer:
                 f"data; see docs/operations.md, 'Broker lost'")
 
     def _delivered(self, error, message) -> None:
-        if error is None:
-            self._log_end = max(self._log_end, message.offset() + 1)
+        if error is None and message.offset() + 1 > self._log_end:
+            self._log_end = message.offset() + 1
+            self._last_appended = (message.offset(), fingerprint(message.value()))
 
     def _watch(self) -> None:
-        """When idle, check that the broker still holds the log and the requests this
-        sequencer has consumed: a broker restarted without its data would otherwise
-        have it sequence into a new, unrelated log without a word."""
+        """When idle, check that the broker still holds the last record this sequencer
+        appended: a broker restarted without its data would otherwise have it sequence
+        into a new, unrelated log without a word."""
         now = time.monotonic()
         if now - self._watched < WATCH_EVERY:
             return
         self._watched = now
-        problem = broker_problem(self._consumer, self.topics, self._log_end)
-        if problem:
-            raise BrokerLost(f"{problem}: the broker lost the log this sequencer wrote (restarted "
-                             f"without its data?); see docs/operations.md, 'Broker lost'")
+        if self._last_appended is None:
+            return
+        if self._probe is None:
+            self._probe = RecordProbe(self.bootstrap, self.topics.log, f"{self._group}.probe")
+        offset, digest = self._last_appended
+        if self._probe.holds(offset, digest) is False:
+            raise BrokerLost(f"{self.topics.log} no longer holds the record this sequencer appended at offset "
+                             f"{offset}: the broker lost the log (restarted without its data?); see "
+                             f"docs/operations.md, 'Broker lost'")
 
     def close(self) -> None:
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
+        if self._probe is not None:
+            self._probe.close()
+            self._probe = None
         self._producer.flush(5)
-
-
-def broker_problem(consumer: Consumer, topics: Topics, log_end: int) -> str | None:
-    """What the broker lacks of the log's first `log_end` records, or None.
-
-    Only the log is checked: every record on it is a producer batch of its own, whose end
-    offset even the local broker reports right (it under-reports the end of multi-record
-    batches, as on the requests topic). A broker that lost the requests lost the log too."""
-    try:
-        end = consumer.get_watermark_offsets(TopicPartition(topics.log, 0), timeout=5, cached=False)[1]
-    except KafkaException as exc:
-        if exc.args[0].code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION,
-                                  KafkaError._UNKNOWN_TOPIC):
-            return f"topic {topics.log} is gone"
-        return None  # the broker did not answer: no loss can be told yet
-    if end < log_end:
-        return f"{topics.log} ends at offset {end}, below the {log_end} records already appended"
-    return None

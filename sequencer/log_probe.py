@@ -1,0 +1,72 @@
+"""Does the broker still hold a record this process read or wrote? Asked by fetching that
+record again and comparing its bytes: a broker restarted without its data answers with
+nothing there, or with another record. Watermarks are not used: some brokers misreport
+them under load (the local broker has answered an end offset of 0 for a log of 150
+records), and a false alarm would stop a healthy engine."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from sequencer.kafka import consumer_config
+
+_GONE = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC,
+         KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET)
+
+
+def fingerprint(value: bytes | None) -> bytes:
+    return hashlib.blake2b(value or b"", digest_size=16).digest()
+
+
+class RecordProbe:
+    def __init__(self, bootstrap: str, topic: str, group: str):
+        self.topic = topic
+        self._consumer = Consumer(consumer_config(bootstrap, {
+            "group.id": group, "enable.auto.commit": False, "isolation.level": "read_committed",
+            "auto.offset.reset": "error", "enable.partition.eof": True,
+        }))
+
+    def holds(self, offset: int, digest: bytes | None, timeout: float = 2.0) -> bool | None:
+        """True: the record at `offset` is still the one fingerprinted (with no digest:
+        there is still a record there). False: another record is there, or nothing, twice
+        in a row (a broker that answered "nothing there" once under load gets a second
+        chance). None: no answer."""
+        found = self._look(offset, digest, timeout)
+        if found in ("absent", None):
+            # A fetch past a log's end may get no answer at all (the local broker sends an
+            # empty one): then its end offset, below the record, is the evidence, twice.
+            first = found or self._absent_by_end(offset)
+            time.sleep(0.5)
+            second = self._look(offset, digest, timeout) or self._absent_by_end(offset)
+            found = second if first == second else None
+        return None if found is None else found == "same"
+
+    def _absent_by_end(self, offset: int) -> str | None:
+        try:
+            end = self._consumer.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=2, cached=False)[1]
+        except Exception as exc:
+            code = exc.args[0].code() if exc.args and hasattr(exc.args[0], "code") else None
+            return "absent" if code in _GONE else None
+        return "absent" if end <= offset else None
+
+    def _look(self, offset: int, digest: bytes | None, timeout: float) -> str | None:
+        self._consumer.assign([TopicPartition(self.topic, 0, offset)])
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            message = self._consumer.poll(0.2)
+            if message is None:
+                continue
+            error = message.error()
+            if error is not None:
+                if error.code() in _GONE or error.code() == KafkaError._PARTITION_EOF:
+                    return "absent"  # the log ends at or before the record, or is gone
+                continue
+            same = message.offset() == offset and (digest is None or fingerprint(message.value()) == digest)
+            return "same" if same else "other"
+        return None
+
+    def close(self) -> None:
+        self._consumer.close()
