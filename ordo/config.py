@@ -92,6 +92,7 @@ def apply(parser: argparse.ArgumentParser, argv: list[str], environ: Mapping[str
     known = {name for _, p in every for name in options(p)}
     top = {_key(k): v for k, v in settings.items() if not isinstance(v, dict)}
     _check_keys(path, (), top, known)
+    _check_sections(path, settings, (), {command for command, _ in every})
     for command, sub in every:
         opts = options(sub)
         values: dict[str, tuple[Any, str]] = {}
@@ -123,6 +124,18 @@ def _check_keys(path: str | None, command: tuple[str, ...], keys: Mapping[str, A
             close = difflib.get_close_matches(key, sorted(known), n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
             raise ConfigError(f"{path}: unknown setting '{key}' at the {where}{hint}")
+
+
+def _check_sections(path: str | None, table: Mapping[str, Any], at: tuple[str, ...], known: set) -> None:
+    for key, value in table.items():
+        if isinstance(value, dict):
+            section = (*at, key)
+            if section not in known:
+                names = sorted(".".join(c) for c in known if c)
+                close = difflib.get_close_matches(".".join(section), names, n=1)
+                hint = f" (did you mean [{close[0]}]?)" if close else ""
+                raise ConfigError(f"{path}: [{'.'.join(section)}] is not a command{hint}")
+            _check_sections(path, value, section, known)
 
 
 def _set_default(parser: argparse.ArgumentParser, action: argparse.Action, name: str, value: Any,

@@ -185,3 +185,44 @@ def test_ordo_run_app_serves_the_app_from_the_current_directory(broker, namespac
         assert stop(engine) == 0
     assert {records[f"d{i}"]["result"] for i in range(4)} == {101}
     assert records["sl"]["status"] == "rejected" and "unknown procedure 'sl_deposit'" in records["sl"]["error"]
+
+
+def test_the_operation_form_is_declared_beside_run_and_agrees_with_it():
+    from ordo.testing import check_deterministic
+    from procedures.args import Int
+    from procedures.operations import READ_MODIFY, Operations, adder
+
+    app = App("counters")
+    app.table("counter")
+
+    @app.procedure(args={"key": Int(0), "by": Int(1)})
+    class bump:
+        def analyze(args):
+            return [("counter", args["key"])], [("counter", args["key"])]
+
+        def run(ctx, args):
+            value = ctx.read("counter", args["key"]) + args["by"]
+            ctx.write("counter", args["key"], value)
+            return value
+
+        def operations(args):
+            return Operations([READ_MODIFY("counter", args["key"], adder(args["by"]))], result=lambda out: out[0])
+
+    assert bump.operations is not None
+    requests = [{"id": f"b{i}", "proc": "bump", "args": {"key": i % 3, "by": i + 1}} for i in range(40)]
+    outcomes = check_deterministic(app, requests, batch_size=10)
+    assert [o["result"] for o in outcomes[:4]] == [1, 2, 3, 5]
+
+    @app.procedure(args={"key": Int(0), "by": Int(1)})
+    class skewed:
+        def analyze(args):
+            return [("counter", args["key"])], [("counter", args["key"])]
+
+        def run(ctx, args):
+            ctx.write("counter", args["key"], ctx.read("counter", args["key"]) + args["by"])
+
+        def operations(args):  # not what RUN does: the operation-chain scheduler disagrees
+            return [READ_MODIFY("counter", args["key"], adder(args["by"] + 1))]
+
+    with pytest.raises(AssertionError, match="not deterministic: .*opchain"):
+        check_deterministic(app, [{"id": "s", "proc": "skewed", "args": {"key": 1, "by": 1}}])

@@ -62,6 +62,14 @@ def test_a_required_option_may_come_from_the_environment():
         parse(["execute", "--data-dir", "d"], {})
 
 
+def test_a_nested_command_has_a_table_of_its_own(tmp_path):
+    path = tmp_path / "ordo.toml"
+    path.write_text('[spark.produce]\nnamespace = "from-file"\n')
+    args = parse(["spark", "produce", "--bootstrap-servers", "b:1", "--input", "x.csv",
+                  "--config", str(path)], {})
+    assert args.namespace == "from-file"
+
+
 def test_top_level_settings_apply_only_to_commands_that_have_the_option(settings):
     args = parse(["--config", settings, "gen", "micro"], {})  # gen has no --namespace: not an error
     assert not hasattr(args, "namespace") and args.count == 1000
@@ -71,6 +79,8 @@ def test_top_level_settings_apply_only_to_commands_that_have_the_option(settings
     ('bootstrap_server = "x"\n', {}, "unknown setting 'bootstrap-server' at the top level "
                                      "(did you mean 'bootstrap-servers'?)"),
     ('[run]\ncount = 3\n', {}, "unknown setting 'count' at the [run]"),
+    ('[rnu]\npartitions = 2\n', {}, "[rnu] is not a command (did you mean [run]?)"),
+    ('[spark.prodcue]\ncount = 2\n', {}, "[spark.prodcue] is not a command (did you mean [spark.produce]?)"),
     ('[run]\npartitions = "two"\n', {}, "[run]: --partitions: invalid literal for int()"),
     ('[run]\nscheduler = "fifo"\n', {}, "--scheduler: 'fifo' is not one of serial, locking, vll, opchain"),
     ("partitions = [", {}, "is not valid TOML"),
