@@ -95,14 +95,19 @@ class PartitionActor:
 
 
 def start_ray(address: str | None = None) -> None:
-    """Join `address`, or start Ray on this machine bound to 127.0.0.1 with no dashboard."""
+    """Join `address`, or start Ray on this machine listening on 127.0.0.1 only, with no
+    dashboard (scheduler/loopback.py)."""
     if ray.is_initialized():
         return
     if address:
         ray.init(address=address, logging_level="WARNING")
     else:
-        ray.init(include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="WARNING",
-                 num_cpus=os.cpu_count())
+        from scheduler.loopback import LOOPBACK, check_node_address, keep_node_address_on_loopback
+
+        keep_node_address_on_loopback()
+        context = ray.init(include_dashboard=False, _node_ip_address=LOOPBACK, logging_level="WARNING",
+                           num_cpus=os.cpu_count())
+        check_node_address(context.address_info.get("node_ip_address", LOOPBACK))
 
 
 class RayGroup:
