@@ -7,7 +7,9 @@
   shard is replaced by its copy in the newest complete checkpoint, and the log is replayed
   from the checkpoint's batch.
 - With no checkpoint, every shard is wiped and the log is replayed from its beginning
-  (as for new shards, which need nothing done).
+  (as for new shards, which need nothing done) — but only once the log is seen to begin
+  with a sequencer's start record: shards holding state are never wiped for a log that
+  cannot rebuild them (emptied by a broker that lost it, or its head deleted).
 
 A checkpoint can be broken: a file of it missing or damaged. Checkpoints are tried newest
 first; one whose copy cannot be made, opened, or read through with every block's checksum
@@ -27,8 +29,9 @@ import fcntl
 import os
 import shutil
 import sys
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from confluent_kafka import TopicPartition
 
@@ -101,14 +104,17 @@ def _disagreement(states: list[ShardState]) -> str | None:
     return None
 
 
-def prepare_shards(data_dir: str, partitions: int, store: CheckpointStore, mode: str = AUTO) -> Plan:
+def prepare_shards(data_dir: str, partitions: int, store: CheckpointStore, mode: str = AUTO,
+                   log_head: Callable[[], str | None] | None = None) -> Plan:
     """Bring the shards to a state all of them agree on (see the module docstring).
-    Call it before any worker opens a shard, holding the data directory's lock."""
+    Call it before any worker opens a shard, holding the data directory's lock.
+    `log_head` says what is wrong with the log's beginning (None: it holds the first
+    batch); it is asked before shards holding state are wiped."""
     if mode not in MODES:
         raise ValueError(f"unknown recovery mode '{mode}' ({', '.join(MODES)})")
     cleaned = _clean_staging(data_dir, partitions) + store.clean()
     if mode == SCRATCH:
-        _wipe(data_dir, partitions)
+        _wipe_for_rebuild(data_dir, partitions, log_head)
         return Plan("rebuild", "asked to rebuild from scratch", cleaned=cleaned)
     if mode == CHECKPOINT:
         restored, broken = restore_newest_usable(data_dir, store)
@@ -132,7 +138,7 @@ def prepare_shards(data_dir: str, partitions: int, store: CheckpointStore, mode:
     restored, broken = restore_newest_usable(data_dir, store)
     if restored is not None:
         return Plan("restore", _noting(reason, broken), restored, cleaned)
-    _wipe(data_dir, partitions)
+    _wipe_for_rebuild(data_dir, partitions, log_head)
     if broken:
         return Plan("rebuild", f"{reason}; no usable checkpoint", cleaned=cleaned)
     return Plan("rebuild", f"{reason}; no checkpoint", cleaned=cleaned)
@@ -228,6 +234,18 @@ def _replace(target: str, staging: str | None) -> None:
         shutil.rmtree(discarded)
 
 
+def _wipe_for_rebuild(data_dir: str, partitions: int, log_head: Callable[[], str | None] | None) -> None:
+    held = [s for s in inspect_shards(data_dir, partitions) if s.marker is not None]
+    if held and log_head is not None:
+        problem = log_head()
+        if problem is not None:
+            through = max(s.marker["batch"] for s in held)
+            raise RecoveryError(
+                f"not rebuilding the shards from the log: {problem}; the shards hold state through batch "
+                f"{through} and are left as they are (see docs/operations.md, 'Broker lost')")
+    _wipe(data_dir, partitions)
+
+
 def _wipe(data_dir: str, partitions: int) -> None:
     for p in range(partitions):
         _replace(shard_path(data_dir, p), None)
@@ -280,3 +298,31 @@ def check_log_holds(bootstrap: str, topic: str, cursor: LogCursor) -> None:
         raise RecoveryError(
             f"the log no longer holds batch {cursor.next_batch}: replay must start at offset "
             f"{cursor.next_offset} of {topic}, which begins at offset {low} now")
+
+
+def log_head_problem(bootstrap: str, topic: str, timeout: float = 10.0) -> str | None:
+    """What keeps the log from rebuilding state from its beginning, or None: its first
+    record must be a sequencer's start record at offset 0. Read, not inferred from
+    watermarks."""
+    from sequencer.log import START, LogError, decode
+
+    consumer = log_consumer(bootstrap, f"{topic}.head-check")
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        message = None
+        deadline = time.monotonic() + timeout
+        while message is None and time.monotonic() < deadline:
+            message = consumer.poll(0.2)
+            if message is not None and message.error() is not None:
+                return f"{topic} cannot be read from its beginning ({message.error().str()})"
+    finally:
+        consumer.close()
+    if message is None:
+        return f"{topic} holds no record"
+    try:
+        kind, _ = decode(message.value())
+    except LogError:
+        kind = None
+    if message.offset() != 0 or kind != START:
+        return f"{topic} does not begin with a sequencer's start record (its head was deleted?)"
+    return None

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from procedures.registry import Registry
 from recovery.checkpoints import CheckpointError, CheckpointStore
-from recovery.restore import AUTO, DataDirLock, check_log_holds, prepare_shards
+from recovery.restore import AUTO, DataDirLock, check_log_holds, log_head_problem, prepare_shards
 from scheduler.follower import FollowOptions
 from scheduler.group import LocalGroup, WorkerGroup
 from scheduler.outputs import CollectedOutputs
@@ -60,7 +60,8 @@ class Coordinator:
         self._lock = DataDirLock(data_dir)
         try:
             self.checkpoints = CheckpointStore(data_dir, partitions, keep_checkpoints)
-            self.recovery = prepare_shards(data_dir, partitions, self.checkpoints, restore)
+            self.recovery = prepare_shards(data_dir, partitions, self.checkpoints, restore,
+                                           lambda: log_head_problem(bootstrap, self.topics.log))
             self.group = make_group(data_dir, partitions, scheduler, registry, sync, runtime, ray_address, cores,
                                     procedure_modules)
         except BaseException:

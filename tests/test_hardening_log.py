@@ -142,3 +142,26 @@ def test_replay_with_other_procedures_is_refused_not_rejected_request_by_request
     assert "the log was sequenced with procedures this engine lacks" in done.stderr
     assert "--procedures" in done.stderr
     assert len(done.stderr.strip().splitlines()) <= 3, done.stderr
+
+
+def test_shards_holding_state_are_not_wiped_for_a_log_that_cannot_rebuild_them(broker, namespace, tmp_path):
+    ensure_topics(broker, namespace)
+    data = str(tmp_path / "d")
+    engine = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", data,
+                  "--quiet", "--runtime", "local")
+    try:
+        time.sleep(3)
+        submit(broker, namespace, deposits(0, 12))
+        read_results(broker, f"{namespace}.results", 12, timeout=60)
+    finally:
+        assert stop(engine) == 0
+    before = dump_state(data)
+    assert before
+
+    emptied = f"{namespace}-e"  # what the namespace looks like on a broker that lost it
+    ensure_topics(broker, emptied)
+    done = cli("recover", "--bootstrap-servers", broker, "--namespace", emptied, "--data-dir", data,
+               "--from-scratch", "--idle", "2")
+    assert done.returncode == 2, done.stderr
+    assert "not rebuilding the shards from the log" in done.stderr and "holds no record" in done.stderr
+    assert dump_state(data) == before
