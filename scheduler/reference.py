@@ -11,8 +11,8 @@ from procedures.registry import Registry, RequestError
 from scheduler.execution import COMMITTED, REJECTED, execute, txn_seed
 from sequencer.log import Batch
 from storage.digest import digest_pairs
-from storage.keys import encode_key
-from storage.overlay import ABSENT
+from storage.keys import KeyRange, encode_key
+from storage.overlay import ABSENT, RangeView
 from storage.values import encode_value
 
 
@@ -23,6 +23,7 @@ class SerialInterpreter:
         self.state: dict[bytes, Any] = {}
         self.outcomes: list[dict[str, Any]] = []
         self.changes: list[tuple] = []  # (batch, txn index, table, key, value or None)
+        self._ranges = _StateRanges(self.state)
 
     def apply(self, batches: Iterable[Batch]) -> "SerialInterpreter":
         for batch in batches:
@@ -45,7 +46,9 @@ class SerialInterpreter:
             return
         snapshot = {}
         for table, key in reads:
-            snapshot[encode_key(table, key)] = self.state.get(encode_key(table, key), ABSENT)
+            encoded = encode_key(table, key)
+            snapshot[encoded] = (RangeView(self._ranges, encoded) if type(key) is KeyRange
+                                 else self.state.get(encoded, ABSENT))
         write_set = {encode_key(table, key) for table, key in writes}
         status, result, error, written = execute(procedure, args, snapshot, write_set, self.defaults,
                                                  batch.time_ms, txn_seed(batch.batch_id, index))
@@ -61,3 +64,17 @@ class SerialInterpreter:
 
     def digest(self) -> int:
         return digest_pairs((key, encode_value(value)) for key, value in self.state.items())
+
+
+class _StateRanges:
+    """A declared range read from the dictionary (docs/keys.md), as a worker reads it from
+    its overlay: any key in it, or all of its present keys in order."""
+
+    def __init__(self, state: dict[bytes, Any]):
+        self._state = state
+
+    def get(self, key: bytes) -> Any:
+        return self._state.get(key, ABSENT)
+
+    def range_items(self, prefix: bytes) -> list[tuple[bytes, Any]]:
+        return sorted((key, value) for key, value in self._state.items() if key.startswith(prefix))

@@ -73,3 +73,14 @@ def run_dependent(batches: list[list[dict]], scheduler: str, partitions: int, re
                 worker.close()
     return {"outcomes": outputs.outcomes, "positioned": outputs.positioned, "changes": outputs.changes, "restarts": restarts,
             "log": log, "digest": digest, "state": state}
+
+
+def serial_interpretation(run: dict, registry: Registry) -> dict:
+    """The plain serial interpretation (scheduler/reference.py) of the log a run built:
+    what it publishes (a re-sequencing publishes no outcome), its change data and digest."""
+    from scheduler.reference import SerialInterpreter
+
+    batches = [Batch(b, 1, 1_000 * b, {}, entries) for b, entries in enumerate(run["log"], start=1)]
+    interpreter = SerialInterpreter(registry).apply(batches)
+    return {"outcomes": [o for o in interpreter.outcomes if o["status"] != "restarted"],
+            "changes": interpreter.changes, "digest": interpreter.digest()}

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from procedures.contract import Prefix
 from procedures.registry import Registry, RequestError
 from tests import range_procedures
-from tests.dependent_logs import run_dependent
+from tests.dependent_logs import run_dependent, serial_interpretation
 
 REGISTRY = Registry()
 REGISTRY.add_workload(range_procedures.TABLES, range_procedures.PROCEDURES)
@@ -66,6 +66,9 @@ def test_ranges_agree_with_the_model_under_every_scheduler_and_partition_count(l
         assert run["state"] == state, (scheduler, partitions)
         if first is None:
             first = run
+            reference = serial_interpretation(run, REGISTRY)
+            assert (run["outcomes"], run["changes"], run["digest"]) == \
+                (reference["outcomes"], reference["changes"], reference["digest"])
         assert run["changes"] == first["changes"] and run["digest"] == first["digest"], (scheduler, partitions)
 
 
