@@ -22,7 +22,7 @@ every scheduler and partition count decides the same (docs/ollp.md).
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable
+from typing import Any
 
 from storage.keys import encode_key, normal_key
 from storage.overlay import ABSENT
@@ -123,7 +123,3 @@ def check_turn(procedure, args: dict, snapshot: dict, defaults: dict) -> tuple[s
 def restart_request(request_id: str, result: dict) -> bytes:
     """The message a re-sequenced transaction's executor appends to <ns>.requests."""
     return _dumps({"id": request_id, "proc": result["proc"], "args": result["args"]}).encode()
-
-
-def ordered_keys(keys: Iterable) -> tuple:
-    return tuple(dict.fromkeys(keys))
