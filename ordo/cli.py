@@ -16,6 +16,9 @@ SCHEDULER_CHOICES = ("serial", "locking", "vll", "opchain")
 
 def _kafka(p: argparse.ArgumentParser, namespace: bool = True) -> None:
     p.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT", help="Kafka bootstrap servers")
+    p.add_argument("--kafka-config", metavar="FILE",
+                   help="librdkafka settings for every Kafka client (security, timeouts…): a .properties, .toml "
+                        "or .json file; ORDO_KAFKA_<SETTING> in the environment wins over it")
     if namespace:
         p.add_argument("--namespace", default="ordo", metavar="NS", help="topic prefix (default: ordo)")
 
@@ -256,7 +259,12 @@ def main(argv: list[str] | None = None) -> int:
         if hasattr(args, "app"):
             _procedure_specs(args)  # a mistake in the user's own code first: finding it needs no broker
         if getattr(args, "bootstrap_servers", None):
+            from sequencer.kafka_settings import FILE_ENV, user_kafka_settings
             from sequencer.reachability import check_reachable
+
+            if getattr(args, "kafka_config", None):
+                os.environ[FILE_ENV] = os.path.abspath(args.kafka_config)  # child processes read it too
+            user_kafka_settings()  # judged once, before any client starts
 
             check_reachable(args.bootstrap_servers)
         return COMMANDS[args.command](args)

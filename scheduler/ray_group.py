@@ -121,6 +121,12 @@ class RayGroup:
         # num_cpus=0: pinning, not Ray's CPU accounting, decides where workers run, so
         # more partitions than cores still start.
         options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1000}
+        if address:
+            # Workers on a cluster do not inherit this process's environment: the Kafka
+            # settings (sequencer/kafka_settings.py) travel with them.
+            kafka_env = {k: v for k, v in os.environ.items() if k.startswith("ORDO_KAFKA_")}
+            if kafka_env:
+                options["runtime_env"] = {"env_vars": kafka_env}
         self.actors = [
             PartitionActor.options(**options, **_placement(p, nodes)).remote(
                 cores[p % len(cores)] if cores else None, os.path.abspath(data_dir), p, partitions, scheduler,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from sequencer.kafka_settings import user_kafka_settings
+
 # librdkafka's own log lines (connection FAIL lines repeated while a broker is away) go
 # through Python logging under this name, shown only with --log-level info or debug: Ordo
 # reports what actually fails in one line of its own.
@@ -12,10 +14,11 @@ LIBRDKAFKA_LOGGER = logging.getLogger("ordo.librdkafka")
 
 
 def kafka_config(bootstrap: str, settings: dict[str, Any] | None = None) -> dict[str, Any]:
-    """librdkafka settings: the bootstrap servers, quiet about connections a broker closes
-    at shutdown (normal, not an error), plus the caller's settings."""
-    return {"bootstrap.servers": bootstrap, "log.connection.close": False, "logger": LIBRDKAFKA_LOGGER,
-            **(settings or {})}
+    """librdkafka settings: quiet about connections a broker closes at shutdown (normal,
+    not an error), then the user's settings for every client (sequencer/kafka_settings.py),
+    then the caller's own, and the bootstrap servers."""
+    return {"log.connection.close": False, "logger": LIBRDKAFKA_LOGGER, **user_kafka_settings(),
+            **(settings or {}), "bootstrap.servers": bootstrap}
 
 
 def consumer_config(bootstrap: str, settings: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -120,9 +120,12 @@ class SourceConfig:
     def consumer(self, **settings):
         from confluent_kafka import Consumer
 
+        from sequencer.kafka_settings import user_kafka_settings
+
         return Consumer({
-            "bootstrap.servers": self.bootstrap,
             "log.connection.close": False,
+            **user_kafka_settings(),  # the user's settings for every Ordo client, under the source's own
+            "bootstrap.servers": self.bootstrap,
             "group.id": f"ordo-spark-{uuid.uuid4().hex}",  # never committed: offsets live in Spark
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,

@@ -64,9 +64,12 @@ def producer_settings(options) -> dict[str, Any]:
     bootstrap = _option(options, "bootstrap.servers", "bootstrap_servers", "kafka.bootstrap.servers")
     if not bootstrap:
         raise ValueError("ordo_requests needs the option 'bootstrap.servers'")
+    from sequencer.kafka_settings import user_kafka_settings
+
     settings: dict[str, Any] = {
-        "bootstrap.servers": bootstrap,
         "log.connection.close": False,
+        **user_kafka_settings(),  # the user's settings for every Ordo client, under the sink's own
+        "bootstrap.servers": bootstrap,
         "enable.idempotence": True,
         "acks": "all",
         "linger.ms": 5,
