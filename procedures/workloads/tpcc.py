@@ -503,6 +503,8 @@ KNOBS = {
     "stock_level": (float, 0.0, "share of StockLevel"),
     "load": (int, 1, "1: print the load requests first; 0: only the mix"),
     "assume": (int, 0, "1: lookups by last name carry the client's reconnaissance (the index as loaded)"),
+    "remote_payment": (float, 0.15, "share of payments by a customer of another warehouse (TPC-C: 0.15)"),
+    "remote_line": (float, 0.01, "share of order lines supplied by another warehouse (TPC-C: 0.01)"),
 }
 
 
@@ -526,7 +528,8 @@ def load_requests(warehouses: int, customers: int, items: int) -> Iterator[dict]
 
 def generate(count: int, seed: int = 0, warehouses: int = WAREHOUSES, customers: int = CUSTOMERS,
              items: int = ITEMS, payment: float = 0.5, order_status: float = 0.0, delivery: float = 0.0,
-             stock_level: float = 0.0, load: int = 1, assume: int = 0) -> Iterator[dict]:
+             stock_level: float = 0.0, load: int = 1, assume: int = 0, remote_payment: float = 0.15,
+             remote_line: float = 0.01) -> Iterator[dict]:
     """The load requests (unless load=0), then `count` transactions of the mix. With
     assume=1 a lookup by last name carries its assumed index entry (docs/ollp.md), read from
     the population the load requests create: the engine then skips the reconnaissance pass,
@@ -562,7 +565,7 @@ def generate(count: int, seed: int = 0, warehouses: int = WAREHOUSES, customers:
         draw = rng.random()
         if draw < payment:
             args = {"w": w, "d": d, "amount": rng.randint(100, 500_000), "h_id": rid}
-            remote = warehouses > 1 and rng.random() < 0.15
+            remote = warehouses > 1 and rng.random() < remote_payment
             c_w, c_d = (other(w), rng.randint(1, DISTRICTS)) if remote else (w, d)
             suffix = customer(args, "c_w", "c_d", c_w, c_d)
             yield {"id": rid, "proc": "tpcc_payment" + suffix, "args": args}
@@ -585,7 +588,7 @@ def generate(count: int, seed: int = 0, warehouses: int = WAREHOUSES, customers:
                     break
             if rng.random() < 0.01:
                 chosen[-1] = items + 1  # an unused item id: the order rolls back
-            supply = [other(w) if warehouses > 1 and rng.random() < 0.01 else w for _ in chosen]
+            supply = [other(w) if warehouses > 1 and rng.random() < remote_line else w for _ in chosen]
             yield {"id": rid, "proc": "tpcc_new_order", "args": {
                 "w": w, "d": d, "c": nurand(rng, a_c, 1, customers, NURAND_C["c_id"]), "items": chosen,
                 "supply": supply, "quantity": [rng.randint(1, 10) for _ in chosen]}}
