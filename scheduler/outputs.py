@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from typing import Any, Protocol
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
 
 from procedures.ollp import RESTARTED, restart_request
 from scheduler.batch import Outcome
@@ -167,6 +167,12 @@ class KafkaOutputs:
                     break
                 except BufferError:  # the local queue is full: let the broker catch up
                     self._producer.poll(0.05)
+                except KafkaException as exc:  # refused before it left: as if the broker had
+                    error = exc.args[0] if exc.args else exc
+                    self._failure = self._failure or (
+                        f"an output of batch {batch_id} (topic {topic}, {len(value)} bytes) cannot be sent: "
+                        f"{error.str() if hasattr(error, 'str') else error}")
+                    self._check()
 
     def delivered(self, batch_id: int) -> bool:
         self._producer.poll(0)
