@@ -223,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="partition workers; scale: a comma-separated list (default 1; scale: 1,2)")
     p.add_argument("--mp", type=float, default=None, metavar="SHARE",
                    help="scale, micro: share of multi-partition transactions (the knob mp)")
-    p.add_argument("--no-end-to-end", action="store_true", help="scale: the engine only")
+    p.add_argument("--no-end-to-end", action="store_true", help="scale and tpcc: the engine only")
     p.add_argument("--rate", type=float, default=None, metavar="REQ_PER_S",
                    help="alias: the client sends at this rate (default: all at once)")
     p.add_argument("--txns", type=int, default=50_000)
@@ -463,7 +463,7 @@ def cmd_bench(args) -> int:
 
         knobs = parse_knobs(_workload("tpcc"), args.knob)
         run_tpcc([int(n) for n in args.partitions.split(",")], args.scheduler, args.txns, args.seed, knobs,
-                 args.max_txns, args.json, args.baseline)
+                 args.max_txns, args.json, args.baseline, not args.no_end_to_end)
         return 0
     if args.workload == "scale":
         from ordo.benchmarks.scale import run_scale

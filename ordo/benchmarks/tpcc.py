@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 import shutil
 import tempfile
 import time
@@ -28,14 +29,16 @@ DEFAULT_KNOBS = {"warehouses": 2, "customers": 300, "items": 10_000}
 
 
 def run_tpcc(partition_counts: list[int], scheduler: str, txns: int, seed: int, knobs: dict, max_txns: int,
-             json_path: str | None = None, baseline: bool = False) -> dict[str, Any]:
+             json_path: str | None = None, baseline: bool = False, end_to_end: bool = True) -> dict[str, Any]:
     """`baseline`: also the PostgreSQL baseline over the same requests
-    (ordo/benchmarks/tpcc_baseline.py)."""
+    (ordo/benchmarks/tpcc_baseline.py). `end_to_end`: also the whole pipeline, where lookups
+    by last name make their reconnaissance pass through the log."""
     from procedures.workloads import tpcc
     from sequencer.broker import LocalBroker
 
     knobs = {**DEFAULT_KNOBS, **knobs, "assume": 1}
     requests = list(tpcc.generate(txns, seed, **knobs))
+    plain = list(tpcc.generate(txns, seed, **{**knobs, "assume": 0}))
     loads = sum(1 for r in requests if r["proc"].startswith("tpcc_load_"))
     cores = len(os.sched_getaffinity(0))
     report: dict[str, Any] = {"workload": "tpcc", "scheduler": scheduler, "knobs": knobs, "txns": txns,
@@ -59,6 +62,10 @@ def run_tpcc(partition_counts: list[int], scheduler: str, txns: int, seed: int, 
                 run["conditions"] = _conditions(directory)
                 report["runs"].append(run)
                 say(format_run(run))
+                if end_to_end:
+                    run["end_to_end"] = _end_to_end(broker.bootstrap_servers, plain, loads, scheduler, partitions,
+                                                    max_txns, os.path.join(root, f"e2e{partitions}"))
+                    say(format_end_to_end(run["end_to_end"]))
             if baseline:
                 report["baseline"] = _baseline(broker.bootstrap_servers, log, loads)
                 say(format_baseline(report["baseline"]))
@@ -103,6 +110,27 @@ def _measure(bootstrap: str, log, scheduler: str, partitions: int, directory: st
     return {"partitions": partitions, "engine_tps": round(timed / elapsed), "timed_txns": timed,
             "seconds": round(elapsed, 2), "batches": log.last_batch, "load_batches": load_batch,
             "committed": committed, "aborted": aborted}
+
+
+def _end_to_end(bootstrap: str, requests: list[dict], loads: int, scheduler: str, partitions: int,
+                max_txns: int, directory: str) -> dict[str, Any]:
+    """Sequencer, engine and client: the load first (waited for), then the mix, timed from
+    its first request sent to its last outcome."""
+    from ordo.benchmarks.dependent import Pipeline, restart_figures
+
+    mix = requests[loads:]
+    with Pipeline(bootstrap, "tpcc-e2e", scheduler, partitions, max_txns, directory) as pipeline:
+        pipeline.run(requests[:loads], timeout=1800)
+        outcomes, elapsed = pipeline.run(mix)
+    return {"txns": len(mix), "tps": round(len(mix) / elapsed), "seconds": round(elapsed, 2),
+            "statuses": dict(Counter(o["status"] for o in outcomes.values())),
+            **restart_figures(mix, outcomes), "conditions": _conditions(directory)}
+
+
+def format_end_to_end(result: dict[str, Any]) -> str:
+    held = "hold" if not result["conditions"] else f"{len(result['conditions'])} VIOLATED"
+    return (f"    end to end: {result['tps']:,} txn/s ({result['dependent']:,} lookups by last name passed the log "
+            f"twice, {result['restarted']} restarted); consistency conditions {held}")
 
 
 def _baseline(bootstrap: str, log, loads: int) -> dict[str, Any]:
