@@ -117,3 +117,17 @@ def test_a_run_on_two_partitions_keeps_the_conditions_and_every_layout_replays_i
             replay_dir = tmp_path / f"{scheduler}-{partitions}"
             run_engine(broker, namespace, last_batch, replay_dir, scheduler, partitions)
             assert dumped(str(replay_dir)) == state, (scheduler, partitions)
+
+
+@pytest.mark.slow
+def test_bench_tpcc_reports_engine_and_end_to_end_with_the_conditions(tmp_path):
+    from ordo.benchmarks.tpcc import run_tpcc
+
+    report = run_tpcc([1], "vll", 400, 3, {"warehouses": 2, "customers": 30, "items": 200}, 50,
+                      str(tmp_path / "tpcc.json"))
+    [run] = report["runs"]
+    assert run["engine_tps"] > 0 and run["conditions"] == [] and run["timed_txns"] > 0
+    e2e = run["end_to_end"]
+    assert e2e["conditions"] == [] and e2e["txns"] == 400 and e2e["tps"] > 0
+    assert e2e["dependent"] > 0 and e2e["rejected_by_bound"] == 0
+    assert sum(e2e["statuses"].values()) == 400
