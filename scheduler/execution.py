@@ -27,11 +27,19 @@ REJECTED = "rejected"
 _SCALARS = (int, str, float, bool, type(None), bytes)
 # A result travels in one outcome message; larger ones abort the transaction instead.
 MAX_RESULT_BYTES = 64 * 1024
+# A written value travels in one change-data message, with its key (at most a request's
+# 64 KiB, 384 KiB as escaped JSON) under the broker's 1 MiB limit; a larger value aborts
+# the transaction that writes it, as a result over MAX_RESULT_BYTES does. The change data
+# is never split inside a value, so a consumer always gets whole values.
+MAX_VALUE_BYTES = 480 * 1024
+_SHORT_TEXT = MAX_VALUE_BYTES // 6 - 1  # text this long fits whatever it escapes to
 MAX_ERROR_CHARS = 1000
 
 _packb, _unpackb = msgpack.packb, msgpack.unpackb
 # As the outcome record encodes a result (scheduler/outputs.py), but strict about NaN.
 _result_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+# As a change record encodes a value (scheduler/outputs.py).
+_value_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 class BadValue(Exception):
@@ -58,7 +66,7 @@ def stored_value(value: Any) -> Any:
         if WIRE_INT_MIN <= value <= WIRE_INT_MAX:
             return value
     elif kind is str:
-        if value.isascii():
+        if value.isascii() and len(value) <= _SHORT_TEXT:
             return value
     elif kind is bool or value is None:
         return value
@@ -71,19 +79,33 @@ def stored_value(value: Any) -> Any:
         raise BadValue(problem)
     if kind is list or kind is tuple or kind is dict:
         try:
-            return decode_value(encode_value(value))
+            packed = encode_value(value)
         except TypeError:  # canonical order needs comparable map keys
             raise BadValue("map keys mix text and integers") from None
+        if len(packed) * 8 > MAX_VALUE_BYTES:  # JSON takes at most 8 bytes per msgpack byte
+            _check_size(value)
+        return decode_value(packed)
+    if kind is str and len(value) > _SHORT_TEXT:
+        _check_size(value)
     return value
+
+
+def _check_size(value: Any) -> None:
+    text = _value_json(value)
+    size = len(text) if text.isascii() else len(text.encode())
+    if size > MAX_VALUE_BYTES:
+        raise BadValue(f"value too large: {size} bytes as change data > limit {MAX_VALUE_BYTES}")
 
 
 def _flat_row(row: dict) -> dict | None:
     """What the msgpack round trip gives a map of text keys to scalars (a table row, the
     common case): a private copy in key order, without walking it twice. None for any
     other map, which takes the general path."""
+    text = 0
     for key, member in row.items():
         if type(key) is not str or not key.isascii():
             return None
+        text += len(key)
         kind = type(member)
         if kind is int:
             if not WIRE_INT_MIN <= member <= WIRE_INT_MAX:
@@ -91,8 +113,11 @@ def _flat_row(row: dict) -> dict | None:
         elif kind is str:
             if not member.isascii():
                 return None
+            text += len(member)
         elif member is not None and kind is not bool:
             return None
+    if text + len(row) * 32 > _SHORT_TEXT:  # maybe too large: measured on the general path
+        return None
     return {key: row[key] for key in sorted(row)}
 
 

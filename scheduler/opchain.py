@@ -214,6 +214,9 @@ class _Evaluation:
             keys = dict.fromkeys(txn.reads)
             keys.update(dict.fromkeys(txn.writes))
             state.missing = len(keys)
+            if not keys:
+                self._resolve(state)  # declares no keys: RUN has nothing to wait for
+                return
             entry = (state, WHOLE, True, True)
             for encoded in keys:
                 chain = chains.get(encoded)

@@ -58,6 +58,9 @@ class Partitioner:
         return crc32(encode_key(table, key)) % n  # a key without that component: hashed whole
 
 
+NO_KEYS = (0,)
+
+
 def place(partitioner: Partitioner, read_set, write_set) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Where a transaction runs, computed in this one place for the sequencer and the
     workers alike: its participants (partitions holding any of its keys, ascending) and
@@ -65,4 +68,8 @@ def place(partitioner: Partitioner, read_set, write_set) -> tuple[tuple[int, ...
     of = partitioner.of_key
     writers = {of(table, key) for table, key in write_set}
     participants = tuple(sorted(writers.union(of(table, key) for table, key in read_set)))
+    if not participants:
+        # No keys: no partition's data is involved, yet RUN decides an outcome. Partition
+        # 0 runs it, as a single-partition transaction on every layout.
+        return NO_KEYS, NO_KEYS
     return participants, tuple(sorted(writers)) or participants[:1]
