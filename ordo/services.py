@@ -150,7 +150,16 @@ def sequencer_command(bootstrap: str, namespace: str, config: SequencerConfig,
         "--max-bytes", str(config.max_bytes), "--max-request-bytes", str(config.max_request_bytes),
         "--dedupe-window", str(config.dedupe_window), "--partitions", str(config.partitions),
         *(arg for module in procedure_modules for arg in ("--procedures", module)),
+        "--log-level", _log_level(),
     ]
+
+
+def _log_level() -> str:
+    """This process's --log-level, for the child it starts."""
+    import logging
+
+    name = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
+    return name if name in ("debug", "info", "warning", "error") else "warning"
 
 
 class SequencerProcess:

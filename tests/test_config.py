@@ -113,3 +113,25 @@ def test_the_command_line_tool_reads_the_environment_and_the_file(tmp_path):
                                                                   f"does not exist"
     version = cli("--version")
     assert version.returncode == 0 and version.stdout.startswith("ordo ")
+
+
+@pytest.mark.slow
+def test_the_log_level_reaches_the_sequencer_that_ordo_run_starts(broker, namespace, tmp_path):
+    import queue
+    import threading
+
+    from tests.helpers import stop
+
+    process = subprocess.Popen([sys.executable, "-m", "ordo.cli", "run", "--bootstrap-servers", broker,
+                                "--namespace", namespace, "--data-dir", str(tmp_path / "d"), "--quiet", "--log-level", "info"],
+                               cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
+                               stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in process.stderr], daemon=True).start()
+    try:
+        while True:
+            line = lines.get(timeout=60)
+            if " INFO ordo.sequencer: " in line:  # logged by the child, at the level given to the parent
+                break
+    finally:
+        assert stop(process) == 0
