@@ -11,6 +11,9 @@ from sequencer.kafka_settings import user_kafka_settings
 # through Python logging under this name, shown only with --log-level info or debug: Ordo
 # reports what actually fails in one line of its own.
 LIBRDKAFKA_LOGGER = logging.getLogger("ordo.librdkafka")
+# Quiet in every process (Ray workers and the sequencer child too) unless a command's
+# --log-level lowers it (ordo/config.py).
+LIBRDKAFKA_LOGGER.setLevel(logging.CRITICAL)
 
 
 def kafka_config(bootstrap: str, settings: dict[str, Any] | None = None) -> dict[str, Any]:
