@@ -4,6 +4,9 @@ The log topic is made to keep every record, and a log that would not is refused.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
@@ -14,7 +17,7 @@ from procedures.registry import default_registry
 from sequencer.kafka import kafka_config
 from sequencer.log import SNAPSHOT_EVERY
 from sequencer.sequencer import Sequencer, SequencerConfig
-from sequencer.topics import Topics, ensure_topics
+from sequencer.topics import Topics, check_topics, ensure_topics
 
 pytestmark = pytest.mark.slow
 
@@ -83,3 +86,11 @@ def test_the_log_topic_keeps_every_record_and_a_log_that_would_not_is_refused(br
     admin.create_topics([NewTopic(f"{other}.log", 1, 1, config={"retention.ms": "604800000"})])[f"{other}.log"].result(10)
     with pytest.raises(RuntimeError, match=r"retention.ms=604800000: the log is the source of truth"):
         ensure_topics(broker, other)
+
+
+def test_a_sequencer_on_a_namespace_without_topics_says_so_and_exits(broker, namespace):
+    with pytest.raises(RuntimeError, match=r"do not exist: create the namespace's topics first"):
+        check_topics(broker, Topics(namespace))
+    done = subprocess.run([sys.executable, "-m", "ordo.cli", "sequence", "--bootstrap-servers", broker,
+                           "--namespace", namespace], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "do not exist" in done.stderr, done.stderr
