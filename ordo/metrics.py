@@ -8,7 +8,6 @@ read when Prometheus scrapes, so a scrape costs the workers nothing.
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Callable
 
 from prometheus_client import CollectorRegistry
@@ -22,43 +21,26 @@ LAG_EVERY = 1.0  # seconds between broker queries for the lags, however often on
 
 
 class RequestsLag:
-    """Requests produced to <ns>.requests that the sequencer has not yet put into the log:
-    the topic's end offsets minus the offsets the sequencer commits with each batch (its
-    consumer group `<ns>.sequencer`). As the broker reports them: for display."""
+    """Requests produced to <ns>.requests that the sequencer has not yet put into the log
+    (sequencer/lag.py), with one consumer kept for the engine's life."""
 
     def __init__(self, bootstrap: str, namespace: str):
         from confluent_kafka import Consumer
 
         from sequencer.kafka import kafka_config
-        from sequencer.topics import Topics
+        from sequencer.lag import sequencer_group
 
-        self.topic = Topics(namespace).requests
-        self.group = f"{namespace}.sequencer"
+        self.namespace = namespace
+        self.group = sequencer_group(namespace)
         self._consumer = Consumer(kafka_config(bootstrap, {"group.id": self.group, "enable.auto.commit": False}))
-        self._probe = Consumer(kafka_config(bootstrap, {"group.id": f"ordo-lag-{uuid.uuid4().hex}",
-                                                        "enable.auto.commit": False}))
 
     def __call__(self) -> int | None:
-        from confluent_kafka import TopicPartition
+        from sequencer.lag import requests_lag
 
-        try:
-            metadata = self._probe.list_topics(self.topic, timeout=2).topics.get(self.topic)
-            if metadata is None or metadata.error is not None:
-                return None
-            partitions = [TopicPartition(self.topic, p) for p in sorted(metadata.partitions)]
-            committed = {tp.partition: tp.offset for tp in self._consumer.committed(partitions, timeout=2)}
-            lag = 0
-            for tp in partitions:
-                high = self._probe.get_watermark_offsets(tp, timeout=2, cached=False)[1]
-                done = committed.get(tp.partition, -1)
-                lag += max(0, high - max(done, 0))
-            return lag
-        except Exception:
-            return None
+        return requests_lag(self._consumer, self.namespace, self.group)
 
     def close(self) -> None:
         self._consumer.close()
-        self._probe.close()
 
 
 class Lags:

@@ -68,6 +68,7 @@ class Progress:
         self._lags = lags  # ordo.metrics.Lags, refreshed by the caller
         self._last = time.monotonic()
         self._last_txns = 0
+        self._shown_waiting = False  # the last line showed requests waiting
 
     def __call__(self, stats: EngineStats) -> None:
         now = time.monotonic()
@@ -79,10 +80,12 @@ class Progress:
         else:
             log_lag, requests_lag = self._coordinator.log_lag(), None
         self._last, moved, self._last_txns = now, stats.txns != self._last_txns, stats.txns
-        if not moved and not requests_lag:
+        if not moved and not requests_lag and not self._shown_waiting:
             # Idle: nothing new to say. (The log lag can stay at 1 when idle: a transaction
-            # marker follows the last batch.)
+            # marker follows the last batch.) Once more after requests were shown waiting,
+            # so that the last line does not say they still wait.
             return
+        self._shown_waiting = bool(requests_lag)
         unknown = lambda value: "?" if value is None else value  # noqa: E731
         print(f"batch {stats.last_batch} | {stats.txns} txns ({rate:,.0f}/s) | committed {stats.committed} "
               f"aborted {stats.aborted} rejected {stats.rejected} | log lag {unknown(log_lag)}"
