@@ -21,7 +21,7 @@ from typing import Any, AsyncIterator, Callable, Iterable, Iterator
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from sequencer.kafka import consumer_config, kafka_config
+from sequencer.kafka import REQUEST_BATCHING, consumer_config, kafka_config
 from sequencer.topics import Topics
 from sequencer.wire import MAX_ID_LENGTH
 
@@ -69,7 +69,7 @@ class Client:
         if self._producer is None:
             self._producer = Producer(kafka_config(self.bootstrap, {
                 "enable.idempotence": True,
-                "linger.ms": 5,
+                **REQUEST_BATCHING,  # a flush (every submit ends with one) sends at once
                 "queue.buffering.max.messages": 1_000_000,
                 **self.settings,
             }))

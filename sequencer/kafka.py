@@ -24,6 +24,14 @@ def kafka_config(bootstrap: str, settings: dict[str, Any] | None = None) -> dict
             **(settings or {}), "bootstrap.servers": bootstrap}
 
 
+# How Ordo's own request producers (ordo.Client, `ordo submit`, the Spark requests sink,
+# the benchmarks' prefill) batch: what arrives within 20 ms goes in one produce request, up
+# to 10,000 messages or 1 MB. A broker keeps each producer batch as one record batch, and
+# the local broker stalls once a partition holds several thousand of them
+# (docs/local-broker.md): fewer, fuller batches keep it serving.
+REQUEST_BATCHING = {"linger.ms": 20, "batch.num.messages": 10_000, "batch.size": 1_000_000}
+
+
 def consumer_config(bootstrap: str, settings: dict[str, Any] | None = None) -> dict[str, Any]:
     """Consumer settings for a pipeline that waits on every hop: the broker answers a fetch
     after at most 5 ms, and an empty or failed fetch is retried after 5 ms, not librdkafka's

@@ -64,6 +64,7 @@ def producer_settings(options) -> dict[str, Any]:
     bootstrap = _option(options, "bootstrap.servers", "bootstrap_servers", "kafka.bootstrap.servers")
     if not bootstrap:
         raise ValueError("ordo_requests needs the option 'bootstrap.servers'")
+    from sequencer.kafka import REQUEST_BATCHING
     from sequencer.kafka_settings import user_kafka_settings
 
     settings: dict[str, Any] = {
@@ -72,8 +73,7 @@ def producer_settings(options) -> dict[str, Any]:
         "bootstrap.servers": bootstrap,
         "enable.idempotence": True,
         "acks": "all",
-        "linger.ms": 5,
-        "batch.num.messages": 10_000,
+        **REQUEST_BATCHING,
         "queue.buffering.max.messages": 500_000,
         "message.max.bytes": 1_000_000,
     }
