@@ -124,17 +124,22 @@ def test_a_forged_start_record_stops_the_engine_instead_of_hiding_every_later_ba
     assert accounts == 90
 
 
-def test_replay_with_other_procedures_is_refused_not_rejected_request_by_request(broker, namespace, tmp_path):
+def run_deposits(broker: str, namespace: str, data: str, count: int, *options: str) -> None:
+    """`ordo run` on a new namespace until `count` deposits have their outcomes."""
     ensure_topics(broker, namespace)
-    engine = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir",
-                  str(tmp_path / "d"), "--quiet", "--runtime", "local",
-                  "--procedures", "tests.hardening_procedures")
+    engine = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", data,
+                  "--quiet", "--runtime", "local", *options)
     try:
         time.sleep(3)
-        submit(broker, namespace, deposits(0, 5))
-        read_results(broker, f"{namespace}.results", 5, timeout=60)
+        submit(broker, namespace, deposits(0, count))
+        read_results(broker, f"{namespace}.results", count, timeout=60)
     finally:
         assert stop(engine) == 0
+
+
+def test_replay_with_other_procedures_is_refused_not_rejected_request_by_request(broker, namespace, tmp_path):
+    run_deposits(broker, namespace, str(tmp_path / "d"), 5,
+                 "--procedures", "tests.hardening_procedures", "--workloads", "sl")
     # The same log replayed by an engine without the module the sequencer had.
     done = cli("recover", "--bootstrap-servers", broker, "--namespace", namespace,
                "--data-dir", str(tmp_path / "fresh"), "--idle", "3")
@@ -145,16 +150,8 @@ def test_replay_with_other_procedures_is_refused_not_rejected_request_by_request
 
 
 def test_shards_holding_state_are_not_wiped_for_a_log_that_cannot_rebuild_them(broker, namespace, tmp_path):
-    ensure_topics(broker, namespace)
     data = str(tmp_path / "d")
-    engine = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", data,
-                  "--quiet", "--runtime", "local")
-    try:
-        time.sleep(3)
-        submit(broker, namespace, deposits(0, 12))
-        read_results(broker, f"{namespace}.results", 12, timeout=60)
-    finally:
-        assert stop(engine) == 0
+    run_deposits(broker, namespace, data, 12)
     before = dump_state(data)
     assert before
 
