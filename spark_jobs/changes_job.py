@@ -293,6 +293,8 @@ def format_report(report: dict) -> str:
 def add_arguments(p: argparse.ArgumentParser, kafka: bool = True) -> None:
     if kafka:
         p.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT", help="Kafka bootstrap servers")
+        p.add_argument("--kafka-config", metavar="FILE",
+                       help="librdkafka settings for the job's Kafka clients (docs/operations.md)")
         p.add_argument("--namespace", default="ordo", metavar="NS", help="topic prefix (default: ordo)")
     p.add_argument("--output", required=True, metavar="DIR", help="where the Parquet change log and tables go")
     p.add_argument("--checkpoint", required=True, metavar="DIR", help="Spark checkpoint (keep it to resume exactly once)")

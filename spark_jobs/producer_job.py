@@ -202,6 +202,8 @@ def streamed_rows(query) -> int:
 def add_arguments(p: argparse.ArgumentParser, kafka: bool = True) -> None:
     if kafka:
         p.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT", help="Kafka bootstrap servers")
+        p.add_argument("--kafka-config", metavar="FILE",
+                       help="librdkafka settings for the job's Kafka clients (docs/operations.md)")
         p.add_argument("--namespace", default="ordo", metavar="NS", help="topic prefix (default: ordo)")
     p.add_argument("--input", required=True, metavar="PATH", help="a file or folder (with --stream: the folder to watch)")
     p.add_argument("--format", choices=FORMATS, default="csv", help="input format (default csv; json = JSON lines)")

@@ -92,6 +92,11 @@ def job_main(prog: str, doc: str | None, add_arguments, run, argv: list[str] | N
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:
+        if getattr(args, "kafka_config", None):  # for the executors too: they inherit the environment
+            from sequencer.kafka_settings import FILE_ENV, user_kafka_settings
+
+            os.environ[FILE_ENV] = os.path.abspath(args.kafka_config)
+            user_kafka_settings()
         return run(args)
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"{prog.removesuffix('.py')}: {exc}", file=sys.stderr)
