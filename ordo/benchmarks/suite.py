@@ -21,6 +21,7 @@ from ordo.benchmarks.report import format_report, format_run, ratios, targets
 from ordo.benchmarks.requests import multi_partition_share, workload_requests
 from ordo.benchmarks.runners import end_to_end, engine_throughput, replay_throughput, rounded, shutdown_ray
 from ordo.benchmarks.storage_limit import storage_limit
+from ordo.benchmarks.tpcc import STYX_TPCC_TPS, measure_tpcc
 
 
 @dataclass
@@ -110,6 +111,9 @@ def run_suite(quick: bool = False, out_dir: str = "bench-results", schedulers: t
         with LocalBroker() as broker:
             for number, spec in enumerate(plan.specs, 1):
                 _run_spec(broker.bootstrap_servers, spec, plan, schedulers, root, server, report, say, number)
+            # TPC-C beside Styx's published figure: its own population, NewOrder and Payment.
+            report["tpcc"] = measure_tpcc(broker.bootstrap_servers, [1, 2], "locking", 2000 if quick else 6000, SEED,
+                                          {}, DEFAULT_BATCH, end_to_end=not quick, say=say)
     finally:
         if server is not None:
             server.stop()
@@ -126,6 +130,9 @@ def run_suite(quick: bool = False, out_dir: str = "bench-results", schedulers: t
     plot(report, plot_path)
     say()
     say(format_report(report))
+    say("TPC-C (locking): " + "; ".join(
+        f"{run['partitions']} partition(s) {run['engine_tps']:,} txn/s, {run['engine_tps_per_core']:,} per core"
+        for run in report["tpcc"]["runs"]) + f" (Styx: {STYX_TPCC_TPS:,} txn/s)")
     say(f"\nwrote {json_path} and {plot_path} ({report['duration_s']:.0f} s)")
     return 0
 

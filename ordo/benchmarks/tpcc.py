@@ -30,11 +30,29 @@ DEFAULT_KNOBS = {"warehouses": 2, "customers": 300, "items": 10_000}
 
 def run_tpcc(partition_counts: list[int], scheduler: str, txns: int, seed: int, knobs: dict, max_txns: int,
              json_path: str | None = None, baseline: bool = False, end_to_end: bool = True) -> dict[str, Any]:
-    """`baseline`: also the PostgreSQL baseline over the same requests
-    (ordo/benchmarks/tpcc_baseline.py). `end_to_end`: also the whole pipeline, where lookups
-    by last name make their reconnaissance pass through the log."""
-    from procedures.workloads import tpcc
+    """`ordo bench tpcc` on a broker of its own. `baseline`: also the PostgreSQL baseline
+    over the same requests (ordo/benchmarks/tpcc_baseline.py). `end_to_end`: also the
+    whole pipeline, where lookups by last name make their reconnaissance pass through the log."""
     from sequencer.broker import LocalBroker
+
+    try:
+        with LocalBroker() as broker:
+            report = measure_tpcc(broker.bootstrap_servers, partition_counts, scheduler, txns, seed, knobs,
+                                  max_txns, baseline, end_to_end)
+    finally:
+        shutdown_ray()
+    report["machine"]["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(report, f, indent=2)
+    return report
+
+
+def measure_tpcc(bootstrap: str, partition_counts: list[int], scheduler: str, txns: int, seed: int, knobs: dict,
+                 max_txns: int, baseline: bool = False, end_to_end: bool = True,
+                 say=lambda text="": print(text, flush=True)) -> dict[str, Any]:
+    """The measurements of `ordo bench tpcc` on a running broker (also part of the suite)."""
+    from procedures.workloads import tpcc
 
     knobs = {**DEFAULT_KNOBS, **knobs, "assume": 1}
     requests = list(tpcc.generate(txns, seed, **knobs))
@@ -44,38 +62,31 @@ def run_tpcc(partition_counts: list[int], scheduler: str, txns: int, seed: int, 
     report: dict[str, Any] = {"workload": "tpcc", "scheduler": scheduler, "knobs": knobs, "txns": txns,
                               "load_requests": loads, "batch_size": max_txns, "machine": machine(), "runs": [],
                               "styx_tps": STYX_TPCC_TPS}
-    say = lambda text="": print(text, flush=True)  # noqa: E731
     say(f"ordo bench tpcc ({scheduler}): {txns:,} txns after {loads} load requests, knobs {knobs}, "
         f"partitions {partition_counts}, {cores} cores")
     root = tempfile.mkdtemp(prefix="ordo-tpcc-")
     try:
-        with LocalBroker() as broker:
-            for partitions in sorted(set(partition_counts)):
-                started = time.monotonic()
-                log = prefill_log(broker.bootstrap_servers, requests, max_txns, "tpcc", partitions)
-                prefill_s = time.monotonic() - started
-                directory = os.path.join(root, f"p{partitions}")
-                run = _measure(broker.bootstrap_servers, log, scheduler, partitions, directory, loads)
-                run["prefill_s"] = round(prefill_s, 1)
-                run["engine_tps_per_core"] = round(run["engine_tps"] / min(partitions, cores))
-                run["cores_used"] = min(partitions, cores)
-                run["conditions"] = _conditions(directory)
-                report["runs"].append(run)
-                say(format_run(run))
-                if end_to_end:
-                    run["end_to_end"] = _end_to_end(broker.bootstrap_servers, plain, loads, scheduler, partitions,
-                                                    max_txns, os.path.join(root, f"e2e{partitions}"))
-                    say(format_end_to_end(run["end_to_end"]))
-            if baseline:
-                report["baseline"] = _baseline(broker.bootstrap_servers, log, loads)
-                say(format_baseline(report["baseline"]))
+        for partitions in sorted(set(partition_counts)):
+            started = time.monotonic()
+            log = prefill_log(bootstrap, requests, max_txns, "tpcc", partitions)
+            prefill_s = time.monotonic() - started
+            directory = os.path.join(root, f"p{partitions}")
+            run = _measure(bootstrap, log, scheduler, partitions, directory, loads)
+            run["prefill_s"] = round(prefill_s, 1)
+            run["engine_tps_per_core"] = round(run["engine_tps"] / min(partitions, cores))
+            run["cores_used"] = min(partitions, cores)
+            run["conditions"] = _conditions(directory)
+            report["runs"].append(run)
+            say(format_run(run))
+            if end_to_end:
+                run["end_to_end"] = _end_to_end(bootstrap, plain, loads, scheduler, partitions, max_txns,
+                                                os.path.join(root, f"e2e{partitions}"))
+                say(format_end_to_end(run["end_to_end"]))
+        if baseline:
+            report["baseline"] = _baseline(bootstrap, log, loads)
+            say(format_baseline(report["baseline"]))
     finally:
         shutil.rmtree(root, ignore_errors=True)
-        shutdown_ray()
-    report["machine"]["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump(report, f, indent=2)
     return report
 
 
