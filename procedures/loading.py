@@ -51,16 +51,17 @@ def load_registry(specs: Iterable[str] = ()) -> Registry:
         return default_registry()
     registry = Registry()
     for spec in dict.fromkeys(specs):
-        tables, procedures = load_spec(spec)
+        tables, procedures, streams = load_spec(spec)
         try:
-            registry.add_workload(tables, procedures)
+            registry.add_workload(tables, procedures, streams)
         except ValueError as exc:
             raise ValueError(f"{spec}: {exc}") from None
     return registry
 
 
-def load_spec(spec: str) -> tuple[list[Table], list[Procedure]]:
-    """The tables and procedures a spec names; a clear ValueError for anything else."""
+def load_spec(spec: str) -> tuple[list[Table], list[Procedure], list]:
+    """The tables, procedures and streaming declarations (STREAMS, procedures/streams.py)
+    a spec names; a clear ValueError for anything else."""
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"a procedure set is named by 'module' or 'module:app', got {spec!r}")
     module_name, _, attribute = spec.partition(":")
@@ -91,7 +92,7 @@ def load_spec(spec: str) -> tuple[list[Table], list[Procedure]]:
     for item in tables:
         if not isinstance(item, Table):
             raise ValueError(f"{what}: TABLES holds {item!r}, not a Table")
-    return tables, procedures
+    return tables, procedures, list(getattr(holder, "STREAMS", ()))
 
 
 def import_user_module(name: str):

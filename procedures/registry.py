@@ -34,11 +34,23 @@ class Registry:
             raise ValueError(f"procedure '{procedure.name}' registered twice")
         self.procedures[procedure.name] = procedure
 
-    def add_workload(self, tables: Iterable[Table], procedures: Iterable[Procedure]) -> None:
+    def add_workload(self, tables: Iterable[Table], procedures: Iterable[Procedure], streams: Iterable = ()) -> None:
+        """`streams`: the module's STREAMS (procedures/streams.py); a procedure that starts a
+        dataflow is registered with the dataflow composed in, so every scheduler runs it
+        as one transaction."""
+        procedures = list(procedures)
         for table in tables:
             self.add_table(table)
         for procedure in procedures:
             self.add_procedure(procedure)
+        streams = list(streams)
+        if streams:
+            from procedures.streams import compose
+
+            window_tables, composed = compose({p.name: p for p in procedures}, streams)
+            for table in window_tables:
+                self.add_table(table)
+            self.procedures.update(composed)
 
     def procedure(self, name: Any) -> Procedure:
         if type(name) is not str:
@@ -170,11 +182,12 @@ def default_registry(extra_modules: Iterable[str] = ()) -> Registry:
 
     registry = Registry()
     for workload in ALL_WORKLOADS.values():
-        registry.add_workload(workload.TABLES, workload.PROCEDURES)
+        registry.add_workload(workload.TABLES, workload.PROCEDURES, getattr(workload, "STREAMS", ()))
     for name in extra_modules:
         try:
             module = importlib.import_module(name)
         except ImportError as exc:
             raise ValueError(f"cannot import procedures module '{name}': {exc}") from None
-        registry.add_workload(getattr(module, "TABLES", ()), getattr(module, "PROCEDURES", ()))
+        registry.add_workload(getattr(module, "TABLES", ()), getattr(module, "PROCEDURES", ()),
+                              getattr(module, "STREAMS", ()))
     return registry

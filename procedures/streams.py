@@ -1,0 +1,358 @@
+"""S-Store's streaming model on top of the procedure contract (docs/streaming.md).
+
+A workload module may declare, beside TABLES and PROCEDURES, a STREAMS list of:
+
+    Stream(name, producers, consumers, on_insert)   a stream: which procedures emit to it
+        (`ctx.emit(name, tuple)`), which are triggered by it (PE triggers), and an optional EE
+        trigger `on_insert(ctx, tuple)` run inside the emitting transaction for every tuple.
+        A stream with no producers is an input stream: a request names one of its consumers
+        with `{"batch": [tuple, ...]}`, each tuple checked against that consumer's `args`.
+        A stream with no consumers is an output stream.
+    Window(name, owner, rows=, slide=)  or  Window(name, owner, range_ms=, slide_ms=)
+        a sliding window owned by one procedure, kept in the engine table `window.<name>`,
+        staged until it slides; `on_slide(ctx, rows)` runs inside the transaction when it does.
+    Nested(name, procedures)  a nested transaction: procedures of one dataflow that commit
+        or abort as one.
+
+The dataflow fired by one request runs inside that request's slot in the total order, as
+one transaction to every scheduler: the input procedure's RUN, then every procedure
+triggered by a stream, in graph order, each with the atomic batch of tuples emitted to its
+stream during this slot. Its read and write sets are the union of the ANALYZE of every
+procedure reachable from the input procedure (each given the request's arguments), plus
+the windows they own. Each triggered procedure is its own sub-transaction: its abort rolls
+back its own writes and emits only, so its subtree does not fire (unless fed otherwise).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from procedures.args import ArgumentError, _kind, check_args
+from procedures.contract import Abort, Key, Procedure, Table, UndeclaredAccess
+
+WINDOW_TABLE_PREFIX = "window."
+MAX_BATCH = 1024
+
+
+@dataclass(frozen=True)
+class Stream:
+    name: str
+    producers: tuple[str, ...] = ()
+    consumers: tuple[str, ...] = ()
+    on_insert: Callable[[Any, Any], None] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "producers", tuple(self.producers))
+        object.__setattr__(self, "consumers", tuple(self.consumers))
+
+
+@dataclass(frozen=True)
+class Window:
+    """Tuple-based (`rows`, `slide`) or time-based (`range_ms`, `slide_ms`, by `ctx.now`)."""
+
+    name: str
+    owner: str
+    rows: int | None = None
+    slide: int | None = None
+    range_ms: int | None = None
+    slide_ms: int | None = None
+    on_slide: Callable[[Any, list], None] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        by_rows = self.rows is not None or self.slide is not None
+        by_time = self.range_ms is not None or self.slide_ms is not None
+        if by_rows == by_time:
+            raise ValueError(f"window '{self.name}': give either rows and slide, or range_ms and slide_ms")
+        size, step = (self.rows, self.slide) if by_rows else (self.range_ms, self.slide_ms)
+        if type(size) is not int or type(step) is not int or not 1 <= step <= size:
+            raise ValueError(f"window '{self.name}': need integers 1 <= slide <= size")
+
+    @property
+    def table(self) -> str:
+        return WINDOW_TABLE_PREFIX + self.name
+
+    @property
+    def key(self) -> Key:
+        return (self.table, 0)
+
+
+@dataclass(frozen=True)
+class Nested:
+    name: str
+    procedures: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "procedures", tuple(self.procedures))
+
+
+class BatchField:
+    """The `batch` argument of a request to an input stream: a list of tuples, each
+    checked against the consuming procedure's own argument schema."""
+
+    def __init__(self, schema: dict):
+        self.schema = schema
+
+    def check(self, name: str, value: Any) -> list:
+        if type(value) is not list:
+            raise ArgumentError(f"argument '{name}': expected list of tuples, got {_kind(value)}")
+        if not 1 <= len(value) <= MAX_BATCH:
+            raise ArgumentError(f"argument '{name}': expected 1..{MAX_BATCH} tuples, got {len(value)}")
+        for i, item in enumerate(value):
+            try:
+                check_args(self.schema, item)
+            except ArgumentError as exc:
+                raise ArgumentError(f"{name}[{i}]: {exc}") from None
+        return value
+
+
+# --- window state: {"rows": [...], "staged": [...], "edge": next slide time or null} ---
+
+def _window_state(ctx, window: Window) -> dict:
+    state = ctx.read(window.table, 0)
+    if not state:
+        return {"rows": [], "staged": [], "edge": None}
+    return state
+
+
+def window_rows(ctx, window: Window) -> list:
+    return [row for _, row in _window_state(ctx, window)["rows"]] if window.range_ms else \
+        list(_window_state(ctx, window)["rows"])
+
+
+def window_insert(ctx, window: Window, item: Any) -> bool:
+    """Stage `item`; slide when the slide is full (rows) or its time has come (range):
+    True when the window slid, after its on_slide trigger ran."""
+    state = _window_state(ctx, window)
+    slid = False
+    if window.rows is not None:
+        state["staged"].append(item)
+        if len(state["staged"]) >= window.slide:
+            state["rows"] = (state["rows"] + state["staged"])[-window.rows:]
+            state["staged"] = []
+            slid = True
+    else:
+        now = ctx.now
+        if state["edge"] is None:
+            state["edge"] = now - now % window.slide_ms + window.slide_ms
+        if now >= state["edge"]:  # the staged tuples (all older than the edge) enter the window
+            edge = now - now % window.slide_ms
+            state["rows"] = [row for row in state["rows"] + state["staged"] if row[0] > edge - window.range_ms]
+            state["staged"] = []
+            state["edge"] = edge + window.slide_ms
+            slid = True
+        state["staged"].append([now, item])
+    ctx.write(window.table, 0, state)
+    if slid and window.on_slide is not None:
+        window.on_slide(ctx, window_rows(ctx, window))
+    return slid
+
+
+class StreamContext:
+    """What a procedure of a dataflow sees: the transaction's context plus emit and
+    windows. Reads and writes go straight to the one transaction of the request."""
+
+    __slots__ = ("_ctx", "_flow", "_current", "_emitted", "now")
+
+    def __init__(self, ctx, flow: "Dataflow", emitted: dict[str, list]):
+        self._ctx = ctx
+        self._flow = flow
+        self._current = flow.input.name
+        self._emitted = emitted
+        self.now = ctx.now
+
+    @property
+    def random(self):
+        return self._ctx.random
+
+    def read(self, table, key):
+        return self._ctx.read(table, key)
+
+    def write(self, table, key, value) -> None:
+        self._ctx.write(table, key, value)
+
+    def delete(self, table, key) -> None:
+        self._ctx.delete(table, key)
+
+    def scan(self, table, prefix):
+        return self._ctx.scan(table, prefix)
+
+    def abort(self, reason: str) -> None:
+        raise Abort(str(reason))
+
+    def emit(self, stream: str, item: Any) -> None:
+        declared = self._flow.streams.get(stream)
+        if declared is None or self._current not in declared.producers:
+            raise UndeclaredAccess(f"{self._current} emitted to stream '{stream}', which does not name it as a producer")
+        if type(item) is tuple:
+            item = list(item)
+        self._emitted.setdefault(stream, []).append(item)
+        if declared.on_insert is not None:
+            declared.on_insert(self, item)
+
+    def window(self, name: str) -> list:
+        """The rows of a window of this dataflow (staged tuples excluded)."""
+        return window_rows(self, self._flow.window(name))
+
+    def window_insert(self, name: str, item: Any) -> bool:
+        window = self._flow.window(name)
+        if window.owner != self._current:
+            raise UndeclaredAccess(f"{self._current} inserted into window '{name}', owned by {window.owner}")
+        return window_insert(self, window, item)
+
+
+class Dataflow:
+    """The plan of one input procedure: the triggered procedures it reaches, in graph order."""
+
+    def __init__(self, input_procedure: Procedure, steps: list[Procedure], streams: dict[str, Stream],
+                 windows: dict[str, Window], groups: dict[str, Nested], input_stream: Stream | None):
+        self.input = input_procedure
+        self.steps = steps
+        self.streams = streams
+        self.windows = windows
+        self.groups = groups  # procedure name -> its nested transaction
+        self.input_stream = input_stream
+        self.window_keys = tuple(w.key for w in windows.values()
+                                 if w.owner == input_procedure.name or any(w.owner == s.name for s in steps))
+        self.inputs_of = {s.name: tuple(st.name for st in streams.values() if s.name in st.consumers)
+                          for s in steps}
+
+    def window(self, name: str) -> Window:
+        try:
+            return self.windows[name]
+        except KeyError:
+            raise UndeclaredAccess(f"no window '{name}' in this dataflow") from None
+
+    def analyze(self, args: dict):
+        reads: list[Key] = []
+        writes: list[Key] = []
+        for procedure in (self.input, *self.steps):
+            r, w = procedure.analyze(args)
+            reads.extend(r)
+            writes.extend(w)
+        reads.extend(self.window_keys)
+        writes.extend(self.window_keys)
+        return reads, writes
+
+    def run(self, ctx, args: dict) -> Any:
+        emitted: dict[str, list] = {}
+        sctx = StreamContext(ctx, self, emitted)
+        if self.input_stream is not None:  # an atomic batch for an input stream
+            emitted[self.input_stream.name] = args["batch"]
+            result = self.input.run(sctx, args["batch"])
+        else:
+            result = self.input.run(sctx, args)  # its abort is the request's abort
+        writes = ctx.writes
+        group_mark: tuple | None = None  # (group, writes, emitted) when the group began
+        failed_groups: set[str] = set()
+        for step in self.steps:
+            group = self.groups.get(step.name)
+            if group is not None and group.name in failed_groups:
+                continue
+            batch = [item for stream in self.inputs_of[step.name] for item in emitted.get(stream, ())]
+            if not batch:
+                continue
+            if group is not None and (group_mark is None or group_mark[0] is not group):
+                group_mark = (group, dict(writes), {k: list(v) for k, v in emitted.items()})
+            saved_writes, saved_emitted = dict(writes), {k: list(v) for k, v in emitted.items()}
+            sctx._current = step.name
+            try:
+                step.run(sctx, batch)
+            except Exception:  # Abort, UndeclaredAccess, a bad value or a fault: this step only
+                if group is not None:
+                    failed_groups.add(group.name)
+                    saved_writes, saved_emitted = group_mark[1], group_mark[2]
+                writes.clear()
+                writes.update(saved_writes)
+                emitted.clear()
+                emitted.update(saved_emitted)
+        return result
+
+
+def _order(names: list[str], edges: dict[str, list[str]]) -> list[str]:
+    """Graph order (Kahn), ties broken by declaration order; ValueError on a cycle."""
+    incoming = {n: 0 for n in names}
+    for n in names:
+        for m in edges.get(n, ()):
+            if m in incoming:
+                incoming[m] += 1
+    ready = [n for n in names if incoming[n] == 0]
+    order: list[str] = []
+    while ready:
+        n = ready.pop(0)
+        order.append(n)
+        for m in edges.get(n, ()):
+            if m in incoming:
+                incoming[m] -= 1
+                if incoming[m] == 0:
+                    ready.append(m)
+        ready.sort(key=names.index)
+    if len(order) != len(names):
+        raise ValueError("the streams between procedures form a cycle")
+    return order
+
+
+def compose(procedures: dict[str, Procedure], declarations: Iterable[Any]) -> tuple[list[Table], dict[str, Procedure]]:
+    """The window tables, and the procedures that take requests with their dataflows
+    composed in: name -> the Procedure a request of that name runs."""
+    streams = {d.name: d for d in declarations if isinstance(d, Stream)}
+    windows = {d.name: d for d in declarations if isinstance(d, Window)}
+    nested = [d for d in declarations if isinstance(d, Nested)]
+    if not streams:
+        return [], {}
+    for stream in streams.values():
+        for name in stream.producers + stream.consumers:
+            if name not in procedures:
+                raise ValueError(f"stream '{stream.name}' names unknown procedure '{name}'")
+    for window in windows.values():
+        if window.owner not in procedures:
+            raise ValueError(f"window '{window.name}' is owned by unknown procedure '{window.owner}'")
+    names = list(procedures)
+    edges = {n: [c for s in streams.values() if n in s.producers for c in s.consumers] for n in names}
+    order = _order(names, edges)
+    groups = {p: g for g in nested for p in g.procedures}
+    triggered = {c for s in streams.values() if s.producers for c in s.consumers}
+    composed: dict[str, Procedure] = {}
+    for name in names:
+        if name in triggered:
+            continue
+        input_streams = [s for s in streams.values() if not s.producers and name in s.consumers]
+        if not edges[name] and not input_streams:
+            continue  # an ordinary procedure
+        reach: set[str] = set()
+        todo = list(edges[name])
+        while todo:
+            n = todo.pop()
+            if n not in reach:
+                reach.add(n)
+                todo.extend(edges[n])
+        steps = [procedures[n] for n in order if n in reach]
+        _check_groups(name, [s.name for s in steps], nested)
+        procedure = procedures[name]
+        flow = Dataflow(procedure, steps, streams, windows, groups, input_streams[0] if input_streams else None)
+        schema = {"batch": BatchField(procedure.args)} if input_streams else procedure.args
+        composed[name] = Procedure(name, schema, flow.analyze, flow.run)
+    for name in triggered:
+        composed.setdefault(name, Procedure(name, procedures[name].args, _triggered_only(name), _never))
+    tables = [Table(w.table, default=None) for w in windows.values()]
+    return tables, composed
+
+
+def _check_groups(input_name: str, steps: list[str], nested: list[Nested]) -> None:
+    for group in nested:
+        at = [i for i, s in enumerate(steps) if s in group.procedures]
+        if at and (at[-1] - at[0] + 1 != len(at)):
+            raise ValueError(f"nested transaction '{group.name}': its procedures must follow one another "
+                             f"in the graph order of {input_name}'s dataflow")
+        if input_name in group.procedures:
+            raise ValueError(f"nested transaction '{group.name}' may not hold the input procedure {input_name}")
+
+
+def _triggered_only(name: str):
+    def analyze(args):
+        raise ValueError(f"{name} is triggered by a stream and takes no requests of its own")
+    return analyze
+
+
+def _never(ctx, args):
+    raise Abort("a triggered procedure takes no requests of its own")
