@@ -32,6 +32,10 @@ from procedures.args import ArgumentError, _kind, check_args
 from procedures.contract import Abort, Key, Procedure, Table, UndeclaredAccess
 
 WINDOW_TABLE_PREFIX = "window."
+# An output stream (consumed by nobody) keeps, under key 0, the tuples the last transaction
+# emitted to it; its change data carries every transaction's tuples, which the engine
+# publishes one by one on <ns>.stream.<name> (scheduler/stream_outputs.py).
+OUTPUT_TABLE_PREFIX = "stream."
 MAX_BATCH = 1024
 
 
@@ -216,6 +220,10 @@ class Dataflow:
                                  if w.owner == input_procedure.name or any(w.owner == s.name for s in steps))
         self.inputs_of = {s.name: tuple(st.name for st in streams.values() if s.name in st.consumers)
                           for s in steps}
+        members = {input_procedure.name, *(s.name for s in steps)}
+        self.outputs = tuple(st.name for st in streams.values()
+                             if not st.consumers and members.intersection(st.producers))
+        self.output_keys = tuple((OUTPUT_TABLE_PREFIX + name, 0) for name in self.outputs)
 
     def window(self, name: str) -> Window:
         try:
@@ -232,6 +240,7 @@ class Dataflow:
             writes.extend(w)
         reads.extend(self.window_keys)
         writes.extend(self.window_keys)
+        writes.extend(self.output_keys)
         return reads, writes
 
     def run(self, ctx, args: dict) -> Any:
@@ -266,6 +275,9 @@ class Dataflow:
                 writes.update(saved_writes)
                 emitted.clear()
                 emitted.update(saved_emitted)
+        for name in self.outputs:
+            if emitted.get(name):
+                ctx.write(OUTPUT_TABLE_PREFIX + name, 0, emitted[name])
         return result
 
 
@@ -335,6 +347,7 @@ def compose(procedures: dict[str, Procedure], declarations: Iterable[Any]) -> tu
     for name in triggered:
         composed.setdefault(name, Procedure(name, procedures[name].args, _triggered_only(name), _never))
     tables = [Table(w.table, default=None) for w in windows.values()]
+    tables += [Table(OUTPUT_TABLE_PREFIX + s.name, default=None) for s in streams.values() if not s.consumers]
     return tables, composed
 
 

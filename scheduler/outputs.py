@@ -14,7 +14,9 @@ partition in transaction order, split into parts that each fit in one Kafka mess
 Every batch and partition has at least one part (possibly with no changes), so a consumer
 can tell that it has seen all of a batch.
 
-Both are pure functions of the log, so a replay re-emits them byte for byte: a consumer
+<ns>.stream.<name>, key = "<batch>:<txn>:<seq>": each tuple a dataflow emitted to an output
+stream (scheduler/stream_outputs.py).
+All are pure functions of the log, so a replay re-emits them byte for byte: a consumer
 that keeps the last record per key sees duplicates only, never different data.
 """
 
@@ -27,6 +29,7 @@ from confluent_kafka import KafkaException, Producer
 
 from procedures.ollp import RESTARTED, restart_request
 from scheduler.batch import Outcome
+from scheduler.stream_outputs import StreamTopics, stream_records
 from sequencer.kafka import kafka_config
 from sequencer.topics import Topics
 from storage.keys import encode_key
@@ -136,6 +139,7 @@ class KafkaOutputs:
         # the oldest batch not yet fully acknowledged.
         self._outstanding: dict[int, int] = {}
         self._failure: str | None = None
+        self._stream_topics = StreamTopics(bootstrap)
 
     def _acknowledger(self, batch_id: int):
         outstanding = self._outstanding
@@ -157,6 +161,10 @@ class KafkaOutputs:
         topics = self.topics
         records = [outcome_message(outcome, batch_id, topics) for outcome in outcomes]
         records += [(self.topics.changes, key, value) for key, value in change_records(batch_id, partition, changes)]
+        streamed = stream_records(topics.namespace, batch_id, changes)
+        if streamed:
+            self._stream_topics.ensure(streamed)
+            records += streamed
         self._outstanding[batch_id] = self._outstanding.get(batch_id, 0) + len(records)
         acknowledged = self._acknowledger(batch_id)
         produce = self._producer.produce

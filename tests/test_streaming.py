@@ -6,6 +6,10 @@ what a model of the streaming semantics, written here on a dictionary, computes.
 
 from __future__ import annotations
 
+import json
+import random
+import time
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -357,3 +361,64 @@ def test_bad_atomic_batches_are_rejected_and_undeclared_emits_abort():
         assert bad["status"] == "rejected" and "batch[0]" in bad["error"]
         good = engine.call("r", {"batch": [{"k": 1, "v": 2}, {"k": 2, "v": 3}]})
         assert (good["status"], good["result"]) == ("committed", 2)
+
+
+# --- output streams on Kafka, end to end ----------------------------------------------------
+
+def _stream_topic(bootstrap: str, topic: str) -> list[tuple[str, dict]]:
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                             enable_auto_commit=False, consumer_timeout_ms=2000)
+    consumer.assign([TopicPartition(topic, 0)])
+    consumer.seek_to_beginning()
+    records = [(m.key.decode(), json.loads(m.value)) for m in consumer]
+    consumer.close()
+    return records
+
+
+def test_output_streams_are_published_in_log_order_and_a_replay_only_duplicates(broker, namespace, tmp_path):
+    from kafka import KafkaProducer
+
+    from sequencer.topics import ensure_topics
+    from tests.helpers import ordo, read_results, stop
+
+    rng = random.Random(5)
+    requests = [{"id": f"s{i}", "proc": "sensor_reading",
+                 "args": {"sensor": rng.choice(["a", "b", "c", "bad"]), "value": rng.randint(0, 100)}}
+                for i in range(300)]
+    ensure_topics(broker, namespace, request_partitions=1)
+    producer = KafkaProducer(bootstrap_servers=broker)
+    for request in requests:
+        producer.send(f"{namespace}.requests", key=request["id"].encode(), value=json.dumps(request).encode())
+    producer.flush()
+    producer.close()
+    kafka = ("--bootstrap-servers", broker, "--namespace", namespace, "--procedures", "tests.stream_procedures")
+    sequencer = ordo("sequence", *kafka, "--max-txns", "20")
+    try:
+        for data_dir in (tmp_path / "first", tmp_path / "replayed"):  # the second replays the whole log
+            engine = ordo("execute", *kafka, "--data-dir", str(data_dir), "--partitions", "2", "--runtime", "local",
+                          "--quiet")
+            runs = 2 if data_dir.name == "replayed" else 1
+            try:
+                records = read_results(broker, f"{namespace}.results", len(requests), timeout=120)
+                deadline = time.monotonic() + 120
+                published = _stream_topic(broker, f"{namespace}.stream.alerts")
+                while len(published) < runs * len(dict(published)) and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                    published = _stream_topic(broker, f"{namespace}.stream.alerts")
+            finally:
+                assert stop(engine) == 0
+            assert len(published) == runs * len(dict(published))
+    finally:
+        stop(sequencer)
+    position = {r["id"]: (r["batch"], r["txn"]) for r in records}
+    expected, counts = [], {}
+    for request in sorted(requests, key=lambda r: position[r["id"]]):
+        sensor, value = request["args"]["sensor"], request["args"]["value"]
+        if sensor != "bad" and value > 90:
+            counts[sensor] = counts.get(sensor, 0) + 1
+            batch, txn = position[request["id"]]
+            expected.append((f"{batch}:{txn}:0", {"sensor": sensor, "value": value, "alert": counts[sensor]}))
+    assert expected and dict(published) == dict(expected)
+    assert published[:len(expected)] == expected == published[len(expected):]
