@@ -216,7 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("workload", help="micro, sl, gs, ob or tp: one configuration; suite: the grid of BENCHMARKS.md; "
                                     "scale WORKLOAD: the same log at several partition counts; "
                                     "tpcc: TPC-C engine throughput per partition count (--partitions 1,2); "
-                                    "alias: dependent transactions end to end, with their restart rate")
+                                    "alias: dependent transactions end to end, with their restart rate; "
+                                    "voter: S-Store's leaderboards, votes/s end to end")
     p.add_argument("scaled", nargs="?", metavar="WORKLOAD", help="scale: the workload to scale")
     p.add_argument("--scheduler", choices=SCHEDULER_CHOICES, default="serial")
     p.add_argument("--partitions", default="1", metavar="N[,N…]",
@@ -457,6 +458,12 @@ def cmd_bench(args) -> int:
 
         run_alias(args.scheduler, int(args.partitions), args.txns, args.seed, parse_knobs(_workload("alias"),
                   args.knob), args.max_txns, args.json, args.rate)
+        return 0
+    if args.workload == "voter":
+        from ordo.benchmarks.voter import run_voter
+
+        run_voter(args.scheduler, int(args.partitions), args.txns, args.seed, args.max_txns, args.json,
+                  args.baseline, parse_knobs(_workload("voter"), args.knob))
         return 0
     if args.workload == "tpcc":
         from ordo.benchmarks.tpcc import run_tpcc

@@ -1,0 +1,200 @@
+"""`ordo bench voter`: S-Store's leaderboard benchmark end to end — votes/s from the first
+vote sent to the last outcome (client, sequencer, engine, Kafka), beside S-Store's published
+2,200 input batches/s and beside what a user would build instead: a Kafka consumer that runs
+each vote's dataflow as three SERIALIZABLE PostgreSQL transactions (validate, leaderboards,
+removal), each committed on its own, over the same procedures' RUN functions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections import Counter
+from typing import Any
+
+from ordo.benchmarks.machine import machine
+
+# S-Store (VLDB'15), leaderboard maintenance on one core, input batches/s.
+S_STORE_VOTES = 2_200
+PUBLISHED = {"S-Store": 2_200, "H-Store async (no ordering)": 5_300, "H-Store sync": 210,
+             "Esper+VoltDB": 570, "Storm+VoltDB": 600}
+
+
+def run_voter(scheduler: str, partitions: int, votes: int, seed: int, max_txns: int,
+              json_path: str | None = None, baseline: bool = False, knobs: dict | None = None,
+              say=lambda text="": print(text, flush=True)) -> dict[str, Any]:
+    from ordo.benchmarks.dependent import Pipeline
+    from ordo.benchmarks.runners import shutdown_ray
+    from procedures.workloads import voter
+    from sequencer.broker import LocalBroker
+
+    requests = list(voter.generate(votes, seed, **(knobs or {})))
+    report: dict[str, Any] = {"workload": "voter", "scheduler": scheduler, "partitions": partitions,
+                              "votes": votes, "batch_size": max_txns, "machine": machine(),
+                              "published": PUBLISHED}
+    say(f"ordo bench voter ({scheduler}, {partitions} partition(s)): {votes:,} votes, batches of {max_txns}")
+    directory = tempfile.mkdtemp(prefix="ordo-voter-")
+    try:
+        with LocalBroker() as broker:
+            with Pipeline(broker.bootstrap_servers, "voter", scheduler, partitions, max_txns, directory) as pipeline:
+                outcomes, elapsed = pipeline.run(requests, timeout=1800)
+                namespace = pipeline.namespace
+            rate = len(requests) / elapsed
+            report["end_to_end"] = {"votes_per_s": round(rate), "seconds": round(elapsed, 2),
+                                    "ratio_to_s_store": round(rate / S_STORE_VOTES, 2),
+                                    "outcomes": dict(Counter(o.get("error") or o["status"] for o in outcomes.values()))}
+            report["leaderboards"] = leaderboards(directory)
+            say(f"  end to end: {rate:,.0f} votes/s ({len(requests):,} in {elapsed:.1f} s), "
+                f"{rate / S_STORE_VOTES:.2f} x S-Store's {S_STORE_VOTES:,} batches/s")
+            say(f"  outcomes:   {report['end_to_end']['outcomes']}")
+            say(f"  boards:     {format_boards(report['leaderboards'])}")
+            if baseline:
+                report["baseline"] = _baseline(broker.bootstrap_servers, namespace, len(requests))
+                say(format_baseline(report["baseline"], rate))
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+        shutdown_ray()
+    report["machine"]["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(report, f, indent=2)
+    return report
+
+
+def leaderboards(data_dir: str) -> dict[str, Any]:
+    """The three leaderboards and the removed contestants, as `ordo dump` shows them."""
+    from ordo.state import records
+
+    boards = {r["key"]: r["value"] for r in records(data_dir, "voter_board")}
+    removed = sorted(r["key"] for r in records(data_dir, "voter_contestant") if r["value"] == "removed")
+    counts = {r["key"]: r["value"] for r in records(data_dir, "voter_count")}
+    return {"top3": boards.get("top3"), "bottom3": boards.get("bottom3"), "trending3": boards.get("trending3"),
+            "removed": removed, "votes": counts}
+
+
+def format_boards(boards: dict[str, Any]) -> str:
+    def named(ids):
+        return ", ".join(f"#{c} ({boards['votes'].get(c, 0)})" for c in ids or [])
+    return (f"top3 {named(boards['top3'])} | bottom3 {named(boards['bottom3'])} | "
+            f"trending3 {', '.join(f'#{c}' for c in boards['trending3'] or [])} | removed {boards['removed']}")
+
+
+def _baseline(bootstrap: str, namespace: str, count: int) -> dict[str, Any]:
+    from ordo.benchmarks.baseline import BaselineUnavailable, PostgresServer
+
+    try:
+        server = PostgresServer(install=True).start()
+    except BaselineUnavailable as exc:
+        return {"error": str(exc)}
+    try:
+        return run_voter_baseline(bootstrap, namespace, count, server)
+    finally:
+        server.stop()
+
+
+def format_baseline(result: dict[str, Any], ordo_rate: float) -> str:
+    if "error" in result:
+        return f"  PostgreSQL baseline unavailable: {result['error']}"
+    return (f"  PostgreSQL baseline (three SERIALIZABLE transactions per vote): {result['votes_per_s']:,} votes/s, "
+            f"{result['retries']} retries; Ordo / baseline = {ordo_rate / max(1, result['votes_per_s']):.1f}")
+
+
+def run_voter_baseline(bootstrap: str, namespace: str, count: int, server) -> dict[str, Any]:
+    """Consume `<namespace>.requests` from the start; each vote is the dataflow's three
+    procedures, each its own SERIALIZABLE transaction committed before the next begins."""
+    import psycopg
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    from procedures.registry import default_registry
+    from sequencer.kafka import kafka_config
+    from sequencer.topics import Topics, partition_count
+
+    registry = default_registry()
+    flow = registry.procedures["voter_vote"].run.__self__  # the composed dataflow (procedures/streams.py)
+    topic = Topics(namespace).requests
+    conn = server.connect()
+    counts: Counter = Counter()
+    retries = 0
+    try:
+        with conn.transaction():
+            conn.execute("DROP TABLE IF EXISTS kv")
+            conn.execute("CREATE TABLE kv (k bytea PRIMARY KEY, v bytea NOT NULL)")
+        conn.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
+        conn.execute("SET synchronous_commit = off")
+        conn.commit()
+        consumer = Consumer(kafka_config(bootstrap, {
+            "group.id": f"ordo-baseline-{uuid.uuid4().hex}", "enable.auto.commit": False,
+            "enable.partition.eof": False, "fetch.wait.max.ms": 5}))
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partition_count(bootstrap, topic))])
+        seen, started = 0, time.perf_counter()
+        deadline = time.monotonic() + 1800
+        try:
+            while seen < count:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"baseline consumed {seen} of {count} votes")
+                for message in consumer.consume(min(1000, count - seen), 0.1):
+                    if message.error() is not None:
+                        raise RuntimeError(f"requests read failed: {message.error()}")
+                    seen += 1
+                    status, tries = _vote(conn, registry, flow, json.loads(message.value()), seen)
+                    counts[status] += 1
+                    retries += tries
+            seconds = time.perf_counter() - started
+        finally:
+            consumer.close()
+    finally:
+        conn.close()
+    return {"votes": count, "votes_per_s": round(count / seconds), "seconds": round(seconds, 2),
+            "retries": retries, "statuses": dict(counts), "server": server.version}
+
+
+def _vote(conn, registry, flow, body: dict, index: int) -> tuple[str, int]:
+    from procedures.args import ArgumentError, check_args
+
+    vote = registry.procedures["voter_vote"]
+    try:
+        check_args(vote.args, body.get("args"))
+    except ArgumentError:
+        return "rejected", 0
+    emitted: dict[str, list] = {}
+    status, retries = _step(conn, registry, flow, emitted, "voter_vote", body["args"], index)
+    for name, stream in (("voter_leaderboard", "voter_validated"), ("voter_remove", "voter_ranked")):
+        if status != "committed" or not emitted.get(stream):
+            break
+        _, tries = _step(conn, registry, flow, emitted, name, emitted.pop(stream), index)
+        retries += tries
+    return status, retries
+
+
+def _step(conn, registry, flow, emitted: dict, name: str, args, index: int, max_retries: int = 50):
+    """One procedure of the dataflow as one SERIALIZABLE transaction: (status, retries)."""
+    from psycopg import errors
+
+    from ordo.benchmarks.tpcc_baseline import _Context
+    from procedures.contract import Abort
+    from procedures.streams import StreamContext
+
+    procedure = next(p for p in (flow.input, *flow.steps) if p.name == name)
+    defaults = {t.name: t.default for t in registry.tables.values()}
+    for attempt in range(max_retries + 1):
+        mine: dict[str, list] = {}
+        try:
+            with conn.cursor() as cur:
+                ctx = StreamContext(_Context(cur, defaults, int(time.time() * 1000), index), flow, mine)
+                ctx._current = name
+                procedure.run(ctx, args)
+                ctx._ctx.flush()
+            conn.commit()
+            emitted.update(mine)
+            return "committed", attempt
+        except Abort:
+            conn.rollback()
+            return "aborted", attempt
+        except (errors.SerializationFailure, errors.DeadlockDetected):
+            conn.rollback()
+            time.sleep(min(0.001 * 2 ** attempt, 0.05))
+    raise RuntimeError(f"vote {index}: {name} failed {max_retries} serialization retries")
