@@ -78,6 +78,14 @@ def run_demo(workload: str, count: int, scheduler: str, partitions: int, data_di
         sample = [r for _, r in zip(range(3), records(data_dir))]
         for record in sample:
             say(f"  record     {json.dumps(record)}")
+        if workload == "voter":
+            from ordo.benchmarks.voter import leaderboards
+
+            boards = leaderboards(data_dir)
+            for name in ("top3", "bottom3", "trending3"):
+                shown = ", ".join(f"#{c} ({boards['votes'].get(c, 0)} votes)" for c in boards[name] or [])
+                say(f"  {name:<10} {shown}")
+            say(f"  removed    {', '.join(f'#{c}' for c in boards['removed']) or 'none yet'}")
     if own_dir:
         shutil.rmtree(data_dir, ignore_errors=True)
     return 0 if same and stats.txns == expected else 1
