@@ -339,6 +339,9 @@ def compose(procedures: dict[str, Procedure], declarations: Iterable[Any]) -> tu
                 reach.add(n)
                 todo.extend(edges[n])
         steps = [procedures[n] for n in order if n in reach]
+        for member in (procedures[name], *steps):
+            if member.reconnoiter is not None:
+                raise ValueError(f"{member.name} has a reconnaissance and cannot be part of a dataflow")
         _check_groups(name, [s.name for s in steps], nested)
         procedure = procedures[name]
         flow = Dataflow(procedure, steps, streams, windows, groups, input_streams[0] if input_streams else None)
