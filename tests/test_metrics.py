@@ -64,9 +64,11 @@ def test_metrics_endpoint_reports_the_engine(broker, namespace, tmp_path, partit
         assert len(found) == 36
 
         deadline = time.monotonic() + 30
-        while True:  # the endpoint shows what the workers reported at the coordinator's last poll
+        while True:  # the endpoint shows what the workers reported at the coordinator's last poll;
+            # outcomes are counted once published, batches once applied (after the broker's ack)
             families = scrape(port)
-            if value(families, "ordo_transactions", "ordo_transactions_total", status="rejected") == 1:
+            if (value(families, "ordo_transactions", "ordo_transactions_total", status="rejected") == 1
+                    and value(families, "ordo_batches", "ordo_batches_total") >= 1):
                 break
             assert time.monotonic() < deadline, families["ordo_transactions"]
             time.sleep(0.5)
