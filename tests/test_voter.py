@@ -111,6 +111,20 @@ def vote_stream(count: int, phones: int, seed: int) -> list[dict]:
     return requests
 
 
+def wait_for_outcomes(bootstrap: str, topic: str, count: int, timeout: float = 120) -> None:
+    """Return as soon as `count` outcome records are on `topic`."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False)
+    consumer.assign([TopicPartition(topic, 0)])
+    seen, deadline = 0, time.monotonic() + timeout
+    try:
+        while seen < count and time.monotonic() < deadline:
+            seen += sum(len(batch) for batch in consumer.poll(timeout_ms=50, max_records=50).values())
+    finally:
+        consumer.close()
+
+
 def voter_part(state: dict) -> dict:
     return {key: value for key, value in state.items() if key[0] in VOTER_TABLES}
 
@@ -149,10 +163,11 @@ def test_external_client_sigkill_restart_and_every_scheduler_agree(broker, names
     engine_args = ("--data-dir", data_dir, "--partitions", "1", "--runtime", "local", "--quiet")
     try:
         engine = ordo("execute", *kafka, *engine_args)
-        time.sleep(4)
+        wait_for_outcomes(broker, f"{namespace}.results", 200)  # then killed in mid-stream
         assert engine.poll() is None
         engine.send_signal(signal.SIGKILL)
         engine.wait()
+        decided_before = len({r["id"] for r in read_results(broker, f"{namespace}.results", 1)})
         engine = ordo("execute", *kafka, *engine_args)
         try:
             records = read_results(broker, f"{namespace}.results", len(requests) + 1, timeout=180)
@@ -164,6 +179,7 @@ def test_external_client_sigkill_restart_and_every_scheduler_agree(broker, names
     for record in records:
         decided.setdefault(record["id"], record)
     assert decided["v-bad-json"]["status"] == "rejected"
+    assert decided_before < len(decided), "the engine was killed only after it had decided every vote"
     in_log_order = sorted((r for r in decided.values() if r["id"] != "v-bad-json"),
                           key=lambda r: (r["batch"], r["txn"]))
     by_id = {r["id"]: r for r in requests}
