@@ -197,3 +197,17 @@ def test_external_client_sigkill_restart_and_every_scheduler_agree(broker, names
         ordo_output("recover", *kafka, "--data-dir", other, "--scheduler", scheduler, "--partitions",
                     str(partitions), "--runtime", "local", "--quiet", "--idle", "2", timeout=300)
         assert voter_part(dump_state(other)) == expected, (scheduler, partitions)
+
+
+def test_bench_voter_reports_votes_per_second_beside_s_store_and_postgresql(tmp_path):
+    out = tmp_path / "voter.json"
+    text = ordo_output("bench", "voter", "--txns", "1500", "--baseline", "--json", str(out), timeout=300)
+    report = json.loads(out.read_text())
+    e2e = report["end_to_end"]
+    assert e2e["votes_per_s"] > 0 and e2e["ratio_to_s_store"] == round(e2e["votes_per_s"] / 2200, 2)
+    assert f"x S-Store's 2,200 batches/s" in text and "top3" in text
+    assert len(report["leaderboards"]["top3"]) == 3
+    # The baseline runs the same dataflow in the same (log) order: the same votes count.
+    if "error" not in report["baseline"]:
+        assert report["baseline"]["statuses"].get("committed") == e2e["outcomes"]["committed"]
+        assert report["baseline"]["votes_per_s"] > 0
