@@ -77,8 +77,8 @@ class Window:
         return WINDOW_TABLE_PREFIX + self.name
 
     @property
-    def key(self) -> Key:
-        return (self.table, 0)
+    def keys(self) -> tuple[Key, Key]:
+        return (self.table, 0), (self.table, 1)
 
 
 @dataclass(frozen=True)
@@ -110,43 +110,44 @@ class BatchField:
         return value
 
 
-# --- window state: {"rows": [...], "staged": [...], "edge": next slide time or null} ---
+# --- window state, in two keys of the window's table, so a tuple staged between slides
+# rewrites only the short staged list: key 0 {"rows": [...], "edge": next slide time or
+# None}, key 1 the staged tuples ([time, tuple] pairs for a time-based window) ---
 
-def _window_state(ctx, window: Window) -> dict:
-    state = ctx.read(window.table, 0)
-    if not state:
-        return {"rows": [], "staged": [], "edge": None}
-    return state
+_ROWS, _STAGED = 0, 1
 
 
 def window_rows(ctx, window: Window) -> list:
-    return [row for _, row in _window_state(ctx, window)["rows"]] if window.range_ms else \
-        list(_window_state(ctx, window)["rows"])
+    rows = (ctx.read(window.table, _ROWS) or {"rows": []})["rows"]
+    return [row for _, row in rows] if window.range_ms else rows
 
 
 def window_insert(ctx, window: Window, item: Any) -> bool:
     """Stage `item`; slide when the slide is full (rows) or its time has come (range):
     True when the window slid, after its on_slide trigger ran."""
-    state = _window_state(ctx, window)
+    staged = ctx.read(window.table, _STAGED) or []
     slid = False
     if window.rows is not None:
-        state["staged"].append(item)
-        if len(state["staged"]) >= window.slide:
-            state["rows"] = (state["rows"] + state["staged"])[-window.rows:]
-            state["staged"] = []
-            slid = True
+        staged.append(item)
+        if len(staged) >= window.slide:
+            state = ctx.read(window.table, _ROWS) or {"rows": [], "edge": None}
+            state["rows"] = (state["rows"] + staged)[-window.rows:]
+            ctx.write(window.table, _ROWS, state)
+            staged, slid = [], True
     else:
         now = ctx.now
+        state = ctx.read(window.table, _ROWS) or {"rows": [], "edge": None}
         if state["edge"] is None:
             state["edge"] = now - now % window.slide_ms + window.slide_ms
+            ctx.write(window.table, _ROWS, state)
         if now >= state["edge"]:  # the staged tuples (all older than the edge) enter the window
             edge = now - now % window.slide_ms
-            state["rows"] = [row for row in state["rows"] + state["staged"] if row[0] > edge - window.range_ms]
-            state["staged"] = []
+            state["rows"] = [row for row in state["rows"] + staged if row[0] > edge - window.range_ms]
             state["edge"] = edge + window.slide_ms
-            slid = True
-        state["staged"].append([now, item])
-    ctx.write(window.table, 0, state)
+            ctx.write(window.table, _ROWS, state)
+            staged, slid = [], True
+        staged.append([now, item])
+    ctx.write(window.table, _STAGED, staged)
     if slid and window.on_slide is not None:
         window.on_slide(ctx, window_rows(ctx, window))
     return slid
@@ -216,8 +217,9 @@ class Dataflow:
         self.windows = windows
         self.groups = groups  # procedure name -> its nested transaction
         self.input_stream = input_stream
-        self.window_keys = tuple(w.key for w in windows.values()
-                                 if w.owner == input_procedure.name or any(w.owner == s.name for s in steps))
+        self.window_keys = tuple(key for w in windows.values()
+                                 if w.owner == input_procedure.name or any(w.owner == s.name for s in steps)
+                                 for key in w.keys)
         self.inputs_of = {s.name: tuple(st.name for st in streams.values() if s.name in st.consumers)
                           for s in steps}
         members = {input_procedure.name, *(s.name for s in steps)}

@@ -92,7 +92,7 @@ def _write_top_bottom(ctx, counts, removed) -> None:
 
 def _write_trending(ctx, rows, removed) -> None:
     in_window = [0] * (CONTESTANTS + 1)
-    for contestant, _ in rows:
+    for contestant in rows:
         in_window[contestant] += 1
     trending = sorted((c for c in IDS if in_window[c] and c not in removed), key=lambda c: (-in_window[c], c))
     ctx.write("voter_board", "trending3", trending[:3])
@@ -107,7 +107,7 @@ def _leaderboard(ctx, batch):
     for contestant, n in batch:
         counts[contestant] += 1
         ctx.write("voter_count", contestant, counts[contestant])
-        ctx.window_insert(TREND, [contestant, n])
+        ctx.window_insert(TREND, contestant)
         ctx.emit("voter_ranked", n)
     ctx.write("voter_state", "counts", counts)
     _write_top_bottom(ctx, counts, removed)
@@ -115,10 +115,13 @@ def _leaderboard(ctx, batch):
 
 # --- step 3: remove the weakest every 1000 validated votes ---
 
+# Which contestant goes depends on the counts, so every one is declared.
+_REMOVE_READS = tuple(_STATE[1:])
+_REMOVE_WRITES = (*_STATE[1:], *_BOARDS, *(("voter_contestant", c) for c in IDS), *(("voter_count", c) for c in IDS))
+
+
 def _remove_keys(args):
-    reads = list(_STATE[1:])
-    writes = [*_STATE[1:], *_BOARDS, *(("voter_contestant", c) for c in IDS), *(("voter_count", c) for c in IDS)]
-    return reads, writes
+    return _REMOVE_READS, _REMOVE_WRITES
 
 
 def _remove(ctx, batch):
