@@ -47,7 +47,8 @@ def as_registry(procedures: Any, workloads: Iterable[str] = ()) -> Registry:
         registry = procedures.registry()
     elif hasattr(procedures, "PROCEDURES"):
         registry = Registry()
-        registry.add_workload(getattr(procedures, "TABLES", ()), procedures.PROCEDURES)
+        registry.add_workload(getattr(procedures, "TABLES", ()), procedures.PROCEDURES,
+                              getattr(procedures, "STREAMS", ()))
     else:
         raise TypeError(f"expected an ordo.App, a procedures module, a spec or a Registry, got {procedures!r}")
     for name in workloads:
