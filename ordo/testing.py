@@ -22,6 +22,7 @@ import tempfile
 from typing import Any, Iterable
 
 from procedures.registry import Registry
+from procedures.streams import split_result
 from scheduler.exchange import LocalExchange
 from scheduler.worker import PartitionWorker, check_layout
 from sequencer.log import Batch
@@ -105,9 +106,10 @@ class TestEngine:
         changes = []
         for result in results:
             for o in result.outcomes:
+                value, steps = split_result(o.result)  # a streaming dataflow's steps (procedures/streams.py)
                 by_index.setdefault(o.index, {"id": o.id, "status": o.status, "batch": batch.batch_id,
-                                              "txn": o.index, "restarts": o.restarts, "result": o.result,
-                                              "error": o.error})
+                                              "txn": o.index, "restarts": o.restarts, "result": value,
+                                              "error": o.error, **({"steps": steps} if steps is not None else {})})
             changes += [(batch.batch_id, *change) for change in result.changes]
         for worker in self.workers:
             worker.commit({"batch": batch.batch_id, "cursor": {}})

@@ -153,6 +153,31 @@ def window_insert(ctx, window: Window, item: Any) -> bool:
     return slid
 
 
+class DataflowResult:
+    """What a dataflow's RUN returns: the input procedure's result, and the status of each
+    triggered procedure that fired, in graph order ({"proc", "status", "error"}). The
+    outcome record carries `value` as its result and `steps` beside it."""
+
+    __slots__ = ("value", "steps")
+
+    def __init__(self, value: Any, steps: list[dict]):
+        self.value = value
+        self.steps = steps
+
+    def __eq__(self, other: Any) -> bool:
+        return type(other) is DataflowResult and (self.value, self.steps) == (other.value, other.steps)
+
+    def __reduce__(self):
+        return DataflowResult, (self.value, self.steps)
+
+
+def split_result(result: Any) -> tuple[Any, list[dict] | None]:
+    """(result for the outcome record, the steps of a dataflow or None)."""
+    if type(result) is DataflowResult:
+        return result.value, result.steps
+    return result, None
+
+
 class StreamContext:
     """What a procedure of a dataflow sees: the transaction's context plus emit and
     windows. Reads and writes go straight to the one transaction of the request."""
@@ -254,7 +279,8 @@ class Dataflow:
         else:
             result = self.input.run(sctx, args)  # its abort is the request's abort
         writes = ctx.writes
-        group_mark: tuple | None = None  # (group, writes, emitted) when the group began
+        steps: list[dict] = []
+        group_mark: tuple | None = None  # (group, writes, emitted, steps so far) when the group began
         failed_groups: set[str] = set()
         for step in self.steps:
             group = self.groups.get(step.name)
@@ -264,15 +290,20 @@ class Dataflow:
             if not batch:
                 continue
             if group is not None and (group_mark is None or group_mark[0] is not group):
-                group_mark = (group, dict(writes), {k: list(v) for k, v in emitted.items()})
+                group_mark = (group, dict(writes), {k: list(v) for k, v in emitted.items()}, len(steps))
             saved_writes, saved_emitted = dict(writes), {k: list(v) for k, v in emitted.items()}
             sctx._current = step.name
             try:
                 step.run(sctx, batch)
-            except Exception:  # Abort, UndeclaredAccess, a bad value or a fault: this step only
+                steps.append({"proc": step.name, "status": "committed", "error": None})
+            except Exception as exc:  # Abort, UndeclaredAccess, a bad value or a fault: this step only
+                reason = _reason(step.name, exc)
+                steps.append({"proc": step.name, "status": "aborted", "error": reason})
                 if group is not None:
                     failed_groups.add(group.name)
                     saved_writes, saved_emitted = group_mark[1], group_mark[2]
+                    for earlier in steps[group_mark[3]:-1]:
+                        earlier.update(status="aborted", error=f"nested transaction '{group.name}': {reason}")
                 writes.clear()
                 writes.update(saved_writes)
                 emitted.clear()
@@ -280,7 +311,15 @@ class Dataflow:
         for name in self.outputs:
             if emitted.get(name):
                 ctx.write(OUTPUT_TABLE_PREFIX + name, 0, emitted[name])
-        return result
+        return DataflowResult(result, steps)
+
+
+def _reason(name: str, exc: Exception) -> str:
+    if isinstance(exc, Abort):
+        return exc.reason
+    if isinstance(exc, UndeclaredAccess):
+        return f"undeclared access: {exc}"
+    return f"{name} raised {type(exc).__name__}: {exc}"[:1000]
 
 
 def _order(names: list[str], edges: dict[str, list[str]]) -> list[str]:

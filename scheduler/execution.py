@@ -16,6 +16,7 @@ import msgpack
 from procedures.args import WIRE_INT_MAX, WIRE_INT_MIN, list_fields, text_problem, value_problem
 from procedures.contract import Abort, Procedure, UndeclaredAccess
 from procedures.ollp import check_turn
+from procedures.streams import DataflowResult
 from storage.keys import KeyRange, decode_key, encode_key, is_range_key, range_scan_prefix
 from storage.overlay import ABSENT, RangeView
 from storage.values import decode_value, encode_value
@@ -280,8 +281,9 @@ def execute(procedure: Procedure, args: dict, snapshot: dict[bytes, Any], write_
         return ABORTED, None, _short(f"{procedure.name}: cannot store {exc}"), {}
     except Exception as exc:  # RUN is user code: its failure aborts this txn only
         return ABORTED, None, _short(f"{procedure.name} raised {type(exc).__name__}: {exc}"), {}
-    if result is not None and (type(result) is not int or not WIRE_INT_MIN <= result <= WIRE_INT_MAX):
-        problem = result_problem(result)
+    value = result.value if type(result) is DataflowResult else result  # procedures/streams.py
+    if value is not None and (type(value) is not int or not WIRE_INT_MIN <= value <= WIRE_INT_MAX):
+        problem = result_problem(value)
         if problem is not None:
             return ABORTED, None, problem, {}
     return COMMITTED, result, None, ctx.writes

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from confluent_kafka import KafkaException, Producer
 
 from procedures.ollp import RESTARTED, restart_request
+from procedures.streams import split_result
 from scheduler.batch import Outcome
 from scheduler.stream_outputs import StreamTopics, stream_records
 from sequencer.kafka import kafka_config
@@ -44,15 +45,7 @@ def outcome_record(outcome: Outcome, batch_id: int) -> bytes:
     if outcome.result is None and outcome.error is None:  # the common case, formatted directly
         return (f'{{"id":{_dumps(outcome.id)},"status":"{outcome.status}","batch":{batch_id},'
                 f'"txn":{outcome.index},"restarts":{outcome.restarts},"result":null,"error":null}}').encode()
-    return _dumps({
-        "id": outcome.id,
-        "status": outcome.status,
-        "batch": batch_id,
-        "txn": outcome.index,
-        "restarts": outcome.restarts,
-        "result": outcome.result,
-        "error": outcome.error,
-    }).encode()
+    return _dumps(_collected(outcome, batch_id)).encode()
 
 
 def outcome_message(outcome: Outcome, batch_id: int, topics: Topics) -> tuple[str, bytes, bytes]:
@@ -255,9 +248,14 @@ class CollectedOutputs:
 
 
 def _collected(o: Outcome, batch_id: int) -> dict[str, Any]:
-    """The outcome record as <ns>.results carries it, decoded."""
-    return {"id": o.id, "status": o.status, "batch": batch_id, "txn": o.index, "restarts": o.restarts,
-            "result": o.result, "error": o.error}
+    """The outcome record as <ns>.results carries it, decoded; a streaming dataflow's adds
+    the status of each triggered procedure (procedures/streams.py)."""
+    result, steps = split_result(o.result)
+    record = {"id": o.id, "status": o.status, "batch": batch_id, "txn": o.index, "restarts": o.restarts,
+              "result": result, "error": o.error}
+    if steps is not None:
+        record["steps"] = steps
+    return record
 
 
 def _position(item: tuple) -> tuple:

@@ -8,6 +8,7 @@ from typing import Any, Iterable
 
 from procedures.ollp import restarts_of
 from procedures.registry import Registry, RequestError
+from procedures.streams import split_result
 from scheduler.execution import COMMITTED, REJECTED, execute, txn_seed
 from sequencer.log import Batch
 from storage.digest import digest_pairs
@@ -33,9 +34,10 @@ class SerialInterpreter:
 
     def _one(self, batch: Batch, index: int, request_id: str, proc, args) -> None:
         def outcome(status, result=None, error=None):
+            result, steps = split_result(result)
             self.outcomes.append({"id": request_id, "status": status, "batch": batch.batch_id, "txn": index,
                                   "restarts": restarts_of(args) if proc is not None else 0,
-                                  "result": result, "error": error})
+                                  "result": result, "error": error, **({"steps": steps} if steps is not None else {})})
         if proc is None:
             outcome(REJECTED, error=args)
             return

@@ -422,3 +422,15 @@ def test_output_streams_are_published_in_log_order_and_a_replay_only_duplicates(
             expected.append((f"{batch}:{txn}:0", {"sensor": sensor, "value": value, "alert": counts[sensor]}))
     assert expected and dict(published) == dict(expected)
     assert published[:len(expected)] == expected == published[len(expected):]
+
+
+def test_the_outcome_record_adds_each_triggered_procedure_s_status():
+    with TestEngine(_fanout_registry(fail_b=True, nested=True), "locking", 2) as engine:
+        outcome = engine.call("src", {"vs": [1]})
+    assert (outcome["status"], outcome["result"], outcome["error"]) == ("committed", 1, None)
+    assert outcome["steps"] == [{"proc": "a", "status": "committed", "error": None},
+                                {"proc": "b", "status": "aborted", "error": "b refuses"}]
+    with TestEngine(_fanout_registry(nested=True)) as engine:
+        outcome = engine.call("src", {"vs": [2, 3]})
+        assert [step["status"] for step in outcome["steps"]] == ["committed"] * 3
+        assert engine.call("src", {"vs": []})["steps"] == []  # no tuple: nothing fired
