@@ -434,3 +434,28 @@ def test_the_outcome_record_adds_each_triggered_procedure_s_status():
         outcome = engine.call("src", {"vs": [2, 3]})
         assert [step["status"] for step in outcome["steps"]] == ["committed"] * 3
         assert engine.call("src", {"vs": []})["steps"] == []  # no tuple: nothing fired
+
+
+def test_a_faulty_triggered_procedure_aborts_alone_and_says_why():
+    def keys(args):
+        return [("t", "in")], [("t", "in")]
+
+    def source(ctx, args):
+        ctx.write("t", "in", args["v"])
+        ctx.emit("out" if args["v"] == 1 else "nowhere", args["v"])
+        return args["v"]
+
+    def sink(ctx, batch):
+        ctx.write("t", "elsewhere", batch)  # not declared
+
+    registry = Registry()
+    registry.add_workload([Table("t")], [Procedure("src", {"v": Int()}, keys, source), Procedure("sink", {}, keys, sink)],
+                          [Stream("out", producers=["src"], consumers=["sink"])])
+    with TestEngine(registry, "vll", 2) as engine:
+        ok = engine.call("src", {"v": 1})
+        bad = engine.call("src", {"v": 2})
+        state = engine.state()
+    assert ok["status"] == "committed" and ok["steps"][0]["status"] == "aborted"
+    assert "undeclared access" in ok["steps"][0]["error"] and "t['elsewhere']" in ok["steps"][0]["error"]
+    assert bad["status"] == "aborted" and "stream 'nowhere'" in bad["error"]
+    assert state == {("t", "in"): 1}
