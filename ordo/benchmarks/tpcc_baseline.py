@@ -95,16 +95,36 @@ def apply_request(conn, registry, body: dict, index: int, max_retries: int = 50)
     raise RuntimeError(f"request {body.get('id')} failed {max_retries} serialization retries")
 
 
+def open_kv_baseline(conn, bootstrap: str, topic: str):
+    """Make `conn` a SERIALIZABLE connection over an empty `kv` table (commits not waiting
+    for the disk, as the engine's do not) and return a consumer of `topic` from offset 0."""
+    import psycopg
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    from sequencer.kafka import kafka_config
+    from sequencer.topics import partition_count
+
+    with conn.transaction():
+        conn.execute("DROP TABLE IF EXISTS kv")
+        conn.execute("CREATE TABLE kv (k bytea PRIMARY KEY, v bytea NOT NULL)")
+    conn.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
+    conn.execute("SET synchronous_commit = off")
+    conn.commit()
+    consumer = Consumer(kafka_config(bootstrap, {
+        "group.id": f"ordo-baseline-{uuid.uuid4().hex}", "enable.auto.commit": False,
+        "enable.partition.eof": False, "fetch.wait.max.ms": 5}))
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partition_count(bootstrap, topic))])
+    return consumer
+
+
 def run_tpcc_baseline(bootstrap: str, namespace: str, requests: list[dict], loads: int, server) -> dict[str, Any]:
     """Apply every request of `<namespace>.requests` (the load, then the mix); the clock
     runs over the mix only. Returns the figures and the consistency conditions found."""
-    import psycopg
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+    from confluent_kafka import KafkaError
 
     from procedures.registry import default_registry
     from procedures.workloads.tpcc_consistency import violations
-    from sequencer.kafka import kafka_config
-    from sequencer.topics import Topics, partition_count
+    from sequencer.topics import Topics
 
     registry = default_registry()
     topic = Topics(namespace).requests
@@ -112,16 +132,7 @@ def run_tpcc_baseline(bootstrap: str, namespace: str, requests: list[dict], load
     counts: Counter = Counter()
     retries = 0
     try:
-        with conn.transaction():
-            conn.execute("DROP TABLE IF EXISTS kv")
-            conn.execute("CREATE TABLE kv (k bytea PRIMARY KEY, v bytea NOT NULL)")
-        conn.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
-        conn.execute("SET synchronous_commit = off")
-        conn.commit()
-        consumer = Consumer(kafka_config(bootstrap, {
-            "group.id": f"ordo-baseline-{uuid.uuid4().hex}", "enable.auto.commit": False,
-            "enable.partition.eof": False, "fetch.wait.max.ms": 5}))
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partition_count(bootstrap, topic))])
+        consumer = open_kv_baseline(conn, bootstrap, topic)
         seen, started = 0, None
         deadline = time.monotonic() + 1800
         try:

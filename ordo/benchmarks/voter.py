@@ -12,7 +12,6 @@ import os
 import shutil
 import tempfile
 import time
-import uuid
 from collections import Counter
 from typing import Any
 
@@ -106,12 +105,9 @@ def format_baseline(result: dict[str, Any], ordo_rate: float) -> str:
 def run_voter_baseline(bootstrap: str, namespace: str, count: int, server) -> dict[str, Any]:
     """Consume `<namespace>.requests` from the start; each vote is the dataflow's three
     procedures, each its own SERIALIZABLE transaction committed before the next begins."""
-    import psycopg
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
+    from ordo.benchmarks.tpcc_baseline import open_kv_baseline
     from procedures.registry import default_registry
-    from sequencer.kafka import kafka_config
-    from sequencer.topics import Topics, partition_count
+    from sequencer.topics import Topics
 
     registry = default_registry()
     flow = registry.procedures["voter_vote"].run.__self__  # the composed dataflow (procedures/streams.py)
@@ -120,16 +116,7 @@ def run_voter_baseline(bootstrap: str, namespace: str, count: int, server) -> di
     counts: Counter = Counter()
     retries = 0
     try:
-        with conn.transaction():
-            conn.execute("DROP TABLE IF EXISTS kv")
-            conn.execute("CREATE TABLE kv (k bytea PRIMARY KEY, v bytea NOT NULL)")
-        conn.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
-        conn.execute("SET synchronous_commit = off")
-        conn.commit()
-        consumer = Consumer(kafka_config(bootstrap, {
-            "group.id": f"ordo-baseline-{uuid.uuid4().hex}", "enable.auto.commit": False,
-            "enable.partition.eof": False, "fetch.wait.max.ms": 5}))
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partition_count(bootstrap, topic))])
+        consumer = open_kv_baseline(conn, bootstrap, topic)
         seen, started = 0, time.perf_counter()
         deadline = time.monotonic() + 1800
         try:
