@@ -84,3 +84,15 @@ def serial_interpretation(run: dict, registry: Registry) -> dict:
     interpreter = SerialInterpreter(registry).apply(batches)
     return {"outcomes": [o for o in interpreter.outcomes if o["status"] != "restarted"],
             "changes": interpreter.changes, "digest": interpreter.digest()}
+
+
+def assert_equals_serial_interpretation(run: dict, registry: Registry) -> None:
+    reference = serial_interpretation(run, registry)
+    assert (run["outcomes"], run["changes"], run["digest"]) == \
+        (reference["outcomes"], reference["changes"], reference["digest"])
+
+
+def assert_same_run(run: dict, first: dict, label: tuple) -> None:
+    """Same outcomes, change data, re-sequenced requests, log and state as the first run."""
+    for part in ("outcomes", "changes", "restarts", "log", "digest"):
+        assert run[part] == first[part], (*label, part)

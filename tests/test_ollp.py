@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from procedures.ollp import MAX_RESTARTS, OLLP_FIELD
 from procedures.registry import default_registry
 from procedures.workloads import alias
-from tests.dependent_logs import run_dependent, serial_interpretation
+from tests.dependent_logs import assert_equals_serial_interpretation, assert_same_run, run_dependent
 
 REGISTRY = default_registry()
 CONFIGS = [("serial", 1), ("locking", 2), ("vll", 3), ("opchain", 2), ("serial", 3), ("locking", 1),
@@ -91,12 +91,9 @@ def test_every_scheduler_and_partition_count_decides_alike(drawn):
         if first is None:
             first = run
             check_against_model(run, log_requests)
-            reference = serial_interpretation(run, REGISTRY)
-            assert (run["outcomes"], run["changes"], run["digest"]) == \
-                (reference["outcomes"], reference["changes"], reference["digest"])
+            assert_equals_serial_interpretation(run, REGISTRY)
             continue
-        for part in ("outcomes", "changes", "restarts", "log", "digest"):
-            assert run[part] == first[part], (scheduler, partitions, part)
+        assert_same_run(run, first, (scheduler, partitions))
 
 
 def test_a_rebinding_before_the_turn_restarts_and_the_bound_ends_in_a_rejection():
