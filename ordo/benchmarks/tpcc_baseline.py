@@ -69,21 +69,31 @@ class _Context:
             self._cur.executemany("DELETE FROM kv WHERE k = %s", deletes)
 
 
-def apply_request(conn, registry, body: dict, index: int, max_retries: int = 50) -> tuple[str, int]:
+def apply_request(conn, registry, body: dict, index: int) -> tuple[str, int]:
     """Run one request's procedure as one SERIALIZABLE transaction: (status, retries)."""
-    from psycopg import errors
-
     procedure = registry.procedures.get(body.get("proc")) if isinstance(body, dict) else None
     if procedure is None or not isinstance(body.get("args"), dict):
         return "rejected", 0
     args, _ = split_args(body["args"])
     defaults = {t.name: t.default for t in registry.tables.values()}
+
+    def transaction(cur) -> None:
+        ctx = _Context(cur, defaults, int(time.time() * 1000), index)
+        procedure.run(ctx, args)
+        ctx.flush()
+
+    return serializable(conn, transaction, f"request {body.get('id')}")
+
+
+def serializable(conn, transaction, what: str, max_retries: int = 50) -> tuple[str, int]:
+    """`transaction(cursor)` as one SERIALIZABLE transaction, retried on serialization
+    failures: ("committed" or "aborted", retries)."""
+    from psycopg import errors
+
     for attempt in range(max_retries + 1):
         try:
             with conn.cursor() as cur:
-                ctx = _Context(cur, defaults, int(time.time() * 1000), index)
-                procedure.run(ctx, args)
-                ctx.flush()
+                transaction(cur)
             conn.commit()
             return "committed", attempt
         except Abort:
@@ -92,7 +102,7 @@ def apply_request(conn, registry, body: dict, index: int, max_retries: int = 50)
         except (errors.SerializationFailure, errors.DeadlockDetected):
             conn.rollback()
             time.sleep(min(0.001 * 2 ** attempt, 0.05))
-    raise RuntimeError(f"request {body.get('id')} failed {max_retries} serialization retries")
+    raise RuntimeError(f"{what} failed {max_retries} serialization retries")
 
 
 def open_kv_baseline(conn, bootstrap: str, topic: str):

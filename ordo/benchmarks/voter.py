@@ -157,31 +157,23 @@ def _vote(conn, registry, flow, body: dict, index: int) -> tuple[str, int]:
     return status, retries
 
 
-def _step(conn, registry, flow, emitted: dict, name: str, args, index: int, max_retries: int = 50):
+def _step(conn, registry, flow, emitted: dict, name: str, args, index: int) -> tuple[str, int]:
     """One procedure of the dataflow as one SERIALIZABLE transaction: (status, retries)."""
-    from psycopg import errors
-
-    from ordo.benchmarks.tpcc_baseline import _Context
-    from procedures.contract import Abort
+    from ordo.benchmarks.tpcc_baseline import _Context, serializable
     from procedures.streams import StreamContext
 
     procedure = next(p for p in (flow.input, *flow.steps) if p.name == name)
     defaults = {t.name: t.default for t in registry.tables.values()}
-    for attempt in range(max_retries + 1):
-        mine: dict[str, list] = {}
-        try:
-            with conn.cursor() as cur:
-                ctx = StreamContext(_Context(cur, defaults, int(time.time() * 1000), index), flow, mine)
-                ctx._current = name
-                procedure.run(ctx, args)
-                ctx._ctx.flush()
-            conn.commit()
-            emitted.update(mine)
-            return "committed", attempt
-        except Abort:
-            conn.rollback()
-            return "aborted", attempt
-        except (errors.SerializationFailure, errors.DeadlockDetected):
-            conn.rollback()
-            time.sleep(min(0.001 * 2 ** attempt, 0.05))
-    raise RuntimeError(f"vote {index}: {name} failed {max_retries} serialization retries")
+    mine: dict[str, list] = {}
+
+    def transaction(cur) -> None:
+        mine.clear()  # what an attempt that rolled back emitted is gone with it
+        ctx = StreamContext(_Context(cur, defaults, int(time.time() * 1000), index), flow, mine)
+        ctx._current = name
+        procedure.run(ctx, args)
+        ctx._ctx.flush()
+
+    status, retries = serializable(conn, transaction, f"vote {index}: {name}")
+    if status == "committed":
+        emitted.update(mine)
+    return status, retries
