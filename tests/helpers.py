@@ -116,3 +116,16 @@ def assert_same_as_reference(outputs, state_digest, last_batch: int, reference: 
     assert outputs.outcomes == reference.outcomes
     assert outputs.changes == reference.changes
     assert state_digest == (reference.digest(), last_batch)
+
+
+def mixed_log(bootstrap: str, namespace: str, count: int, seed: int, partitions: int, max_txns: int,
+              **sl_knobs) -> tuple[int, SerialInterpreter]:
+    """Multi-partition micro traffic interleaved with sl (whose transfers abort), sequenced
+    into a fresh namespace's log: the last batch id and the serial interpretation."""
+    from procedures.workloads import micro, sl
+
+    requests = []
+    for a, b in zip(micro.generate(count, seed=seed, partitions=partitions, keys=100, hot=4, mp=0.5),
+                    sl.generate(count, seed=seed + 1, records=40, **sl_knobs)):
+        requests += [a, b]
+    return sequence_requests(bootstrap, namespace, requests, max_txns=max_txns)

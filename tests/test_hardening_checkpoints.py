@@ -12,13 +12,12 @@ import shutil
 import pytest
 
 from ordo.state import digest
-from procedures.workloads import micro, sl
 from recovery.checkpoints import CheckpointStore
 from recovery.checks import applied_markers, check_applied_once
 from recovery.restore import CHECKPOINT, RecoveryError, prepare_shards
 from scheduler.coordinator import Coordinator
 from scheduler.outputs import CollectedOutputs
-from tests.helpers import assert_same_as_reference, sequence_requests
+from tests.helpers import assert_same_as_reference, mixed_log
 
 pytestmark = pytest.mark.slow
 
@@ -33,11 +32,7 @@ def trace_applied(monkeypatch):
 @pytest.fixture(scope="module")
 def shared_log(broker):
     namespace = f"hardening-checkpoints-{os.getpid()}"
-    requests = []
-    for a, b in zip(micro.generate(400, seed=41, partitions=PARTITIONS, keys=100, hot=4, mp=0.5),
-                    sl.generate(400, seed=42, records=40)):
-        requests += [a, b]
-    last_batch, reference = sequence_requests(broker, namespace, requests, max_txns=25)
+    last_batch, reference = mixed_log(broker, namespace, 400, 41, PARTITIONS, 25)
     assert last_batch > 30
     return namespace, last_batch, reference
 

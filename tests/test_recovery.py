@@ -13,7 +13,6 @@ import pytest
 from confluent_kafka import Producer
 
 from ordo.state import digest
-from procedures.workloads import micro, sl
 from recovery.checkpoints import MANIFEST, CheckpointStore, checkpoint_name
 from recovery.checks import applied_markers, check_applied_once
 from recovery.restore import RecoveryError
@@ -23,7 +22,7 @@ from sequencer.kafka import kafka_config
 from sequencer.log import LogCursor, encode_batch, encode_entry, encode_start
 from sequencer.topics import ensure_topics
 from storage.rocks import RocksShard
-from tests.helpers import ROOT, assert_same_as_reference, ordo, run_engine, sequence_requests, stop
+from tests.helpers import ROOT, assert_same_as_reference, mixed_log, ordo, run_engine, stop
 
 pytestmark = pytest.mark.slow
 
@@ -39,11 +38,7 @@ def trace_applied(monkeypatch):
 def shared_log(broker):
     """Multi-partition micro and sl traffic with aborts, in about 60 batches."""
     namespace = f"recovery-{os.getpid()}"
-    requests = []
-    for a, b in zip(micro.generate(1000, seed=31, partitions=PARTITIONS, keys=100, hot=4, mp=0.5),
-                    sl.generate(1000, seed=32, records=40, theta=0.9)):
-        requests += [a, b]
-    last_batch, reference = sequence_requests(broker, namespace, requests, max_txns=33)
+    last_batch, reference = mixed_log(broker, namespace, 1000, 31, PARTITIONS, 33, theta=0.9)
     assert last_batch > 50
     return namespace, last_batch, reference
 

@@ -39,3 +39,15 @@ def machine() -> dict:
         "broker": "local tansu (memory only)",
         "versions": versions,
     }
+
+
+def finish_report(report: dict, json_path: str | None) -> dict:
+    """Record the load average at the end (a busy neighbour shows there) and write the
+    report as JSON where asked."""
+    import json
+
+    report["machine"]["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(report, f, indent=2)
+    return report

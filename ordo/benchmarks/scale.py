@@ -10,13 +10,12 @@ the machine's cores, workers share them (the figures then say so).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
 from typing import Any
 
-from ordo.benchmarks.machine import machine
+from ordo.benchmarks.machine import finish_report, machine
 from ordo.benchmarks.prefill import prefill_log
 from ordo.benchmarks.requests import multi_partition_share, workload_requests
 from ordo.benchmarks.runners import end_to_end, engine_throughput, shutdown_ray
@@ -81,12 +80,9 @@ def run_scale(workload: str, partition_counts: list[int], scheduler: str, txns: 
         run["engine_speedup"] = round(run["engine_tps"] / base["engine_tps"], 3)
         if "end_to_end_tps" in run and base.get("end_to_end_tps"):
             run["end_to_end_speedup"] = round(run["end_to_end_tps"] / base["end_to_end_tps"], 3)
-    report["machine"]["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    finish_report(report, json_path)
     say()
     say(format_report(report))
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump(report, f, indent=2)
     return report
 
 

@@ -11,7 +11,6 @@ sequencer left to re-sequence them.
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 import shutil
@@ -19,7 +18,7 @@ import tempfile
 import time
 from typing import Any
 
-from ordo.benchmarks.machine import machine
+from ordo.benchmarks.machine import finish_report, machine
 from ordo.benchmarks.prefill import prefill_log
 from ordo.benchmarks.runners import _wait_until_applied, shutdown_ray
 
@@ -41,11 +40,7 @@ def run_tpcc(partition_counts: list[int], scheduler: str, txns: int, seed: int, 
                                   max_txns, baseline, end_to_end)
     finally:
         shutdown_ray()
-    report["machine"]["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump(report, f, indent=2)
-    return report
+    return finish_report(report, json_path)
 
 
 def measure_tpcc(bootstrap: str, partition_counts: list[int], scheduler: str, txns: int, seed: int, knobs: dict,

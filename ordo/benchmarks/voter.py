@@ -15,7 +15,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from ordo.benchmarks.machine import machine
+from ordo.benchmarks.machine import finish_report, machine
 
 # S-Store (VLDB'15), leaderboard maintenance on one core, input batches/s.
 S_STORE_VOTES = 2_200
@@ -57,11 +57,7 @@ def run_voter(scheduler: str, partitions: int, votes: int, seed: int, max_txns: 
     finally:
         shutil.rmtree(directory, ignore_errors=True)
         shutdown_ray()
-    report["machine"]["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump(report, f, indent=2)
-    return report
+    return finish_report(report, json_path)
 
 
 def leaderboards(data_dir: str) -> dict[str, Any]:
