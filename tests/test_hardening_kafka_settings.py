@@ -13,7 +13,7 @@ import time
 import psutil
 import pytest
 
-from sequencer.kafka import consumer_config, kafka_config
+from sequencer.kafka import TAIL_FETCH_WAIT_MS, consumer_config, kafka_config
 from sequencer.kafka_settings import (
     KafkaSettingsError,
     env_name_for,
@@ -68,7 +68,7 @@ def test_environment_wins_over_the_file_and_ordo_wins_over_both(tmp_path):
         os.environ.clear()
         os.environ.update(saved)
     assert config["client.id"] == "from-env" and config["socket.timeout.ms"] == "7000"
-    assert config["fetch.wait.max.ms"] == 5  # the pipeline's own timing stays
+    assert config["fetch.wait.max.ms"] == TAIL_FETCH_WAIT_MS  # the pipeline's own timing stays
     assert config["group.id"] == "g" and config["bootstrap.servers"] == "127.0.0.1:1"
     assert "client.id" not in kafka_config("127.0.0.1:1")  # nothing from the user here: no leftovers
 
@@ -173,3 +173,11 @@ def test_ordo_run_hands_the_settings_to_its_sequencer_and_ray_workers(broker, na
             assert environ.get("ORDO_KAFKA_SOCKET_TIMEOUT_MS") == "20000", pid
     finally:
         stop(engine, 60)
+
+
+def test_outputs_are_lz4_unless_the_user_names_a_codec():
+    from scheduler.outputs import output_compression
+
+    assert output_compression({}) == {"compression.type": "lz4"}
+    assert output_compression({"compression.type": "zstd"}) == {}
+    assert output_compression({"compression.codec": "none"}) == {}
