@@ -220,10 +220,14 @@ def build_parser() -> argparse.ArgumentParser:
                                     "voter: S-Store's leaderboards, votes/s end to end")
     p.add_argument("scaled", nargs="?", metavar="WORKLOAD", help="scale: the workload to scale")
     p.add_argument("--scheduler", choices=SCHEDULER_CHOICES, default="serial")
-    p.add_argument("--partitions", default="1", metavar="N[,N…]",
+    p.add_argument("--partitions", default=None, metavar="N[,N…]",
                    help="partition workers; scale: a comma-separated list (default 1; scale: 1,2)")
-    p.add_argument("--mp", type=float, default=None, metavar="SHARE",
-                   help="scale, micro: share of multi-partition transactions (the knob mp)")
+    p.add_argument("--mp", default=None, metavar="SHARE[,SHARE…]",
+                   help="scale, micro: share of multi-partition transactions (the knob mp); several, "
+                        "comma-separated, are measured in the same run (0,1: 100 %% against 0 %%)")
+    p.add_argument("--rounds", type=int, default=1, metavar="N",
+                   help="scale: run every configuration N times, taking turns, and report the medians "
+                        "(default 1)")
     p.add_argument("--no-end-to-end", action="store_true", help="scale and tpcc: the engine only")
     p.add_argument("--rate", type=float, default=None, metavar="REQ_PER_S",
                    help="alias: the client sends at this rate (default: all at once)")
@@ -456,20 +460,20 @@ def cmd_bench(args) -> int:
     if args.workload == "alias":
         from ordo.benchmarks.dependent import run_alias
 
-        run_alias(args.scheduler, int(args.partitions), args.txns, args.seed, parse_knobs(_workload("alias"),
+        run_alias(args.scheduler, int(args.partitions or 1), args.txns, args.seed, parse_knobs(_workload("alias"),
                   args.knob), args.max_txns, args.json, args.rate)
         return 0
     if args.workload == "voter":
         from ordo.benchmarks.voter import run_voter
 
-        run_voter(args.scheduler, int(args.partitions), args.txns, args.seed, args.max_txns, args.json,
+        run_voter(args.scheduler, int(args.partitions or 1), args.txns, args.seed, args.max_txns, args.json,
                   args.baseline, parse_knobs(_workload("voter"), args.knob))
         return 0
     if args.workload == "tpcc":
         from ordo.benchmarks.tpcc import run_tpcc
 
         knobs = parse_knobs(_workload("tpcc"), args.knob)
-        run_tpcc([int(n) for n in args.partitions.split(",")], args.scheduler, args.txns, args.seed, knobs,
+        run_tpcc([int(n) for n in (args.partitions or "1").split(",")], args.scheduler, args.txns, args.seed, knobs,
                  args.max_txns, args.json, args.baseline, not args.no_end_to_end)
         return 0
     if args.workload == "scale":
@@ -478,16 +482,19 @@ def cmd_bench(args) -> int:
         if args.scaled is None:
             raise ValueError("ordo bench scale needs a workload: ordo bench scale micro --partitions 1,2")
         knobs = parse_knobs(_workload(args.scaled), args.knob)
+        shares = None
         if args.mp is not None:
-            knobs["mp"] = args.mp
-        counts = [int(n) for n in (args.partitions if args.partitions != "1" else "1,2").split(",")]
+            shares = [float(share) for share in args.mp.split(",")]
+            if len(shares) == 1:
+                knobs["mp"], shares = shares[0], None
+        counts = [int(n) for n in (args.partitions or "1,2").split(",")]
         run_scale(args.scaled, counts, args.scheduler, args.txns, args.seed, knobs, args.max_txns,
-                  not args.no_end_to_end, args.json)
+                  not args.no_end_to_end, args.json, args.rounds, shares)
         return 0
     from ordo.benchmarks.configuration import run_bench
 
     module = _workload(args.workload)
-    return run_bench(args.workload, args.scheduler, int(args.partitions), args.txns, args.seed,
+    return run_bench(args.workload, args.scheduler, int(args.partitions or 1), args.txns, args.seed,
                      parse_knobs(module, args.knob), args.max_txns, args.json, args.baseline)
 
 

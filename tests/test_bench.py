@@ -127,3 +127,27 @@ def test_bench_scale_measures_every_partition_count_on_one_log(tmp_path):
     assert runs[0]["engine_speedup"] == 1.0
     assert runs[1]["engine_speedup"] == pytest.approx(runs[1]["engine_tps"] / runs[0]["engine_tps"], rel=0.01)
     assert "speedup" in out
+
+
+@pytest.mark.slow
+def test_bench_scale_takes_turns_over_rounds_and_compares_multi_partition_shares(tmp_path):
+    path = tmp_path / "scale.json"
+    out = ordo_output("bench", "scale", "micro", "--partitions", "1,2", "--mp", "0,1", "--rounds", "3",
+                      "--txns", "2000", "--max-txns", "100", "--scheduler", "vll", "--no-end-to-end",
+                      "--json", str(path), timeout=600)
+    report = json.loads(path.read_text())
+    runs = report["runs"]
+    assert report["rounds"] == 3
+    assert [(r["partitions"], r["mp"]) for r in runs] == [(1, 0.0), (2, 0.0), (1, 1.0), (2, 1.0)]
+    assert [r["multi_partition_share"] for r in runs] == [0.0, 0.0, 0.0, 1.0]
+    for run in runs:
+        assert len(run["engine_tps_rounds"]) == 3
+        assert run["engine_tps"] == sorted(run["engine_tps_rounds"])[1]  # the median round
+    zero, full = runs[1], runs[3]
+    assert "mp_ratio" not in zero
+    assert full["mp_ratio"] == pytest.approx(full["engine_tps"] / zero["engine_tps"], rel=0.01)
+    assert full["mp_ratio_rounds"] == [pytest.approx(a / b, rel=0.01)
+                                       for a, b in zip(full["engine_tps_rounds"], zero["engine_tps_rounds"])]
+    assert zero["engine_speedup_rounds"] == [pytest.approx(a / b, rel=0.01)
+                                             for a, b in zip(zero["engine_tps_rounds"], runs[0]["engine_tps_rounds"])]
+    assert "median of 3 rounds" in out and out.count("round 3:") == 4

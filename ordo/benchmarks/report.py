@@ -77,6 +77,11 @@ def ratios(report: dict) -> dict:
             r[f"{workload}_end_to_end_over_durable_baseline"] = _ratio(best["end_to_end_tps"],
                                                                        baseline.get("durable_requests_per_s"))
             r[f"{workload}_engine_over_baseline"] = _ratio(best["engine_tps"], baseline["requests_per_s"])
+    for run in (report.get("scale") or {}).get("runs", []):  # ordo bench scale, inside the suite
+        if run["partitions"] == 2 and run.get("mp") == 0.0:
+            r["scale_vll_2p_over_1p_micro_mp0"] = run["engine_speedup"]
+        if run["partitions"] == 2 and "mp_ratio" in run:
+            r["scale_vll_2p_mp100_over_mp0"] = run["mp_ratio"]
     # Every scheduler against serial on every log: the matrix behind "scheduler ÷ scheduler".
     by_log: dict[int, dict[str, float]] = {}
     for run in report["runs"]:
@@ -104,6 +109,9 @@ TARGETS = [
     ("p99 latency at half load, ms (worst of the grid)", "p99_latency_ms_max", "<=", 50),
     ("p99 latency at half load, ms (median of the grid)", "p99_latency_ms_median", "<=", 50),
     ("p99 latency at 10 % load, ms (median of the grid)", "p99_low_load_latency_ms_median", "<=", 50),
+    ("scale: 2 ÷ 1 partitions, micro CI 0.0001, 0 % multi-partition (vll)", "scale_vll_2p_over_1p_micro_mp0",
+     ">=", 1.6),
+    ("scale: 100 % ÷ 0 % multi-partition on 2 partitions (vll)", "scale_vll_2p_mp100_over_mp0", ">=", 0.5),
 ]
 
 

@@ -33,29 +33,55 @@ def cpu_per_ktxn(engine) -> dict[str, float]:
 
 
 def run_scale(workload: str, partition_counts: list[int], scheduler: str, txns: int, seed: int, knobs: dict,
-              max_txns: int, end_to_end_too: bool = True, json_path: str | None = None) -> dict[str, Any]:
+              max_txns: int, end_to_end_too: bool = True, json_path: str | None = None, rounds: int = 1,
+              mp_shares: list[float] | None = None) -> dict[str, Any]:
+    """With `rounds` > 1 every configuration runs that many times, the configurations
+    taking turns round by round, and each reports its median run: a shared machine's slow
+    spells then fall on every configuration alike instead of on whichever ran during them.
+    `mp_shares` (micro) measures several multi-partition shares in the same run."""
     from sequencer.broker import LocalBroker
 
     if not partition_counts or any(p < 1 for p in partition_counts):
         raise ValueError("--partitions takes a comma-separated list of counts >= 1, e.g. 1,2,4")
+    if rounds < 1:
+        raise ValueError("--rounds takes a count >= 1")
+    if mp_shares and workload != "micro":
+        raise ValueError("--mp applies to micro only")
     counts = sorted(set(partition_counts))
     widest = counts[-1]
+    shares = list(dict.fromkeys(mp_shares)) if mp_shares else [knobs.get("mp")]
     if workload == "micro":
         knobs = {"partitions": widest, **knobs}
-    requests = workload_requests(workload, txns, seed, knobs, widest)
     cores = len(os.sched_getaffinity(0))
     report: dict[str, Any] = {"workload": workload, "scheduler": scheduler, "knobs": knobs, "txns": txns,
-                              "batch_size": max_txns, "machine": machine(), "runs": []}
+                              "batch_size": max_txns, "rounds": rounds, "machine": machine(), "runs": []}
     root = tempfile.mkdtemp(prefix="ordo-scale-")
     say = lambda text="": print(text, flush=True)  # noqa: E731
-    say(f"ordo bench scale {workload} ({scheduler}): {txns:,} txns, partitions {counts}, {cores} cores")
+    say(f"ordo bench scale {workload} ({scheduler}): {txns:,} txns, partitions {counts}"
+        + (f", multi-partition shares {shares}" if mp_shares else "") + f", {cores} cores"
+        + (f", {rounds} rounds" if rounds > 1 else ""))
     try:
         with LocalBroker() as broker:
             bootstrap = broker.bootstrap_servers
-            for partitions in counts:
-                log = prefill_log(bootstrap, requests, max_txns, "scale", partitions)
-                engine = engine_throughput(bootstrap, log, scheduler, partitions,
-                                           os.path.join(root, f"engine-{partitions}"), broker_pid=broker.pid)
+            configurations = []
+            for share in shares:
+                share_knobs = knobs if share is None else {**knobs, "mp": share}
+                requests = workload_requests(workload, txns, seed, share_knobs, widest)
+                for partitions in counts:
+                    log = prefill_log(bootstrap, requests, max_txns, "scale", partitions)
+                    configurations.append((share_knobs, requests, partitions, log))
+            measured: dict[int, list] = {i: [] for i in range(len(configurations))}
+            for round_ in range(rounds):
+                for i, (_, _, partitions, log) in enumerate(configurations):
+                    engine = engine_throughput(bootstrap, log, scheduler, partitions,
+                                               os.path.join(root, f"engine-{i}-{round_}"), broker_pid=broker.pid)
+                    measured[i].append(engine)
+                    if rounds > 1:
+                        say(f"    round {round_ + 1}: {partitions} partition(s)"
+                            + (f", mp {share_knobs_mp(configurations[i][0])}" if mp_shares else "")
+                            + f": {engine.tps:,.0f} txn/s")
+            for i, (share_knobs, requests, partitions, log) in enumerate(configurations):
+                engine = median_run(measured[i])
                 run: dict[str, Any] = {
                     "partitions": partitions,
                     "multi_partition_share": round(multi_partition_share(requests, partitions), 3),
@@ -66,24 +92,58 @@ def run_scale(workload: str, partition_counts: list[int], scheduler: str, txns: 
                     # CPU milliseconds per 1,000 transactions, by process, over the timed stretch
                     "cpu_ms_per_ktxn": cpu_per_ktxn(engine),
                 }
+                if mp_shares:
+                    run["mp"] = share_knobs_mp(share_knobs)
+                if rounds > 1:
+                    run["engine_tps_rounds"] = [round(e.tps) for e in measured[i]]
                 if end_to_end_too:
-                    e2e = end_to_end(bootstrap, workload, knobs, requests, scheduler, partitions, max_txns,
-                                     os.path.join(root, f"e2e-{partitions}"), phases=[])
+                    e2e = end_to_end(bootstrap, workload, share_knobs, requests, scheduler, partitions, max_txns,
+                                     os.path.join(root, f"e2e-{i}"), phases=[])
                     run["end_to_end_tps"] = round(e2e["end_to_end_tps"])
                 report["runs"].append(run)
                 say(format_run(run))
     finally:
         shutil.rmtree(root, ignore_errors=True)
         shutdown_ray()
-    base = report["runs"][0]
-    for run in report["runs"]:
-        run["engine_speedup"] = round(run["engine_tps"] / base["engine_tps"], 3)
-        if "end_to_end_tps" in run and base.get("end_to_end_tps"):
-            run["end_to_end_speedup"] = round(run["end_to_end_tps"] / base["end_to_end_tps"], 3)
+    add_ratios(report["runs"])
     finish_report(report, json_path)
     say()
     say(format_report(report))
     return report
+
+
+def share_knobs_mp(knobs: dict) -> float:
+    return knobs.get("mp", 0.0)
+
+
+def median_run(runs: list):
+    """The run with the median engine throughput (the lower middle one of an even count)."""
+    return sorted(runs, key=lambda e: e.tps)[(len(runs) - 1) // 2]
+
+
+def add_ratios(runs: list[dict[str, Any]]) -> None:
+    """Speedups against the smallest partition count at the same multi-partition share,
+    round by round too; with several shares, each run's throughput against the first share
+    at the same partition count (`mp_ratio`: 100 % against 0 % multi-partition)."""
+    by_share: dict[Any, list[dict]] = {}
+    for run in runs:
+        by_share.setdefault(run.get("mp"), []).append(run)
+    first_share = next(iter(by_share))
+    for share, group in by_share.items():
+        base = group[0]
+        for run in group:
+            run["engine_speedup"] = round(run["engine_tps"] / base["engine_tps"], 3)
+            if "engine_tps_rounds" in run:
+                run["engine_speedup_rounds"] = [round(tps / b, 3) for tps, b in
+                                                zip(run["engine_tps_rounds"], base["engine_tps_rounds"])]
+            if "end_to_end_tps" in run and base.get("end_to_end_tps"):
+                run["end_to_end_speedup"] = round(run["end_to_end_tps"] / base["end_to_end_tps"], 3)
+            if share != first_share:
+                reference = next(r for r in by_share[first_share] if r["partitions"] == run["partitions"])
+                run["mp_ratio"] = round(run["engine_tps"] / reference["engine_tps"], 3)
+                if "engine_tps_rounds" in run:
+                    run["mp_ratio_rounds"] = [round(tps / b, 3) for tps, b in
+                                              zip(run["engine_tps_rounds"], reference["engine_tps_rounds"])]
 
 
 def format_run(run: dict[str, Any]) -> str:
@@ -98,12 +158,17 @@ def format_run(run: dict[str, Any]) -> str:
 
 
 def format_report(report: dict[str, Any]) -> str:
+    several = any("mp" in run for run in report["runs"])
     lines = [f"{report['workload']} | {report['scheduler']} | {report['txns']:,} txns | "
-             f"{report['machine']['cpus']} cores",
+             f"{report['machine']['cpus']} cores"
+             + (f" | median of {report['rounds']} rounds" if report.get("rounds", 1) > 1 else ""),
              f"{'partitions':>10} {'engine txn/s':>13} {'per core':>9} {'speedup':>8} {'e2e req/s':>10} "
-             f"{'speedup':>8} {'mp share':>9}"]
+             f"{'speedup':>8} {'mp share':>9}" + (f" {'÷ first mp':>10}" if several else "")]
     for run in report["runs"]:
-        lines.append(f"{run['partitions']:>10} {run['engine_tps']:>13,} {run['engine_tps_per_core']:>9,} "
-                     f"{run['engine_speedup']:>8.2f} {run.get('end_to_end_tps', 0):>10,} "
-                     f"{run.get('end_to_end_speedup', 0):>8.2f} {run['multi_partition_share']:>9.0%}")
+        line = (f"{run['partitions']:>10} {run['engine_tps']:>13,} {run['engine_tps_per_core']:>9,} "
+                f"{run['engine_speedup']:>8.2f} {run.get('end_to_end_tps', 0):>10,} "
+                f"{run.get('end_to_end_speedup', 0):>8.2f} {run['multi_partition_share']:>9.0%}")
+        if several:
+            line += f" {run['mp_ratio']:>10.2f}" if "mp_ratio" in run else f" {'':>10}"
+        lines.append(line)
     return "\n".join(lines)

@@ -20,6 +20,7 @@ from ordo.benchmarks.prefill import prefill_log
 from ordo.benchmarks.report import format_report, format_run, ratios, targets
 from ordo.benchmarks.requests import multi_partition_share, workload_requests
 from ordo.benchmarks.runners import end_to_end, engine_throughput, replay_throughput, rounded, shutdown_ray
+from ordo.benchmarks.scale import run_scale
 from ordo.benchmarks.storage_limit import storage_limit
 from ordo.benchmarks.tpcc import STYX_TPCC_TPS, measure_tpcc
 
@@ -114,6 +115,11 @@ def run_suite(quick: bool = False, out_dir: str = "bench-results", schedulers: t
             # TPC-C beside Styx's published figure: its own population, NewOrder and Payment.
             report["tpcc"] = measure_tpcc(broker.bootstrap_servers, [1, 2], "locking", 2000 if quick else 6000, SEED,
                                           {}, DEFAULT_BATCH, end_to_end=not quick, say=say)
+        # Scale-out: one log at 1 and 2 partitions, 0 % and 100 % multi-partition, rounds taking turns.
+        say()
+        report["scale"] = run_scale("micro", [1, 2], "vll", 6000 if quick else 60_000, SEED, {"hot": 10_000},
+                                    DEFAULT_BATCH, end_to_end_too=False, rounds=1 if quick else 3,
+                                    mp_shares=[0.0, 1.0])
     finally:
         if server is not None:
             server.stop()
