@@ -135,7 +135,11 @@ class ReadExchange(Protocol):
         """Deliver what `send` may have held back to aggregate; called before waiting and
         at the end of a batch."""
 
-    async def receive(self, batch_id: int, index: int, senders: int) -> dict[bytes, Any]: ...
+    async def receive(self, batch_id: int, index: int, senders: int) -> dict[bytes, Any]:
+        """The values `senders` peers sent for this transaction. The first time it has to
+        wait, it schedules `on_wait` (if set, once) to run after what is already due."""
+
+    on_wait: Any  # Callable[[], None] | None
 
 
 class BatchExecution:

@@ -27,7 +27,7 @@ class ConcurrentBatch:
         raise NotImplementedError
 
     def start(self, item) -> None:
-        self.tasks.append(asyncio.ensure_future(self._run_multi(item)))
+        self.tasks.append(asyncio.get_running_loop().create_task(self._run_multi(item)))
 
     async def _run_multi(self, item) -> None:
         await self.execution.run(item.txn)

@@ -11,13 +11,8 @@ class LocalExchange:
     active participant waits until every other participant has sent."""
 
     def __init__(self) -> None:
+        # (batch, txn, receiver) -> [values, senders so far, the receiver's future or None, senders it waits for]
         self._slots: dict[tuple[int, int, int], list] = {}
-
-    def _slot(self, batch_id: int, index: int, partition: int) -> list:
-        slot = self._slots.get((batch_id, index, partition))
-        if slot is None:
-            slot = self._slots[(batch_id, index, partition)] = [{}, 0, asyncio.Event()]
-        return slot
 
     def endpoint(self, partition: int) -> "LocalEndpoint":
         return LocalEndpoint(self, partition)
@@ -27,22 +22,38 @@ class LocalEndpoint:
     def __init__(self, exchange: LocalExchange, partition: int):
         self._exchange = exchange
         self.partition = partition
+        self.on_wait = None  # see ReadExchange.receive
 
     def send(self, batch_id: int, index: int, to: tuple[int, ...], values: dict[bytes, Any]) -> None:
+        slots = self._exchange._slots
         for peer in to:
-            slot = self._exchange._slot(batch_id, index, peer)
+            key = (batch_id, index, peer)
+            slot = slots.get(key)
+            if slot is None:  # a copy: the sender's dict stays the sender's
+                slots[key] = [dict(values), 1, None, 0]
+                continue
             slot[0].update(values)
             slot[1] += 1
-            slot[2].set()
+            waiter = slot[2]
+            if waiter is not None and slot[1] >= slot[3] and not waiter.done():
+                waiter.set_result(None)
 
     def flush(self) -> None:
         """Sends are delivered at once in one process: nothing is held back."""
 
     async def receive(self, batch_id: int, index: int, senders: int) -> dict[bytes, Any]:
+        slots = self._exchange._slots
         key = (batch_id, index, self.partition)
-        slot = self._exchange._slot(batch_id, index, self.partition)
-        while slot[1] < senders:
-            slot[2].clear()
-            await slot[2].wait()
-        del self._exchange._slots[key]
+        slot = slots.get(key)
+        if slot is None or slot[1] < senders:
+            if slot is None:
+                slot = slots[key] = [{}, 0, None, 0]
+            loop = asyncio.get_running_loop()
+            slot[2] = loop.create_future()
+            slot[3] = senders
+            if self.on_wait is not None:
+                loop.call_soon(self.on_wait)
+                self.on_wait = None
+            await slot[2]
+        del slots[key]
         return slot[0]

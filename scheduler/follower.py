@@ -166,7 +166,7 @@ class LogFollower:
 
     async def _execute(self, batch: Batch, cursor: dict) -> None:
         started = time.perf_counter()
-        result = await self.worker.execute(batch)
+        result = await self.worker.execute(batch, upcoming=self._ready[0][0] if self._ready else None)
         self.busy_s += time.perf_counter() - started
         self._observe_latency(time.time() - batch.time_ms / 1000)
         self.sink.publish(batch.batch_id, self.partition, result.outcomes, result.changes)

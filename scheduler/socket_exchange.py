@@ -27,9 +27,11 @@ class SocketExchange:
         self._writers: dict[int, asyncio.StreamWriter] = {}
         self._server: asyncio.AbstractServer | None = None
         self._outbox: dict[tuple[int, int], dict[int, dict]] = {}  # (peer, batch) -> {txn: values}
-        self._slots: dict[tuple[int, int], list] = {}  # (batch, txn) -> [values, senders so far, event]
+        # (batch, txn) -> [values, senders so far, the receiver's future or None, senders it waits for]
+        self._slots: dict[tuple[int, int], list] = {}
         self._flush_scheduled = False
         self.failure: BaseException | None = None
+        self.on_wait = None  # see ReadExchange.receive
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -57,7 +59,8 @@ class SocketExchange:
         except BaseException as exc:
             self.failure = exc
             for slot in self._slots.values():
-                slot[2].set()
+                if slot[2] is not None and not slot[2].done():
+                    slot[2].set_exception(self._failed())
             raise
 
     # -- the exchange -----------------------------------------------------------------------
@@ -83,28 +86,41 @@ class SocketExchange:
             self._writers[peer].write(_LENGTH.pack(len(data)) + data)
 
     def deliver(self, batch_id: int, payload: dict[int, dict]) -> None:
+        slots = self._slots
         for index, values in payload.items():
-            slot = self._slot(batch_id, index)
+            key = (batch_id, index)
+            slot = slots.get(key)
+            if slot is None:  # arrived before its receiver asked: keep it (unpickled, so ours)
+                slots[key] = [values, 1, None, 0]
+                continue
             slot[0].update(values)
             slot[1] += 1
-            slot[2].set()
-
-    def _slot(self, batch_id: int, index: int) -> list:
-        slot = self._slots.get((batch_id, index))
-        if slot is None:
-            slot = self._slots[(batch_id, index)] = [{}, 0, asyncio.Event()]
-        return slot
+            waiter = slot[2]
+            if waiter is not None and slot[1] >= slot[3] and not waiter.done():
+                waiter.set_result(None)
 
     async def receive(self, batch_id: int, index: int, senders: int) -> dict[bytes, Any]:
-        slot = self._slot(batch_id, index)
-        while slot[1] < senders:
+        """The values `senders` peers sent for this transaction, merged. One future per
+        transaction that has to wait, resolved by the delivery that completes it."""
+        key = (batch_id, index)
+        slot = self._slots.get(key)
+        if slot is None or slot[1] < senders:
             if self.failure is not None:
-                raise RuntimeError(f"partition {self.partition}: the exchange with a peer failed: "
-                                   f"{self.failure!r}")
-            slot[2].clear()
-            await slot[2].wait()
-        del self._slots[(batch_id, index)]
+                raise self._failed()
+            if slot is None:
+                slot = self._slots[key] = [{}, 0, None, 0]
+            loop = asyncio.get_running_loop()
+            slot[2] = loop.create_future()
+            slot[3] = senders
+            if self.on_wait is not None:  # after the sends already scheduled: peers wait for those
+                loop.call_soon(self.on_wait)
+                self.on_wait = None
+            await slot[2]
+        del self._slots[key]
         return slot[0]
+
+    def _failed(self) -> RuntimeError:
+        return RuntimeError(f"partition {self.partition}: the exchange with a peer failed: {self.failure!r}")
 
     def close(self) -> None:
         for writer in self._writers.values():

@@ -91,6 +91,7 @@ class PartitionWorker:
         # newest unapplied value of each key they wrote: key -> (batch id, value).
         self._unapplied: deque[tuple[int, dict[bytes, bytes | None]]] = deque()
         self._unapplied_values: dict[bytes, tuple[int, Any]] = {}
+        self._prepared_ahead: tuple[int, tuple] | None = None  # (batch id, what prepare returned)
 
     def applied(self) -> dict[str, Any] | None:
         return self.shard.applied()
@@ -98,17 +99,30 @@ class PartitionWorker:
     def owner(self, table: str, key: Any, encoded: bytes) -> int:
         return self.partitioner.of(table, key, encoded)
 
-    async def execute(self, batch: Batch, commit: dict[str, Any] | None = None) -> PartitionResult:
+    async def execute(self, batch: Batch, commit: dict[str, Any] | None = None,
+                      upcoming: Batch | None = None) -> PartitionResult:
         """Run this partition's share of `batch` on an overlay; nothing reaches the shard
         until `commit`. `commit`, if given, first applies the oldest executed batch. Batches
-        executed before this one and not yet applied are read through their overlays."""
+        executed before this one and not yet applied are read through their overlays.
+        `upcoming`, the batch that follows, is prepared while this one waits for peers."""
         if commit is not None:
             self.commit(commit)
-        txns, rejected = prepare(batch, self.registry, self.partitioner, self.partition)
+        ahead = self._prepared_ahead
+        if ahead is not None and ahead[0] == batch.batch_id:
+            txns, rejected = ahead[1]
+        else:
+            txns, rejected = prepare(batch, self.registry, self.partitioner, self.partition)
+        self._prepared_ahead = None
         overlay = BatchOverlay(self.shard, self._unapplied_values)
         overlay.prefetch(key for txn in txns for key in txn.local_reads)
         execution = BatchExecution(batch, self.partition, overlay, self.defaults, self.owner, self.exchange)
-        await self.scheduler.run_batch(txns, execution)
+        if upcoming is not None and self.exchange is not None:
+            self.exchange.on_wait = lambda: self._prepare_ahead(upcoming)
+        try:
+            await self.scheduler.run_batch(txns, execution)
+        finally:
+            if self.exchange is not None:
+                self.exchange.on_wait = None
         count_restarts(txns, execution.outcomes)
         if self.exchange is not None:
             self.exchange.flush()
@@ -116,6 +130,15 @@ class PartitionWorker:
         self._unapplied.append((batch_id, overlay.encoded_writes()))
         self._unapplied_values.update((key, (batch_id, value)) for key, value in overlay.written())
         return PartitionResult(self.partition, rejected + execution.outcomes, execution.changes)
+
+    def _prepare_ahead(self, batch: Batch) -> None:
+        """Decode and ANALYZE the next batch while this one waits for its peers' reads
+        (preparing depends on the batch alone, not on the state). A batch that cannot be
+        prepared is left for its turn, which reports why."""
+        try:
+            self._prepared_ahead = (batch.batch_id, prepare(batch, self.registry, self.partitioner, self.partition))
+        except Exception:
+            self._prepared_ahead = None
 
     @property
     def unapplied(self) -> int:

@@ -317,10 +317,14 @@ def engine(log: list[Batch], scheduler: str, partitions: int, make=None, holding
                 worker.scheduler = make()
         outcomes, changes = [], []
         try:
-            for batch in log:
-                async def both(batch=batch):
-                    # A deadlock between partitions fails the test instead of hanging it.
-                    return await asyncio.wait_for(asyncio.gather(*(w.execute(batch) for w in workers)), 60)
+            for position, batch in enumerate(log):
+                upcoming = log[position + 1] if position + 1 < len(log) else None
+
+                async def both(batch=batch, upcoming=upcoming):
+                    # A deadlock between partitions fails the test instead of hanging it. Each
+                    # worker prepares the next batch while it waits for its peers, as followers do.
+                    return await asyncio.wait_for(
+                        asyncio.gather(*(w.execute(batch, upcoming=upcoming) for w in workers)), 60)
 
                 results = asyncio.run(both())
                 for result in results:
