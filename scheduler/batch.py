@@ -4,8 +4,9 @@ this partition reports and the change data of its writes."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from procedures.fingerprint import refused_entry
 from procedures.registry import Registry, RequestError
@@ -139,7 +140,17 @@ class ReadExchange(Protocol):
         """The values `senders` peers sent for this transaction. The first time it has to
         wait, it schedules `on_wait` (if set, once) to run after what is already due."""
 
+    def when_received(self, batch_id: int, index: int, senders: int,
+                      callback: Callable[[dict[bytes, Any] | None], None]) -> None:
+        """`receive` as a callback, always called from the event loop, never from inside
+        this call: with the values, or with None if the exchange failed (`failure`)."""
+
     on_wait: Any  # Callable[[], None] | None
+    failure: BaseException | None
+
+
+def exchange_failed(exchange: ReadExchange) -> RuntimeError:
+    return RuntimeError(f"the read exchange with a peer failed: {exchange.failure!r}")
 
 
 class BatchExecution:
@@ -186,7 +197,51 @@ class BatchExecution:
                     self.apply(index, writes)
             return
         local.update(await self.exchange.receive(batch_id, index, len(txn.participants) - 1))
-        status, result, error, writes = self._execute(txn, local)
+        self._run_on_executor(txn, local)
+
+    def begin(self, txn: PreparedTxn, finished: Callable[[], None], failed: Callable[[BaseException], None]) -> None:
+        """`run` without a coroutine, for schedulers that keep many multi-partition
+        transactions open at once: the local part now, the rest from the exchange's
+        callback when the peers' values are in. Calls `finished` once the transaction is
+        complete (never from inside this call), or `failed` with what went wrong."""
+        batch_id, index, here = self.batch.batch_id, txn.index, self.partition
+        executor = txn.executor
+        local = self.local_snapshot(txn)
+        exchange = self.exchange
+        if here != executor:
+            exchange.send(batch_id, index, (executor,), local)
+            if here not in txn.active:
+                asyncio.get_running_loop().call_soon(finished)
+                return
+
+            def written(writes: dict | None) -> None:
+                try:
+                    if writes is None:
+                        raise exchange_failed(exchange)
+                    if writes:
+                        self.apply(index, writes)
+                except BaseException as exc:
+                    failed(exc)
+                    return
+                finished()
+            exchange.when_received(batch_id, index, 1, written)
+            return
+
+        def complete(received: dict | None) -> None:
+            try:
+                if received is None:
+                    raise exchange_failed(exchange)
+                local.update(received)
+                self._run_on_executor(txn, local)
+            except BaseException as exc:
+                failed(exc)
+                return
+            finished()
+        exchange.when_received(batch_id, index, len(txn.participants) - 1, complete)
+
+    def _run_on_executor(self, txn: PreparedTxn, snapshot: dict[bytes, Any]) -> None:
+        batch_id, index, here = self.batch.batch_id, txn.index, self.partition
+        status, result, error, writes = self._execute(txn, snapshot)
         self.outcomes.append(Outcome(index, txn.id, status, result, error))
         others = tuple(p for p in txn.active if p != here)
         if status != COMMITTED or not writes:

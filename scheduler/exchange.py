@@ -11,7 +11,8 @@ class LocalExchange:
     active participant waits until every other participant has sent."""
 
     def __init__(self) -> None:
-        # (batch, txn, receiver) -> [values, senders so far, the receiver's future or None, senders it waits for]
+        # (batch, txn, receiver) -> [values, senders so far, the receiver's future or callback,
+        # or None, senders it waits for]
         self._slots: dict[tuple[int, int, int], list] = {}
 
     def endpoint(self, partition: int) -> "LocalEndpoint":
@@ -35,11 +36,35 @@ class LocalEndpoint:
             slot[0].update(values)
             slot[1] += 1
             waiter = slot[2]
-            if waiter is not None and slot[1] >= slot[3] and not waiter.done():
-                waiter.set_result(None)
+            if waiter is not None and slot[1] >= slot[3]:
+                if type(waiter) is asyncio.Future:
+                    if not waiter.done():
+                        waiter.set_result(None)
+                else:  # a callback (when_received): the slot is done with
+                    del slots[key]
+                    asyncio.get_running_loop().call_soon(waiter, slot[0])
 
     def flush(self) -> None:
         """Sends are delivered at once in one process: nothing is held back."""
+
+    failure = None  # one process: nothing between the partitions can fail
+
+    def when_received(self, batch_id: int, index: int, senders: int, callback) -> None:
+        slots = self._exchange._slots
+        key = (batch_id, index, self.partition)
+        slot = slots.get(key)
+        loop = asyncio.get_running_loop()
+        if slot is not None and slot[1] >= senders:
+            del slots[key]
+            loop.call_soon(callback, slot[0])
+            return
+        if slot is None:
+            slot = slots[key] = [{}, 0, None, 0]
+        slot[2] = callback
+        slot[3] = senders
+        if self.on_wait is not None:
+            loop.call_soon(self.on_wait)
+            self.on_wait = None
 
     async def receive(self, batch_id: int, index: int, senders: int) -> dict[bytes, Any]:
         slots = self._exchange._slots

@@ -156,7 +156,7 @@ class _LockTable(ConcurrentBatch):
                 holder = self.request(txn)
                 if holder.missing == 0:
                     ready.append(holder)
-                    # Newly started multi-partition tasks send their local reads when this
+                    # Newly started multi-partition transactions' local reads leave when this
                     # loop next yields, all together: one message per peer, not one per txn.
                     self.drain()
             await self.join()

@@ -27,7 +27,8 @@ class SocketExchange:
         self._writers: dict[int, asyncio.StreamWriter] = {}
         self._server: asyncio.AbstractServer | None = None
         self._outbox: dict[tuple[int, int], dict[int, dict]] = {}  # (peer, batch) -> {txn: values}
-        # (batch, txn) -> [values, senders so far, the receiver's future or None, senders it waits for]
+        # (batch, txn) -> [values, senders so far, the receiver's future or callback, or None,
+        # senders it waits for]
         self._slots: dict[tuple[int, int], list] = {}
         self._flush_scheduled = False
         self.failure: BaseException | None = None
@@ -58,9 +59,16 @@ class SocketExchange:
             pass  # the peer closed (it stopped), or this worker is closing
         except BaseException as exc:
             self.failure = exc
+            loop = asyncio.get_running_loop()
             for slot in self._slots.values():
-                if slot[2] is not None and not slot[2].done():
-                    slot[2].set_exception(self._failed())
+                waiter = slot[2]
+                if waiter is None:
+                    continue
+                if type(waiter) is asyncio.Future:
+                    if not waiter.done():
+                        waiter.set_exception(self._failed())
+                else:
+                    loop.call_soon(waiter, None)
             raise
 
     # -- the exchange -----------------------------------------------------------------------
@@ -96,8 +104,13 @@ class SocketExchange:
             slot[0].update(values)
             slot[1] += 1
             waiter = slot[2]
-            if waiter is not None and slot[1] >= slot[3] and not waiter.done():
-                waiter.set_result(None)
+            if waiter is not None and slot[1] >= slot[3]:
+                if type(waiter) is asyncio.Future:
+                    if not waiter.done():
+                        waiter.set_result(None)
+                else:  # a callback (when_received): the slot is done with
+                    del slots[key]
+                    asyncio.get_running_loop().call_soon(waiter, slot[0])
 
     async def receive(self, batch_id: int, index: int, senders: int) -> dict[bytes, Any]:
         """The values `senders` peers sent for this transaction, merged. One future per
@@ -118,6 +131,24 @@ class SocketExchange:
             await slot[2]
         del self._slots[key]
         return slot[0]
+
+    def when_received(self, batch_id: int, index: int, senders: int, callback) -> None:
+        key = (batch_id, index)
+        slot = self._slots.get(key)
+        loop = asyncio.get_running_loop()
+        if self.failure is not None:
+            loop.call_soon(callback, None)
+        elif slot is not None and slot[1] >= senders:
+            del self._slots[key]
+            loop.call_soon(callback, slot[0])
+        else:
+            if slot is None:
+                slot = self._slots[key] = [{}, 0, None, 0]
+            slot[2] = callback
+            slot[3] = senders
+            if self.on_wait is not None:
+                loop.call_soon(self.on_wait)
+                self.on_wait = None
 
     def _failed(self) -> RuntimeError:
         return RuntimeError(f"partition {self.partition}: the exchange with a peer failed: {self.failure!r}")

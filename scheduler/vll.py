@@ -172,8 +172,8 @@ class _Counters(ConcurrentBatch):
                     run_single(txn)
                     continue
                 self.arrive(txn)
-                # Newly started multi-partition tasks send their local reads when this loop
-                # next yields, all together: one message per peer instead of one per txn.
+                # Newly started multi-partition transactions' local reads leave when this
+                # loop next yields, all together: one message per peer instead of one per txn.
                 self.drain()
             await self.join()
         except BaseException:

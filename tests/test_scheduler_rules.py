@@ -105,6 +105,14 @@ class HeldExchange:
         await self.arrived.wait()
         return self.values
 
+    failure = None
+
+    def when_received(self, batch_id, index, senders, callback):
+        async def later():
+            await self.arrived.wait()
+            callback(dict(self.values))
+        asyncio.get_running_loop().create_task(later())
+
 
 class EmptyStore:
     def get_many(self, keys):

@@ -270,6 +270,12 @@ class HoldingEndpoint:
         self.flush()
         return await self.endpoint.receive(batch_id, index, senders)
 
+    failure = None
+
+    def when_received(self, batch_id, index, senders, callback):
+        # No flush here: a scheduler that waits for callbacks must flush before it waits.
+        self.endpoint.when_received(batch_id, index, senders, callback)
+
 
 class MemoryShard:
     """The storage backend, in a dictionary: the property test opens hundreds of shards,
