@@ -137,20 +137,19 @@ class ReadExchange(Protocol):
         at the end of a batch."""
 
     async def receive(self, batch_id: int, index: int, senders: int) -> dict[bytes, Any]:
-        """The values `senders` peers sent for this transaction. The first time it has to
-        wait, it schedules `on_wait` (if set, once) to run after what is already due."""
+        """The values `senders` peers sent for this transaction (scheduler/exchange.py,
+        Mailbox)."""
 
     def when_received(self, batch_id: int, index: int, senders: int,
                       callback: Callable[[dict[bytes, Any] | None], None]) -> None:
         """`receive` as a callback, always called from the event loop, never from inside
-        this call: with the values, or with None if the exchange failed (`failure`)."""
+        this call: with the values, or with None if the exchange failed."""
 
-    on_wait: Any  # Callable[[], None] | None
-    failure: BaseException | None
+    mailbox: Any  # scheduler.exchange.Mailbox: the receiving side, its `on_wait` and `failure`
 
 
 def exchange_failed(exchange: ReadExchange) -> RuntimeError:
-    return RuntimeError(f"the read exchange with a peer failed: {exchange.failure!r}")
+    return RuntimeError(f"the read exchange with a peer failed: {exchange.mailbox.failure!r}")
 
 
 class BatchExecution:

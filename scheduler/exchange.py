@@ -1,19 +1,111 @@
-"""Read exchange between partition workers that share one event loop (one process)."""
+"""The receiving side of the read exchange, and the exchange between partition workers
+that share one event loop (one process)."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Callable
+
+
+class Mailbox:
+    """What peers sent one partition's multi-partition transactions, by (batch, txn),
+    merged as it arrives. A transaction waits for it with `receive` (a future) or
+    `when_received` (a callback the event loop calls); either is woken by the deposit that
+    completes it. The first wait of a batch schedules `on_wait` (if set, once), after what
+    is already due: the worker prepares its next batch then."""
+
+    def __init__(self) -> None:
+        # (batch, txn) -> [values, senders so far, the receiver's future or callback, or
+        # None, senders it waits for]
+        self._slots: dict[tuple[int, int], list] = {}
+        self.on_wait: Callable[[], None] | None = None
+        self.failure: BaseException | None = None
+        self._error: Callable[[], BaseException] | None = None
+
+    def deposit(self, key: tuple[int, int], values: dict[bytes, Any], owned: bool) -> None:
+        """`values` from one sender; `owned`: the mailbox may keep the dict itself."""
+        slots = self._slots
+        slot = slots.get(key)
+        if slot is None:  # before its receiver asked
+            slots[key] = [values if owned else dict(values), 1, None, 0]
+            return
+        slot[0].update(values)
+        slot[1] += 1
+        waiter = slot[2]
+        if waiter is not None and slot[1] >= slot[3]:
+            if type(waiter) is asyncio.Future:
+                if not waiter.done():
+                    waiter.set_result(None)
+            else:  # a callback: the slot is done with
+                del slots[key]
+                asyncio.get_running_loop().call_soon(waiter, slot[0])
+
+    async def receive(self, key: tuple[int, int], senders: int) -> dict[bytes, Any]:
+        slot = self._slots.get(key)
+        if slot is None or slot[1] < senders:
+            if self._error is not None:
+                raise self._error()
+            slot = self._waiting(key, senders, asyncio.get_running_loop().create_future())
+            await slot[2]
+        del self._slots[key]
+        return slot[0]
+
+    def when_received(self, key: tuple[int, int], senders: int,
+                      callback: Callable[[dict[bytes, Any] | None], None]) -> None:
+        """Calls `callback` from the event loop, never from inside this call: with the
+        values, or with None once the exchange has failed."""
+        slot = self._slots.get(key)
+        loop = asyncio.get_running_loop()
+        if self._error is not None:
+            loop.call_soon(callback, None)
+        elif slot is not None and slot[1] >= senders:
+            del self._slots[key]
+            loop.call_soon(callback, slot[0])
+        else:
+            self._waiting(key, senders, callback)
+
+    def _waiting(self, key: tuple[int, int], senders: int, waiter) -> list:
+        slot = self._slots.get(key)
+        if slot is None:
+            slot = self._slots[key] = [{}, 0, None, 0]
+        slot[2] = waiter
+        slot[3] = senders
+        if self.on_wait is not None:  # after the sends already scheduled: peers wait for those
+            asyncio.get_running_loop().call_soon(self.on_wait)
+            self.on_wait = None
+        return slot
+
+    def fail(self, failure: BaseException, error: Callable[[], BaseException]) -> None:
+        """Nothing more will arrive: every waiting transaction, and every later one, fails
+        with `error()`."""
+        self.failure, self._error = failure, error
+        loop = asyncio.get_running_loop()
+        for slot in self._slots.values():
+            waiter = slot[2]
+            if waiter is None:
+                continue
+            if type(waiter) is asyncio.Future:
+                if not waiter.done():
+                    waiter.set_exception(error())
+            else:
+                loop.call_soon(waiter, None)
+
+    def __len__(self) -> int:
+        return len(self._slots)
 
 
 class LocalExchange:
-    """Participants of a multi-partition transaction deposit their local reads here; an
-    active participant waits until every other participant has sent."""
+    """Participants of a multi-partition transaction deposit their local reads in each
+    other's mailboxes; an active participant waits until every other participant has sent."""
 
     def __init__(self) -> None:
-        # (batch, txn, receiver) -> [values, senders so far, the receiver's future or callback,
-        # or None, senders it waits for]
-        self._slots: dict[tuple[int, int, int], list] = {}
+        self._mailboxes: dict[int, Mailbox] = {}
+
+    def mailbox(self, partition: int) -> Mailbox:
+        mailbox = self._mailboxes.get(partition)
+        if mailbox is None:
+            mailbox = self._mailboxes[partition] = Mailbox()
+        return mailbox
 
     def endpoint(self, partition: int) -> "LocalEndpoint":
         return LocalEndpoint(self, partition)
@@ -23,62 +115,18 @@ class LocalEndpoint:
     def __init__(self, exchange: LocalExchange, partition: int):
         self._exchange = exchange
         self.partition = partition
-        self.on_wait = None  # see ReadExchange.receive
+        self.mailbox = exchange.mailbox(partition)
 
     def send(self, batch_id: int, index: int, to: tuple[int, ...], values: dict[bytes, Any]) -> None:
-        slots = self._exchange._slots
-        for peer in to:
-            key = (batch_id, index, peer)
-            slot = slots.get(key)
-            if slot is None:  # a copy: the sender's dict stays the sender's
-                slots[key] = [dict(values), 1, None, 0]
-                continue
-            slot[0].update(values)
-            slot[1] += 1
-            waiter = slot[2]
-            if waiter is not None and slot[1] >= slot[3]:
-                if type(waiter) is asyncio.Future:
-                    if not waiter.done():
-                        waiter.set_result(None)
-                else:  # a callback (when_received): the slot is done with
-                    del slots[key]
-                    asyncio.get_running_loop().call_soon(waiter, slot[0])
+        mailbox = self._exchange.mailbox
+        for peer in to:  # a copy each: the sender's dict stays the sender's
+            mailbox(peer).deposit((batch_id, index), values, owned=False)
 
     def flush(self) -> None:
         """Sends are delivered at once in one process: nothing is held back."""
 
-    failure = None  # one process: nothing between the partitions can fail
+    async def receive(self, batch_id: int, index: int, senders: int) -> dict[bytes, Any]:
+        return await self.mailbox.receive((batch_id, index), senders)
 
     def when_received(self, batch_id: int, index: int, senders: int, callback) -> None:
-        slots = self._exchange._slots
-        key = (batch_id, index, self.partition)
-        slot = slots.get(key)
-        loop = asyncio.get_running_loop()
-        if slot is not None and slot[1] >= senders:
-            del slots[key]
-            loop.call_soon(callback, slot[0])
-            return
-        if slot is None:
-            slot = slots[key] = [{}, 0, None, 0]
-        slot[2] = callback
-        slot[3] = senders
-        if self.on_wait is not None:
-            loop.call_soon(self.on_wait)
-            self.on_wait = None
-
-    async def receive(self, batch_id: int, index: int, senders: int) -> dict[bytes, Any]:
-        slots = self._exchange._slots
-        key = (batch_id, index, self.partition)
-        slot = slots.get(key)
-        if slot is None or slot[1] < senders:
-            if slot is None:
-                slot = slots[key] = [{}, 0, None, 0]
-            loop = asyncio.get_running_loop()
-            slot[2] = loop.create_future()
-            slot[3] = senders
-            if self.on_wait is not None:
-                loop.call_soon(self.on_wait)
-                self.on_wait = None
-            await slot[2]
-        del slots[key]
-        return slot[0]
+        self.mailbox.when_received((batch_id, index), senders, callback)

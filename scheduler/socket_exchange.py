@@ -18,6 +18,8 @@ import socket
 import struct
 from typing import Any
 
+from scheduler.exchange import Mailbox
+
 _LENGTH = struct.Struct(">I")
 
 
@@ -27,12 +29,8 @@ class SocketExchange:
         self._writers: dict[int, asyncio.StreamWriter] = {}
         self._server: asyncio.AbstractServer | None = None
         self._outbox: dict[tuple[int, int], dict[int, dict]] = {}  # (peer, batch) -> {txn: values}
-        # (batch, txn) -> [values, senders so far, the receiver's future or callback, or None,
-        # senders it waits for]
-        self._slots: dict[tuple[int, int], list] = {}
+        self.mailbox = Mailbox()  # what peers sent this partition's transactions
         self._flush_scheduled = False
-        self.failure: BaseException | None = None
-        self.on_wait = None  # see ReadExchange.receive
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -58,17 +56,7 @@ class SocketExchange:
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
             pass  # the peer closed (it stopped), or this worker is closing
         except BaseException as exc:
-            self.failure = exc
-            loop = asyncio.get_running_loop()
-            for slot in self._slots.values():
-                waiter = slot[2]
-                if waiter is None:
-                    continue
-                if type(waiter) is asyncio.Future:
-                    if not waiter.done():
-                        waiter.set_exception(self._failed())
-                else:
-                    loop.call_soon(waiter, None)
+            self.mailbox.fail(exc, self._failed)
             raise
 
     # -- the exchange -----------------------------------------------------------------------
@@ -94,64 +82,20 @@ class SocketExchange:
             self._writers[peer].write(_LENGTH.pack(len(data)) + data)
 
     def deliver(self, batch_id: int, payload: dict[int, dict]) -> None:
-        slots = self._slots
-        for index, values in payload.items():
-            key = (batch_id, index)
-            slot = slots.get(key)
-            if slot is None:  # arrived before its receiver asked: keep it (unpickled, so ours)
-                slots[key] = [values, 1, None, 0]
-                continue
-            slot[0].update(values)
-            slot[1] += 1
-            waiter = slot[2]
-            if waiter is not None and slot[1] >= slot[3]:
-                if type(waiter) is asyncio.Future:
-                    if not waiter.done():
-                        waiter.set_result(None)
-                else:  # a callback (when_received): the slot is done with
-                    del slots[key]
-                    asyncio.get_running_loop().call_soon(waiter, slot[0])
+        deposit = self.mailbox.deposit
+        for index, values in payload.items():  # unpickled: the mailbox may keep them
+            deposit((batch_id, index), values, owned=True)
 
     async def receive(self, batch_id: int, index: int, senders: int) -> dict[bytes, Any]:
-        """The values `senders` peers sent for this transaction, merged. One future per
-        transaction that has to wait, resolved by the delivery that completes it."""
-        key = (batch_id, index)
-        slot = self._slots.get(key)
-        if slot is None or slot[1] < senders:
-            if self.failure is not None:
-                raise self._failed()
-            if slot is None:
-                slot = self._slots[key] = [{}, 0, None, 0]
-            loop = asyncio.get_running_loop()
-            slot[2] = loop.create_future()
-            slot[3] = senders
-            if self.on_wait is not None:  # after the sends already scheduled: peers wait for those
-                loop.call_soon(self.on_wait)
-                self.on_wait = None
-            await slot[2]
-        del self._slots[key]
-        return slot[0]
+        """The values `senders` peers sent for this transaction, merged."""
+        return await self.mailbox.receive((batch_id, index), senders)
 
     def when_received(self, batch_id: int, index: int, senders: int, callback) -> None:
-        key = (batch_id, index)
-        slot = self._slots.get(key)
-        loop = asyncio.get_running_loop()
-        if self.failure is not None:
-            loop.call_soon(callback, None)
-        elif slot is not None and slot[1] >= senders:
-            del self._slots[key]
-            loop.call_soon(callback, slot[0])
-        else:
-            if slot is None:
-                slot = self._slots[key] = [{}, 0, None, 0]
-            slot[2] = callback
-            slot[3] = senders
-            if self.on_wait is not None:
-                loop.call_soon(self.on_wait)
-                self.on_wait = None
+        self.mailbox.when_received((batch_id, index), senders, callback)
 
     def _failed(self) -> RuntimeError:
-        return RuntimeError(f"partition {self.partition}: the exchange with a peer failed: {self.failure!r}")
+        return RuntimeError(f"partition {self.partition}: the exchange with a peer failed: "
+                            f"{self.mailbox.failure!r}")
 
     def close(self) -> None:
         for writer in self._writers.values():

@@ -116,13 +116,14 @@ class PartitionWorker:
         overlay = BatchOverlay(self.shard, self._unapplied_values)
         overlay.prefetch(key for txn in txns for key in txn.local_reads)
         execution = BatchExecution(batch, self.partition, overlay, self.defaults, self.owner, self.exchange)
-        if upcoming is not None and self.exchange is not None:
-            self.exchange.on_wait = lambda: self._prepare_ahead(upcoming)
+        mailbox = None if self.exchange is None else self.exchange.mailbox
+        if upcoming is not None and mailbox is not None:
+            mailbox.on_wait = lambda: self._prepare_ahead(upcoming)
         try:
             await self.scheduler.run_batch(txns, execution)
         finally:
-            if self.exchange is not None:
-                self.exchange.on_wait = None
+            if mailbox is not None:
+                mailbox.on_wait = None
         count_restarts(txns, execution.outcomes)
         if self.exchange is not None:
             self.exchange.flush()

@@ -45,7 +45,7 @@ def test_values_reach_callbacks_and_futures_whichever_comes_first():
         b.send(2, 0, (0,), {b"w": 4})
         b.flush()
         assert await asyncio.wait_for(a.receive(2, 0, 1), 5) == {b"w": 4}
-        assert not a._slots  # nothing left behind
+        assert not len(a.mailbox)  # nothing left behind
         a.close()
         b.close()
 
@@ -60,7 +60,7 @@ def test_a_peer_sending_garbage_fails_every_waiting_transaction():
         waiting = asyncio.ensure_future(a.receive(1, 1, 1))
         b._writers[0].write(struct.pack(">I", 3) + b"bad")  # not a message
         await _settle()
-        assert got == [None] and a.failure is not None
+        assert got == [None] and a.mailbox.failure is not None
         try:
             await asyncio.wait_for(waiting, 5)
         except RuntimeError as exc:

@@ -105,8 +105,6 @@ class HeldExchange:
         await self.arrived.wait()
         return self.values
 
-    failure = None
-
     def when_received(self, batch_id, index, senders, callback):
         async def later():
             await self.arrived.wait()

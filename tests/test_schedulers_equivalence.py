@@ -256,6 +256,7 @@ class HoldingEndpoint:
 
     def __init__(self, endpoint):
         self.endpoint = endpoint
+        self.mailbox = endpoint.mailbox
         self.outbox = []
 
     def send(self, batch_id, index, to, values):
@@ -269,8 +270,6 @@ class HoldingEndpoint:
     async def receive(self, batch_id, index, senders):
         self.flush()
         return await self.endpoint.receive(batch_id, index, senders)
-
-    failure = None
 
     def when_received(self, batch_id, index, senders, callback):
         # No flush here: a scheduler that waits for callbacks must flush before it waits.
