@@ -27,7 +27,7 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 if TYPE_CHECKING:
     from ordo.benchmarks.prefill import Log
@@ -272,6 +272,43 @@ def apply_request(conn, body: dict, max_retries: int = 50) -> tuple[str, int]:
     raise RuntimeError(f"request {body.get('id')} failed {max_retries} serialization retries")
 
 
+def requests_consumer(bootstrap: str, topic: str):
+    """A consumer of every partition of `topic` from offset 0: a baseline replays the
+    requests the engine got."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    from sequencer.kafka import kafka_config
+    from sequencer.topics import partition_count
+
+    consumer = Consumer(kafka_config(bootstrap, {
+        "group.id": f"ordo-baseline-{uuid.uuid4().hex}", "enable.auto.commit": False,
+        "enable.partition.eof": False, "fetch.wait.max.ms": 5}))
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partition_count(bootstrap, topic))])
+    return consumer
+
+
+def each_request(consumer, count: int, timeout: float) -> Iterator[bytes]:
+    """The values of the first `count` messages `consumer` reads, then closes it; a read
+    error, or fewer messages within `timeout` seconds, raises."""
+    from confluent_kafka import KafkaError
+
+    deadline = time.monotonic() + timeout
+    seen = 0
+    try:
+        while seen < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"baseline consumed {seen} of {count} requests")
+            for message in consumer.consume(min(1000, count - seen), 0.1):
+                if message.error() is not None:
+                    if message.error().code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise RuntimeError(f"requests read failed: {message.error()}")
+                seen += 1
+                yield message.value()
+    finally:
+        consumer.close()
+
+
 def run_baseline(bootstrap: str, namespace: str, workload: str, count: int, server: PostgresServer,
                  synchronous_commit: bool = False, timeout: float = 300.0) -> BaselineResult:
     """Consume the first `count` messages of `<namespace>.requests` (every partition, from
@@ -279,10 +316,8 @@ def run_baseline(bootstrap: str, namespace: str, workload: str, count: int, serv
     commit. `synchronous_commit=False` matches Ordo's durability on the local broker (no
     fsync on the path); True is PostgreSQL's default (an fsync per commit)."""
     import psycopg
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
-    from sequencer.kafka import kafka_config
-    from sequencer.topics import Topics, partition_count
+    from sequencer.topics import Topics
 
     topic = Topics(namespace).requests
     conn = server.connect()
@@ -291,44 +326,23 @@ def run_baseline(bootstrap: str, namespace: str, workload: str, count: int, serv
         conn.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
         conn.execute(f"SET synchronous_commit = {'on' if synchronous_commit else 'off'}")
         conn.commit()
-        consumer = Consumer(kafka_config(bootstrap, {
-            "group.id": f"ordo-baseline-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-            "enable.partition.eof": False,
-            "fetch.wait.max.ms": 5,
-        }))
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING)
-                         for p in range(partition_count(bootstrap, topic))])
         result = BaselineResult(workload, count, 0.0, synchronous_commit=synchronous_commit)
         counts = Counter()
         started = None
-        deadline = time.monotonic() + timeout
-        seen = 0
-        try:
-            while seen < count:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"baseline consumed {seen} of {count} requests")
-                for message in consumer.consume(min(1000, count - seen), 0.1):
-                    if message.error() is not None:
-                        if message.error().code() == KafkaError._PARTITION_EOF:
-                            continue
-                        raise RuntimeError(f"requests read failed: {message.error()}")
-                    if started is None:
-                        started = time.perf_counter()
-                    seen += 1
-                    try:
-                        body = json.loads(message.value())
-                    except ValueError:
-                        counts["rejected"] += 1
-                        continue
-                    status, retries = apply_request(conn, body)
-                    counts[status] += 1
-                    result.retries += retries
-                    if status != "rejected":
-                        result.order.append([body.get("id"), body["proc"], body["args"]])
-            result.seconds = time.perf_counter() - started
-        finally:
-            consumer.close()
+        for value in each_request(requests_consumer(bootstrap, topic), count, timeout):
+            if started is None:
+                started = time.perf_counter()
+            try:
+                body = json.loads(value)
+            except ValueError:
+                counts["rejected"] += 1
+                continue
+            status, retries = apply_request(conn, body)
+            counts[status] += 1
+            result.retries += retries
+            if status != "rejected":
+                result.order.append([body.get("id"), body["proc"], body["args"]])
+        result.seconds = time.perf_counter() - started
         result.committed, result.aborted, result.rejected = counts["committed"], counts["aborted"], counts["rejected"]
         conn.isolation_level = None
         result.state = read_state(conn, workload)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import random
 import time
-import uuid
 from collections import Counter
 from typing import Any
 
@@ -109,10 +108,8 @@ def open_kv_baseline(conn, bootstrap: str, topic: str):
     """Make `conn` a SERIALIZABLE connection over an empty `kv` table (commits not waiting
     for the disk, as the engine's do not) and return a consumer of `topic` from offset 0."""
     import psycopg
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-    from sequencer.kafka import kafka_config
-    from sequencer.topics import partition_count
+    from ordo.benchmarks.baseline import requests_consumer
 
     with conn.transaction():
         conn.execute("DROP TABLE IF EXISTS kv")
@@ -120,18 +117,13 @@ def open_kv_baseline(conn, bootstrap: str, topic: str):
     conn.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
     conn.execute("SET synchronous_commit = off")
     conn.commit()
-    consumer = Consumer(kafka_config(bootstrap, {
-        "group.id": f"ordo-baseline-{uuid.uuid4().hex}", "enable.auto.commit": False,
-        "enable.partition.eof": False, "fetch.wait.max.ms": 5}))
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partition_count(bootstrap, topic))])
-    return consumer
+    return requests_consumer(bootstrap, topic)
 
 
 def run_tpcc_baseline(bootstrap: str, namespace: str, requests: list[dict], loads: int, server) -> dict[str, Any]:
     """Apply every request of `<namespace>.requests` (the load, then the mix); the clock
     runs over the mix only. Returns the figures and the consistency conditions found."""
-    from confluent_kafka import KafkaError
-
+    from ordo.benchmarks.baseline import each_request
     from procedures.registry import default_registry
     from procedures.workloads.tpcc_consistency import violations
     from sequencer.topics import Topics
@@ -143,27 +135,15 @@ def run_tpcc_baseline(bootstrap: str, namespace: str, requests: list[dict], load
     retries = 0
     try:
         consumer = open_kv_baseline(conn, bootstrap, topic)
-        seen, started = 0, None
-        deadline = time.monotonic() + 1800
-        try:
-            while seen < len(requests):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"baseline consumed {seen} of {len(requests)} requests")
-                for message in consumer.consume(min(1000, len(requests) - seen), 0.1):
-                    if message.error() is not None:
-                        if message.error().code() == KafkaError._PARTITION_EOF:
-                            continue
-                        raise RuntimeError(f"requests read failed: {message.error()}")
-                    if seen == loads:
-                        started = time.perf_counter()
-                    seen += 1
-                    status, tries = apply_request(conn, registry, json.loads(message.value()), seen)
-                    if seen > loads:
-                        counts[status] += 1
-                        retries += tries
-            seconds = time.perf_counter() - started
-        finally:
-            consumer.close()
+        started = None
+        for seen, value in enumerate(each_request(consumer, len(requests), 1800), 1):
+            if seen == loads + 1:
+                started = time.perf_counter()
+            status, tries = apply_request(conn, registry, json.loads(value), seen)
+            if seen > loads:
+                counts[status] += 1
+                retries += tries
+        seconds = time.perf_counter() - started
         conn.isolation_level = None
         records = [{"table": table, "key": key, "value": decode_value(raw)}
                    for table, key, raw in ((*decode_key(bytes(k)), v) for k, v in conn.execute("SELECT k, v FROM kv"))]

@@ -8,7 +8,6 @@ removal), each committed on its own, over the same procedures' RUN functions.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 import time
@@ -101,6 +100,7 @@ def format_baseline(result: dict[str, Any], ordo_rate: float) -> str:
 def run_voter_baseline(bootstrap: str, namespace: str, count: int, server) -> dict[str, Any]:
     """Consume `<namespace>.requests` from the start; each vote is the dataflow's three
     procedures, each its own SERIALIZABLE transaction committed before the next begins."""
+    from ordo.benchmarks.baseline import each_request
     from ordo.benchmarks.tpcc_baseline import open_kv_baseline
     from procedures.registry import default_registry
     from sequencer.topics import Topics
@@ -113,22 +113,12 @@ def run_voter_baseline(bootstrap: str, namespace: str, count: int, server) -> di
     retries = 0
     try:
         consumer = open_kv_baseline(conn, bootstrap, topic)
-        seen, started = 0, time.perf_counter()
-        deadline = time.monotonic() + 1800
-        try:
-            while seen < count:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"baseline consumed {seen} of {count} votes")
-                for message in consumer.consume(min(1000, count - seen), 0.1):
-                    if message.error() is not None:
-                        raise RuntimeError(f"requests read failed: {message.error()}")
-                    seen += 1
-                    status, tries = _vote(conn, registry, flow, json.loads(message.value()), seen)
-                    counts[status] += 1
-                    retries += tries
-            seconds = time.perf_counter() - started
-        finally:
-            consumer.close()
+        started = time.perf_counter()
+        for seen, value in enumerate(each_request(consumer, count, 1800), 1):
+            status, tries = _vote(conn, registry, flow, json.loads(value), seen)
+            counts[status] += 1
+            retries += tries
+        seconds = time.perf_counter() - started
     finally:
         conn.close()
     return {"votes": count, "votes_per_s": round(count / seconds), "seconds": round(seconds, 2),
