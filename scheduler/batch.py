@@ -136,14 +136,11 @@ class ReadExchange(Protocol):
         """Deliver what `send` may have held back to aggregate; called before waiting and
         at the end of a batch."""
 
-    async def receive(self, batch_id: int, index: int, senders: int) -> dict[bytes, Any]:
-        """The values `senders` peers sent for this transaction (scheduler/exchange.py,
-        Mailbox)."""
-
     def when_received(self, batch_id: int, index: int, senders: int,
                       callback: Callable[[dict[bytes, Any] | None], None]) -> None:
-        """`receive` as a callback, always called from the event loop, never from inside
-        this call: with the values, or with None if the exchange failed."""
+        """Calls `callback` with the values `senders` peers sent for this transaction
+        (merged), or with None if the exchange failed; always from the event loop, never
+        from inside this call (scheduler/exchange.py, Mailbox)."""
 
     mailbox: Any  # scheduler.exchange.Mailbox: the receiving side, its `on_wait` and `failure`
 
@@ -181,22 +178,16 @@ class BatchExecution:
         keys and sends them to the executor; the executor runs RUN on the complete read
         set, applies its own writes, and sends every other active participant its writes
         (none if it aborted), which each applies at the same turn. All reach the same
-        state without a commit round, and RUN's work is not repeated on every writer."""
+        state without a commit round, and RUN's work is not repeated on every writer.
+        Schedulers that run one transaction at a time await this; those that keep many
+        open use `begin`."""
         if txn.single:
             self.run_single(txn)
             return
-        batch_id, index, here = self.batch.batch_id, txn.index, self.partition
-        executor = txn.executor
-        local = self.local_snapshot(txn)
-        if here != executor:
-            self.exchange.send(batch_id, index, (executor,), local)
-            if here in txn.active:
-                writes = await self.exchange.receive(batch_id, index, 1)
-                if writes:
-                    self.apply(index, writes)
-            return
-        local.update(await self.exchange.receive(batch_id, index, len(txn.participants) - 1))
-        self._run_on_executor(txn, local)
+        done = asyncio.get_running_loop().create_future()
+        self.begin(txn, lambda: done.set_result(None), done.set_exception)
+        self.exchange.flush()  # a peer may be waiting for what was just sent
+        await done
 
     def begin(self, txn: PreparedTxn, finished: Callable[[], None], failed: Callable[[BaseException], None]) -> None:
         """`run` without a coroutine, for schedulers that keep many multi-partition

@@ -9,18 +9,17 @@ from typing import Any, Callable
 
 class Mailbox:
     """What peers sent one partition's multi-partition transactions, by (batch, txn),
-    merged as it arrives. A transaction waits for it with `receive` (a future) or
-    `when_received` (a callback the event loop calls); either is woken by the deposit that
-    completes it. The first wait of a batch schedules `on_wait` (if set, once), after what
-    is already due: the worker prepares its next batch then."""
+    merged as it arrives. A transaction waits for it with `when_received`: the deposit that
+    completes it has the event loop call the callback. The first wait of a batch schedules
+    `on_wait` (if set, once), after what is already due: the worker prepares its next
+    batch then."""
 
     def __init__(self) -> None:
-        # (batch, txn) -> [values, senders so far, the receiver's future or callback, or
-        # None, senders it waits for]
+        # (batch, txn) -> [values, senders so far, the receiver's callback or None,
+        # senders it waits for]
         self._slots: dict[tuple[int, int], list] = {}
         self.on_wait: Callable[[], None] | None = None
         self.failure: BaseException | None = None
-        self._error: Callable[[], BaseException] | None = None
 
     def deposit(self, key: tuple[int, int], values: dict[bytes, Any], owned: bool) -> None:
         """`values` from one sender; `owned`: the mailbox may keep the dict itself."""
@@ -31,24 +30,10 @@ class Mailbox:
             return
         slot[0].update(values)
         slot[1] += 1
-        waiter = slot[2]
-        if waiter is not None and slot[1] >= slot[3]:
-            if type(waiter) is asyncio.Future:
-                if not waiter.done():
-                    waiter.set_result(None)
-            else:  # a callback: the slot is done with
-                del slots[key]
-                asyncio.get_running_loop().call_soon(waiter, slot[0])
-
-    async def receive(self, key: tuple[int, int], senders: int) -> dict[bytes, Any]:
-        slot = self._slots.get(key)
-        if slot is None or slot[1] < senders:
-            if self._error is not None:
-                raise self._error()
-            slot = self._waiting(key, senders, asyncio.get_running_loop().create_future())
-            await slot[2]
-        del self._slots[key]
-        return slot[0]
+        callback = slot[2]
+        if callback is not None and slot[1] >= slot[3]:
+            del slots[key]
+            asyncio.get_running_loop().call_soon(callback, slot[0])
 
     def when_received(self, key: tuple[int, int], senders: int,
                       callback: Callable[[dict[bytes, Any] | None], None]) -> None:
@@ -56,39 +41,29 @@ class Mailbox:
         values, or with None once the exchange has failed."""
         slot = self._slots.get(key)
         loop = asyncio.get_running_loop()
-        if self._error is not None:
+        if self.failure is not None:
             loop.call_soon(callback, None)
-        elif slot is not None and slot[1] >= senders:
+            return
+        if slot is not None and slot[1] >= senders:
             del self._slots[key]
             loop.call_soon(callback, slot[0])
-        else:
-            self._waiting(key, senders, callback)
-
-    def _waiting(self, key: tuple[int, int], senders: int, waiter) -> list:
-        slot = self._slots.get(key)
+            return
         if slot is None:
             slot = self._slots[key] = [{}, 0, None, 0]
-        slot[2] = waiter
+        slot[2] = callback
         slot[3] = senders
         if self.on_wait is not None:  # after the sends already scheduled: peers wait for those
-            asyncio.get_running_loop().call_soon(self.on_wait)
+            loop.call_soon(self.on_wait)
             self.on_wait = None
-        return slot
 
-    def fail(self, failure: BaseException, error: Callable[[], BaseException]) -> None:
-        """Nothing more will arrive: every waiting transaction, and every later one, fails
-        with `error()`."""
-        self.failure, self._error = failure, error
+    def fail(self, failure: BaseException) -> None:
+        """Nothing more will arrive: every waiting transaction, and every later one, is
+        called back with None."""
+        self.failure = failure
         loop = asyncio.get_running_loop()
         for slot in self._slots.values():
-            waiter = slot[2]
-            if waiter is None:
-                continue
-            if type(waiter) is asyncio.Future:
-                if not waiter.done():
-                    waiter.set_exception(error())
-            else:
-                loop.call_soon(waiter, None)
+            if slot[2] is not None:
+                loop.call_soon(slot[2], None)
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -124,9 +99,6 @@ class LocalEndpoint:
 
     def flush(self) -> None:
         """Sends are delivered at once in one process: nothing is held back."""
-
-    async def receive(self, batch_id: int, index: int, senders: int) -> dict[bytes, Any]:
-        return await self.mailbox.receive((batch_id, index), senders)
 
     def when_received(self, batch_id: int, index: int, senders: int, callback) -> None:
         self.mailbox.when_received((batch_id, index), senders, callback)

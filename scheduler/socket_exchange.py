@@ -56,7 +56,7 @@ class SocketExchange:
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
             pass  # the peer closed (it stopped), or this worker is closing
         except BaseException as exc:
-            self.mailbox.fail(exc, self._failed)
+            self.mailbox.fail(exc)
             raise
 
     # -- the exchange -----------------------------------------------------------------------
@@ -86,16 +86,8 @@ class SocketExchange:
         for index, values in payload.items():  # unpickled: the mailbox may keep them
             deposit((batch_id, index), values, owned=True)
 
-    async def receive(self, batch_id: int, index: int, senders: int) -> dict[bytes, Any]:
-        """The values `senders` peers sent for this transaction, merged."""
-        return await self.mailbox.receive((batch_id, index), senders)
-
     def when_received(self, batch_id: int, index: int, senders: int, callback) -> None:
         self.mailbox.when_received((batch_id, index), senders, callback)
-
-    def _failed(self) -> RuntimeError:
-        return RuntimeError(f"partition {self.partition}: the exchange with a peer failed: "
-                            f"{self.mailbox.failure!r}")
 
     def close(self) -> None:
         for writer in self._writers.values():

@@ -1,7 +1,6 @@
 """The read exchange over sockets, as workers in processes of their own use it: values
-reach a transaction waiting by future or by callback, in whichever order sends and the
-wait come; a peer that sends garbage fails every waiting transaction instead of leaving
-it waiting for ever."""
+reach a waiting transaction's callback in whichever order sends and the wait come; a peer
+that sends garbage fails every waiting transaction instead of leaving it waiting for ever."""
 
 from __future__ import annotations
 
@@ -24,7 +23,7 @@ async def _settle() -> None:
         await asyncio.sleep(0.01)
 
 
-def test_values_reach_callbacks_and_futures_whichever_comes_first():
+def test_values_reach_callbacks_whichever_comes_first():
     async def scenario():
         a, b = await _pair()
         got = []
@@ -42,9 +41,6 @@ def test_values_reach_callbacks_and_futures_whichever_comes_first():
         assert len(got) == 1
         await asyncio.sleep(0)
         assert got[1] == {b"z": 3}
-        b.send(2, 0, (0,), {b"w": 4})
-        b.flush()
-        assert await asyncio.wait_for(a.receive(2, 0, 1), 5) == {b"w": 4}
         assert not len(a.mailbox)  # nothing left behind
         a.close()
         b.close()
@@ -57,19 +53,52 @@ def test_a_peer_sending_garbage_fails_every_waiting_transaction():
         a, b = await _pair()
         got = []
         a.when_received(1, 0, 1, got.append)
-        waiting = asyncio.ensure_future(a.receive(1, 1, 1))
+        a.when_received(1, 1, 2, got.append)
         b._writers[0].write(struct.pack(">I", 3) + b"bad")  # not a message
         await _settle()
-        assert got == [None] and a.mailbox.failure is not None
-        try:
-            await asyncio.wait_for(waiting, 5)
-        except RuntimeError as exc:
-            assert "exchange with a peer failed" in str(exc)
-        else:
-            raise AssertionError("a waiting receive did not fail")
+        assert got == [None, None] and a.mailbox.failure is not None
         a.when_received(1, 2, 1, got.append)  # after the failure: fails at once
         await asyncio.sleep(0)
-        assert got == [None, None]
+        assert got == [None, None, None]
+        a.close()
+        b.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_exchange_fails_the_transaction_waiting_on_it():
+    """What a scheduler sees: the batch's multi-partition transaction raises, naming the
+    exchange, instead of waiting for ever."""
+    from scheduler.batch import BatchExecution, prepare
+    from sequencer.log import Batch
+    from storage.overlay import BatchOverlay
+    from storage.partitioning import Partitioner
+    from procedures.registry import default_registry
+
+    registry = default_registry()
+    partitioner = Partitioner.for_tables(2, {t.name: t.partitioner for t in registry.tables.values()})
+    batch = Batch(1, 1, 1_000, {}, [["r0", "micro_rmw", {"keys": [0, 1]}]])
+    (txn,), _ = prepare(batch, registry, partitioner, 0)
+
+    class Empty:
+        def get_many(self, keys):
+            return [None] * len(keys)
+
+    async def scenario():
+        a, b = await _pair()
+        execution = BatchExecution(batch, txn.executor, BatchOverlay(Empty()), {"micro": 0},
+                                   lambda t, k, e: partitioner.of(t, k, e), a if txn.executor == 0 else b)
+        peer = b if txn.executor == 0 else a
+        running = asyncio.ensure_future(execution.run(txn))
+        await _settle()
+        assert not running.done()  # waiting for the peer's reads
+        peer._writers[txn.executor].write(struct.pack(">I", 3) + b"bad")
+        try:
+            await asyncio.wait_for(running, 5)
+        except RuntimeError as exc:
+            assert "read exchange with a peer failed" in str(exc)
+        else:
+            raise AssertionError("the transaction did not fail")
         a.close()
         b.close()
 

@@ -101,10 +101,6 @@ class HeldExchange:
     def flush(self):
         pass
 
-    async def receive(self, batch_id, index, senders):
-        await self.arrived.wait()
-        return self.values
-
     def when_received(self, batch_id, index, senders, callback):
         async def later():
             await self.arrived.wait()

@@ -251,8 +251,8 @@ def interpret(log: list[Batch]):
 
 
 class HoldingEndpoint:
-    """An exchange that, like the Ray one, keeps local reads in an outbox until `flush`
-    (which `receive` does first): a scheduler that waits without flushing hangs here."""
+    """An exchange that, like the socket one, keeps local reads in an outbox until `flush`:
+    a scheduler that waits without flushing hangs here."""
 
     def __init__(self, endpoint):
         self.endpoint = endpoint
@@ -267,12 +267,7 @@ class HoldingEndpoint:
         for message in outbox:
             self.endpoint.send(*message)
 
-    async def receive(self, batch_id, index, senders):
-        self.flush()
-        return await self.endpoint.receive(batch_id, index, senders)
-
     def when_received(self, batch_id, index, senders, callback):
-        # No flush here: a scheduler that waits for callbacks must flush before it waits.
         self.endpoint.when_received(batch_id, index, senders, callback)
 
 
