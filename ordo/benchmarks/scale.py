@@ -69,18 +69,18 @@ def run_scale(workload: str, partition_counts: list[int], scheduler: str, txns: 
                 requests = workload_requests(workload, txns, seed, share_knobs, widest)
                 for partitions in counts:
                     log = prefill_log(bootstrap, requests, max_txns, "scale", partitions)
-                    configurations.append((share_knobs, requests, partitions, log))
-            measured: dict[int, list] = {i: [] for i in range(len(configurations))}
+                    configurations.append((share, share_knobs, requests, partitions, log))
+            measured: list[list] = [[] for _ in configurations]
             for round_ in range(rounds):
-                for i, (_, _, partitions, log) in enumerate(configurations):
+                for i, (share, _, _, partitions, log) in enumerate(configurations):
                     engine = engine_throughput(bootstrap, log, scheduler, partitions,
                                                os.path.join(root, f"engine-{i}-{round_}"), broker_pid=broker.pid)
                     measured[i].append(engine)
                     if rounds > 1:
                         say(f"    round {round_ + 1}: {partitions} partition(s)"
-                            + (f", mp {share_knobs_mp(configurations[i][0])}" if mp_shares else "")
+                            + (f", mp {share}" if mp_shares else "")
                             + f": {engine.tps:,.0f} txn/s")
-            for i, (share_knobs, requests, partitions, log) in enumerate(configurations):
+            for i, (share, share_knobs, requests, partitions, log) in enumerate(configurations):
                 engine = median_run(measured[i])
                 run: dict[str, Any] = {
                     "partitions": partitions,
@@ -93,7 +93,7 @@ def run_scale(workload: str, partition_counts: list[int], scheduler: str, txns: 
                     "cpu_ms_per_ktxn": cpu_per_ktxn(engine),
                 }
                 if mp_shares:
-                    run["mp"] = share_knobs_mp(share_knobs)
+                    run["mp"] = share
                 if rounds > 1:
                     run["engine_tps_rounds"] = [round(e.tps) for e in measured[i]]
                 if end_to_end_too:
@@ -110,10 +110,6 @@ def run_scale(workload: str, partition_counts: list[int], scheduler: str, txns: 
     say()
     say(format_report(report))
     return report
-
-
-def share_knobs_mp(knobs: dict) -> float:
-    return knobs.get("mp", 0.0)
 
 
 def median_run(runs: list):
