@@ -20,7 +20,7 @@ import json
 import random
 import time
 from collections import Counter
-from typing import Any
+from typing import Any, Iterator
 
 from procedures.contract import Abort
 from procedures.ollp import split_args
@@ -104,12 +104,14 @@ def serializable(conn, transaction, what: str, max_retries: int = 50) -> tuple[s
     raise RuntimeError(f"{what} failed {max_retries} serialization retries")
 
 
-def open_kv_baseline(conn, bootstrap: str, topic: str):
+def kv_baseline_requests(conn, bootstrap: str, namespace: str, count: int) -> Iterator[tuple[int, dict]]:
     """Make `conn` a SERIALIZABLE connection over an empty `kv` table (commits not waiting
-    for the disk, as the engine's do not) and return a consumer of `topic` from offset 0."""
+    for the disk, as the engine's do not); then (position from 1, request) for the first
+    `count` requests of `<namespace>.requests`, from offset 0."""
     import psycopg
 
-    from ordo.benchmarks.baseline import requests_consumer
+    from ordo.benchmarks.baseline import each_request, requests_consumer
+    from sequencer.topics import Topics
 
     with conn.transaction():
         conn.execute("DROP TABLE IF EXISTS kv")
@@ -117,29 +119,27 @@ def open_kv_baseline(conn, bootstrap: str, topic: str):
     conn.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
     conn.execute("SET synchronous_commit = off")
     conn.commit()
-    return requests_consumer(bootstrap, topic)
+    consumer = requests_consumer(bootstrap, Topics(namespace).requests)
+    for seen, value in enumerate(each_request(consumer, count, 1800), 1):
+        yield seen, json.loads(value)
 
 
 def run_tpcc_baseline(bootstrap: str, namespace: str, requests: list[dict], loads: int, server) -> dict[str, Any]:
     """Apply every request of `<namespace>.requests` (the load, then the mix); the clock
     runs over the mix only. Returns the figures and the consistency conditions found."""
-    from ordo.benchmarks.baseline import each_request
     from procedures.registry import default_registry
     from procedures.workloads.tpcc_consistency import violations
-    from sequencer.topics import Topics
 
     registry = default_registry()
-    topic = Topics(namespace).requests
     conn = server.connect()
     counts: Counter = Counter()
     retries = 0
     try:
-        consumer = open_kv_baseline(conn, bootstrap, topic)
         started = None
-        for seen, value in enumerate(each_request(consumer, len(requests), 1800), 1):
+        for seen, body in kv_baseline_requests(conn, bootstrap, namespace, len(requests)):
             if seen == loads + 1:
                 started = time.perf_counter()
-            status, tries = apply_request(conn, registry, json.loads(value), seen)
+            status, tries = apply_request(conn, registry, body, seen)
             if seen > loads:
                 counts[status] += 1
                 retries += tries

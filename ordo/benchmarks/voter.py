@@ -7,7 +7,6 @@ removal), each committed on its own, over the same procedures' RUN functions.
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 import time
@@ -100,22 +99,20 @@ def format_baseline(result: dict[str, Any], ordo_rate: float) -> str:
 def run_voter_baseline(bootstrap: str, namespace: str, count: int, server) -> dict[str, Any]:
     """Consume `<namespace>.requests` from the start; each vote is the dataflow's three
     procedures, each its own SERIALIZABLE transaction committed before the next begins."""
-    from ordo.benchmarks.baseline import each_request
-    from ordo.benchmarks.tpcc_baseline import open_kv_baseline
+    from ordo.benchmarks.tpcc_baseline import kv_baseline_requests
     from procedures.registry import default_registry
-    from sequencer.topics import Topics
 
     registry = default_registry()
     flow = registry.procedures["voter_vote"].run.__self__  # the composed dataflow (procedures/streams.py)
-    topic = Topics(namespace).requests
     conn = server.connect()
     counts: Counter = Counter()
     retries = 0
     try:
-        consumer = open_kv_baseline(conn, bootstrap, topic)
-        started = time.perf_counter()
-        for seen, value in enumerate(each_request(consumer, count, 1800), 1):
-            status, tries = _vote(conn, registry, flow, json.loads(value), seen)
+        started = None
+        for seen, body in kv_baseline_requests(conn, bootstrap, namespace, count):
+            if started is None:  # the table is set up and the first vote is here
+                started = time.perf_counter()
+            status, tries = _vote(conn, registry, flow, body, seen)
             counts[status] += 1
             retries += tries
         seconds = time.perf_counter() - started
