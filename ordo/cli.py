@@ -33,11 +33,14 @@ def _sequencer_options(p: argparse.ArgumentParser) -> None:
                    help="larger requests are rejected (default %(default)s)")
     g.add_argument("--dedupe-window", type=int, default=d.dedupe_window,
                    help="recent request ids remembered to reject duplicates (default %(default)s)")
+    g.add_argument("--sequencers", type=int, default=d.sequencers, metavar="S",
+                   help="sequencers sharing the request partitions, each with its own process and producer; "
+                        "needs at least S request partitions (default %(default)s)")
 
 
 def _sequencer_config(args) -> SequencerConfig:
     return SequencerConfig(args.max_delay_ms, args.max_txns, args.max_bytes, args.max_request_bytes,
-                           args.dedupe_window, args.partitions)
+                           args.dedupe_window, args.partitions, args.sequencers, getattr(args, "sequencer_index", 0))
 
 
 def _engine_options(p: argparse.ArgumentParser) -> None:
@@ -144,16 +147,19 @@ def build_parser() -> argparse.ArgumentParser:
     _kafka(p)
     _engine_options(p)
     _checkpoint_options(p)
-    p.add_argument("--request-partitions", type=int, default=1, metavar="R",
-                   help="partitions of <ns>.requests when it is created (default 1)")
+    p.add_argument("--request-partitions", type=int, default=None, metavar="R",
+                   help="partitions of <ns>.requests when it is created (default: the sequencer count)")
     p.add_argument("--log-replication", type=int, default=1, metavar="N",
                    help="replicas of the namespace's topics when they are created; with 3 or more, "
                         "<ns>.log also gets min.insync.replicas=2 (default 1)")
     _sequencer_options(p)
 
-    p = sub.add_parser("sequence", help="run only the sequencer")
+    p = sub.add_parser("sequence", help="run only the sequencer (one of --sequencers)")
     _kafka(p)
     _sequencer_options(p)
+    p.add_argument("--sequencer-index", type=int, default=0, metavar="K",
+                   help="with --sequencers S: this is sequencer K, 0 <= K < S; it takes the request partitions "
+                        "p with p %% S == K (default 0)")
     p.add_argument("--partitions", type=int, default=1, metavar="N",
                    help="the engine's partition count, for which each batch records its routing (default 1; "
                         "an engine with another count places every entry itself)")
@@ -297,7 +303,7 @@ def cmd_run(args) -> int:
     from ordo.services import serve_all
 
     return serve_all(args.bootstrap_servers, args.namespace, args.data_dir, args.scheduler, args.partitions,
-                     args.request_partitions, _sequencer_config(args), args.quiet, _placement(args),
+                     args.request_partitions or args.sequencers, _sequencer_config(args), args.quiet, _placement(args),
                      _checkpointing(args), args.log_replication, metrics_port=args.metrics_port)
 
 

@@ -9,12 +9,13 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from typing import Callable
 
 from procedures.loading import load_registry
 from scheduler.coordinator import Coordinator, EngineStats
 from sequencer.sequencer import Sequencer, SequencerConfig
-from sequencer.topics import ensure_topics
+from sequencer.topics import Topics, ensure_topics, partition_count
 
 
 def on_termination(stop: Callable[[], None]) -> None:
@@ -51,8 +52,12 @@ def serve_sequencer(bootstrap: str, namespace: str, config: SequencerConfig,
     sequencer = Sequencer(bootstrap, namespace, load_registry(procedure_modules), config)
     on_termination(sequencer.stop)
     sequencer.start()
-    print(f"sequencer generation {sequencer.generation} resumes at batch {sequencer.next_batch}",
-          file=sys.stderr, flush=True)
+    if config.sequencers == 1:
+        print(f"sequencer generation {sequencer.generation} resumes at batch {sequencer.next_batch}",
+              file=sys.stderr, flush=True)
+    else:
+        print(f"sequencer {config.index} of {config.sequencers} resumes at its batch {sequencer.next_epoch}",
+              file=sys.stderr, flush=True)
     sequencer.run()
     return 0
 
@@ -152,6 +157,7 @@ def sequencer_command(bootstrap: str, namespace: str, config: SequencerConfig,
         "--max-delay-ms", str(config.max_delay_ms), "--max-txns", str(config.max_txns),
         "--max-bytes", str(config.max_bytes), "--max-request-bytes", str(config.max_request_bytes),
         "--dedupe-window", str(config.dedupe_window), "--partitions", str(config.partitions),
+        "--sequencers", str(config.sequencers), "--sequencer-index", str(config.index),
         *(arg for module in procedure_modules for arg in ("--procedures", module)),
         "--log-level", _log_level(),
     ]
@@ -166,12 +172,13 @@ def _log_level() -> str:
 
 
 class SequencerProcess:
-    """The sequencer in a child process of its own (its own core, its own GIL), restarted
+    """A sequencer in a child process of its own (its own core, its own GIL), restarted
     if it dies: a restart fences the old one and resumes from the log."""
 
     def __init__(self, bootstrap: str, namespace: str, config: SequencerConfig,
                  procedure_modules: tuple[str, ...] = ()):
         self._command = sequencer_command(bootstrap, namespace, config, procedure_modules)
+        self._name = "sequencer" if config.sequencers == 1 else f"sequencer {config.index}"
         self._process: subprocess.Popen | None = None
         self._stopping = threading.Event()
         self._watch = threading.Thread(target=self._supervise, daemon=True)
@@ -197,7 +204,7 @@ class SequencerProcess:
             code = self._process.wait()
             if self._stopping.is_set():
                 return
-            print(f"sequencer exited with {code}; restarting", file=sys.stderr, flush=True)
+            print(f"{self._name} exited with {code}; restarting", file=sys.stderr, flush=True)
             time.sleep(0.5)
             self.restarts += 1
             self._process = self._spawn()
@@ -213,6 +220,39 @@ class SequencerProcess:
                 self._process.wait()
 
 
+class SequencerProcesses:
+    """The S sequencers of `--sequencers S`, each a SequencerProcess."""
+
+    def __init__(self, bootstrap: str, namespace: str, config: SequencerConfig,
+                 procedure_modules: tuple[str, ...] = ()):
+        self.processes = [SequencerProcess(bootstrap, namespace, replace(config, index=k), procedure_modules)
+                          for k in range(config.sequencers)]
+
+    def start(self) -> None:
+        for process in self.processes:
+            process.start()
+
+    @property
+    def pids(self) -> list[int]:
+        return [process.pid for process in self.processes if process.pid is not None]
+
+    @property
+    def restarts(self) -> int:
+        return sum(process.restarts for process in self.processes)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        for process in self.processes:
+            process.stop(timeout)
+
+
+def check_request_partitions(bootstrap: str, namespace: str, sequencers: int) -> None:
+    partitions = partition_count(bootstrap, Topics(namespace).requests)
+    if partitions < sequencers:
+        raise ValueError(f"{sequencers} sequencers need at least {sequencers} partitions of {namespace}.requests, "
+                         f"which has {partitions}: use fewer sequencers, or a new namespace with "
+                         f"--request-partitions {sequencers}")
+
+
 def serve_all(bootstrap: str, namespace: str, data_dir: str, scheduler: str, partitions: int,
               request_partitions: int, config: SequencerConfig, quiet: bool = False,
               placement: dict | None = None, checkpointing: dict | None = None, log_replication: int = 1,
@@ -221,14 +261,16 @@ def serve_all(bootstrap: str, namespace: str, data_dir: str, scheduler: str, par
 
     placement = placement or {}
     ensure_topics(bootstrap, namespace, request_partitions, replication=log_replication)
+    check_request_partitions(bootstrap, namespace, config.sequencers)
     coordinator = Coordinator(bootstrap, namespace, data_dir, scheduler, partitions, **placement,
                               **(checkpointing or {}))
-    sequencer = SequencerProcess(bootstrap, namespace, config, placement.get("procedure_modules", ()))
+    sequencer = SequencerProcesses(bootstrap, namespace, config, placement.get("procedure_modules", ()))
     on_termination(coordinator.stop)
     on_checkpoint_signal(coordinator)
     announce_start(coordinator)
     sequencer.start()
-    print(f"ordo running: namespace {namespace}, {scheduler} scheduler, {partitions} partition(s), "
+    sequencers = f"{config.sequencers} sequencers, " if config.sequencers > 1 else ""
+    print(f"ordo running: namespace {namespace}, {sequencers}{scheduler} scheduler, {partitions} partition(s), "
           f"data in {data_dir}; Ctrl-C stops", file=sys.stderr, flush=True)
     progress, close_observer = engine_observer(coordinator, bootstrap, namespace, quiet, metrics_port, sequencer)
     try:

@@ -1,33 +1,47 @@
 """The log: the total order of requests, one Kafka partition of msgpack records.
 
-Two record kinds:
-    start:  [START, token, procedures]
-        written by a sequencer when it takes over; the n-th start record in the log opens
-        generation n. The first start's token is the log's identity (`log_id`).
-        `procedures` describes the procedure set the sequencer validates with
-        (`procedures.registry.Registry.describe`), so an engine can refuse a log it
-        would interpret differently.
-    batch:  [BATCH, batch_id, generation, time_ms, offsets, routing, log_id, entry, entry, ...]
-        an epoch of requests; `offsets` maps request partition -> [start, end) consumed;
-        each entry is the msgpack encoding of [id, proc, args] or [id, None, error]
-        (rejected), kept as a bin so a reader decodes only the entries it needs;
-        `routing` is None or [partitions, slices]: for the partition count the sequencer
-        was told, slices[p] lists what partition p takes part in, each item either an
-        entry index (a single-partition or rejected entry that p alone handles) or
-        [index, participants, active] (a multi-partition one); see `sequencer/routing.py`;
-        `log_id` names the log the batch belongs to.
-    snapshot: [SNAPSHOT, cursor, accepted, time_ms]
-        the sequencer's own state right after the record before it (a cursor as
-        `LogCursor.to_dict` gives it, the number of entries accepted so far, the batch
-        time), written in the same transaction as every SNAPSHOT_EVERY-th batch and once
-        after a sequencer's start-up: a restarting sequencer reads the log from a recent
-        snapshot, not from its head. Every other reader skips it.
+One or more sequencers write it (`--sequencers S`): sequencer k of S consumes the request
+partitions p with p % S == k, cuts its own epochs and appends them, each with its own
+transactional producer. The broker interleaves their appends on the single log partition,
+and that interleaving, as the log holds it, is the merged order: every reader follows
+the same records in the same order, so it numbers the accepted batches 1, 2, 3, … alike.
+(Calvin merges per-sequencer logs round-robin by epoch, which needs every sequencer to
+emit an epoch, empty or not, every few milliseconds; one shared log partition orders the
+batches without that traffic and without a reader waiting on the slowest sequencer.)
+
+Record kinds:
+    start:  [START, token, procedures, sequencer, sequencers]
+        written by sequencer k of S when it takes over lane k; it opens a generation of
+        that lane, named by the record's own log offset. The log's first start record's
+        token is the log's identity (`log_id`). `procedures` describes the procedure set
+        the sequencer validates with (`procedures.registry.Registry.describe`), so an
+        engine can refuse a log it would interpret differently. A start record whose S
+        differs from the one before closes every lane: the sequencers were reconfigured,
+        and only those that start under the new S are followed.
+    batch:  [BATCH, epoch, generation, time_ms, offsets, routing, log_id, sequencer, entry, entry, ...]
+        an epoch of sequencer `sequencer`, numbered 1, 2, 3, … per lane across its
+        generations; `generation` is the offset of the start record of the sequencer that
+        wrote it; `offsets` maps request partition -> [start, end) consumed; each entry is
+        the msgpack encoding of [id, proc, args] or [id, None, error] (rejected), kept as
+        a bin so a reader decodes only the entries it needs; `routing` is None or
+        [partitions, slices]: for the partition count the sequencer was told, slices[p]
+        lists what partition p takes part in, each item either an entry index (a
+        single-partition or rejected entry that p alone handles) or [index, participants,
+        active] (a multi-partition one); see `sequencer/routing.py`; `log_id` names the log
+        the batch belongs to.
+    snapshot: [SNAPSHOT, cursor, accepted, time_ms, sequencer, sequencers]
+        a sequencer's own state right after the record before it (a cursor as
+        `LogCursor.to_dict` gives it, holding its own lane only, the number of entries it
+        accepted so far, the batch time), written in the same transaction as every
+        SNAPSHOT_EVERY-th batch and once after a sequencer's start-up: a restarting
+        sequencer reads the log from a recent snapshot of its lane, not from its head.
+        Every other reader skips it.
 
 Every reader applies the same acceptance rule (`LogCursor.accept`), so the log means one
-thing to the sequencer, the engine and a replay, whatever the broker does: a batch is
-accepted only if it carries the current generation and the next batch id. Records of a
-fenced or aborted sequencer transaction, should a broker deliver them, are therefore
-either consistently accepted by every reader or consistently ignored.
+thing to the sequencers, the engine and a replay, whatever the broker does: a batch is
+accepted only if it carries its lane's current generation and the lane's next epoch.
+Records of a fenced or aborted sequencer transaction, should a broker deliver them, are
+therefore either consistently accepted by every reader or consistently ignored.
 
 A log is recognised by its identity, kept in every batch and in every cursor (so in every
 applied marker and checkpoint): a reader refuses a batch of another log (`LogMismatch`),
@@ -58,22 +72,22 @@ class LogMismatch(LogError):
     topic was deleted and made again."""
 
 
-# Batches of an older generation that continued the sequence after a newer start record,
-# with no batch of the newer generation yet: a fenced sequencer leaves at most the one
-# transaction it had in flight, so more than this means the start record did not come
-# from a sequencer that went on to write (a foreign or forged record).
+# Batches of an older generation of a lane that continued its sequence after a newer start
+# record of that lane, with no batch of the newer generation yet: a fenced sequencer leaves
+# at most the one transaction it had in flight, so more than this means the start record
+# did not come from a sequencer that went on to write (a foreign or forged record).
 STALE_LIMIT = 4
 
 
-def encode_start(token: str, procedures: dict | None = None) -> bytes:
-    return msgpack.packb([START, token, procedures])
+def encode_start(token: str, procedures: dict | None = None, sequencer: int = 0, sequencers: int = 1) -> bytes:
+    return msgpack.packb([START, token, procedures, sequencer, sequencers])
 
 
 SNAPSHOT_EVERY = 100
 
 
-def encode_snapshot(cursor: dict, accepted: int, time_ms: int) -> bytes:
-    return msgpack.packb([SNAPSHOT, cursor, accepted, time_ms])
+def encode_snapshot(cursor: dict, accepted: int, time_ms: int, sequencer: int = 0, sequencers: int = 1) -> bytes:
+    return msgpack.packb([SNAPSHOT, cursor, accepted, time_ms, sequencer, sequencers])
 
 
 def is_batch_record(value: bytes) -> bool:
@@ -86,12 +100,12 @@ def encode_entry(entry: list) -> bytes:
     return msgpack.packb(entry)
 
 
-def encode_batch(batch_id: int, generation: int, time_ms: int,
+def encode_batch(epoch: int, generation: int, time_ms: int,
                  offsets: dict[int, tuple[int, int]], encoded_entries: list[bytes],
-                 routing: list | None = None, log_id: str | None = None) -> bytes:
+                 routing: list | None = None, log_id: str | None = None, sequencer: int = 0) -> bytes:
     """Entries are encoded one by one as they arrive (so an epoch's size is known exactly
     before it is cut) and concatenated here, each as a bin, under one array header."""
-    head = [BATCH, batch_id, generation, time_ms, {p: list(r) for p, r in offsets.items()}, routing, log_id]
+    head = [BATCH, epoch, generation, time_ms, {p: list(r) for p, r in offsets.items()}, routing, log_id, sequencer]
     return (
         _ARRAY32.pack(0xDD, len(head) + len(encoded_entries))
         + b"".join(msgpack.packb(item) for item in head)
@@ -118,16 +132,20 @@ BATCH_OVERHEAD = 256  # bytes of a batch record beyond its entries and routing, 
 
 
 class Batch:
-    """One accepted batch. Entries stay encoded until asked for: a partition worker decodes
-    only those of its slice."""
+    """One batch. Entries stay encoded until asked for: a partition worker decodes only
+    those of its slice. `batch_id` is its place in the merged order, given by the reader
+    that accepts it (until then, its epoch)."""
 
     __slots__ = ("batch_id", "generation", "time_ms", "offsets", "routing", "log_id", "log_offset",
-                 "_raw", "_entries")
+                 "sequencer", "epoch", "_raw", "_entries")
 
     def __init__(self, batch_id: int, generation: int, time_ms: int, offsets: dict[int, list[int]],
                  entries: list[list] | None = None, *, raw: list[bytes] | None = None,
-                 routing: list | None = None, log_id: str | None = None, log_offset: int = -1):
+                 routing: list | None = None, log_id: str | None = None, log_offset: int = -1,
+                 sequencer: int = 0, epoch: int | None = None):
         self.batch_id = batch_id
+        self.epoch = batch_id if epoch is None else epoch
+        self.sequencer = sequencer
         self.log_id = log_id
         self.generation = generation
         self.time_ms = time_ms
@@ -154,20 +172,23 @@ class Batch:
 
     def __getstate__(self):
         return (self.batch_id, self.generation, self.time_ms, self.offsets, self.routing, self.log_id,
-                self.log_offset, self._raw, self._entries if self._raw is None else None)
+                self.log_offset, self.sequencer, self.epoch, self._raw, self._entries if self._raw is None else None)
 
     def __setstate__(self, state) -> None:
         (self.batch_id, self.generation, self.time_ms, self.offsets, self.routing, self.log_id,
-         self.log_offset, self._raw, self._entries) = state
+         self.log_offset, self.sequencer, self.epoch, self._raw, self._entries) = state
 
     def __repr__(self) -> str:
-        return f"Batch({self.batch_id}, generation {self.generation}, {len(self)} entries)"
+        return (f"Batch({self.batch_id}, sequencer {self.sequencer} epoch {self.epoch}, generation "
+                f"{self.generation}, {len(self)} entries)")
 
 
 @dataclass(frozen=True, slots=True)
 class Start:
     token: str
     procedures: dict | None
+    sequencer: int = 0
+    sequencers: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +196,8 @@ class Snapshot:
     cursor: "LogCursor"
     accepted: int
     time_ms: int
+    sequencer: int = 0
+    sequencers: int = 1
 
 
 def _unpack(raw: bytes) -> list:
@@ -188,15 +211,19 @@ def decode(value: bytes) -> tuple[int, Any]:
         if kind == START:
             if type(record[1]) is not str:
                 raise ValueError("a start record's token must be a string")
-            return START, Start(record[1], record[2] if len(record) > 2 else None)
+            sequencer, sequencers = record[3:5] if len(record) >= 5 else (0, 1)
+            if not (type(sequencer) is int and type(sequencers) is int and 0 <= sequencer < sequencers):
+                raise ValueError("a start record's sequencer must be k of S, 0 <= k < S")
+            return START, Start(record[1], record[2] if len(record) > 2 else None, sequencer, sequencers)
         if kind == SNAPSHOT:
-            return SNAPSHOT, Snapshot(LogCursor.from_dict(record[1]), record[2], record[3])
+            return SNAPSHOT, Snapshot(LogCursor.from_dict(record[1]), record[2], record[3],
+                                      *(record[4:6] if len(record) >= 6 else (0, 1)))
         if kind == BATCH:
-            raw = record[7:]
-            if any(type(item) is not bytes for item in raw):
+            raw = record[8:]
+            if any(type(item) is not bytes for item in raw) or type(record[7]) is not int:
                 raise ValueError("batch entries must be encoded entries")
             return BATCH, Batch(record[1], record[2], record[3], record[4], raw=raw, routing=record[5],
-                                log_id=record[6])
+                                log_id=record[6], sequencer=record[7])
     except Exception as exc:
         raise LogError(f"unreadable log record: {exc}") from exc
     raise LogError(f"unknown log record kind {kind!r}")
@@ -207,15 +234,25 @@ class LogCursor:
     """How far a reader has followed the log. Persisted with applied state, so a restart
     continues exactly where the last applied batch left off."""
 
-    next_batch: int = 1
-    generation: int = 0
+    next_batch: int = 1  # the id the next accepted batch gets, counting every lane
+    generation: int = 0  # start records seen: for messages only, acceptance goes by `lanes`
     next_offset: int = 0  # next Kafka offset of the log partition to read
     request_offsets: dict[int, int] = field(default_factory=dict)  # partition -> next offset
     log_id: str | None = None  # the first start record's token
+    # sequencer -> [offset of its current start record, its next epoch]
+    lanes: dict[int, list[int]] = field(default_factory=dict)
+    sequencers: int = 1  # S of the latest start record
+    time_ms: int = 0  # the latest accepted batch's time: batch times never go back
     # Not persisted: what the reader saw since it started.
-    stale: int = field(default=0, compare=False)  # see STALE_LIMIT
+    stale_by_lane: dict[int, int] = field(default_factory=dict, compare=False)  # see STALE_LIMIT
     started: Start | None = field(default=None, compare=False)  # the latest start record
     foreign: int = field(default=0, compare=False)  # unreadable records skipped
+    # A restarting sequencer seeded from its own snapshot follows its own lane only.
+    only: int | None = field(default=None, compare=False)
+
+    @property
+    def stale(self) -> int:
+        return max(self.stale_by_lane.values(), default=0)
 
     def accept(self, value: bytes, offset: int) -> Batch | None:
         """Advance past the record at `offset`; return it if it is the next batch."""
@@ -230,35 +267,52 @@ class LogCursor:
         if kind == SNAPSHOT:
             return None
         if kind == START:
-            if self.log_id is None and self.generation == 0:
-                self.log_id = record.token
-            self.generation += 1
-            self.started = record
+            self._start(record, offset)
             return None
-        batch: Batch = record
-        if self.generation == 0:
-            raise LogError(
-                f"the log does not begin with a sequencer's start record (batch {batch.batch_id} at offset "
-                f"{offset} comes first): its head was deleted, typically by topic retention")
+        return self._batch(record, offset)
+
+    def _start(self, start: Start, offset: int) -> None:
+        if self.log_id is None and self.generation == 0:
+            self.log_id = start.token
+        self.generation += 1
+        self.started = start
+        if self.only is not None and start.sequencer != self.only:
+            return
+        if start.sequencers != self.sequencers:
+            self.lanes.clear()  # reconfigured: only sequencers started under the new S count
+            self.stale_by_lane.clear()
+            self.sequencers = start.sequencers
+        lane = self.lanes.get(start.sequencer)
+        self.lanes[start.sequencer] = [offset, lane[1] if lane else 1]
+
+    def _batch(self, batch: Batch, offset: int) -> Batch | None:
         if self.log_id is None:
-            self.log_id = batch.log_id  # a cursor persisted before logs carried their identity
+            raise LogError(
+                f"the log does not begin with a sequencer's start record (batch {batch.epoch} at offset "
+                f"{offset} comes first): its head was deleted, typically by topic retention")
         if batch.log_id != self.log_id:
             raise LogMismatch(
-                f"batch {batch.batch_id} at offset {offset} belongs to log {batch.log_id}, not to log "
+                f"batch {batch.epoch} at offset {offset} belongs to log {batch.log_id}, not to log "
                 f"{self.log_id} that this reader followed: the broker lost the log (restarted without its "
                 f"data?) or the topic was made again")
-        if batch.generation != self.generation or batch.batch_id < self.next_batch:
-            if batch.generation < self.generation and batch.batch_id >= self.next_batch:
-                self.stale += 1
+        lane = self.lanes.get(batch.sequencer)
+        if lane is None or batch.generation != lane[0] or batch.epoch < lane[1]:
+            if lane is not None and batch.generation < lane[0] and batch.epoch >= lane[1]:
+                self.stale_by_lane[batch.sequencer] = self.stale_by_lane.get(batch.sequencer, 0) + 1
             return None  # a fenced sequencer's record, or a repeat
-        if batch.batch_id > self.next_batch:
+        if batch.epoch > lane[1]:
             raise LogError(
-                f"log gap: expected batch {self.next_batch}, found batch {batch.batch_id} at offset {offset}"
-            )
-        self.stale = 0
+                f"log gap: expected batch {lane[1]} of sequencer {batch.sequencer}, found batch {batch.epoch} "
+                f"at offset {offset}")
+        self.stale_by_lane.pop(batch.sequencer, None)
+        lane[1] += 1
+        batch.batch_id = self.next_batch
         self.next_batch += 1
         for partition, (_, end) in batch.offsets.items():
             self.request_offsets[int(partition)] = end
+        if batch.time_ms < self.time_ms:
+            batch.time_ms = self.time_ms
+        self.time_ms = batch.time_ms
         batch.log_offset = offset
         return batch
 
@@ -269,6 +323,9 @@ class LogCursor:
             "next_offset": self.next_offset,
             "request_offsets": dict(self.request_offsets),
             "log_id": self.log_id,
+            "lanes": {k: list(lane) for k, lane in self.lanes.items()},
+            "sequencers": self.sequencers,
+            "time_ms": self.time_ms,
         }
 
     @classmethod
@@ -279,4 +336,7 @@ class LogCursor:
             data["next_offset"],
             {int(p): o for p, o in data["request_offsets"].items()},
             data.get("log_id"),
+            {int(k): list(lane) for k, lane in data.get("lanes", {}).items()},
+            data.get("sequencers", 1),
+            data.get("time_ms", 0),
         )

@@ -101,11 +101,12 @@ class LogReader:
         if end is not None and 0 <= end <= cursor.next_offset + 1:  # at the tail (a marker may follow)
             self._stale_since = self._stale_since or now
             if now - self._stale_since >= STALE_GRACE:
+                lane = max(cursor.stale_by_lane, key=cursor.stale_by_lane.get)
                 raise LogError(
-                    f"{cursor.stale} batches from batch {cursor.next_batch} on belong to generation "
-                    f"{cursor.generation - 1}, after a start record of generation {cursor.generation} that no "
-                    f"batch followed: a record on {self.topic} did not come from a sequencer; restart the "
-                    f"sequencer (a new generation takes over) and keep other producers off the log")
+                    f"{cursor.stale} batches of sequencer {lane} belong to its previous generation, after a "
+                    f"start record of that sequencer (offset {cursor.lanes[lane][0]}) that no batch followed: "
+                    f"a record on {self.topic} did not come from a sequencer; restart the sequencer (a new "
+                    f"generation takes over) and keep other producers off the log")
 
     def _end_offset(self) -> int | None:
         """The log's end offset; None if the topic is gone; -1 if the broker did not say."""

@@ -73,10 +73,14 @@ class SequencerConfig:
     max_request_bytes: int = 64 * 1024
     dedupe_window: int = 1_000_000
     partitions: int = 1  # the engine's partition count, for routing each batch
+    sequencers: int = 1  # S: how many sequencers share the request partitions
+    index: int = 0  # k: this one takes the request partitions p with p % S == k
 
     def __post_init__(self) -> None:
         if self.partitions < 1:
             raise ValueError("partitions must be >= 1")
+        if self.sequencers < 1 or not 0 <= self.index < self.sequencers:
+            raise ValueError(f"sequencer index {self.index} of {self.sequencers}: need 0 <= index < sequencers")
         if self.max_request_bytes + BATCH_OVERHEAD + 64 + item_bytes(tuple(range(self.partitions))) > self.max_bytes:
             raise ValueError("max_request_bytes must leave room in max_bytes for one request")
 
@@ -99,6 +103,16 @@ class SequencerStats:
     startup_records: int = 0  # log records read at start-up
 
 
+def transactional_id(namespace: str, index: int) -> str:
+    """Sequencer k's producer id: a restarted sequencer k fences the one before it. Lane 0
+    keeps the single sequencer's id, so going from one sequencer to several fences it."""
+    return f"{namespace}.sequencer" if index == 0 else f"{namespace}.sequencer.{index}"
+
+
+def owned_partitions(partitions: int, index: int, sequencers: int) -> list[int]:
+    return [p for p in range(partitions) if p % sequencers == index]
+
+
 class Sequencer:
     def __init__(self, bootstrap: str, namespace: str, registry: Registry,
                  config: SequencerConfig = SequencerConfig()):
@@ -110,12 +124,13 @@ class Sequencer:
         self._stop = threading.Event()
         self._group = f"{namespace}.sequencer"
         self._producer = Producer(kafka_config(bootstrap, {
-            "transactional.id": f"{namespace}.sequencer",
+            "transactional.id": transactional_id(namespace, config.index),
             "linger.ms": 0,
             "message.max.bytes": max(config.max_bytes + 64 * 1024, 1_000_000),
         }))
         self._consumer: Consumer | None = None
         self._cursor = LogCursor()
+        self._started_at = -1  # this sequencer's start record's offset: its generation
         self._log_end = 0  # the log's end offset after this sequencer's last append, as far as known
         self._last_appended: tuple[int, bytes] | None = None  # (offset, fingerprint)
         self._probe: RecordProbe | None = None
@@ -129,22 +144,30 @@ class Sequencer:
     # -- start-up ---------------------------------------------------------------------
 
     def start(self, timeout: float = 60.0) -> None:
-        """Fence any earlier sequencer, mark the takeover in the log, and learn from the
-        log where sequencing stands: from a recent snapshot of an earlier sequencer's
-        state, reading forward to this sequencer's own start record."""
+        """Fence any earlier sequencer of this lane, mark the takeover in the log, and learn
+        from the log where sequencing stands: from a recent snapshot of an earlier
+        sequencer's state, reading forward to this sequencer's own start record."""
+        config = self.config
         check_topics(self.bootstrap, self.topics, timeout)
+        partitions = partition_count(self.bootstrap, self.topics.requests)
+        if partitions < config.sequencers:
+            raise ValueError(f"{config.sequencers} sequencers need at least {config.sequencers} partitions of "
+                             f"{self.topics.requests}, which has {partitions}: create it with more "
+                             f"(`ordo run --request-partitions`)")
         self._producer.init_transactions(timeout)
         token = uuid.uuid4().hex
         self._producer.begin_transaction()
-        self._producer.produce(self.topics.log, value=encode_start(token, describe(self.registry)), partition=0,
-                               on_delivery=self._delivered)
+        start = encode_start(token, describe(self.registry), config.index, config.sequencers)
+        self._producer.produce(self.topics.log, value=start, partition=0, on_delivery=self._delivered)
         self._producer.commit_transaction(timeout)
-        seed = find_seed(self.bootstrap, self.topics.log, self._log_end - 1, self.config.dedupe_window)
+        self._started_at = self._log_end - 1
+        seed = find_seed(self.bootstrap, self.topics.log, self._started_at, config.dedupe_window,
+                         config.index, config.sequencers)
         if seed is not None:
             self._cursor, self._accepted, self._last_time = seed
+            self._cursor.only = config.index
         self._catch_up(token, timeout)
-        self._append([encode_snapshot(self._cursor.to_dict(), self._accepted, self._last_time)], [])
-        partitions = partition_count(self.bootstrap, self.topics.requests)
+        self._append([self._snapshot(self._own_cursor(), self._accepted)], [])
         self._consumer = Consumer(consumer_config(self.bootstrap, {
             "group.id": self._group,
             "enable.auto.commit": False,
@@ -154,9 +177,20 @@ class Sequencer:
         offsets = self._cursor.request_offsets
         self._consumer.assign([
             TopicPartition(self.topics.requests, p, offsets.get(p, OFFSET_BEGINNING))
-            for p in range(partitions)
+            for p in owned_partitions(partitions, config.index, config.sequencers)
         ])
-        log.info("sequencer generation %d resumes at batch %d", self._cursor.generation, self._cursor.next_batch)
+        log.info("sequencer %d of %d (generation at log offset %d) resumes at its batch %d", config.index,
+                 config.sequencers, self._started_at, self.next_epoch)
+
+    def _own_cursor(self) -> dict:
+        """The cursor as a snapshot keeps it: this sequencer's lane only (what it knows of
+        other lanes is not kept up to date while it runs)."""
+        own = self._cursor.to_dict()
+        own["lanes"] = {self.config.index: [self._started_at, self.next_epoch]}
+        return own
+
+    def _snapshot(self, cursor: dict, accepted: int) -> bytes:
+        return encode_snapshot(cursor, accepted, self._last_time, self.config.index, self.config.sequencers)
 
     def _catch_up(self, token: str, timeout: float) -> None:
         """Read from the cursor to this sequencer's start record; `timeout` bounds a
@@ -171,7 +205,7 @@ class Sequencer:
                 for offset, value in records:
                     self.stats.startup_records += 1
                     batch = self._cursor.accept(value, offset)
-                    if batch is not None:
+                    if batch is not None and batch.sequencer == self.config.index:
                         entries = batch.entries
                         self._recent.add_batch_entries(entries)
                         self._accepted += sum(proc is not None for _, proc, _ in entries)
@@ -186,11 +220,20 @@ class Sequencer:
 
     @property
     def generation(self) -> int:
+        """Start records in the log up to this sequencer's own (as far as it read)."""
         return self._cursor.generation
 
     @property
     def next_batch(self) -> int:
+        """The id the log gives this sequencer's next batch if no other sequencer appends
+        first: exact with one sequencer."""
         return self._cursor.next_batch
+
+    @property
+    def next_epoch(self) -> int:
+        """The epoch number of this sequencer's next batch."""
+        lane = self._cursor.lanes.get(self.config.index)
+        return lane[1] if lane else 1
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -279,19 +322,22 @@ class Sequencer:
 
     def _cut(self, epoch: _Epoch) -> _Epoch:
         self._last_time = max(self._last_time, int(time.time() * 1000))
-        batch_id = self._cursor.next_batch
-        record = encode_batch(batch_id, self._cursor.generation, self._last_time,
+        number = self.next_epoch
+        record = encode_batch(number, self._started_at, self._last_time,
                               {p: tuple(span) for p, span in epoch.offsets.items()}, epoch.entries,
-                              build_routing(self.config.partitions, epoch.placements), self._cursor.log_id)
+                              build_routing(self.config.partitions, epoch.placements), self._cursor.log_id,
+                              self.config.index)
         positions = [TopicPartition(self.topics.requests, p, span[1]) for p, span in epoch.offsets.items()]
         records = [record]
-        after = self._cursor.to_dict()
-        after["next_batch"] = batch_id + 1
-        after["request_offsets"].update((p, span[1]) for p, span in epoch.offsets.items())
         accepted = self._accepted + sum(placement is not None for placement in epoch.placements)
-        if batch_id % SNAPSHOT_EVERY == 0:
-            records.append(encode_snapshot(after, accepted, self._last_time))
+        if number % SNAPSHOT_EVERY == 0:
+            after = self._own_cursor()
+            after["next_batch"] += 1
+            after["lanes"][self.config.index][1] += 1
+            after["request_offsets"].update((p, span[1]) for p, span in epoch.offsets.items())
+            records.append(self._snapshot(after, accepted))
         self._append(records, positions)
+        self._cursor.lanes[self.config.index][1] += 1
         self._cursor.next_batch += 1
         for partition, span in epoch.offsets.items():
             self._cursor.request_offsets[partition] = span[1]
@@ -334,7 +380,7 @@ class Sequencer:
                     raise BrokerLost(self._cannot_append(exc)) from None
 
     def _cannot_append(self, exc: KafkaException) -> str:
-        return (f"cannot append batch {self._cursor.next_batch} to {self.topics.log} for "
+        return (f"cannot append batch {self.next_epoch} of sequencer {self.config.index} to {self.topics.log} for "
                 f"{APPEND_DEADLINE:.0f} s ({exc.args[0].str()}): the broker may have been restarted without its "
                 f"data; see docs/operations.md, 'Broker lost'")
 

@@ -2,9 +2,12 @@
 earlier sequencer's state instead of the log's head, so start-up costs what the dedupe
 window needs, not what the log has grown to.
 
-The snapshot chosen is the newest one that still lies at least `window` accepted
-entries back, so the ids read forward from it fill the duplicate check as a read from
-the head would. Reading back touches only start and snapshot records' values."""
+The snapshot chosen is the newest one of the caller's own lane (sequencer k of S) that
+still lies at least `window` of its accepted entries back, so the ids read forward from
+it fill the duplicate check as a read from the head would. A start record of another
+sequencer count met on the way back means the sequencers were reconfigured since: the
+request partitions changed hands, and only a read from the head knows where each one
+stands. Reading back touches only start and snapshot records' values."""
 
 from __future__ import annotations
 
@@ -13,14 +16,14 @@ import time
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from sequencer.kafka import consumer_config
-from sequencer.log import SNAPSHOT, SNAPSHOT_EVERY, LogCursor, Snapshot, decode, is_batch_record
+from sequencer.log import SNAPSHOT, SNAPSHOT_EVERY, START, LogCursor, Snapshot, Start, decode, is_batch_record
 
 # Records read back per step: a little more than the distance between two snapshots
 # (each batch is followed by its transaction marker).
 STEP = 2 * SNAPSHOT_EVERY + 16
 
 
-def find_seed(bootstrap: str, topic: str, before: int, window: int,
+def find_seed(bootstrap: str, topic: str, before: int, window: int, sequencer: int = 0, sequencers: int = 1,
               timeout: float = 30.0) -> tuple[LogCursor, int, int] | None:
     """(cursor, entries accepted, batch time) to resume reading from, or None to read
     from the head. `before` is the offset of the caller's own start record."""
@@ -33,7 +36,14 @@ def find_seed(bootstrap: str, topic: str, before: int, window: int,
         high = before
         while high > 0:
             low = max(0, high - STEP)
-            for offset, snapshot in reversed(_snapshots(consumer, topic, low, high, timeout)):
+            for offset, record in reversed(_records(consumer, topic, low, high, timeout)):
+                if isinstance(record, Start):
+                    if record.sequencers != sequencers:
+                        return None
+                    continue
+                if (record.sequencer, record.sequencers) != (sequencer, sequencers):
+                    continue
+                snapshot = record
                 newest = newest or snapshot
                 if newest.accepted - snapshot.accepted >= window:
                     cursor = LogCursor.from_dict(snapshot.cursor.to_dict())
@@ -45,11 +55,12 @@ def find_seed(bootstrap: str, topic: str, before: int, window: int,
         consumer.close()
 
 
-def _snapshots(consumer: Consumer, topic: str, low: int, high: int, timeout: float) -> list[tuple[int, Snapshot]]:
-    """Snapshot records at offsets [low, high). A record at `high` or later always exists
+def _records(consumer: Consumer, topic: str, low: int, high: int,
+             timeout: float) -> list[tuple[int, Snapshot | Start]]:
+    """Snapshot and start records at offsets [low, high). A record at `high` or later always exists
     (the caller's start record), so the read ends on an offset, not on a timeout."""
     consumer.assign([TopicPartition(topic, 0, low)])
-    found: list[tuple[int, Snapshot]] = []
+    found: list[tuple[int, Snapshot | Start]] = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for message in consumer.consume(500, 0.5):
@@ -74,5 +85,5 @@ def _keep(found: list, offset: int, value: bytes) -> None:
         kind, record = decode(value)
     except Exception:  # not a sequencer's record: every reader skips it
         return
-    if kind == SNAPSHOT:
+    if kind in (SNAPSHOT, START):
         found.append((offset, record))

@@ -41,15 +41,17 @@ def test_bad_messages_become_rejections_never_exceptions(value, key, expected_id
     assert request_id == expected_id and proc is None and error in reason
 
 
-def batch_record(batch_id, generation, entries=(["a", None, "x"],), offsets=None, log_id="s1"):
-    return encode_batch(batch_id, generation, 1000 + batch_id, offsets or {0: (0, 1)},
-                        [encode_entry(e) for e in entries], log_id=log_id)
+def batch_record(epoch, generation, entries=(["a", None, "x"],), offsets=None, log_id="s1", sequencer=0, time_ms=None):
+    """A batch of sequencer `sequencer` whose start record is at offset `generation`."""
+    return encode_batch(epoch, generation, 1000 + epoch if time_ms is None else time_ms, offsets or {0: (0, 1)},
+                        [encode_entry(e) for e in entries], log_id=log_id, sequencer=sequencer)
 
 
 def test_batch_record_round_trip():
-    kind, batch = decode(batch_record(4, 2, [["a", "p", {"x": 1}], ["b", None, "bad"]], {0: (3, 9), 2: (0, 1)}))
+    kind, batch = decode(batch_record(4, 2, [["a", "p", {"x": 1}], ["b", None, "bad"]], {0: (3, 9), 2: (0, 1)},
+                                      sequencer=1))
     assert kind == BATCH
-    assert (batch.batch_id, batch.generation, batch.time_ms) == (4, 2, 1004)
+    assert (batch.epoch, batch.generation, batch.time_ms, batch.sequencer) == (4, 2, 1004, 1)
     assert batch.offsets == {0: [3, 9], 2: [0, 1]}
     assert batch.entries == [["a", "p", {"x": 1}], ["b", None, "bad"]]
 
@@ -57,22 +59,56 @@ def test_batch_record_round_trip():
 def test_cursor_accepts_next_batch_of_current_generation_only():
     cursor = LogCursor()
     assert cursor.accept(encode_start("s1"), 0) is None and cursor.generation == 1
-    assert cursor.accept(batch_record(1, 1), 1).batch_id == 1
-    assert cursor.accept(batch_record(1, 1), 2) is None  # a repeat (e.g. visible aborted copy)
+    assert cursor.accept(batch_record(1, 0), 1).batch_id == 1
+    assert cursor.accept(batch_record(1, 0), 2) is None  # a repeat (e.g. visible aborted copy)
     assert cursor.accept(encode_start("s2"), 3) is None and cursor.generation == 2
-    assert cursor.accept(batch_record(2, 1), 4) is None  # a fenced sequencer's late write
-    accepted = cursor.accept(batch_record(2, 2, offsets={0: (1, 5)}), 5)
+    assert cursor.accept(batch_record(2, 0), 4) is None  # a fenced sequencer's late write
+    accepted = cursor.accept(batch_record(2, 3, offsets={0: (1, 5)}), 5)
     assert accepted.batch_id == 2 and accepted.log_offset == 5
     assert cursor.to_dict() == {"next_batch": 3, "generation": 2, "next_offset": 6, "request_offsets": {0: 5},
-                                "log_id": "s1"}
+                                "log_id": "s1", "lanes": {0: [3, 3]}, "sequencers": 1, "time_ms": 1002}
     assert LogCursor.from_dict(cursor.to_dict()) == cursor
+
+
+def test_batches_of_several_sequencers_are_numbered_in_log_order():
+    cursor = LogCursor()
+    cursor.accept(encode_start("s1", None, 0, 2), 0)
+    cursor.accept(encode_start("b", None, 1, 2), 1)
+    assert cursor.accept(batch_record(1, 1, sequencer=1, offsets={1: (0, 4)}), 2).batch_id == 1
+    assert cursor.accept(batch_record(1, 0, sequencer=0, offsets={0: (0, 3)}), 3).batch_id == 2
+    assert cursor.accept(batch_record(1, 1, sequencer=1), 4) is None  # a repeat of sequencer 1's
+    assert cursor.accept(batch_record(2, 1, sequencer=1, offsets={1: (4, 6)}), 5).batch_id == 3
+    assert cursor.request_offsets == {0: 3, 1: 6}
+    cursor.accept(encode_start("a2", None, 0, 2), 6)  # sequencer 0 restarts; its epochs go on
+    assert cursor.accept(batch_record(2, 0, sequencer=0), 7) is None and cursor.stale == 1  # the fenced one's
+    assert cursor.accept(batch_record(2, 6, sequencer=0, time_ms=5), 8).batch_id == 4 and cursor.stale == 0
+    assert cursor.lanes == {0: [6, 3], 1: [1, 3]}
+    assert cursor.accept(batch_record(3, 1, sequencer=1, time_ms=500), 9).time_ms == 1002  # never goes back
+    with pytest.raises(LogError, match="expected batch 4 of sequencer 1, found batch 6"):
+        cursor.accept(batch_record(6, 1, sequencer=1), 10)
+
+
+def test_a_new_sequencer_count_closes_every_lane():
+    cursor = LogCursor()
+    cursor.accept(encode_start("s1", None, 0, 2), 0)
+    cursor.accept(encode_start("b", None, 1, 2), 1)
+    cursor.accept(batch_record(1, 1, sequencer=1), 2)
+    cursor.accept(encode_start("c", None, 0, 1), 3)  # reconfigured to one sequencer
+    assert cursor.lanes == {0: [3, 1]} and cursor.sequencers == 1
+    assert cursor.accept(batch_record(2, 1, sequencer=1), 4) is None and cursor.stale == 0
+    assert cursor.accept(batch_record(1, 3), 5).batch_id == 2
+
+
+def test_a_start_record_names_a_sequencer_within_its_count():
+    cursor = LogCursor()
+    assert cursor.accept(msgpack.packb([0, "t", None, 2, 2]), 0) is None and cursor.foreign == 1
 
 
 def test_cursor_refuses_to_skip_a_missing_batch():
     cursor = LogCursor()
     cursor.accept(encode_start("s1"), 0)
-    with pytest.raises(LogError, match="expected batch 1, found batch 3"):
-        cursor.accept(batch_record(3, 1), 1)
+    with pytest.raises(LogError, match="expected batch 1 of sequencer 0, found batch 3"):
+        cursor.accept(batch_record(3, 0), 1)
 
 
 def test_unreadable_record_is_skipped_alike_by_every_reader_and_a_lost_batch_still_shows():
@@ -80,15 +116,15 @@ def test_unreadable_record_is_skipped_alike_by_every_reader_and_a_lost_batch_sti
     cursor.accept(encode_start("s1"), 0)
     assert cursor.accept(b"\xc1garbage", 1) is None and cursor.foreign == 1
     assert cursor.accept(msgpack.packb([0, 7]), 2) is None and cursor.foreign == 2  # a start without a token
-    assert cursor.accept(batch_record(1, 1), 3).batch_id == 1
-    with pytest.raises(LogError, match="expected batch 2, found batch 3"):
-        cursor.accept(batch_record(3, 1), 4)
+    assert cursor.accept(batch_record(1, 0), 3).batch_id == 1
+    with pytest.raises(LogError, match="expected batch 2 of sequencer 0, found batch 3"):
+        cursor.accept(batch_record(3, 0), 4)
 
 
 def test_a_batch_of_another_log_is_refused():
     cursor = LogCursor()
     cursor.accept(encode_start("s1"), 0)
-    cursor.accept(batch_record(1, 1), 1)
+    cursor.accept(batch_record(1, 0), 1)
     restored = LogCursor.from_dict(cursor.to_dict())
     restored.accept(encode_start("t9"), 2)  # what a restarted, empty broker's new log shows
     with pytest.raises(LogMismatch, match="belongs to log t9, not to log s1"):
@@ -103,13 +139,13 @@ def test_a_log_without_its_head_is_refused():
 def test_batches_ignored_after_a_start_no_batch_followed_are_counted():
     cursor = LogCursor()
     cursor.accept(encode_start("s1"), 0)
-    cursor.accept(batch_record(1, 1), 1)
+    cursor.accept(batch_record(1, 0), 1)
     cursor.accept(encode_start("forged"), 2)
-    for offset, batch_id in enumerate(range(2, 8), start=3):
-        assert cursor.accept(batch_record(batch_id, 1), offset) is None
+    for offset, epoch in enumerate(range(2, 8), start=3):
+        assert cursor.accept(batch_record(epoch, 0), offset) is None
     assert cursor.stale == 6 and cursor.next_batch == 2
     cursor.accept(encode_start("s3"), 9)
-    assert cursor.accept(batch_record(2, 3), 10).batch_id == 2 and cursor.stale == 0
+    assert cursor.accept(batch_record(2, 9), 10).batch_id == 2 and cursor.stale == 0
 
 
 def test_recent_ids_forget_the_oldest_beyond_capacity():

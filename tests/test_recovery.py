@@ -187,12 +187,12 @@ def test_a_log_that_lost_batches_stops_recovery_with_the_missing_batch(broker, n
     producer.produce(f"{namespace}.log", encode_start("s1"))
     for batch_id in (4, 5):  # batches 1..3 gone, as if the log had been truncated
         entry = encode_entry([f"r{batch_id}", "micro_rmw", {"keys": [batch_id]}])
-        producer.produce(f"{namespace}.log", encode_batch(batch_id, 1, 0, {}, [entry], log_id="s1"))
+        producer.produce(f"{namespace}.log", encode_batch(batch_id, 0, 0, {}, [entry], log_id="s1"))
     producer.flush(10)
     done = ordo_run("recover", "--bootstrap-servers", broker, "--namespace", namespace,
                     "--data-dir", str(tmp_path), "--idle", "5")
     assert done.returncode == 2
-    assert f"ordo recover: cannot replay {namespace}.log from batch 1: log gap: expected batch 1, found batch 4" \
+    assert f"ordo recover: cannot replay {namespace}.log from batch 1: log gap: expected batch 1 of sequencer 0, found batch 4" \
         in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
 
