@@ -221,10 +221,14 @@ def build_parser() -> argparse.ArgumentParser:
                                      "storage limit and the PostgreSQL baseline")
     p.add_argument("workload", help="micro, sl, gs, ob or tp: one configuration; suite: the grid of BENCHMARKS.md; "
                                     "scale WORKLOAD: the same log at several partition counts; "
+                                    "sequence WORKLOAD: requests/s into the log for several sequencer counts "
+                                    "(--sequencers 1,2); "
                                     "tpcc: TPC-C engine throughput per partition count (--partitions 1,2); "
                                     "alias: dependent transactions end to end, with their restart rate; "
                                     "voter: S-Store's leaderboards, votes/s end to end")
-    p.add_argument("scaled", nargs="?", metavar="WORKLOAD", help="scale: the workload to scale")
+    p.add_argument("scaled", nargs="?", metavar="WORKLOAD", help="scale and sequence: the workload to measure")
+    p.add_argument("--sequencers", default="1,2", metavar="S[,S…]",
+                   help="sequence: the sequencer counts, comma-separated (default %(default)s)")
     p.add_argument("--scheduler", choices=SCHEDULER_CHOICES, default="serial")
     p.add_argument("--partitions", default=None, metavar="N[,N…]",
                    help="partition workers; scale: a comma-separated list (default 1; scale: 1,2)")
@@ -232,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="scale, micro: share of multi-partition transactions (the knob mp); several, "
                         "comma-separated, are measured in the same run (0,1: 100 %% against 0 %%)")
     p.add_argument("--rounds", type=int, default=1, metavar="N",
-                   help="scale: run every configuration N times, taking turns, and report the medians "
+                   help="scale and sequence: run every configuration N times, taking turns, and report the medians "
                         "(default 1)")
     p.add_argument("--no-end-to-end", action="store_true", help="scale and tpcc: the engine only")
     p.add_argument("--rate", type=float, default=None, metavar="REQ_PER_S",
@@ -481,6 +485,15 @@ def cmd_bench(args) -> int:
         knobs = parse_knobs(_workload("tpcc"), args.knob)
         run_tpcc([int(n) for n in (args.partitions or "1").split(",")], args.scheduler, args.txns, args.seed, knobs,
                  args.max_txns, args.json, args.baseline, not args.no_end_to_end)
+        return 0
+    if args.workload == "sequence":
+        from ordo.benchmarks.sequencing import run_sequencing
+
+        if args.scaled is None:
+            raise ValueError("ordo bench sequence needs a workload: ordo bench sequence micro --sequencers 1,2")
+        run_sequencing(args.scaled, [int(s) for s in args.sequencers.split(",")], args.txns, args.seed,
+                       parse_knobs(_workload(args.scaled), args.knob), int(args.partitions or 1), args.max_txns,
+                       args.json, args.rounds)
         return 0
     if args.workload == "scale":
         from ordo.benchmarks.scale import run_scale

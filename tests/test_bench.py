@@ -151,3 +151,33 @@ def test_bench_scale_takes_turns_over_rounds_and_compares_multi_partition_shares
     assert zero["engine_speedup_rounds"] == [pytest.approx(a / b, rel=0.01)
                                              for a, b in zip(zero["engine_tps_rounds"], runs[0]["engine_tps_rounds"])]
     assert "median of 3 rounds" in out and out.count("round 3:") == 4
+
+
+@pytest.mark.slow
+def test_bench_sequence_measures_every_sequencer_count_from_the_log(tmp_path):
+    path = tmp_path / "sequence.json"
+    out = ordo_output("bench", "sequence", "micro", "--sequencers", "1,2", "--partitions", "2", "--txns", "20000",
+                      "--max-txns", "100", "--json", str(path), timeout=300)
+    report = json.loads(path.read_text())
+    runs = report["runs"]
+    assert [r["sequencers"] for r in runs] == [1, 2]
+    for run in runs:
+        assert run["requests_per_s"] > 0 and run["rounds"] == [run["requests_per_s"]]
+    assert runs[0]["speedup"] == 1.0
+    assert runs[1]["speedup"] == pytest.approx(runs[1]["requests_per_s"] / runs[0]["requests_per_s"], rel=0.01)
+    assert "requests/s" in out
+
+
+def test_sequencing_rate_counts_only_what_was_cut_while_every_sequencer_ran():
+    from ordo.benchmarks.sequencing import sequencing_rate
+    from sequencer.log import Batch
+
+    def batch(sequencer, time_ms, size):
+        return Batch(1, 0, time_ms, {}, [["r", "p", {}]] * size, sequencer=sequencer)
+
+    # Sequencer 1 starts at 100 ms and stops at 1100 ms; sequencer 0 runs on alone on either side.
+    batches = [batch(0, 0, 50), batch(0, 100, 10), batch(1, 100, 10), batch(0, 600, 20), batch(1, 600, 30),
+               batch(1, 1100, 40), batch(0, 1100, 60), batch(0, 2000, 90)]
+    assert sequencing_rate(batches) == (20 + 30 + 40 + 60) * 1000 / 1000
+    with pytest.raises(ValueError, match="more --txns"):
+        sequencing_rate([batch(0, 0, 1), batch(1, 500, 1), batch(0, 400, 1)])
