@@ -1,5 +1,5 @@
 """SIGKILL the sequencer mid-stream, again and again: every request still gets exactly
-one outcome and enters the log exactly once."""
+one outcome and enters the log exactly once. With two sequencers, they are killed in turn."""
 
 import signal
 import threading
@@ -17,7 +17,8 @@ from tests.helpers import dump_state, interpret_log, ordo, read_results, referen
 pytestmark = pytest.mark.slow
 
 
-def test_sequencer_sigkill_loses_and_repeats_nothing(broker, namespace, tmp_path):
+@pytest.mark.parametrize("sequencers", [1, 2])
+def test_sequencer_sigkill_loses_and_repeats_nothing(broker, namespace, tmp_path, sequencers):
     ensure_topics(broker, namespace, request_partitions=2)
     data_dir = str(tmp_path / "d")
     kafka = ("--bootstrap-servers", broker, "--namespace", namespace)
@@ -30,21 +31,27 @@ def test_sequencer_sigkill_loses_and_repeats_nothing(broker, namespace, tmp_path
             client.submit(requests[start:start + 100])
             time.sleep(0.05)
 
+    def sequencer(index: int):
+        return ordo("sequence", *kafka, "--max-txns", "150", "--sequencers", str(sequencers),
+                    "--sequencer-index", str(index))
+
     feeder = threading.Thread(target=feed)
-    sequencer = ordo("sequence", *kafka, "--max-txns", "150")
+    running = [sequencer(k) for k in range(sequencers)]
     feeder.start()
     kills = 0
     try:
         while feeder.is_alive() or kills < 3:
             time.sleep(0.7)
-            sequencer.send_signal(signal.SIGKILL)
-            sequencer.wait()
+            victim = kills % sequencers
+            running[victim].send_signal(signal.SIGKILL)
+            running[victim].wait()
             kills += 1
-            sequencer = ordo("sequence", *kafka, "--max-txns", "150")
+            running[victim] = sequencer(victim)
         feeder.join()
         records = read_results(broker, f"{namespace}.results", len(requests), timeout=180)
     finally:
-        stop(sequencer)
+        for process in running:
+            stop(process)
         stop(engine)
         client.close()
     assert kills >= 3
