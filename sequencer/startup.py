@@ -62,6 +62,7 @@ def _records(consumer: Consumer, topic: str, low: int, high: int,
     consumer.assign([TopicPartition(topic, 0, low)])
     found: list[tuple[int, Snapshot | Start]] = []
     deadline = time.monotonic() + timeout
+    last = None
     while time.monotonic() < deadline:
         for message in consumer.consume(500, 0.5):
             error = message.error()
@@ -70,12 +71,14 @@ def _records(consumer: Consumer, topic: str, low: int, high: int,
                     continue
                 raise RuntimeError(f"log read failed: {error}")
             offset, value = message.offset(), message.value()
+            deadline, last = time.monotonic() + timeout, offset
             if offset >= high - 1:
                 if offset < high:
                     _keep(found, offset, value)
                 return found
             _keep(found, offset, value)
-    raise TimeoutError(f"reading {topic} back from offset {high} made no progress for {timeout:.0f} s")
+    raise TimeoutError(f"reading {topic} back from offset {low} to {high} made no progress for {timeout:.0f} s "
+                       f"(last record read: {'none' if last is None else f'offset {last}'})")
 
 
 def _keep(found: list, offset: int, value: bytes) -> None:
