@@ -30,6 +30,9 @@ def find_seed(bootstrap: str, topic: str, before: int, window: int, sequencer: i
     consumer = Consumer(consumer_config(bootstrap, {
         "group.id": f"{topic}.startup", "enable.auto.commit": False,
         "isolation.level": "read_committed", "fetch.max.bytes": 64 * 1024 * 1024,
+        # A position the broker calls out of range must not move the read to the log's end,
+        # where it would wait for records that never come.
+        "auto.offset.reset": "earliest",
     }))
     newest: Snapshot | None = None
     try:
@@ -72,6 +75,8 @@ def _records(consumer: Consumer, topic: str, low: int, high: int,
                 raise RuntimeError(f"log read failed: {error}")
             offset, value = message.offset(), message.value()
             deadline, last = time.monotonic() + timeout, offset
+            if offset < low:
+                continue
             if offset >= high - 1:
                 if offset < high:
                     _keep(found, offset, value)
