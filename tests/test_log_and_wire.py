@@ -2,6 +2,8 @@ import json
 
 import msgpack
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from procedures.registry import default_registry
 from sequencer.dedupe import RecentIds
@@ -146,6 +148,59 @@ def test_batches_ignored_after_a_start_no_batch_followed_are_counted():
     assert cursor.stale == 6 and cursor.next_batch == 2
     cursor.accept(encode_start("s3"), 9)
     assert cursor.accept(batch_record(2, 9), 10).batch_id == 2 and cursor.stale == 0
+
+
+@st.composite
+def sequencer_logs(draw):
+    """Records of S sequencers interleaved on one log, with what a broker and restarts leave
+    in it: repeats of a batch (a visible aborted copy), restarts (a new start record for a
+    lane) and the fenced predecessor's one late batch; and the (sequencer, epoch) of every
+    batch a reader must accept, in log order."""
+    sequencers = draw(st.integers(1, 3))
+    records = [encode_start(f"s{k}", None, k, sequencers) for k in range(sequencers)]
+    generation = {k: k for k in range(sequencers)}
+    epoch = {k: 1 for k in range(sequencers)}
+    last = {}
+    expected = []
+    for action, k in draw(st.lists(st.tuples(st.sampled_from(["batch", "batch", "batch", "repeat", "restart"]),
+                                             st.integers(0, sequencers - 1)), max_size=40)):
+        if action == "batch":
+            last[k] = batch_record(epoch[k], generation[k], offsets={k: (epoch[k] - 1, epoch[k])}, sequencer=k,
+                                   time_ms=draw(st.integers(0, 5000)), log_id="s0")
+            records.append(last[k])
+            expected.append((k, epoch[k]))
+            epoch[k] += 1
+        elif action == "repeat" and k in last:
+            records.append(last[k])
+        elif action == "restart":
+            old = generation[k]
+            generation[k] = len(records)
+            records.append(encode_start(f"r{len(records)}", None, k, sequencers))
+            if draw(st.booleans()):  # the fenced one's transaction in flight shows up late
+                records.append(batch_record(epoch[k], old, sequencer=k, log_id="s0"))
+    return records, expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(sequencer_logs(), st.data())
+def test_every_reader_accepts_the_same_batches_of_several_sequencers_whenever_it_resumes(log, data):
+    records, expected = log
+    whole = LogCursor()
+    accepted = [whole.accept(value, offset) for offset, value in enumerate(records)]
+    batches = [batch for batch in accepted if batch is not None]
+    assert [(b.sequencer, b.epoch) for b in batches] == expected
+    assert [b.batch_id for b in batches] == list(range(1, len(expected) + 1))
+    times = [b.time_ms for b in batches]
+    assert times == sorted(times)
+    # A reader that stops anywhere and resumes from its persisted cursor sees the same.
+    cut = data.draw(st.integers(0, len(records)))
+    first = LogCursor()
+    resumed = [first.accept(value, offset) for offset, value in enumerate(records[:cut])]
+    second = LogCursor.from_dict(first.to_dict())
+    resumed += [second.accept(value, offset) for offset, value in enumerate(records[cut:], start=cut)]
+    assert [(b.batch_id, b.sequencer, b.epoch, b.time_ms) for b in resumed if b is not None] == \
+        [(b.batch_id, b.sequencer, b.epoch, b.time_ms) for b in batches]
+    assert second.to_dict() == whole.to_dict()
 
 
 def test_recent_ids_forget_the_oldest_beyond_capacity():
