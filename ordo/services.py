@@ -15,7 +15,7 @@ from typing import Callable
 from procedures.loading import load_registry
 from scheduler.coordinator import Coordinator, EngineStats
 from sequencer.sequencer import Sequencer, SequencerConfig
-from sequencer.topics import Topics, ensure_topics, partition_count
+from sequencer.topics import Topics, ensure_topics, request_partitions_for
 
 
 def on_termination(stop: Callable[[], None]) -> None:
@@ -233,24 +233,12 @@ class SequencerProcesses:
             process.start()
 
     @property
-    def pids(self) -> list[int]:
-        return [process.pid for process in self.processes if process.pid is not None]
-
-    @property
     def restarts(self) -> int:
         return sum(process.restarts for process in self.processes)
 
     def stop(self, timeout: float = 30.0) -> None:
         for process in self.processes:
             process.stop(timeout)
-
-
-def check_request_partitions(bootstrap: str, namespace: str, sequencers: int) -> None:
-    partitions = partition_count(bootstrap, Topics(namespace).requests)
-    if partitions < sequencers:
-        raise ValueError(f"{sequencers} sequencers need at least {sequencers} partitions of {namespace}.requests, "
-                         f"which has {partitions}: use fewer sequencers, or a new namespace with "
-                         f"--request-partitions {sequencers}")
 
 
 def serve_all(bootstrap: str, namespace: str, data_dir: str, scheduler: str, partitions: int,
@@ -261,7 +249,8 @@ def serve_all(bootstrap: str, namespace: str, data_dir: str, scheduler: str, par
 
     placement = placement or {}
     ensure_topics(bootstrap, namespace, request_partitions, replication=log_replication)
-    check_request_partitions(bootstrap, namespace, config.sequencers)
+    # Before Ray starts: a sequencer child would otherwise fail on it and be restarted forever.
+    request_partitions_for(bootstrap, Topics(namespace), config.sequencers)
     coordinator = Coordinator(bootstrap, namespace, data_dir, scheduler, partitions, **placement,
                               **(checkpointing or {}))
     sequencer = SequencerProcesses(bootstrap, namespace, config, placement.get("procedure_modules", ()))

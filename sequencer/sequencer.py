@@ -45,7 +45,7 @@ from sequencer.log import (
 from sequencer.reader import LogReader
 from sequencer.routing import build_routing, item_bytes
 from sequencer.startup import find_seed
-from sequencer.topics import Topics, check_topics, partition_count
+from sequencer.topics import Topics, check_topics, request_partitions_for
 from sequencer.wire import parse_request_sets
 from storage.partitioning import Partitioner, place
 
@@ -149,11 +149,7 @@ class Sequencer:
         sequencer's state, reading forward to this sequencer's own start record."""
         config = self.config
         check_topics(self.bootstrap, self.topics, timeout)
-        partitions = partition_count(self.bootstrap, self.topics.requests)
-        if partitions < config.sequencers:
-            raise ValueError(f"{config.sequencers} sequencers need at least {config.sequencers} partitions of "
-                             f"{self.topics.requests}, which has {partitions}: create it with more "
-                             f"(`ordo run --request-partitions`)")
+        partitions = request_partitions_for(self.bootstrap, self.topics, config.sequencers)
         self._producer.init_transactions(timeout)
         token = uuid.uuid4().hex
         self._producer.begin_transaction()

@@ -112,6 +112,17 @@ def check_log(admin: AdminClient, topics: Topics, timeout: float = 30.0) -> None
             f"{topics.log} --add-config {fix}` (see docs/operations.md, 'Log retention')")
 
 
+def request_partitions_for(bootstrap: str, topics: Topics, sequencers: int) -> int:
+    """The request topic's partition count, which S sequencers need to be at least S (each
+    takes the partitions p with p % S == its index); else a clear error."""
+    partitions = partition_count(bootstrap, topics.requests)
+    if partitions < sequencers:
+        raise ValueError(f"{sequencers} sequencers need at least {sequencers} partitions of {topics.requests}, "
+                         f"which has {partitions}: use fewer sequencers, or a new namespace with "
+                         f"--request-partitions {sequencers}")
+    return partitions
+
+
 def partition_count(bootstrap: str, topic: str, timeout: float = 30.0) -> int:
     admin = AdminClient(kafka_config(bootstrap))
     metadata = admin.list_topics(topic, timeout=timeout).topics.get(topic)

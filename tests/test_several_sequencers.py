@@ -5,6 +5,7 @@ the state, outcomes and change data of a serial run in log order."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import pytest
@@ -28,8 +29,6 @@ def start_sequencers(broker: str, namespace: str, config: SequencerConfig) -> li
 
 
 def wait_for(sequencers: list[SequencerThread], requests: int, timeout: float = 300.0) -> None:
-    import time
-
     deadline = time.monotonic() + timeout
     while sum(s.sequencer.stats.sequenced for s in sequencers) < requests:
         assert time.monotonic() < deadline, [s.sequencer.stats.sequenced for s in sequencers]
