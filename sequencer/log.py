@@ -220,7 +220,9 @@ def decode(value: bytes) -> tuple[int, Any]:
                                       *(record[4:6] if len(record) >= 6 else (0, 1)))
         if kind == BATCH:
             raw = record[8:]
-            if any(type(item) is not bytes for item in raw) or type(record[7]) is not int:
+            if type(record[7]) is not int:
+                raise ValueError("a batch's sequencer must be an index")
+            if any(type(item) is not bytes for item in raw):
                 raise ValueError("batch entries must be encoded entries")
             return BATCH, Batch(record[1], record[2], record[3], record[4], raw=raw, routing=record[5],
                                 log_id=record[6], sequencer=record[7])
