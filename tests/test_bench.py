@@ -156,7 +156,7 @@ def test_bench_scale_takes_turns_over_rounds_and_compares_multi_partition_shares
 @pytest.mark.slow
 def test_bench_sequence_measures_every_sequencer_count_from_the_log(tmp_path):
     path = tmp_path / "sequence.json"
-    out = ordo_output("bench", "sequence", "micro", "--sequencers", "1,2", "--partitions", "2", "--txns", "20000",
+    out = ordo_output("bench", "sequence", "micro", "--sequencers", "1,2", "--partitions", "2", "--txns", "6000",
                       "--max-txns", "100", "--json", str(path), timeout=300)
     report = json.loads(path.read_text())
     runs = report["runs"]

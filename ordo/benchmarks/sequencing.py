@@ -1,12 +1,14 @@
 """`ordo bench sequence`: how many requests per second S sequencers put into the log, for
 several S in one run, to find where one sequencer becomes the ceiling.
 
-Each configuration gets a fresh namespace whose request partitions hold the same requests
-(the largest S partitions, so every count splits them alike), and S sequencer processes,
-as `ordo run --sequencers S` starts them. The rate is read from the log itself: every batch
-carries its sequencer's clock at the cut, so the rate counts the entries of the batches cut
-while every sequencer was cutting (from the latest first batch to the earliest last one),
-without process start-up or the drain at the end.
+Each configuration gets a fresh namespace (the largest S request partitions, so every count
+splits the requests alike) and S sequencer processes, as `ordo run --sequencers S` starts
+them. Once every one of them has written its start-up snapshot (it consumes from then on),
+the requests are produced in one go: processes start at different speeds, and requests
+waiting before then would let the first one run alone. The rate is read from the log
+itself: every batch carries its sequencer's clock at the cut, so the rate counts the entries
+of the batches cut while every sequencer was cutting (from the latest first batch to the
+earliest last one), without the start or the drain at the end.
 """
 
 from __future__ import annotations
@@ -39,17 +41,18 @@ def sequencing_rate(batches: list) -> float:
 def sequence_once(bootstrap: str, encoded: list, request_partitions: int, sequencers: int, partitions: int,
                   max_txns: int, timeout: float = 600.0) -> float:
     from ordo.services import SequencerProcesses
-    from sequencer.log import LogCursor
+    from sequencer.log import SNAPSHOT, LogCursor, decode, is_batch_record
     from sequencer.reader import LogReader
     from sequencer.sequencer import SequencerConfig
     from sequencer.topics import Topics, ensure_topics
 
     namespace = new_namespace("sequence")
     ensure_topics(bootstrap, namespace, request_partitions=request_partitions)
-    produce(bootstrap, namespace, encoded)
     processes = SequencerProcesses(bootstrap, namespace,
                                    SequencerConfig(max_txns=max_txns, partitions=partitions, sequencers=sequencers))
-    reader = LogReader(bootstrap, Topics(namespace).log, LogCursor(), f"{namespace}.bench-reader")
+    cursor = LogCursor()
+    reader = LogReader(bootstrap, Topics(namespace).log, cursor, f"{namespace}.bench-reader")
+    ready: set[int] = set()
     batches, entries = [], 0
     processes.start()
     try:
@@ -57,9 +60,17 @@ def sequence_once(bootstrap: str, encoded: list, request_partitions: int, sequen
         while entries < len(encoded):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{namespace}.log holds {entries} of {len(encoded)} requests after {timeout:.0f} s")
-            for batch, _ in reader.poll(0.1, 10_000):
-                batches.append(batch)
-                entries += len(batch)
+            for offset, value in reader.poll_raw(0.1, 10_000):
+                batch = cursor.accept(value, offset)
+                if batch is not None:
+                    batches.append(batch)
+                    entries += len(batch)
+                elif len(ready) < sequencers and not is_batch_record(value):
+                    kind, record = decode(value)
+                    if kind == SNAPSHOT:
+                        ready.add(record.sequencer)
+                        if len(ready) == sequencers:
+                            produce(bootstrap, namespace, encoded)
     finally:
         reader.close()
         processes.stop()
