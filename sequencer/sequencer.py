@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from contextlib import AbstractContextManager, nullcontext
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from confluent_kafka import (
 from procedures.fingerprint import describe
 from procedures.registry import Registry
 from procedures.ollp import is_resequenced, request_identity
+from sequencer.append_turn import AppendTurn, needs_turns, turn_path
 from sequencer.dedupe import RecentIds
 from sequencer.kafka import consumer_config, kafka_config
 from sequencer.log_probe import RecordProbe, fingerprint
@@ -137,6 +139,7 @@ class Sequencer:
         self._accepted = 0  # entries accepted into the log so far (what the duplicate check remembers)
         self._watched = 0.0
         self._recent = RecentIds(config.dedupe_window)
+        self._turn: AbstractContextManager = nullcontext()
         self._last_time = 0
         tables = registry.tables.values()
         self._partitioner = Partitioner.for_tables(config.partitions, {t.name: t.partitioner for t in tables})
@@ -150,12 +153,14 @@ class Sequencer:
         config = self.config
         check_topics(self.bootstrap, self.topics, timeout)
         partitions = request_partitions_for(self.bootstrap, self.topics, config.sequencers)
-        self._producer.init_transactions(timeout)
+        self._turn = self._append_turn(timeout)
         token = uuid.uuid4().hex
-        self._producer.begin_transaction()
-        start = encode_start(token, describe(self.registry), config.index, config.sequencers)
-        self._producer.produce(self.topics.log, value=start, partition=0, on_delivery=self._delivered)
-        self._producer.commit_transaction(timeout)
+        with self._turn:  # fencing may end the previous generation's open transaction: a turn too
+            self._producer.init_transactions(timeout)
+            self._producer.begin_transaction()
+            start = encode_start(token, describe(self.registry), config.index, config.sequencers)
+            self._producer.produce(self.topics.log, value=start, partition=0, on_delivery=self._delivered)
+            self._producer.commit_transaction(timeout)
         self._started_at = self._log_end - 1
         seed = find_seed(self.bootstrap, self.topics.log, self._started_at, config.dedupe_window,
                          config.index, config.sequencers)
@@ -177,6 +182,16 @@ class Sequencer:
         ])
         log.info("sequencer %d of %d (generation at log offset %d) resumes at its batch %d", config.index,
                  config.sequencers, self._started_at, self.next_epoch)
+
+    def _append_turn(self, timeout: float) -> AbstractContextManager:
+        """Appends to the log taken in turns with the log's other sequencers where the
+        broker needs it (sequencer/append_turn.py), else no turns at all."""
+        metadata = self._producer.list_topics(timeout=timeout)
+        if not needs_turns(metadata.cluster_id):
+            return nullcontext()
+        brokers = [f"{b.host}:{b.port}" for b in metadata.brokers.values()]
+        return AppendTurn(turn_path(metadata.cluster_id, brokers, self.topics.log), self.topics.log,
+                          wait_limit=APPEND_DEADLINE + 60.0)
 
     def _own_cursor(self) -> dict:
         """The cursor as a snapshot keeps it: this sequencer's lane only (what it knows of
@@ -345,6 +360,10 @@ class Sequencer:
     def _append(self, records: list[bytes], positions: list[TopicPartition]) -> None:
         """Append records (a batch and perhaps a snapshot, or a snapshot alone) and the
         request positions they consume, in one transaction."""
+        with self._turn:
+            self._append_in_turn(records, positions)
+
+    def _append_in_turn(self, records: list[bytes], positions: list[TopicPartition]) -> None:
         producer = self._producer
         deadline = time.monotonic() + APPEND_DEADLINE
         while True:
@@ -410,4 +429,6 @@ class Sequencer:
         if self._probe is not None:
             self._probe.close()
             self._probe = None
+        if isinstance(self._turn, AppendTurn):
+            self._turn.close()
         self._producer.flush(5)

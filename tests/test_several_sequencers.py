@@ -12,6 +12,7 @@ import pytest
 
 from ordo.client import Client
 from ordo.embedded import SequencerThread, read_log
+from sequencer.broker import LocalBroker
 from procedures.workloads import micro, sl
 from sequencer.sequencer import SequencerConfig
 from sequencer.topics import ensure_topics
@@ -165,3 +166,28 @@ def test_more_sequencers_than_request_partitions_is_refused_with_one_line(broker
     _, err = engine.communicate(timeout=120)
     assert engine.returncode == 2
     assert "2 sequencers need at least 2 partitions of" in err and "Traceback" not in err, err
+
+
+def test_sequencers_on_the_local_broker_never_end_transactions_together(monkeypatch, tmp_path):
+    """The local broker can keep a transaction that ended at the same moment as another
+    producer's on one partition as still open, which stops read_committed readers of the
+    log; it logs a warning each time (sequencer/append_turn.py). Two busy sequencers
+    cutting one-request batches must never make it happen: they take turns to append."""
+    monkeypatch.setenv("RUST_LOG", "warn")
+    log_path = tmp_path / "broker.log"
+    with LocalBroker(log_path=str(log_path)) as own:
+        bootstrap, namespace = own.bootstrap_servers, "turns"
+        ensure_topics(bootstrap, namespace, request_partitions=2)
+        sequencers = start_sequencers(bootstrap, namespace, SequencerConfig(max_txns=1, sequencers=2))
+        requests = list(micro.generate(400, seed=5, partitions=1, keys=50, hot=4, mp=0))
+        client = Client(bootstrap, namespace)
+        client.submit(requests)
+        client.close()
+        wait_for(sequencers, len(requests))
+        assert all(s.sequencer.stats.batches > 50 for s in sequencers)  # both were busy
+        last_batch = sum(s.sequencer.next_epoch - 1 for s in sequencers)
+        stop_all(sequencers)
+        batches = read_log(bootstrap, namespace, last_batch, timeout=30)
+    assert sorted(sequenced_ids(batches)) == sorted(r["id"] for r in requests)
+    left_open = [line for line in log_path.read_text(errors="replace").splitlines() if "otherwise=Some(" in line]
+    assert left_open == []
