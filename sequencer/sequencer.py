@@ -155,12 +155,12 @@ class Sequencer:
         partitions = request_partitions_for(self.bootstrap, self.topics, config.sequencers)
         self._turn = self._append_turn(timeout)
         token = uuid.uuid4().hex
-        with self._turn:  # fencing may end the previous generation's open transaction: a turn too
+        with self._turn:  # fencing may end the previous generation's open transaction
             self._producer.init_transactions(timeout)
-            self._producer.begin_transaction()
-            start = encode_start(token, describe(self.registry), config.index, config.sequencers)
-            self._producer.produce(self.topics.log, value=start, partition=0, on_delivery=self._delivered)
-            self._producer.commit_transaction(timeout)
+        self._producer.begin_transaction()
+        start = encode_start(token, describe(self.registry), config.index, config.sequencers)
+        self._producer.produce(self.topics.log, value=start, partition=0, on_delivery=self._delivered)
+        self._end_transaction(self._producer.commit_transaction, timeout)
         self._started_at = self._log_end - 1
         seed = find_seed(self.bootstrap, self.topics.log, self._started_at, config.dedupe_window,
                          config.index, config.sequencers)
@@ -360,10 +360,6 @@ class Sequencer:
     def _append(self, records: list[bytes], positions: list[TopicPartition]) -> None:
         """Append records (a batch and perhaps a snapshot, or a snapshot alone) and the
         request positions they consume, in one transaction."""
-        with self._turn:
-            self._append_in_turn(records, positions)
-
-    def _append_in_turn(self, records: list[bytes], positions: list[TopicPartition]) -> None:
         producer = self._producer
         deadline = time.monotonic() + APPEND_DEADLINE
         while True:
@@ -380,19 +376,26 @@ class Sequencer:
                     raise  # fenced or fatal: another sequencer owns the log now
                 if time.monotonic() > deadline:
                     raise BrokerLost(self._cannot_append(exc)) from None
-                producer.abort_transaction(30)
+                self._end_transaction(producer.abort_transaction, 30)
                 # Append the same batch again; readers drop a visible aborted copy by its id.
 
     def _commit(self, deadline: float) -> None:
         while True:
             try:
-                self._producer.commit_transaction(30)
+                self._end_transaction(self._producer.commit_transaction, 30)
                 return
             except KafkaException as exc:
                 if not exc.args[0].retriable():
                     raise
                 if time.monotonic() > deadline:
                     raise BrokerLost(self._cannot_append(exc)) from None
+
+    def _end_transaction(self, end, timeout: float) -> None:
+        """Commit or abort in this sequencer's append turn. The records go out first, so
+        the turn covers no more than the broker ending the transaction."""
+        self._producer.flush(timeout)
+        with self._turn:
+            end(timeout)
 
     def _cannot_append(self, exc: KafkaException) -> str:
         return (f"cannot append batch {self.next_epoch} of sequencer {self.config.index} to {self.topics.log} for "
