@@ -46,6 +46,14 @@ class RecordProbe:
             found = second if first == second else None
         return None if found is None else found == "same"
 
+    def end_offset(self) -> int | None:
+        """The log's end offset, records of open transactions included (a read_committed
+        consumer is told the last stable offset instead); None if the broker did not say."""
+        try:
+            return self._consumer.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=2, cached=False)[1]
+        except Exception:
+            return None
+
     def _absent_by_end(self, offset: int) -> str | None:
         try:
             end = self._consumer.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=2, cached=False)[1]

@@ -2,9 +2,11 @@
 through a LogCursor, so all readers accept exactly the same batches.
 
 A follower also watches what it cannot see in the records themselves: a log that no
-longer holds the last record it read (the broker lost it) and a log whose sequence stalled
-behind a start record no batch followed. Either stops it with a clear error instead of
-waiting forever for batches that will never be accepted."""
+longer holds the last record it read (the broker lost it), a log whose sequence stalled
+behind a start record no batch followed, and a log whose broker holds records past the
+reader's position that it never releases to committed readers (a transaction on the log
+that never ends). Each stops it with a clear error instead of waiting forever for batches
+that will never be accepted or never come."""
 
 from __future__ import annotations
 
@@ -19,6 +21,9 @@ from sequencer.log_probe import RecordProbe, fingerprint
 
 WATCH_EVERY = 2.0  # seconds between checks of the log's end offset
 STALE_GRACE = 5.0  # how long the sequence may stall behind a start record before it is an error
+# How long the broker may hold back records past a reader's position: three times Kafka's
+# default transaction timeout, after which Kafka itself aborts a transaction left open.
+HELD_LIMIT = 180.0
 
 
 class LogLost(LogError):
@@ -49,6 +54,7 @@ class LogReader:
         self._bootstrap, self._group = bootstrap, group
         self._watched = 0.0
         self._stale_since: float | None = None
+        self._held_since: tuple[float, int] | None = None  # (since, position) while held back
         # (offset, fingerprint) of the newest record read; resuming, the record before the
         # cursor, known only to exist
         self._last_read: tuple[int, bytes | None] | None = (
@@ -93,6 +99,7 @@ class LogReader:
             raise LogLost(f"{self.topic} no longer holds the record at offset {offset} that this reader read: "
                           f"the broker lost the log (restarted without its data?); see docs/operations.md, "
                           f"'Broker lost'")
+        self._check_held_back(now, self._probe.end_offset())
         cursor = self.cursor
         if cursor.stale <= STALE_LIMIT:
             self._stale_since = None
@@ -107,6 +114,27 @@ class LogReader:
                     f"start record of that sequencer (offset {cursor.lanes[lane][0]}) that no batch followed: "
                     f"a record on {self.topic} did not come from a sequencer; restart the sequencer (a new "
                     f"generation takes over) and keep other producers off the log")
+
+    def _check_held_back(self, now: float, end: int | None) -> None:
+        """Records past this reader's position (more than one transaction marker) that the
+        broker keeps from committed readers, with no progress, for HELD_LIMIT: a transaction
+        on the log that never ends, which holds back everything after it."""
+        # The consumer's own position passes what it drops (aborted records, markers) too.
+        fetched = self._consumer.position([TopicPartition(self.topic, 0)])[0].offset
+        position = max(self.cursor.next_offset, fetched)
+        if end is None or end <= position + 1:
+            self._held_since = None
+            return
+        if self._held_since is None or self._held_since[1] != position:
+            self._held_since = (now, position)
+            return
+        if now - self._held_since[0] >= HELD_LIMIT:
+            raise LogError(
+                f"{self.topic} holds records up to offset {end - 1}, but for {now - self._held_since[0]:.0f} s the "
+                f"broker has released none past offset {position} to committed readers: a transaction on the log "
+                f"never ended. Either a producer other than Ordo's sequencers writes to the log (end its "
+                f"transaction, keep it off the log) or the local broker lost track of one, which nothing "
+                f"ends (docs/local-broker.md, 'Transactions ending together'): start over on a new broker")
 
     def _end_offset(self) -> int | None:
         """The log's end offset; None if the topic is gone; -1 if the broker did not say."""

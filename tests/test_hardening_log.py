@@ -162,3 +162,47 @@ def test_shards_holding_state_are_not_wiped_for_a_log_that_cannot_rebuild_them(b
     assert done.returncode == 2, done.stderr
     assert "not rebuilding the shards from the log" in done.stderr and "holds no record" in done.stderr
     assert dump_state(data) == before
+
+
+def test_a_transaction_on_the_log_that_never_ends_stops_a_reader_with_one_line(broker, namespace, monkeypatch):
+    from sequencer import reader as reader_module
+    from sequencer.log import LogCursor, LogError
+    from sequencer.reader import LogReader
+
+    monkeypatch.setattr(reader_module, "WATCH_EVERY", 0.2)
+    monkeypatch.setattr(reader_module, "HELD_LIMIT", 2.0)
+    ensure_topics(broker, namespace)
+    log_topic = f"{namespace}.log"
+
+    def transactional(name: str) -> Producer:
+        producer = Producer(kafka_config(broker, {"transactional.id": f"{namespace}.{name}"}))
+        producer.init_transactions(30)
+        return producer
+
+    writer = transactional("writer")
+    writer.begin_transaction()
+    writer.produce(log_topic, encode_start("first"), partition=0)
+    writer.commit_transaction(30)
+    reader = LogReader(broker, log_topic, LogCursor(), f"{namespace}.held")
+    try:
+        deadline = time.monotonic() + 4  # at the tail, past HELD_LIMIT: no alarm
+        while time.monotonic() < deadline:
+            reader.poll(0.1)
+        assert reader.cursor.next_offset == 1
+
+        foreign = transactional("foreign")  # a producer that is not a sequencer, and never ends
+        foreign.begin_transaction()
+        foreign.produce(log_topic, b"open", partition=0)
+        foreign.flush(10)
+        writer.begin_transaction()
+        writer.produce(log_topic, encode_start("second"), partition=0)
+        writer.commit_transaction(30)
+        with pytest.raises(LogError) as held:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                reader.poll(0.1)
+        message = str(held.value)
+        assert "\n" not in message and "never ended" in message and log_topic in message
+        assert reader.cursor.next_offset == 1  # nothing past the open transaction was read
+    finally:
+        reader.close()
