@@ -91,15 +91,14 @@ class LogReader:
             if self._end_offset() is None:
                 raise LogError(f"topic {self.topic} does not exist: create the namespace's topics first "
                                f"(`ordo run` creates them)")
+            self._check_held_back(now, self._probe_log().end_offset())
             return
-        if self._probe is None:
-            self._probe = RecordProbe(self._bootstrap, self.topic, f"{self._group}.probe")
         offset, digest = self._last_read
-        if self._probe.holds(offset, digest) is False:
+        if self._probe_log().holds(offset, digest) is False:
             raise LogLost(f"{self.topic} no longer holds the record at offset {offset} that this reader read: "
                           f"the broker lost the log (restarted without its data?); see docs/operations.md, "
                           f"'Broker lost'")
-        self._check_held_back(now, self._probe.end_offset())
+        self._check_held_back(now, self._probe_log().end_offset())
         cursor = self.cursor
         if cursor.stale <= STALE_LIMIT:
             self._stale_since = None
@@ -114,6 +113,11 @@ class LogReader:
                     f"start record of that sequencer (offset {cursor.lanes[lane][0]}) that no batch followed: "
                     f"a record on {self.topic} did not come from a sequencer; restart the sequencer (a new "
                     f"generation takes over) and keep other producers off the log")
+
+    def _probe_log(self) -> RecordProbe:
+        if self._probe is None:
+            self._probe = RecordProbe(self._bootstrap, self.topic, f"{self._group}.probe")
+        return self._probe
 
     def _check_held_back(self, now: float, end: int | None) -> None:
         """Records past this reader's position (more than one transaction marker) that the

@@ -206,3 +206,22 @@ def test_a_transaction_on_the_log_that_never_ends_stops_a_reader_with_one_line(b
         assert reader.cursor.next_offset == 1  # nothing past the open transaction was read
     finally:
         reader.close()
+
+    # A reader that has read nothing yet, behind a log's very first transaction, stops alike.
+    other_log = f"{namespace}-b.log"
+    ensure_topics(broker, f"{namespace}-b")
+    late = transactional("late")
+    late.begin_transaction()
+    late.produce(other_log, b"open from the start", partition=0)
+    late.flush(10)
+    writer.begin_transaction()
+    writer.produce(other_log, encode_start("behind"), partition=0)
+    writer.commit_transaction(30)
+    behind = LogReader(broker, other_log, LogCursor(), f"{namespace}.held-behind")
+    try:
+        with pytest.raises(LogError, match="never ended"):
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                assert behind.poll(0.1) == []
+    finally:
+        behind.close()
