@@ -171,57 +171,58 @@ def test_a_transaction_on_the_log_that_never_ends_stops_a_reader_with_one_line(b
 
     monkeypatch.setattr(reader_module, "WATCH_EVERY", 0.2)
     monkeypatch.setattr(reader_module, "HELD_LIMIT", 2.0)
-    ensure_topics(broker, namespace)
-    log_topic = f"{namespace}.log"
 
     def transactional(name: str) -> Producer:
         producer = Producer(kafka_config(broker, {"transactional.id": f"{namespace}.{name}"}))
         producer.init_transactions(30)
         return producer
 
+    def commit_start(log: str, token: str) -> None:
+        writer.begin_transaction()
+        writer.produce(log, encode_start(token), partition=0)
+        writer.commit_transaction(30)
+
+    def hold_back(log: str, holder: str) -> Producer:
+        """A transaction that never ends (from a producer that is not a sequencer), then a
+        committed record behind it. The holder is returned, so its transaction stays open."""
+        producer = transactional(holder)
+        producer.begin_transaction()
+        producer.produce(log, b"open", partition=0)
+        producer.flush(10)
+        commit_start(log, f"behind {holder}")
+        return producer
+
+    def poll_until_stopped(reader: LogReader) -> str:
+        with pytest.raises(LogError) as held:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                reader.poll(0.1)
+        return str(held.value)
+
+    log_topic, other_log = f"{namespace}.log", f"{namespace}-b.log"
+    ensure_topics(broker, namespace)
+    ensure_topics(broker, f"{namespace}-b")
     writer = transactional("writer")
-    writer.begin_transaction()
-    writer.produce(log_topic, encode_start("first"), partition=0)
-    writer.commit_transaction(30)
+    commit_start(log_topic, "first")
     reader = LogReader(broker, log_topic, LogCursor(), f"{namespace}.held")
     try:
         deadline = time.monotonic() + 4  # at the tail, past HELD_LIMIT: no alarm
         while time.monotonic() < deadline:
             reader.poll(0.1)
         assert reader.cursor.next_offset == 1
-
-        foreign = transactional("foreign")  # a producer that is not a sequencer, and never ends
-        foreign.begin_transaction()
-        foreign.produce(log_topic, b"open", partition=0)
-        foreign.flush(10)
-        writer.begin_transaction()
-        writer.produce(log_topic, encode_start("second"), partition=0)
-        writer.commit_transaction(30)
-        with pytest.raises(LogError) as held:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                reader.poll(0.1)
-        message = str(held.value)
+        holder = hold_back(log_topic, "foreign")
+        message = poll_until_stopped(reader)
         assert "\n" not in message and "never ended" in message and log_topic in message
         assert reader.cursor.next_offset == 1  # nothing past the open transaction was read
     finally:
         reader.close()
 
     # A reader that has read nothing yet, behind a log's very first transaction, stops alike.
-    other_log = f"{namespace}-b.log"
-    ensure_topics(broker, f"{namespace}-b")
-    late = transactional("late")
-    late.begin_transaction()
-    late.produce(other_log, b"open from the start", partition=0)
-    late.flush(10)
-    writer.begin_transaction()
-    writer.produce(other_log, encode_start("behind"), partition=0)
-    writer.commit_transaction(30)
+    late = hold_back(other_log, "late")
     behind = LogReader(broker, other_log, LogCursor(), f"{namespace}.held-behind")
     try:
-        with pytest.raises(LogError, match="never ended"):
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                assert behind.poll(0.1) == []
+        assert "never ended" in poll_until_stopped(behind)
+        assert behind.cursor.next_offset == 0
     finally:
         behind.close()
+    del holder, late
