@@ -49,17 +49,19 @@ class RecordProbe:
     def end_offset(self) -> int | None:
         """The log's end offset, records of open transactions included (a read_committed
         consumer is told the last stable offset instead); None if the broker did not say."""
+        return self._end()[0]
+
+    def _end(self) -> tuple[int | None, int | None]:
+        """(end offset, None), or (None, the error's code) when the broker did not say."""
         try:
-            return self._consumer.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=2, cached=False)[1]
-        except Exception:
-            return None
+            return self._consumer.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=2, cached=False)[1], None
+        except Exception as exc:
+            return None, exc.args[0].code() if exc.args and hasattr(exc.args[0], "code") else None
 
     def _absent_by_end(self, offset: int) -> str | None:
-        try:
-            end = self._consumer.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=2, cached=False)[1]
-        except Exception as exc:
-            code = exc.args[0].code() if exc.args and hasattr(exc.args[0], "code") else None
-            return "absent" if code in _GONE else None
+        end, error = self._end()
+        if end is None:
+            return "absent" if error in _GONE else None
         return "absent" if end <= offset else None
 
     def _look(self, offset: int, digest: bytes | None, timeout: float) -> str | None:

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from contextlib import AbstractContextManager, nullcontext
 import time
 import uuid
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 from confluent_kafka import (
