@@ -32,3 +32,25 @@ def test_a_batch_without_changes_still_has_one_part():
     [(key, value)] = change_records(9, 0, [])
     assert key == b"9:0:0" and json.loads(value) == {"batch": 9, "partition": 0, "part": 0, "parts": 1,
                                                      "changes": []}
+
+
+def test_a_worker_waiting_for_acknowledgements_sends_at_once_whatever_the_linger(broker, namespace):
+    """Outputs gather in the producer while a worker is busy; once it waits for them they
+    leave at once. With a linger of two minutes, a wait that did not send would see nothing
+    acknowledged within the test's minute."""
+    import time
+
+    from scheduler.outputs import KafkaOutputs
+    from sequencer.topics import ensure_topics
+
+    topics = ensure_topics(broker, namespace)
+    outputs = KafkaOutputs(broker, topics, extra={"linger.ms": 120_000})
+    try:
+        outputs.publish(1, 0, [Outcome(0, "r-1", "committed", None, None)], [[0, "kv", 1, 2]])
+        assert not outputs.delivered(1)  # queued, lingering
+        deadline = time.monotonic() + 60
+        while not outputs.delivered(1) and time.monotonic() < deadline:
+            outputs.wait(0.002)
+        assert outputs.delivered(1)
+    finally:
+        outputs.close()
