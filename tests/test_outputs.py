@@ -1,7 +1,9 @@
 import json
+import time
 
 from scheduler.batch import Outcome
-from scheduler.outputs import change_records, outcome_record
+from scheduler.outputs import KafkaOutputs, change_records, outcome_record
+from sequencer.topics import ensure_topics
 
 
 def test_outcome_record_is_the_documented_json():
@@ -38,11 +40,6 @@ def test_a_worker_waiting_for_acknowledgements_sends_at_once_whatever_the_linger
     """Outputs gather in the producer while a worker is busy; once it waits for them they
     leave at once. With a linger of two minutes, a wait that did not send would see nothing
     acknowledged within the test's minute."""
-    import time
-
-    from scheduler.outputs import KafkaOutputs
-    from sequencer.topics import ensure_topics
-
     topics = ensure_topics(broker, namespace)
     outputs = KafkaOutputs(broker, topics, extra={"linger.ms": 120_000})
     try:
