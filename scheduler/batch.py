@@ -14,21 +14,27 @@ from scheduler.execution import COMMITTED, REJECTED, execute, txn_seed
 from sequencer.log import Batch
 from storage.keys import encode_key
 from storage.overlay import ABSENT, BatchOverlay
-from sequencer.routing import reporter_of_rejected
-from storage.partitioning import Partitioner, place
+from sequencer.routing import own_part, reporter_of_rejected, slice_of
+from storage.partitioning import Partitioner, executor_of, place
 
 
 @dataclass(slots=True)
 class PreparedTxn:
+    """A transaction as one partition runs it. A multi-partition one that this partition
+    takes part in without executing it may come with its keys in the routing
+    (sequencer/routing.py): then it is never decoded nor analyzed here, `procedure` and
+    `args` are None and `reads` and `writes` hold this partition's own keys only."""
+
     index: int
-    id: str
+    id: str | None
     procedure: Any
-    args: dict
+    args: dict | None
     reads: tuple[bytes, ...]  # the whole read set, encoded, in declared order
-    writes: dict[bytes, tuple[str, Any]]  # the whole write set: encoded -> (table, key)
+    writes: dict[bytes, tuple[str, Any] | None]  # the whole write set: encoded -> (table, key)
     local_reads: tuple[bytes, ...]  # the part of the read set this partition owns
     participants: tuple[int, ...]  # partitions holding any of its keys, ascending
     active: tuple[int, ...]  # partitions that run RUN: those it writes (else its lowest)
+    local_writes: tuple[bytes, ...] = ()  # the part of the write set this partition owns (multi-partition)
 
     @property
     def single(self) -> bool:
@@ -36,10 +42,7 @@ class PreparedTxn:
 
     @property
     def executor(self) -> int:
-        """The active participant that runs RUN and reports the outcome: spread over the
-        active participants by log position, so no partition runs every one."""
-        active = self.active
-        return active[self.index % len(active)]
+        return executor_of(self.index, self.active)
 
 
 @dataclass(slots=True)
@@ -62,7 +65,7 @@ def prepare(batch: Batch, registry: Registry, partitioner: Partitioner,
     this partition's slice are decoded and analyzed; otherwise every entry is placed here."""
     routing = batch.routing
     if routing is not None and routing[0] == partitioner.partitions:
-        return _prepare_slice(batch, routing[1][partition], registry, partitioner, partition)
+        return _prepare_slice(batch, slice_of(routing, partition), registry, partitioner, partition)
     return _prepare_all(batch, registry, partitioner, partition)
 
 
@@ -79,6 +82,12 @@ def _prepare_slice(batch: Batch, items: list, registry: Registry, partitioner: P
             index, participants, active = item, here, here
         else:
             index, participants, active = item[0], tuple(item[1]), tuple(item[2])
+            carried = own_part(item)
+            if carried is not None:  # taking part without executing: the keys are all it needs
+                local_reads, local_writes = carried
+                txns.append(PreparedTxn(index, None, None, None, local_reads, dict.fromkeys(local_writes),
+                                        local_reads, participants, active, local_writes))
+                continue
         request_id, proc, args = entry(index)
         if proc is None:
             rejected.append(Outcome(index, request_id, REJECTED, None, args))
@@ -90,10 +99,12 @@ def _prepare_slice(batch: Batch, items: list, registry: Registry, partitioner: P
         reads = tuple(encode_key(table, key) for table, key in read_set)
         writes = {encode_key(table, key): (table, key) for table, key in write_set}
         if len(participants) == 1:
-            local_reads = reads
-        else:
-            local_reads = tuple(k for k, (table, key) in zip(reads, read_set) if of(table, key, k) == partition)
-        txns.append(PreparedTxn(index, request_id, procedure, args, reads, writes, local_reads, participants, active))
+            txns.append(PreparedTxn(index, request_id, procedure, args, reads, writes, reads, participants, active))
+            continue
+        local_reads = tuple(k for k, (table, key) in zip(reads, read_set) if of(table, key, k) == partition)
+        local_writes = tuple(k for k, (table, key) in writes.items() if of(table, key, k) == partition)
+        txns.append(PreparedTxn(index, request_id, procedure, args, reads, writes, local_reads, participants, active,
+                                local_writes))
     return txns, rejected
 
 
@@ -122,8 +133,10 @@ def _prepare_all(batch: Batch, registry: Registry, partitioner: Partitioner,
             continue
         of = partitioner.of
         local_reads = tuple(k for k, (table, key) in zip(reads, read_set) if of(table, key, k) == partition)
+        local_writes = () if len(participants) == 1 else tuple(
+            k for k, (table, key) in writes.items() if of(table, key, k) == partition)
         txns.append(PreparedTxn(index, request_id, procedure, args, reads, writes,
-                                local_reads, participants, active))
+                                local_reads, participants, active, local_writes))
     return txns, rejected
 
 

@@ -36,14 +36,12 @@ from scheduler.batch import BatchExecution, PreparedTxn
 from scheduler.concurrent import ConcurrentBatch
 
 
-def local_keys(txn: PreparedTxn, execution: BatchExecution) -> tuple[tuple, tuple]:
+def local_keys(txn: PreparedTxn) -> tuple[tuple, tuple]:
     """(write keys, read-only keys) of `txn` that this partition owns."""
     writes = txn.writes
     if txn.single:
         return tuple(writes), tuple(k for k in txn.reads if k not in writes)
-    owner, partition = execution.owner, execution.partition
-    local_writes = tuple(k for k, (table, key) in writes.items() if owner(table, key, k) == partition)
-    return local_writes, tuple(k for k in txn.local_reads if k not in writes)
+    return txn.local_writes, tuple(k for k in txn.local_reads if k not in writes)
 
 
 class _Holder:
@@ -68,7 +66,7 @@ class _LockTable(ConcurrentBatch):
 
     def request(self, txn: PreparedTxn) -> _Holder:
         holder = _Holder(txn)
-        writes, reads = local_keys(txn, self.execution)
+        writes, reads = local_keys(txn)
         queues = self.queues
         requests = holder.requests
         missing = 0

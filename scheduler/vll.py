@@ -65,7 +65,7 @@ class _Counters(ConcurrentBatch):
         self.sca_runs = 0  # for tests and diagnostics
 
     def arrive(self, txn: PreparedTxn) -> _Active:
-        writes, reads = local_keys(txn, self.execution)
+        writes, reads = local_keys(txn)
         active = _Active(txn, writes, reads)
         counts = self.counts
         blocked = False

@@ -61,7 +61,8 @@ def relax_garbage_collection() -> None:
 
 def count_restarts(txns: list, outcomes: list[Outcome]) -> None:
     """Give each outcome of a dependent transaction its restart count (from its request)."""
-    restarts = {t.index: restarts_of(t.args) for t in txns if t.procedure.reconnoiter is not None}
+    restarts = {t.index: restarts_of(t.args) for t in txns
+                if t.procedure is not None and t.procedure.reconnoiter is not None}
     if restarts:
         for outcome in outcomes:
             outcome.restarts = restarts.get(outcome.index, 0)

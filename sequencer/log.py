@@ -25,10 +25,10 @@ Record kinds:
         the msgpack encoding of [id, proc, args] or [id, None, error] (rejected), kept as
         a bin so a reader decodes only the entries it needs; `routing` is None or
         [partitions, slices]: for the partition count the sequencer was told, slices[p]
-        lists what partition p takes part in, each item either an entry index (a
+        (a bin) lists what partition p takes part in, each item either an entry index (a
         single-partition or rejected entry that p alone handles) or [index, participants,
-        active] (a multi-partition one); see `sequencer/routing.py`; `log_id` names the log
-        the batch belongs to.
+        active, …] (a multi-partition one, with p's own keys where p does not execute it);
+        see `sequencer/routing.py`; `log_id` names the log the batch belongs to.
     snapshot: [SNAPSHOT, cursor, accepted, time_ms, sequencer, sequencers]
         a sequencer's own state right after the record before it (a cursor as
         `LogCursor.to_dict` gives it, holding its own lane only, the number of entries it

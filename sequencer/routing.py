@@ -2,10 +2,23 @@
 entry, so that a partition worker finds its slice of a batch without analyzing the rest.
 
     routing = [partitions, slices]
-    slices[p] = items of partition p, in log order; an item is
+    slices[p] = items of partition p, in log order, msgpack-encoded as one bin, so that a
+                worker decodes its own slice only (`slice_of`); an item is
         index                           an entry only p handles: a single-partition
                                         transaction on p, or a rejected entry p reports
-        [index, participants, active]   a multi-partition transaction
+        [index, participants, active]   a multi-partition transaction p executes (runs
+                                        its RUN: `executor_of`), or one whose keys are
+                                        too many to carry
+        [index, participants, active, keys, writes_from, reads_to]
+                                        a multi-partition transaction p takes part in
+                                        without executing it: the keys p owns, encoded,
+                                        each once; keys[:reads_to] are read and
+                                        keys[writes_from:] written
+
+A participant that does not execute a transaction only reads its own keys for the
+executor and applies the writes the executor sends back, so with its keys in the
+routing it needs neither the entry nor ANALYZE: a multi-partition transaction costs its
+executor about what a single-partition one costs, and every other participant a fraction.
 
 Routing is made for the partition count the sequencer was told. The log does not depend
 on it: a worker of an engine laid out for another count places every entry itself
@@ -14,7 +27,15 @@ on it: a worker of an engine laid out for another count places every entry itsel
 
 from __future__ import annotations
 
-from typing import Any
+import msgpack
+
+from storage.partitioning import Partitioner, executor_of, owned_keys, place
+
+# Bytes of encoded keys one entry may carry in the routing: past this, its participants
+# ANALYZE it themselves, and a batch's routing stays small beside its entries.
+CARRIED_KEYS_MAX = 2048
+_KEY_FRAMING = 3  # a bin's header, for a key under 64 KiB
+_CARRIED_FRAMING = 16  # the keys' array header and the two positions
 
 
 def reporter_of_rejected(index: int, partitions: int) -> int:
@@ -23,32 +44,83 @@ def reporter_of_rejected(index: int, partitions: int) -> int:
     return index % partitions
 
 
-def routing_item(index: int, participants: tuple[int, ...], active: tuple[int, ...]) -> Any:
+def placement_of(partitioner: Partitioner, read_set, write_set) -> tuple:
+    """(participants, active, carried) of an accepted entry: `carried` maps each
+    participant to its keys as a routing item carries them, or is None (a
+    single-partition entry, or more keys than CARRIED_KEYS_MAX)."""
+    participants, active = place(partitioner, read_set, write_set)
     if len(participants) == 1:
-        return index
-    return [index, list(participants), list(active)]
+        return participants, active, None
+    carried = {}
+    size = 0
+    for p, (read_only, both, write_only) in owned_keys(partitioner, participants, read_set, write_set).items():
+        keys = read_only + both + write_only
+        carried[p] = [keys, len(read_only), len(read_only) + len(both)]
+        size += _CARRIED_FRAMING + _KEY_FRAMING * len(keys) + sum(map(len, keys))
+    if size > CARRIED_KEYS_MAX:
+        return participants, active, None
+    return participants, active, carried
 
 
-def item_bytes(participants: tuple[int, ...] | None) -> int:
-    """An upper bound of the bytes an entry adds to a batch's routing."""
-    if participants is None or len(participants) == 1:
-        return 5
-    n = len(participants)
+def carried_bytes(carried: dict[int, list] | None) -> int:
+    if carried is None:
+        return 0
+    return sum(_CARRIED_FRAMING + _KEY_FRAMING * len(keys) + sum(map(len, keys)) for keys, _, _ in carried.values())
+
+
+def own_part(item: list) -> tuple[tuple[bytes, ...], tuple[bytes, ...]] | None:
+    """(local reads, local writes) a routing item carries for its partition, or None."""
+    if len(item) < 6:
+        return None
+    keys, writes_from, reads_to = item[3], item[4], item[5]
+    return tuple(keys[:reads_to]), tuple(keys[writes_from:])
+
+
+def _base_bytes(n: int) -> int:
     return n * (6 + 2 * (3 + 3 * n))
 
 
-def build_routing(partitions: int, placements: list[tuple[tuple[int, ...], tuple[int, ...]] | None]) -> list | None:
-    """The routing of a batch whose i-th entry has placement (participants, active), or
-    None where the entry is rejected."""
+def item_bytes(placement: tuple | None) -> int:
+    """An upper bound of the bytes an entry adds to a batch's routing."""
+    if placement is None or len(placement[0]) == 1:
+        return 5
+    return _base_bytes(len(placement[0])) + carried_bytes(placement[2])
+
+
+def routing_bytes(partitions: int) -> int:
+    """An upper bound of a batch's routing beyond its items' `item_bytes`."""
+    return 16 + 10 * partitions
+
+
+def max_item_bytes(partitions: int) -> int:
+    """An upper bound of `item_bytes` for any entry under `partitions` partitions."""
+    if partitions == 1:
+        return 5
+    return _base_bytes(partitions) + partitions * _CARRIED_FRAMING + CARRIED_KEYS_MAX
+
+
+def build_routing(partitions: int, placements: list[tuple | None]) -> list | None:
+    """The routing of a batch whose i-th entry has `placement` (participants, active,
+    carried), or None where the entry is rejected."""
     if partitions == 1:
         return None  # one partition takes everything: nothing to route
     slices: list[list] = [[] for _ in range(partitions)]
-    for index, placement in enumerate(placements):
-        if placement is None:
+    for index, entry_placement in enumerate(placements):
+        if entry_placement is None:
             slices[reporter_of_rejected(index, partitions)].append(index)
             continue
-        participants, active = placement
-        item = routing_item(index, participants, active)
+        participants, active, carried = entry_placement
+        if len(participants) == 1:
+            slices[participants[0]].append(index)
+            continue
+        item = [index, list(participants), list(active)]
+        executor = executor_of(index, active)
         for p in participants:
-            slices[p].append(item)
-    return [partitions, slices]
+            slices[p].append(item if carried is None or p == executor else item + carried[p])
+    return [partitions, [msgpack.packb(items) for items in slices]]
+
+
+def slice_of(routing: list, partition: int) -> list:
+    """The items of `partition`'s slice (a log written before slices were bins holds lists)."""
+    items = routing[1][partition]
+    return msgpack.unpackb(items) if type(items) is bytes else items

@@ -45,11 +45,11 @@ from sequencer.log import (
     encode_start,
 )
 from sequencer.reader import LogReader
-from sequencer.routing import build_routing, item_bytes
+from sequencer.routing import build_routing, item_bytes, max_item_bytes, placement_of, routing_bytes
 from sequencer.startup import find_seed
 from sequencer.topics import Topics, check_topics, request_partitions_for
 from sequencer.wire import parse_request_sets
-from storage.partitioning import Partitioner, place
+from storage.partitioning import Partitioner
 
 log = logging.getLogger("ordo.sequencer")
 
@@ -64,7 +64,7 @@ WATCH_EVERY = 2.0
 class BrokerLost(RuntimeError):
     """The broker no longer holds what this sequencer wrote or consumed."""
 
-SINGLE = ((0,), (0,))
+SINGLE = ((0,), (0,), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,14 +83,15 @@ class SequencerConfig:
             raise ValueError("partitions must be >= 1")
         if self.sequencers < 1 or not 0 <= self.index < self.sequencers:
             raise ValueError(f"sequencer index {self.index} of {self.sequencers}: need 0 <= index < sequencers")
-        if self.max_request_bytes + BATCH_OVERHEAD + 64 + item_bytes(tuple(range(self.partitions))) > self.max_bytes:
+        if (self.max_request_bytes + BATCH_OVERHEAD + 64 + routing_bytes(self.partitions)
+                + max_item_bytes(self.partitions) > self.max_bytes):
             raise ValueError("max_request_bytes must leave room in max_bytes for one request")
 
 
 @dataclass(slots=True)
 class _Epoch:
     entries: list[bytes] = field(default_factory=list)
-    placements: list = field(default_factory=list)  # per entry: (participants, active), None if rejected
+    placements: list = field(default_factory=list)  # per entry: (participants, active, carried), None if rejected
     size: int = 0
     opened: float = 0.0
     offsets: dict[int, list[int]] = field(default_factory=dict)
@@ -294,7 +295,7 @@ class Sequencer:
                 entry = [request_id, None, f"duplicate request id '{request_id}'"]
             else:
                 self._recent.add(identity)
-                placement = SINGLE if self.config.partitions == 1 else place(self._partitioner, *sets)
+                placement = SINGLE if self.config.partitions == 1 else placement_of(self._partitioner, *sets)
         self.stats.requests += 1
         if entry[1] is None:
             self.stats.rejected += 1
@@ -304,8 +305,9 @@ class Sequencer:
         encoded, placement = self._entry(message)
         if encoded is None:
             return self._skip(epoch, message)
-        size = bin_size(encoded) + item_bytes(placement and placement[0])
-        if epoch.entries and epoch.size + size + BATCH_OVERHEAD > self.config.max_bytes:
+        size = bin_size(encoded) + item_bytes(placement)
+        limit = self.config.max_bytes - BATCH_OVERHEAD - routing_bytes(self.config.partitions)
+        if epoch.entries and epoch.size + size > limit:
             epoch = self._cut(epoch)  # full by size: what it holds goes out first
         if not epoch.entries:
             epoch.opened = time.monotonic()

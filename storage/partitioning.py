@@ -73,3 +73,26 @@ def place(partitioner: Partitioner, read_set, write_set) -> tuple[tuple[int, ...
         # 0 runs it, as a single-partition transaction on every layout.
         return NO_KEYS, NO_KEYS
     return participants, tuple(sorted(writers)) or participants[:1]
+
+
+def executor_of(index: int, active: tuple[int, ...]) -> int:
+    """The active participant that runs a multi-partition transaction's RUN and reports its
+    outcome: spread over the active participants by log position, so no partition runs
+    every one."""
+    return active[index % len(active)]
+
+
+def owned_keys(partitioner: Partitioner, participants: tuple[int, ...], read_set,
+               write_set) -> dict[int, tuple[list[bytes], list[bytes], list[bytes]]]:
+    """Each participant's own keys, encoded, each once and in declared order, as
+    (read only, read and written, written only)."""
+    of = partitioner.of
+    reads = {encode_key(table, key): (table, key) for table, key in read_set}
+    writes = {encode_key(table, key): (table, key) for table, key in write_set}
+    owned: dict[int, tuple[list[bytes], list[bytes], list[bytes]]] = {p: ([], [], []) for p in participants}
+    for encoded, (table, key) in reads.items():
+        owned[of(table, key, encoded)][1 if encoded in writes else 0].append(encoded)
+    for encoded, (table, key) in writes.items():
+        if encoded not in reads:
+            owned[of(table, key, encoded)][2].append(encoded)
+    return owned

@@ -29,8 +29,8 @@ from scheduler.opchain import OpChainScheduler
 from scheduler.vll import VLLScheduler
 from scheduler.worker import PartitionWorker
 from sequencer.log import Batch
-from sequencer.routing import build_routing
-from storage.partitioning import Partitioner, place
+from sequencer.routing import build_routing, placement_of, slice_of
+from storage.partitioning import Partitioner
 from storage.digest import combine, digest_pairs
 from storage.keys import encode_key
 from storage.overlay import ABSENT
@@ -209,7 +209,7 @@ def routed(log: list[Batch], partitions: int) -> list[Batch]:
             except RequestError:
                 placements.append(None)  # what a sequencer would reject
                 continue
-            placements.append(place(partitioner, read_set, write_set))
+            placements.append(placement_of(partitioner, read_set, write_set))
         out.append(Batch(batch.batch_id, batch.generation, batch.time_ms, batch.offsets, batch.entries,
                          routing=build_routing(partitions, placements)))
     return out
@@ -409,7 +409,7 @@ def test_routed_batches_of_hundreds_on_three_and_four_partitions():
     for batch in log:
         batch.entries[7] = [batch.entries[7][0], None, "rejected by the sequencer"]
     expected = interpret(log)
-    multi = sum(type(item) is list for batch in routed(log, 4) for item in batch.routing[1][0])
+    multi = sum(type(item) is list for batch in routed(log, 4) for item in slice_of(batch.routing, 0))
     assert multi > 50  # the mix really spans partitions
     for partitions in (3, 4):
         for layout_log in (log, routed(log, partitions)):
