@@ -11,8 +11,8 @@ class Mailbox:
     """What peers sent one partition's multi-partition transactions, by (batch, txn),
     merged as it arrives. A transaction waits for it with `when_received`: the deposit that
     completes it has the event loop call the callback. The first wait of a batch schedules
-    `on_wait` (if set, once), after what is already due: the worker prepares its next
-    batch then."""
+    `on_wait` (if set, once), after everything the current step schedules, its sends
+    included: the worker prepares its next batch then, and no peer waits for that."""
 
     def __init__(self) -> None:
         # (batch, txn) -> [values, senders so far, the receiver's callback or None,
@@ -52,8 +52,10 @@ class Mailbox:
             slot = self._slots[key] = [{}, 0, None, 0]
         slot[2] = callback
         slot[3] = senders
-        if self.on_wait is not None:  # after the sends already scheduled: peers wait for those
-            loop.call_soon(self.on_wait)
+        if self.on_wait is not None:
+            # Two hops: after every send the current step schedules, not only those
+            # scheduled so far (a batch's first wait may come before its first send).
+            loop.call_soon(loop.call_soon, self.on_wait)
             self.on_wait = None
 
     def fail(self, failure: BaseException) -> None:

@@ -48,6 +48,30 @@ def test_values_reach_callbacks_whichever_comes_first():
     asyncio.run(scenario())
 
 
+def test_the_first_wait_of_a_batch_lets_every_send_of_the_step_leave_first():
+    """A worker prepares its next batch at its first wait (`on_wait`). A batch's first
+    wait may come before its first send in the same step; the sends still leave first,
+    so no peer waits for that preparation."""
+    async def scenario():
+        a, b = await _pair()
+        order = []
+        written = a._write_out
+
+        def write_out():
+            order.append("sent")
+            written()
+        a._write_out = write_out
+        a.mailbox.on_wait = lambda: order.append("prepared ahead")
+        a.when_received(1, 0, 1, lambda values: None)  # the first wait, then a send
+        a.send(1, 1, (1,), {b"x": 1})
+        await _settle()
+        assert order == ["sent", "prepared ahead"]
+        a.close()
+        b.close()
+
+    asyncio.run(scenario())
+
+
 def test_a_peer_sending_garbage_fails_every_waiting_transaction():
     async def scenario():
         a, b = await _pair()
