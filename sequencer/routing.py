@@ -51,13 +51,10 @@ def placement_of(partitioner: Partitioner, read_set, write_set) -> tuple:
     participants, active = place(partitioner, read_set, write_set)
     if len(participants) == 1:
         return participants, active, None
-    carried = {}
-    size = 0
-    for p, (read_only, both, write_only) in owned_keys(partitioner, participants, read_set, write_set).items():
-        keys = read_only + both + write_only
-        carried[p] = [keys, len(read_only), len(read_only) + len(both)]
-        size += _CARRIED_FRAMING + _KEY_FRAMING * len(keys) + sum(map(len, keys))
-    if size > CARRIED_KEYS_MAX:
+    carried = {p: [read_only + both + write_only, len(read_only), len(read_only) + len(both)]
+               for p, (read_only, both, write_only)
+               in owned_keys(partitioner, participants, read_set, write_set).items()}
+    if carried_bytes(carried) > CARRIED_KEYS_MAX:
         return participants, active, None
     return participants, active, carried
 
