@@ -130,3 +130,14 @@ def test_sequenced_entries_still_decode_as_before():
     entry = ["r0", "micro_rmw", {"keys": [1, 2]}]
     batch = routed_batch([{"proc": "micro_rmw", "args": {"keys": [1, 2]}}], 2, raw=[encode_entry(entry)])
     assert batch.entry(0) == entry
+
+
+def test_a_log_whose_slices_are_plain_lists_still_routes():
+    """Logs written before each slice became a bin of its own hold the slices as lists."""
+    requests = [{"proc": "micro_rmw", "args": {"keys": [i, i + 1, i + 2]}} for i in range(20)]
+    routed = routed_batch(requests, 3)
+    as_lists = Batch(1, 1, 1_000, {}, routed.entries,
+                     routing=[3, [msgpack.unpackb(items) for items in routed.routing[1]]])
+    partitioner = partitioner_for(3)
+    for p in range(3):
+        assert prepare(as_lists, REGISTRY, partitioner, p) == prepare(routed, REGISTRY, partitioner, p)
