@@ -14,16 +14,17 @@ from scheduler.execution import COMMITTED, REJECTED, execute, txn_seed
 from sequencer.log import Batch
 from storage.keys import encode_key
 from storage.overlay import ABSENT, BatchOverlay
-from sequencer.routing import own_part, reporter_of_rejected, slice_of
+from sequencer.routing import others_written, own_part, reporter_of_rejected, slice_of
 from storage.partitioning import Partitioner, executor_of, place
 
 
 @dataclass(slots=True)
 class PreparedTxn:
-    """A transaction as one partition runs it. A multi-partition one that this partition
-    takes part in without executing it may come with its keys in the routing
-    (sequencer/routing.py): then it is never decoded nor analyzed here, `procedure` and
-    `args` are None and `reads` and `writes` hold this partition's own keys only."""
+    """A transaction as one partition runs it. A multi-partition one may come with its
+    keys in the routing (sequencer/routing.py) and is then not analyzed here: `reads`
+    holds this partition's own reads only and `writes` the keys RUN may write, without
+    their (table, key) (None). On a participant that does not execute it, it is not even
+    decoded: `procedure`, `args` and `id` are None and `writes` holds its own keys only."""
 
     index: int
     id: str | None
@@ -35,6 +36,7 @@ class PreparedTxn:
     participants: tuple[int, ...]  # partitions holding any of its keys, ascending
     active: tuple[int, ...]  # partitions that run RUN: those it writes (else its lowest)
     local_writes: tuple[bytes, ...] = ()  # the part of the write set this partition owns (multi-partition)
+    owners: dict[bytes, int] | None = None  # from the routing, on the executor: other writers' keys -> writer
 
     @property
     def single(self) -> bool:
@@ -83,10 +85,22 @@ def _prepare_slice(batch: Batch, items: list, registry: Registry, partitioner: P
         else:
             index, participants, active = item[0], tuple(item[1]), tuple(item[2])
             carried = own_part(item)
-            if carried is not None:  # taking part without executing: the keys are all it needs
+            if carried is not None:
                 local_reads, local_writes = carried
-                txns.append(PreparedTxn(index, None, None, None, local_reads, dict.fromkeys(local_writes),
-                                        local_reads, participants, active, local_writes))
+                owners = others_written(item, partition)
+                if owners is None:  # taking part without executing: the keys are all it needs
+                    txns.append(PreparedTxn(index, None, None, None, local_reads, dict.fromkeys(local_writes),
+                                            local_reads, participants, active, local_writes))
+                    continue
+                request_id, proc, args = entry(index)
+                try:
+                    procedure = registry.procedure(proc)
+                except RequestError as exc:
+                    raise refused_entry(batch.batch_id, index, request_id, str(exc)) from None
+                writes = dict.fromkeys(local_writes)
+                writes.update(dict.fromkeys(owners))
+                txns.append(PreparedTxn(index, request_id, procedure, args, local_reads, writes, local_reads,
+                                        participants, active, local_writes, owners))
                 continue
         request_id, proc, args = entry(index)
         if proc is None:
@@ -252,9 +266,20 @@ class BatchExecution:
                 self.exchange.send(batch_id, index, (peer,), {})
             return
         by_owner: dict[int, dict[bytes, list]] = {p: {} for p in txn.active}
-        owner = self.owner
-        for encoded, write in writes.items():
-            by_owner[owner(write[0], write[1], encoded)][encoded] = write
+        owner, owners = self.owner, txn.owners
+        if owners is None:
+            for encoded, write in writes.items():
+                by_owner[owner(write[0], write[1], encoded)][encoded] = write
+        else:  # placed by the sequencer; only a key written through a declared range is not
+            mine = by_owner[here]
+            for encoded, write in writes.items():
+                writer = owners.get(encoded)
+                if writer is not None:
+                    by_owner[writer][encoded] = write
+                elif encoded in txn.writes:
+                    mine[encoded] = write
+                else:
+                    by_owner[owner(write[0], write[1], encoded)][encoded] = write
         for peer in others:
             self.exchange.send(batch_id, index, (peer,), by_owner[peer])
         if by_owner[here]:

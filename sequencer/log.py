@@ -27,7 +27,7 @@ Record kinds:
         [partitions, slices]: for the partition count the sequencer was told, slices[p]
         (a bin) lists what partition p takes part in, each item either an entry index (a
         single-partition or rejected entry that p alone handles) or [index, participants,
-        active, …] (a multi-partition one, with p's own keys where p does not execute it);
+        active, …] (a multi-partition one, with the keys p needs for it);
         see `sequencer/routing.py`; `log_id` names the log the batch belongs to.
     snapshot: [SNAPSHOT, cursor, accepted, time_ms, sequencer, sequencers]
         a sequencer's own state right after the record before it (a cursor as

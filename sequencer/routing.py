@@ -6,19 +6,25 @@ entry, so that a partition worker finds its slice of a batch without analyzing t
                 worker decodes its own slice only (`slice_of`); an item is
         index                           an entry only p handles: a single-partition
                                         transaction on p, or a rejected entry p reports
-        [index, participants, active]   a multi-partition transaction p executes (runs
-                                        its RUN: `executor_of`), or one whose keys are
-                                        too many to carry
+        [index, participants, active]   a multi-partition transaction whose keys are too
+                                        many to carry: p analyzes it
         [index, participants, active, keys, writes_from, reads_to]
                                         a multi-partition transaction p takes part in
                                         without executing it: the keys p owns, encoded,
                                         each once; keys[:reads_to] are read and
                                         keys[writes_from:] written
+        [index, participants, active, keys, writes_from, reads_to, written]
+                                        one p executes (runs its RUN: `executor_of`): its
+                                        own keys as above, and `written`, the keys each
+                                        other active participant writes, in `active` order
 
 A participant that does not execute a transaction only reads its own keys for the
-executor and applies the writes the executor sends back, so with its keys in the
-routing it needs neither the entry nor ANALYZE: a multi-partition transaction costs its
-executor about what a single-partition one costs, and every other participant a fraction.
+executor and applies the writes the executor sends back, so with its keys in the routing
+it needs neither the entry nor ANALYZE. The executor decodes the entry for RUN's
+arguments, and takes the keys RUN may read here and write anywhere from the routing: the
+sequencer's ANALYZE is the one that counts for a multi-partition transaction, as its
+placement already was (the start record's procedure description makes sure both sides
+check arguments alike).
 
 Routing is made for the partition count the sequencer was told. The log does not depend
 on it: a worker of an engine laid out for another count places every entry itself
@@ -73,6 +79,18 @@ def own_part(item: list) -> tuple[tuple[bytes, ...], tuple[bytes, ...]] | None:
     return tuple(keys[:reads_to]), tuple(keys[writes_from:])
 
 
+def others_written(item: list, here: int) -> dict[bytes, int] | None:
+    """The executor's item only: each key another active participant writes -> that
+    participant. None for any other item."""
+    if len(item) < 7:
+        return None
+    owners: dict[bytes, int] = {}
+    for partition, keys in zip((p for p in item[2] if p != here), item[6]):
+        for key in keys:
+            owners[key] = partition
+    return owners
+
+
 def _base_bytes(n: int) -> int:
     return n * (6 + 2 * (3 + 3 * n))
 
@@ -81,7 +99,7 @@ def item_bytes(placement: tuple | None) -> int:
     """An upper bound of the bytes an entry adds to a batch's routing."""
     if placement is None or len(placement[0]) == 1:
         return 5
-    return _base_bytes(len(placement[0])) + carried_bytes(placement[2])
+    return _base_bytes(len(placement[0])) + 2 * carried_bytes(placement[2])  # written keys twice
 
 
 def routing_bytes(partitions: int) -> int:
@@ -93,7 +111,7 @@ def max_item_bytes(partitions: int) -> int:
     """An upper bound of `item_bytes` for any entry under `partitions` partitions."""
     if partitions == 1:
         return 5
-    return _base_bytes(partitions) + partitions * _CARRIED_FRAMING + CARRIED_KEYS_MAX
+    return _base_bytes(partitions) + 2 * (partitions * _CARRIED_FRAMING + CARRIED_KEYS_MAX)
 
 
 def build_routing(partitions: int, placements: list[tuple | None]) -> list | None:
@@ -112,8 +130,16 @@ def build_routing(partitions: int, placements: list[tuple | None]) -> list | Non
             continue
         item = [index, list(participants), list(active)]
         executor = executor_of(index, active)
+        if carried is None:
+            for p in participants:
+                slices[p].append(item)
+            continue
         for p in participants:
-            slices[p].append(item if carried is None or p == executor else item + carried[p])
+            if p == executor:
+                written = [carried[a][0][carried[a][1]:] for a in active if a != executor]
+                slices[p].append(item + carried[p] + [written])
+            else:
+                slices[p].append(item + carried[p])
     return [partitions, [msgpack.packb(items) for items in slices]]
 
 

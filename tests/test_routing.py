@@ -57,7 +57,7 @@ def test_carried_keys_are_the_keys_a_participant_derives(workload, partitions, s
     placed = Batch(1, 1, 1_000, {}, routed.entries)  # no routing: every entry analyzed here
     partitioner = partitioner_for(partitions)
     for p in range(partitions):
-        with_keys = {item[0] for item in slice_of(routed.routing, p) if type(item) is list and len(item) == 6}
+        kinds = {item[0]: len(item) for item in slice_of(routed.routing, p) if type(item) is list}
         from_routing, _ = prepare(routed, REGISTRY, partitioner, p)
         derived, _ = prepare(placed, REGISTRY, partitioner, p)
         assert sorted(by_index(from_routing)) == sorted(by_index(derived))
@@ -68,11 +68,17 @@ def test_carried_keys_are_the_keys_a_participant_derives(workload, partitions, s
             assert set(txn.local_writes) == set(own.local_writes)
             assert len(txn.local_reads) == len(own.local_reads)
             assert len(txn.local_writes) == len(own.local_writes)
-            carried = txn.procedure is None
-            assert carried == (index in with_keys)
-            if carried:
-                assert not txn.single and executor_of(index, txn.active) != p
-            if not carried:
+            kind = kinds.get(index, 1)
+            if kind == 6:  # takes part without executing: only its own keys, never decoded
+                assert executor_of(index, txn.active) != p and txn.procedure is None
+            elif kind == 7:  # executes with the sequencer's keys: every key RUN may write
+                assert executor_of(index, txn.active) == p
+                assert (txn.id, txn.procedure, txn.args) == (own.id, own.procedure, own.args)
+                assert set(txn.writes) == set(own.writes)
+                for key, writer in txn.owners.items():
+                    table, plain = own.writes[key]
+                    assert writer == partitioner.of(table, plain, key) != p
+            else:  # analyzed here, as without routing
                 assert (txn.reads, txn.writes, txn.args) == (own.reads, own.writes, own.args)
 
 
