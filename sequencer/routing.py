@@ -42,6 +42,7 @@ from storage.partitioning import Partitioner, executor_of, owned_keys, place
 CARRIED_KEYS_MAX = 2048
 _KEY_FRAMING = 3  # a bin's header, for a key under 64 KiB
 _CARRIED_FRAMING = 16  # the keys' array header and the two positions
+SINGLE_ITEM_BYTES = 5  # an entry index
 
 
 def reporter_of_rejected(index: int, partitions: int) -> int:
@@ -51,23 +52,23 @@ def reporter_of_rejected(index: int, partitions: int) -> int:
 
 
 def placement_of(partitioner: Partitioner, read_set, write_set) -> tuple:
-    """(participants, active, carried) of an accepted entry: `carried` maps each
-    participant to its keys as a routing item carries them, or is None (a
-    single-partition entry, or more keys than CARRIED_KEYS_MAX)."""
+    """(participants, active, carried, routing bytes) of an accepted entry: `carried` maps
+    each participant to its keys as a routing item carries them, or is None (a
+    single-partition entry, or more keys than CARRIED_KEYS_MAX); the last is an upper
+    bound of the bytes the entry adds to a batch's routing."""
     participants, active = place(partitioner, read_set, write_set)
     if len(participants) == 1:
-        return participants, active, None
+        return participants, active, None, SINGLE_ITEM_BYTES
     carried = {p: [read_only + both + write_only, len(read_only), len(read_only) + len(both)]
                for p, (read_only, both, write_only)
                in owned_keys(partitioner, participants, read_set, write_set).items()}
-    if carried_bytes(carried) > CARRIED_KEYS_MAX:
-        return participants, active, None
-    return participants, active, carried
+    size = carried_bytes(carried)
+    if size > CARRIED_KEYS_MAX:
+        return participants, active, None, _base_bytes(len(participants))
+    return participants, active, carried, _base_bytes(len(participants)) + 2 * size  # written keys twice
 
 
-def carried_bytes(carried: dict[int, list] | None) -> int:
-    if carried is None:
-        return 0
+def carried_bytes(carried: dict[int, list]) -> int:
     return sum(_CARRIED_FRAMING + _KEY_FRAMING * len(keys) + sum(map(len, keys)) for keys, _, _ in carried.values())
 
 
@@ -97,9 +98,7 @@ def _base_bytes(n: int) -> int:
 
 def item_bytes(placement: tuple | None) -> int:
     """An upper bound of the bytes an entry adds to a batch's routing."""
-    if placement is None or len(placement[0]) == 1:
-        return 5
-    return _base_bytes(len(placement[0])) + 2 * carried_bytes(placement[2])  # written keys twice
+    return SINGLE_ITEM_BYTES if placement is None else placement[3]
 
 
 def routing_bytes(partitions: int) -> int:
@@ -110,13 +109,13 @@ def routing_bytes(partitions: int) -> int:
 def max_item_bytes(partitions: int) -> int:
     """An upper bound of `item_bytes` for any entry under `partitions` partitions."""
     if partitions == 1:
-        return 5
+        return SINGLE_ITEM_BYTES
     return _base_bytes(partitions) + 2 * (partitions * _CARRIED_FRAMING + CARRIED_KEYS_MAX)
 
 
 def build_routing(partitions: int, placements: list[tuple | None]) -> list | None:
-    """The routing of a batch whose i-th entry has `placement` (participants, active,
-    carried), or None where the entry is rejected."""
+    """The routing of a batch whose i-th entry has `placement_of`'s placement, or None
+    where the entry is rejected."""
     if partitions == 1:
         return None  # one partition takes everything: nothing to route
     slices: list[list] = [[] for _ in range(partitions)]
@@ -124,7 +123,7 @@ def build_routing(partitions: int, placements: list[tuple | None]) -> list | Non
         if entry_placement is None:
             slices[reporter_of_rejected(index, partitions)].append(index)
             continue
-        participants, active, carried = entry_placement
+        participants, active, carried, _ = entry_placement
         if len(participants) == 1:
             slices[participants[0]].append(index)
             continue

@@ -45,7 +45,9 @@ from sequencer.log import (
     encode_start,
 )
 from sequencer.reader import LogReader
-from sequencer.routing import build_routing, item_bytes, max_item_bytes, placement_of, routing_bytes
+from sequencer.routing import (
+    SINGLE_ITEM_BYTES, build_routing, item_bytes, max_item_bytes, placement_of, routing_bytes,
+)
 from sequencer.startup import find_seed
 from sequencer.topics import Topics, check_topics, request_partitions_for
 from sequencer.wire import parse_request_sets
@@ -64,7 +66,7 @@ WATCH_EVERY = 2.0
 class BrokerLost(RuntimeError):
     """The broker no longer holds what this sequencer wrote or consumed."""
 
-SINGLE = ((0,), (0,), None)
+SINGLE = ((0,), (0,), None, SINGLE_ITEM_BYTES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +93,7 @@ class SequencerConfig:
 @dataclass(slots=True)
 class _Epoch:
     entries: list[bytes] = field(default_factory=list)
-    placements: list = field(default_factory=list)  # per entry: (participants, active, carried), None if rejected
+    placements: list = field(default_factory=list)  # per entry: `placement_of`'s placement, None if rejected
     size: int = 0
     opened: float = 0.0
     offsets: dict[int, list[int]] = field(default_factory=dict)

@@ -102,9 +102,10 @@ def test_an_entry_with_too_many_keys_leaves_its_participants_to_analyze_it():
     keys = list(range(200))  # 200 keys of 15 bytes: more than CARRIED_KEYS_MAX
     partitioner = partitioner_for(partitions)
     read_set = [("micro", k) for k in keys]
-    participants, active, carried = placement_of(partitioner, read_set, read_set)
+    placement = placement_of(partitioner, read_set, read_set)
+    participants, active, carried, _ = placement
     assert participants == (0, 1, 2) and carried is None
-    routing = build_routing(partitions, [(participants, active, carried)])
+    routing = build_routing(partitions, [placement])
     assert all(len(slice_of(routing, p)[0]) == 3 for p in range(partitions))
     batch = Batch(1, 1, 1_000, {}, [["big", "micro_rmw", {"keys": keys[:64]}]], routing=routing)
     for p in range(partitions):
