@@ -14,7 +14,7 @@ from scheduler.execution import COMMITTED, REJECTED, execute, txn_seed
 from sequencer.log import Batch
 from storage.keys import encode_key
 from storage.overlay import ABSENT, BatchOverlay
-from sequencer.routing import others_written, own_part, reporter_of_rejected, slice_of
+from sequencer.routing import own_part, reporter_of_rejected, slice_of, writers
 from storage.partitioning import Partitioner, executor_of, place
 
 
@@ -30,13 +30,13 @@ class PreparedTxn:
     id: str | None
     procedure: Any
     args: dict | None
-    reads: tuple[bytes, ...]  # the whole read set, encoded, in declared order
-    writes: dict[bytes, tuple[str, Any] | None]  # the whole write set: encoded -> (table, key)
+    reads: tuple[bytes, ...]  # the read set, encoded, in declared order (its own part if carried)
+    writes: dict[bytes, tuple[str, Any] | None]  # the write set: encoded -> (table, key), or None if carried
     local_reads: tuple[bytes, ...]  # the part of the read set this partition owns
     participants: tuple[int, ...]  # partitions holding any of its keys, ascending
     active: tuple[int, ...]  # partitions that run RUN: those it writes (else its lowest)
     local_writes: tuple[bytes, ...] = ()  # the part of the write set this partition owns (multi-partition)
-    owners: dict[bytes, int] | None = None  # from the routing, on the executor: other writers' keys -> writer
+    owners: dict[bytes, int] | None = None  # carried, on the executor: each written key -> its owner
 
     @property
     def single(self) -> bool:
@@ -87,7 +87,7 @@ def _prepare_slice(batch: Batch, items: list, registry: Registry, partitioner: P
             carried = own_part(item)
             if carried is not None:
                 local_reads, local_writes = carried
-                owners = others_written(item, partition)
+                owners = writers(item, partition, local_writes)
                 if owners is None:  # taking part without executing: the keys are all it needs
                     txns.append(PreparedTxn(index, None, None, None, local_reads, dict.fromkeys(local_writes),
                                             local_reads, participants, active, local_writes))
@@ -97,10 +97,8 @@ def _prepare_slice(batch: Batch, items: list, registry: Registry, partitioner: P
                     procedure = registry.procedure(proc)
                 except RequestError as exc:
                     raise refused_entry(batch.batch_id, index, request_id, str(exc)) from None
-                writes = dict.fromkeys(local_writes)
-                writes.update(dict.fromkeys(owners))
-                txns.append(PreparedTxn(index, request_id, procedure, args, local_reads, writes, local_reads,
-                                        participants, active, local_writes, owners))
+                txns.append(PreparedTxn(index, request_id, procedure, args, local_reads, dict.fromkeys(owners),
+                                        local_reads, participants, active, local_writes, owners))
                 continue
         request_id, proc, args = entry(index)
         if proc is None:
@@ -266,20 +264,12 @@ class BatchExecution:
                 self.exchange.send(batch_id, index, (peer,), {})
             return
         by_owner: dict[int, dict[bytes, list]] = {p: {} for p in txn.active}
-        owner, owners = self.owner, txn.owners
-        if owners is None:
-            for encoded, write in writes.items():
-                by_owner[owner(write[0], write[1], encoded)][encoded] = write
-        else:  # placed by the sequencer; only a key written through a declared range is not
-            mine = by_owner[here]
-            for encoded, write in writes.items():
-                writer = owners.get(encoded)
-                if writer is not None:
-                    by_owner[writer][encoded] = write
-                elif encoded in txn.writes:
-                    mine[encoded] = write
-                else:
-                    by_owner[owner(write[0], write[1], encoded)][encoded] = write
+        owner, owners = self.owner, txn.owners or {}  # placed by the sequencer, if carried
+        for encoded, write in writes.items():
+            writer = owners.get(encoded)
+            if writer is None:  # not carried, or written through a declared range
+                writer = owner(write[0], write[1], encoded)
+            by_owner[writer][encoded] = write
         for peer in others:
             self.exchange.send(batch_id, index, (peer,), by_owner[peer])
         if by_owner[here]:

@@ -23,8 +23,8 @@ executor and applies the writes the executor sends back, so with its keys in the
 it needs neither the entry nor ANALYZE. The executor decodes the entry for RUN's
 arguments, and takes the keys RUN may read here and write anywhere from the routing: the
 sequencer's ANALYZE is the one that counts for a multi-partition transaction, as its
-placement already was (the start record's procedure description makes sure both sides
-check arguments alike).
+placement already was (the start record's procedure description makes sure the engine's
+procedures take the arguments the sequencer checked).
 
 Routing is made for the partition count the sequencer was told. The log does not depend
 on it: a worker of an engine laid out for another count places every entry itself
@@ -76,20 +76,24 @@ def own_part(item: list) -> tuple[tuple[bytes, ...], tuple[bytes, ...]] | None:
     """(local reads, local writes) a routing item carries for its partition, or None."""
     if len(item) < 6:
         return None
-    keys, writes_from, reads_to = item[3], item[4], item[5]
-    return tuple(keys[:reads_to]), tuple(keys[writes_from:])
+    keys, _, reads_to = carried = item[3:6]
+    return tuple(keys[:reads_to]), tuple(_written(carried))
 
 
-def others_written(item: list, here: int) -> dict[bytes, int] | None:
-    """The executor's item only: each key another active participant writes -> that
-    participant. None for any other item."""
+def writers(item: list, here: int, own_writes: tuple[bytes, ...]) -> dict[bytes, int] | None:
+    """The executor's item only: each key of the transaction's write set -> the participant
+    that owns it (`here` for `own_writes`). None for any other item."""
     if len(item) < 7:
         return None
-    owners: dict[bytes, int] = {}
+    owners = dict.fromkeys(own_writes, here)
     for partition, keys in zip((p for p in item[2] if p != here), item[6]):
-        for key in keys:
-            owners[key] = partition
+        owners.update(dict.fromkeys(keys, partition))
     return owners
+
+
+def _written(carried: list) -> list[bytes]:
+    keys, writes_from, _ = carried
+    return keys[writes_from:]
 
 
 def _base_bytes(n: int) -> int:
@@ -135,7 +139,7 @@ def build_routing(partitions: int, placements: list[tuple | None]) -> list | Non
             continue
         for p in participants:
             if p == executor:
-                written = [carried[a][0][carried[a][1]:] for a in active if a != executor]
+                written = [_written(carried[a]) for a in active if a != executor]
                 slices[p].append(item + carried[p] + [written])
             else:
                 slices[p].append(item + carried[p])

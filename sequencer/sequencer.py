@@ -125,6 +125,8 @@ class Sequencer:
         self.topics = Topics(namespace)
         self.registry = registry
         self.config = config
+        # What a batch's entries and routing items may take: max_bytes less the rest of it.
+        self._entries_limit = config.max_bytes - BATCH_OVERHEAD - routing_bytes(config.partitions)
         self.stats = SequencerStats()
         self._stop = threading.Event()
         self._group = f"{namespace}.sequencer"
@@ -308,8 +310,7 @@ class Sequencer:
         if encoded is None:
             return self._skip(epoch, message)
         size = bin_size(encoded) + item_bytes(placement)
-        limit = self.config.max_bytes - BATCH_OVERHEAD - routing_bytes(self.config.partitions)
-        if epoch.entries and epoch.size + size > limit:
+        if epoch.entries and epoch.size + size > self._entries_limit:
             epoch = self._cut(epoch)  # full by size: what it holds goes out first
         if not epoch.entries:
             epoch.opened = time.monotonic()
