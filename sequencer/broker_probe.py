@@ -225,6 +225,20 @@ class Probe:
         ok = confluent_saw == [b"from-kafka-python"] and python_saw == [b"from-kafka-python", b"from-confluent"]
         return ok, f"kafka-python produce -> confluent read {confluent_saw}; mixed read by kafka-python {python_saw}"
 
+    def auto_created(self) -> tuple[bool, str]:
+        """A producer naming a topic that does not exist: Apache Kafka creates it with its
+        default of 1 partition. A reader of an output topic that names it before the engine
+        makes it gets the broker's layout instead of the engine's."""
+        topic = f"ordo-probe-{self.run_id}-auto-created"
+        producer = self.producer()
+        producer.produce(topic, value=b"first")
+        _flush(producer)
+        metadata = self.admin.list_topics(topic, timeout=TIMEOUT).topics.get(topic)
+        if metadata is None or metadata.error is not None:
+            return True, "not created by a producer naming it"
+        count = len(metadata.partitions)
+        return count == 1, f"created by a producer naming it, with {count} partition(s) (Kafka's default: 1)"
+
 
 def _flush(producer: Producer) -> None:
     if producer.flush(TIMEOUT):
@@ -239,6 +253,7 @@ PROBES: list[tuple[str, Callable[[Probe], tuple[bool, str]]]] = [
     ("transaction commit latency", Probe.commit_latency),
     ("largest message accepted", Probe.max_message_size),
     ("kafka-python interoperates", Probe.kafka_python),
+    ("topic created by a producer naming it", Probe.auto_created),
 ]
 
 

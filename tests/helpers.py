@@ -41,15 +41,30 @@ def stop(process: subprocess.Popen, timeout: float = 30) -> int:
     return process.returncode
 
 
-def read_results(bootstrap: str, topic: str, expected: int, timeout: float = 120) -> list[dict]:
-    """Every record of a results topic, read with kafka-python (shares no code with Ordo),
-    until at least `expected` distinct ids have arrived."""
+def topic_reader(bootstrap: str, topic: str, timeout: float = 60, **config):
+    """A kafka-python consumer (shares no code with Ordo) on every partition of `topic`,
+    from its beginning, once the topic exists. It never creates the topic: a reader that
+    asked for a topic the engine had not made yet would have the broker make it with its
+    own defaults (4 partitions on the local broker), and the records keyed to partitions
+    other than 0 would never be read."""
     from kafka import KafkaConsumer, TopicPartition
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-                             enable_auto_commit=False, consumer_timeout_ms=1000)
-    consumer.assign([TopicPartition(topic, 0)])
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                             allow_auto_create_topics=False, **{"auto_offset_reset": "earliest", **config})
+    deadline = time.monotonic() + timeout
+    while not (partitions := consumer.partitions_for_topic(topic)):
+        if time.monotonic() > deadline:
+            consumer.close()
+            raise TimeoutError(f"topic {topic} does not exist after {timeout:.0f} s")
+        time.sleep(0.2)
+    consumer.assign([TopicPartition(topic, p) for p in sorted(partitions)])
     consumer.seek_to_beginning()
+    return consumer
+
+
+def read_results(bootstrap: str, topic: str, expected: int, timeout: float = 120) -> list[dict]:
+    """Every record of a results topic until at least `expected` distinct ids have arrived."""
+    consumer = topic_reader(bootstrap, topic, consumer_timeout_ms=1000)
     records, ids = [], set()
     deadline = time.monotonic() + timeout
     while len(ids) < expected and time.monotonic() < deadline:

@@ -16,7 +16,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from ordo.client import AsyncClient, Client
 from sequencer.topics import ensure_topics
-from tests.helpers import ROOT, ordo, stop
+from tests.helpers import ROOT, ordo, stop, topic_reader
 
 pytestmark = pytest.mark.slow
 
@@ -64,11 +64,7 @@ def test_submit_wait_prints_only_its_own_outcomes_from_every_results_partition(b
     assert first.stderr.strip().endswith("12 committed")
 
     # The outcomes really are spread over both partitions of <ns>.results.
-    from kafka import KafkaConsumer, TopicPartition
-
-    consumer = KafkaConsumer(bootstrap_servers=broker, enable_auto_commit=False, consumer_timeout_ms=2000)
-    consumer.assign([TopicPartition(f"{namespace}.results", p) for p in (0, 1)])
-    consumer.seek_to_beginning()
+    consumer = topic_reader(broker, f"{namespace}.results", consumer_timeout_ms=2000)
     assert {message.partition for message in consumer} == {0, 1}
     consumer.close()
 

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from tests.helpers import ROOT, dump_state, read_results, reference_state, sequence_requests, stop
+from tests.helpers import ROOT, dump_state, read_results, reference_state, sequence_requests, stop, topic_reader
 
 pytestmark = pytest.mark.slow
 
@@ -86,12 +86,7 @@ def test_a_refused_output_stops_the_engine_unapplied_and_a_restart_loses_nothing
 
 
 def _change_records(bootstrap: str, topic: str) -> list[dict]:
-    from kafka import KafkaConsumer, TopicPartition
-
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False,
-                             consumer_timeout_ms=2000)
-    consumer.assign([TopicPartition(topic, 0)])
-    consumer.seek_to_beginning()
+    consumer = topic_reader(bootstrap, topic, consumer_timeout_ms=2000)
     records = {message.key: json.loads(message.value) for message in consumer}  # last per key: replays repeat
     consumer.close()
     return sorted(records.values(), key=lambda c: (c["batch"], c["part"]))

@@ -24,7 +24,7 @@ from recovery.checkpoints import CheckpointStore
 from recovery.checks import check_applied_once
 from sequencer.topics import ensure_topics
 from storage.keys import encode_key
-from tests.helpers import ROOT, interpret_log, ordo, read_results, stop
+from tests.helpers import ROOT, interpret_log, ordo, read_results, stop, topic_reader
 
 pytestmark = pytest.mark.slow
 
@@ -52,13 +52,8 @@ class Feeder(threading.Thread):
 
 
 def read_topic(bootstrap: str, topic: str) -> list[tuple[str, bytes]]:
-    """Every record of a one-partition topic, read with kafka-python until it is quiet."""
-    from kafka import KafkaConsumer, TopicPartition
-
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-                             enable_auto_commit=False, consumer_timeout_ms=2000)
-    consumer.assign([TopicPartition(topic, 0)])
-    consumer.seek_to_beginning()
+    """Every record of a topic, read with kafka-python until it is quiet."""
+    consumer = topic_reader(bootstrap, topic, consumer_timeout_ms=2000)
     records = [(message.key.decode(), message.value) for message in consumer]
     consumer.close()
     return records

@@ -23,7 +23,7 @@ from sequencer.sequencer import SequencerConfig
 from sequencer.topics import ensure_topics
 from spark_jobs import changes_job, producer_job
 from spark_jobs.samples import BAD_ROWS, SAMPLES_DIR
-from tests.helpers import ordo_output
+from tests.helpers import ordo_output, topic_reader
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning")]
@@ -112,12 +112,8 @@ def topic_changes(bootstrap: str, namespace: str, last_batch: int, timeout: floa
     """The change records on <ns>.changes of batches 1..last_batch, read with kafka-python
     (no code shared with the source under test): (raw messages, exploded rows of the
     distinct (batch, partition, part) records)."""
-    from kafka import KafkaConsumer, TopicPartition
-
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=500,
-                             isolation_level="read_committed")
-    consumer.assign([TopicPartition(f"{namespace}.changes", 0)])
-    consumer.seek_to_beginning()
+    consumer = topic_reader(bootstrap, f"{namespace}.changes", consumer_timeout_ms=500,
+                            isolation_level="read_committed")
     messages, by_record, parts = [], {}, {}
 
     def complete() -> bool:  # every part of every batch and partition

@@ -366,12 +366,9 @@ def test_bad_atomic_batches_are_rejected_and_undeclared_emits_abort():
 # --- output streams on Kafka, end to end ----------------------------------------------------
 
 def _stream_topic(bootstrap: str, topic: str) -> list[tuple[str, dict]]:
-    from kafka import KafkaConsumer, TopicPartition
+    from tests.helpers import topic_reader
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-                             enable_auto_commit=False, consumer_timeout_ms=2000)
-    consumer.assign([TopicPartition(topic, 0)])
-    consumer.seek_to_beginning()
+    consumer = topic_reader(bootstrap, topic, consumer_timeout_ms=2000)
     records = [(m.key.decode(), json.loads(m.value)) for m in consumer]
     consumer.close()
     return records

@@ -16,7 +16,7 @@ import pytest
 from ordo.testing import TestEngine
 from procedures.registry import default_registry
 from sequencer.topics import ensure_topics
-from tests.helpers import dump_state, ordo, ordo_output, read_results, stop
+from tests.helpers import dump_state, ordo, ordo_output, read_results, stop, topic_reader
 
 VOTER_TABLES = ("voter_count", "voter_phone", "voter_contestant", "voter_board")
 INT64 = (-2**63, 2**63 - 1)
@@ -113,10 +113,7 @@ def vote_stream(count: int, phones: int, seed: int) -> list[dict]:
 
 def wait_for_outcomes(bootstrap: str, topic: str, count: int, timeout: float = 120) -> None:
     """Return as soon as `count` outcome records are on `topic`."""
-    from kafka import KafkaConsumer, TopicPartition
-
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False)
-    consumer.assign([TopicPartition(topic, 0)])
+    consumer = topic_reader(bootstrap, topic)
     seen, deadline = 0, time.monotonic() + timeout
     try:
         while seen < count and time.monotonic() < deadline:

@@ -35,7 +35,7 @@ def _client(bootstrap: str, namespace: str, warmup: list, burst: list, paced: li
     from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
     from sequencer.kafka import kafka_config
-    from sequencer.topics import Topics
+    from sequencer.topics import Topics, partition_count
 
     topics = Topics(namespace)
     producer = Producer(kafka_config(bootstrap, {
@@ -43,7 +43,8 @@ def _client(bootstrap: str, namespace: str, warmup: list, burst: list, paced: li
     consumer = Consumer(kafka_config(bootstrap, {
         "group.id": f"bench-client-{uuid.uuid4().hex}", "enable.auto.commit": False,
         "enable.partition.eof": False, "fetch.wait.max.ms": 2}))
-    consumer.assign([TopicPartition(topics.results, 0, OFFSET_BEGINNING)])
+    consumer.assign([TopicPartition(topics.results, p, OFFSET_BEGINNING)
+                     for p in range(partition_count(bootstrap, topics.results))])
     arrived: dict[str, float] = {}
     statuses: dict[str, int] = {}
     stop = threading.Event()
