@@ -59,17 +59,14 @@ def placement_of(partitioner: Partitioner, read_set, write_set) -> tuple:
     participants, active = place(partitioner, read_set, write_set)
     if len(participants) == 1:
         return participants, active, None, SINGLE_ITEM_BYTES
-    carried = {p: [read_only + both + write_only, len(read_only), len(read_only) + len(both)]
-               for p, (read_only, both, write_only)
-               in owned_keys(partitioner, participants, read_set, write_set).items()}
-    size = carried_bytes(carried)
+    carried, size = {}, 0
+    for p, (read_only, both, write_only) in owned_keys(partitioner, participants, read_set, write_set).items():
+        keys = read_only + both + write_only
+        carried[p] = [keys, len(read_only), len(read_only) + len(both)]
+        size += _CARRIED_FRAMING + _KEY_FRAMING * len(keys) + sum(map(len, keys))
     if size > CARRIED_KEYS_MAX:
         return participants, active, None, _base_bytes(len(participants))
     return participants, active, carried, _base_bytes(len(participants)) + 2 * size  # written keys twice
-
-
-def carried_bytes(carried: dict[int, list]) -> int:
-    return sum(_CARRIED_FRAMING + _KEY_FRAMING * len(keys) + sum(map(len, keys)) for keys, _, _ in carried.values())
 
 
 def own_part(item: list) -> tuple[tuple[bytes, ...], tuple[bytes, ...]] | None:

@@ -84,15 +84,26 @@ def executor_of(index: int, active: tuple[int, ...]) -> int:
 
 def owned_keys(partitioner: Partitioner, participants: tuple[int, ...], read_set,
                write_set) -> dict[int, tuple[list[bytes], list[bytes], list[bytes]]]:
-    """Each participant's own keys, encoded, each once and in declared order, as
-    (read only, read and written, written only)."""
+    """Each participant's own keys, encoded, in declared order, as (read only, read and
+    written, written only), from sets as `Registry.analyze` gives them (no pair twice).
+    Keys are integers, strings or tuples of them, so equal pairs are the pairs that
+    encode alike, and each key is encoded once."""
     of = partitioner.of
-    reads = {encode_key(table, key): (table, key) for table, key in read_set}
-    writes = {encode_key(table, key): (table, key) for table, key in write_set}
     owned: dict[int, tuple[list[bytes], list[bytes], list[bytes]]] = {p: ([], [], []) for p in participants}
-    for encoded, (table, key) in reads.items():
-        owned[of(table, key, encoded)][1 if encoded in writes else 0].append(encoded)
-    for encoded, (table, key) in writes.items():
-        if encoded not in reads:
+    if read_set == write_set:  # read-modify-write, the common case: no pair to look up
+        for table, key in read_set:
+            encoded = encode_key(table, key)
+            owned[of(table, key, encoded)][1].append(encoded)
+        return owned
+    written = set(write_set)
+    for pair in read_set:
+        table, key = pair
+        encoded = encode_key(table, key)
+        owned[of(table, key, encoded)][1 if pair in written else 0].append(encoded)
+    read = set(read_set)
+    for pair in write_set:
+        if pair not in read:
+            table, key = pair
+            encoded = encode_key(table, key)
             owned[of(table, key, encoded)][2].append(encoded)
     return owned
