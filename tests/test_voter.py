@@ -202,7 +202,7 @@ def test_bench_voter_reports_votes_per_second_beside_s_store_and_postgresql(tmp_
     report = json.loads(out.read_text())
     e2e = report["end_to_end"]
     assert e2e["votes_per_s"] > 0 and e2e["ratio_to_s_store"] == round(e2e["votes_per_s"] / 2200, 2)
-    assert f"x S-Store's 2,200 batches/s" in text and "top3" in text
+    assert "x S-Store's 2,200 batches/s" in text and "top3" in text
     assert len(report["leaderboards"]["top3"]) == 3
     # The baseline runs the same dataflow in the same (log) order: the same votes count.
     if "error" not in report["baseline"]:
