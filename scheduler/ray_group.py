@@ -6,6 +6,7 @@ one message per peer per scheduling step."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from typing import Any
 
@@ -105,6 +106,9 @@ def start_ray(address: str | None = None) -> None:
         from scheduler.loopback import LOOPBACK, check_node_address, keep_node_address_on_loopback
 
         keep_node_address_on_loopback()
+        # Ray announces that it turned on token authentication, its default for a new local
+        # cluster, on every start; the cluster keeps it, the log loses the line.
+        logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
         context = ray.init(include_dashboard=False, _node_ip_address=LOOPBACK, logging_level="WARNING",
                            num_cpus=os.cpu_count())
         check_node_address(context.address_info.get("node_ip_address", LOOPBACK))
