@@ -67,7 +67,7 @@ class ReplayProgress:
         self._shown = 0.0
         self._shown_batch = -1
         self.done = False
-        self.first_new: tuple[float, int] | None = None  # (time, txns) when a batch was first seen applied
+        self.first_new: tuple[float, int] | None = None  # (time, applied txns) when a batch was first seen applied
         self.last_txns = 0
 
     def __call__(self, stats: EngineStats) -> None:
@@ -75,9 +75,9 @@ class ReplayProgress:
         if stats.last_batch != self._seen:
             self._seen = stats.last_batch
             self.last_new = now
-            self.last_txns = stats.txns
+            self.last_txns = stats.applied_txns
             if self.first_new is None:
-                self.first_new = (now, stats.txns)
+                self.first_new = (now, stats.applied_txns)
         elif now - self.last_new > self.idle:
             if self.checkpoint_at_end:
                 self.coordinator.checkpoint()

@@ -33,7 +33,8 @@ log = logging.getLogger("ordo.engine")
 @dataclass(slots=True)
 class EngineStats:
     batches: int = 0
-    txns: int = 0
+    txns: int = 0  # outcomes of the executed batches
+    applied_txns: int = 0  # outcomes of the applied batches (execution runs up to a pipeline ahead)
     committed: int = 0
     aborted: int = 0
     rejected: int = 0
@@ -162,6 +163,7 @@ class Coordinator:
         stats.aborted = sum(s["aborted"] for s in statuses)
         stats.rejected = sum(s["rejected"] for s in statuses)
         stats.txns = stats.committed + stats.aborted + stats.rejected
+        stats.applied_txns = sum(s["applied_txns"] for s in statuses)
         stats.batches = stats.last_batch - (self.cursor.next_batch - 1)
         self._list_checkpoints(statuses)
 

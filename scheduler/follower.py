@@ -71,13 +71,16 @@ class LogFollower:
         self._reader = LogReader(options.bootstrap, topics.log, self.cursor,
                                  f"{options.namespace}.engine-{self.partition}", self._check_procedures)
         self._ready: deque[tuple[Batch, dict]] = deque()  # read, not yet executed
-        self._unapplied: deque[tuple[int, dict]] = deque()  # executed: (batch id, cursor after it)
+        self._unapplied: deque[tuple[int, dict, int]] = deque()  # executed: (batch id, cursor after it, outcomes)
         self.hold_at = options.hold_at  # execute no batch after this one until released
         self.stop_after = options.stop_after
         self._stopping = False
         self.running = False
         self.error: str | None = None
         self.applied_at = 0.0  # time.monotonic() when the last batch was applied
+        # Outcomes of the applied batches: `counts` grows as batches execute, which runs up to
+        # a pipeline ahead of `applied`; a rate over applied batches needs this one.
+        self.applied_txns = 0
         self.counts = {COMMITTED: 0, ABORTED: 0, "rejected": 0, RESTARTED: 0}
         self.checkpointed: deque[tuple[int, dict]] = deque(maxlen=KEPT_CHECKPOINT_REPORTS)  # (batch, cursor)
         self.busy_s = 0.0  # time spent executing batches
@@ -97,6 +100,7 @@ class LogFollower:
             "executed": self.executed,
             "applied": self.applied,
             "applied_at": self.applied_at,
+            "applied_txns": self.applied_txns,
             "unapplied": len(self._unapplied),
             "next_offset": self.cursor.next_offset,
             "committed": self.counts[COMMITTED],
@@ -173,7 +177,7 @@ class LogFollower:
         counts = self.counts
         for outcome in result.outcomes:
             counts[outcome.status] += 1
-        self._unapplied.append((batch.batch_id, cursor))
+        self._unapplied.append((batch.batch_id, cursor, len(result.outcomes)))
         self.executed = batch.batch_id
         await self._apply_delivered(limit=self.options.depth)
 
@@ -191,7 +195,7 @@ class LogFollower:
         acknowledgements while more than `limit` batches are left unapplied."""
         unapplied, sink = self._unapplied, self.sink
         while unapplied:
-            batch_id, cursor = unapplied[0]
+            batch_id, cursor, outcomes = unapplied[0]
             if not sink.delivered(batch_id):
                 if len(unapplied) <= limit:
                     return
@@ -202,6 +206,7 @@ class LogFollower:
             self.worker.commit({"batch": batch_id, "cursor": cursor})
             self.applied = batch_id
             self.applied_at = time.monotonic()
+            self.applied_txns += outcomes
             every = self.options.checkpoint_every
             if every and batch_id % every == 0 and self.options.checkpoint_root:
                 self._checkpoint(batch_id, cursor)

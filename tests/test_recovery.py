@@ -15,6 +15,7 @@ from confluent_kafka import Producer
 from ordo.state import digest
 from recovery.checkpoints import MANIFEST, CheckpointStore, checkpoint_name
 from recovery.checks import applied_markers, check_applied_once
+from recovery.replay import recover
 from recovery.restore import RecoveryError
 from scheduler.coordinator import Coordinator
 from scheduler.outputs import CollectedOutputs
@@ -122,6 +123,36 @@ def test_without_a_checkpoint_disagreeing_shards_are_rebuilt_from_the_log(broker
     assert coordinator.recovery.action == "rebuild"
     assert_same_as_reference(outputs, digest(str(tmp_path)), last_batch, reference)
     check_applied_once(str(tmp_path), last_batch)
+
+
+def test_the_replay_rate_counts_only_applied_transactions(broker, shared_log, tmp_path):
+    """Batches execute up to a pipeline ahead of their apply: a rate timed by applied
+    batches must count the transactions of applied batches, or a short replay whose
+    every batch executed before the first apply was seen reports zero."""
+    namespace, last_batch, reference = shared_log
+    through = [0] * (last_batch + 1)
+    for outcome in reference.outcomes:
+        through[outcome["batch"]] += 1
+    for batch in range(1, last_batch + 1):
+        through[batch] += through[batch - 1]
+    # Outputs go to Kafka, where acknowledgements lag, so execution runs ahead of apply.
+    coordinator = Coordinator(broker, namespace, str(tmp_path), "vll", PARTITIONS, runtime="local")
+    seen = []
+
+    def check(stats):
+        newest = max(s["applied"] for s in coordinator.statuses)
+        assert through[stats.last_batch] <= stats.applied_txns <= through[newest]
+        seen.append(stats.applied_txns)
+
+    stats = coordinator.run(until_batch=last_batch, progress=check)
+    assert seen and seen == sorted(seen)
+    assert stats.applied_txns == stats.txns == len(reference.outcomes)
+
+    report = recover(broker, namespace, str(tmp_path / "again"), "vll", PARTITIONS, mode="scratch", idle=1.0,
+                     quiet=True, runtime="local")
+    assert report.to_batch == last_batch and report.txns == len(reference.outcomes)
+    assert 0 <= report.steady_txns <= report.txns
+    assert report.steady_txns_per_s > 0
 
 
 def test_rebuild_from_scratch_under_another_scheduler_gives_the_same_digest(broker, shared_log, tmp_path):
