@@ -153,6 +153,11 @@ def format_run(run: dict[str, Any]) -> str:
     return line
 
 
+def _figure(run: dict[str, Any], name: str, spec: str, width: int) -> str:
+    """A column of the table; a figure that was not measured (--no-end-to-end) is a dash, not 0."""
+    return format(run[name], spec).rjust(width) if name in run else "-".rjust(width)
+
+
 def format_report(report: dict[str, Any]) -> str:
     several = any("mp" in run for run in report["runs"])
     lines = [f"{report['workload']} | {report['scheduler']} | {report['txns']:,} txns | "
@@ -162,8 +167,8 @@ def format_report(report: dict[str, Any]) -> str:
              f"{'speedup':>8} {'mp share':>9}" + (f" {'÷ first mp':>10}" if several else "")]
     for run in report["runs"]:
         line = (f"{run['partitions']:>10} {run['engine_tps']:>13,} {run['engine_tps_per_core']:>9,} "
-                f"{run['engine_speedup']:>8.2f} {run.get('end_to_end_tps', 0):>10,} "
-                f"{run.get('end_to_end_speedup', 0):>8.2f} {run['multi_partition_share']:>9.0%}")
+                f"{run['engine_speedup']:>8.2f} {_figure(run, 'end_to_end_tps', ',', 10)} "
+                f"{_figure(run, 'end_to_end_speedup', '.2f', 8)} {run['multi_partition_share']:>9.0%}")
         if several:
             line += f" {run['mp_ratio']:>10.2f}" if "mp_ratio" in run else f" {'':>10}"
         lines.append(line)
