@@ -143,6 +143,12 @@ def format_run(run: dict) -> str:
     return text
 
 
+def cell(value: Any, spec: str, width: int) -> str:
+    """One column of a results table: the figure, or a dash where it was not measured, so
+    that nothing unmeasured reads as a measured 0."""
+    return (format(value, spec) if value is not None else "-").rjust(width)
+
+
 def format_report(report: dict) -> str:
     lines = []
     header = (f"{'workload':<9}{'knobs':<24}{'P':>2} {'sched':<8}{'limit':>8}{'engine':>8}{'÷lim':>6}"
@@ -159,13 +165,12 @@ def format_report(report: dict) -> str:
         low = run.get("latency_low_ms") or {}
         mem = run.get("memory_mb") or {}
         memory = "/".join(f"{mem[k]:.0f}" for k in ("engine", "sequencer", "workers") if mem.get(k)) if mem else ""
-        fmt = lambda v, spec: format(v, spec) if v is not None else ""  # noqa: E731
         lines.append(
             f"{run['workload']:<9}{run['label'][:23]:<24}{run['partitions']:>2} {run['scheduler']:<8}"
             f"{run['storage_limit_tps']:>8,}{run['engine_tps']:>8,}{run['engine_over_limit']:>6.2f}"
-            f"{fmt(run.get('replay_tps'), '>8,'):>8}{fmt(run.get('replay_over_engine'), '>6.2f'):>6}"
-            f"{fmt(run.get('end_to_end_tps'), '>7,'):>7}{fmt(run.get('end_to_end_over_engine'), '>6.2f'):>6}"
-            f"{fmt(lat.get('p50'), '>7.1f'):>7}{fmt(lat.get('p99'), '>7.1f'):>7}{fmt(low.get('p99'), '>8.1f'):>8}"
+            f"{cell(run.get('replay_tps'), ',', 8)}{cell(run.get('replay_over_engine'), '.2f', 6)}"
+            f"{cell(run.get('end_to_end_tps'), ',', 7)}{cell(run.get('end_to_end_over_engine'), '.2f', 6)}"
+            f"{cell(lat.get('p50'), '.1f', 7)}{cell(lat.get('p99'), '.1f', 7)}{cell(low.get('p99'), '.1f', 8)}"
             f"{memory:>16}")
     lines.append("")
     for workload, b in report["baseline"].items():

@@ -17,6 +17,7 @@ from typing import Any
 
 from ordo.benchmarks.machine import finish_report, machine
 from ordo.benchmarks.prefill import prefill_log
+from ordo.benchmarks.report import cell
 from ordo.benchmarks.requests import multi_partition_share, workload_requests
 from ordo.benchmarks.runners import end_to_end, engine_throughput, shutdown_ray
 
@@ -153,11 +154,6 @@ def format_run(run: dict[str, Any]) -> str:
     return line
 
 
-def _figure(run: dict[str, Any], name: str, spec: str, width: int) -> str:
-    """A column of the table; a figure that was not measured (--no-end-to-end) is a dash, not 0."""
-    return format(run[name], spec).rjust(width) if name in run else "-".rjust(width)
-
-
 def format_report(report: dict[str, Any]) -> str:
     several = any("mp" in run for run in report["runs"])
     lines = [f"{report['workload']} | {report['scheduler']} | {report['txns']:,} txns | "
@@ -167,8 +163,8 @@ def format_report(report: dict[str, Any]) -> str:
              f"{'speedup':>8} {'mp share':>9}" + (f" {'÷ first mp':>10}" if several else "")]
     for run in report["runs"]:
         line = (f"{run['partitions']:>10} {run['engine_tps']:>13,} {run['engine_tps_per_core']:>9,} "
-                f"{run['engine_speedup']:>8.2f} {_figure(run, 'end_to_end_tps', ',', 10)} "
-                f"{_figure(run, 'end_to_end_speedup', '.2f', 8)} {run['multi_partition_share']:>9.0%}")
+                f"{run['engine_speedup']:>8.2f} {cell(run.get('end_to_end_tps'), ',', 10)} "
+                f"{cell(run.get('end_to_end_speedup'), '.2f', 8)} {run['multi_partition_share']:>9.0%}")
         if several:
             line += f" {run['mp_ratio']:>10.2f}" if "mp_ratio" in run else f" {'':>10}"
         lines.append(line)
