@@ -16,7 +16,7 @@ from procedures.registry import default_registry
 from procedures.workloads import ALL_WORKLOADS
 from scheduler.coordinator import Coordinator
 from scheduler.reference import SerialInterpreter
-from sequencer.broker import LocalBroker
+from sequencer.broker import local_broker
 from sequencer.sequencer import SequencerConfig
 from sequencer.topics import ensure_topics
 from storage.digest import to_hex
@@ -36,7 +36,7 @@ def run_demo(workload: str, count: int, scheduler: str, partitions: int, data_di
     namespace = "demo"
     say = lambda text="": print(text, flush=True)  # noqa: E731
     say(f"Ordo demo: {count:,} {workload} requests, {scheduler} scheduler, {partitions} partition(s)")
-    with LocalBroker() as broker:
+    with local_broker() as broker:
         bootstrap = broker.bootstrap_servers
         say(f"  broker     {bootstrap} (local, memory only)")
         say(f"  data       {data_dir}")

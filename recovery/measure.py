@@ -28,7 +28,7 @@ from ordo.embedded import SequencerThread
 from procedures.workloads import micro
 from recovery.replay import ReplayReport, recover
 from scheduler.coordinator import Coordinator
-from sequencer.broker import LocalBroker
+from sequencer.broker import local_broker
 from sequencer.sequencer import SequencerConfig
 from sequencer.topics import ensure_topics
 
@@ -71,7 +71,7 @@ def measure(txns: int = 20_000, max_txns: int = 50, distances: tuple[int, ...] =
     namespace = f"recovery-measure-{os.getpid()}"
     result: dict = {"workload": "micro", "txns": txns, "max_txns": max_txns, "cpus": os.cpu_count()}
     try:
-        with LocalBroker() as broker:
+        with local_broker() as broker:
             bootstrap = broker.bootstrap_servers
             last = _sequence(bootstrap, namespace, txns, max_txns)
             result["batches"] = last

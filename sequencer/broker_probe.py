@@ -2,7 +2,7 @@
 
     python -m sequencer.broker_probe [--bootstrap-servers HOST:PORT]
 
-Without an address it starts a LocalBroker. Each probe prints OK (behaves like Apache Kafka)
+Without an address it starts a local broker (sequencer/broker.py). Each probe prints OK (behaves like Apache Kafka)
 or QUIRK, with one line of detail. Ordo does not rely on any of these behaviours; the report
 says what a reader of the log must defend against on this broker.
 """
@@ -279,9 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.bootstrap_servers:
         run(args.bootstrap_servers)
         return 0
-    from sequencer.broker import LocalBroker
+    from sequencer.broker import local_broker
 
-    with LocalBroker() as broker:
+    with local_broker() as broker:
         run(broker.bootstrap_servers)
     return 0
 

@@ -39,7 +39,7 @@ def _engine(bootstrap: str, namespace: str, data_dir: str, partitions: int):
 
 def run_bench(rows: int, master: str, partitions: int) -> dict:
     from ordo.client import Client
-    from sequencer.broker import LocalBroker
+    from sequencer.broker import local_broker
     from spark_jobs import changes_job, producer_job
     from spark_jobs.samples import sl_requests, write_csv
     from spark_jobs.session import build_session
@@ -51,7 +51,7 @@ def run_bench(rows: int, master: str, partitions: int) -> dict:
     warmup = os.path.join(work, "warmup.csv")
     write_csv(warmup, sl_requests(200, seed=4))
     results: dict = {"rows": rows, "master": master, "engine_partitions": partitions}
-    with LocalBroker() as broker:
+    with local_broker() as broker:
         bootstrap = broker.bootstrap_servers
         spark = build_session("ordo-spark-bench", master, shuffle_partitions=2)
         try:

@@ -13,7 +13,7 @@ import time
 import pytest
 from confluent_kafka import Producer
 
-from sequencer.broker import LocalBroker, free_port
+from sequencer.broker import free_port, local_broker
 from sequencer.kafka import kafka_config
 from sequencer.log import encode_start
 from sequencer.topics import ensure_topics
@@ -48,7 +48,7 @@ def ended(process: subprocess.Popen, timeout: float) -> int | None:
 
 def test_a_broker_restarted_without_its_data_stops_the_engine_with_one_line_and_keeps_its_state(tmp_path):
     port = free_port()
-    broker = LocalBroker(port=port)
+    broker = local_broker(port=port)
     bootstrap = broker.start()
     data = str(tmp_path / "d")
     engine = ordo("run", "--bootstrap-servers", bootstrap, "--namespace", "lost", "--data-dir", data,
@@ -58,7 +58,7 @@ def test_a_broker_restarted_without_its_data_stops_the_engine_with_one_line_and_
         submit(bootstrap, "lost", deposits(0, 30))
         assert len({r["id"] for r in read_results(bootstrap, "lost.results", 30, timeout=60)}) == 30
         broker.stop()
-        broker = LocalBroker(port=port)
+        broker = local_broker(port=port)
         broker.start()  # same address, nothing in it: what a memory-only broker's restart is
         code = ended(engine, 90)
         assert code not in (None, 0), "the engine went on as if nothing had happened"
@@ -70,7 +70,7 @@ def test_a_broker_restarted_without_its_data_stops_the_engine_with_one_line_and_
         # Started again on an empty broker: a new log appears, and the engine that applied
         # the old one refuses it instead of skipping its batches as "repeats".
         broker.stop()
-        broker = LocalBroker(port=port)
+        broker = local_broker(port=port)
         broker.start()
         again = ordo("run", "--bootstrap-servers", bootstrap, "--namespace", "lost", "--data-dir", data,
                      "--quiet", "--runtime", "local", stderr=subprocess.PIPE, text=True)

@@ -13,7 +13,7 @@ import pytest
 from ordo.client import Client
 from ordo.embedded import SequencerThread, read_log
 from procedures.workloads import micro, sl
-from sequencer.broker import LocalBroker
+from sequencer.tansu_broker import TansuBroker
 from sequencer.sequencer import SequencerConfig
 from sequencer.topics import ensure_topics
 from tests.helpers import (assert_same_as_reference, dump_state, interpret_log, ordo, read_results,
@@ -175,7 +175,7 @@ def test_sequencers_on_the_local_broker_never_end_transactions_together(monkeypa
     cutting one-request batches must never make it happen: they take turns to append."""
     monkeypatch.setenv("RUST_LOG", "warn")
     log_path = tmp_path / "broker.log"
-    with LocalBroker(log_path=str(log_path)) as own:
+    with TansuBroker(log_path=str(log_path)) as own:
         bootstrap, namespace = own.bootstrap_servers, "turns"
         ensure_topics(bootstrap, namespace, request_partitions=2)
         sequencers = start_sequencers(bootstrap, namespace, SequencerConfig(max_txns=1, sequencers=2))

@@ -20,7 +20,7 @@ def run_bench(workload: str, scheduler: str, partitions: int, txns: int, seed: i
               max_txns: int, json_path: str | None, baseline: bool = False) -> int:
     """`ordo bench WORKLOAD`: one configuration, everything measured in one run over the
     same `txns` requests (the engine and the replay over all of them, no time box)."""
-    from sequencer.broker import LocalBroker
+    from sequencer.broker import local_broker
 
     requests = workload_requests(workload, txns, seed, knobs, partitions)
     root = tempfile.mkdtemp(prefix="ordo-bench-")
@@ -30,7 +30,7 @@ def run_bench(workload: str, scheduler: str, partitions: int, txns: int, seed: i
                               "machine": machine()}
     try:
         limit = storage_limit(requests, max_txns, os.path.join(root, "limit"))
-        with LocalBroker() as broker:
+        with local_broker() as broker:
             bootstrap = broker.bootstrap_servers
             log = prefill_log(bootstrap, requests, max_txns, "engine", partitions)
             engine = engine_throughput(bootstrap, log, scheduler, partitions, os.path.join(root, "engine"))

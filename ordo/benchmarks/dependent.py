@@ -89,12 +89,12 @@ def run_alias(scheduler: str, partitions: int, txns: int, seed: int, knobs: dict
     """`rate`: requests/s the client sends at (None: all at once). Restarts depend on how
     many rebinds fall between a transaction's reconnaissance and its turn, so on how long
     that is: in a burst the reconnaissance result waits behind the whole backlog."""
-    from sequencer.broker import LocalBroker
+    from sequencer.broker import local_broker
 
     requests = workload_requests("alias", txns, seed, knobs, partitions)
     root = tempfile.mkdtemp(prefix="ordo-alias-")
     try:
-        with LocalBroker() as broker:
+        with local_broker() as broker:
             with Pipeline(broker.bootstrap_servers, "alias", scheduler, partitions, max_txns,
                           os.path.join(root, "data")) as pipeline:
                 outcomes, elapsed = pipeline.run(requests, rate)

@@ -40,7 +40,7 @@ def run_scale(workload: str, partition_counts: list[int], scheduler: str, txns: 
     taking turns round by round, and each reports its median run: a shared machine's slow
     spells then fall on every configuration alike instead of on whichever ran during them.
     `mp_shares` (micro) measures several multi-partition shares in the same run."""
-    from sequencer.broker import LocalBroker
+    from sequencer.broker import local_broker
 
     if not partition_counts or any(p < 1 for p in partition_counts):
         raise ValueError("--partitions takes a comma-separated list of counts >= 1, e.g. 1,2,4")
@@ -62,7 +62,7 @@ def run_scale(workload: str, partition_counts: list[int], scheduler: str, txns: 
         + (f", multi-partition shares {shares}" if mp_shares else "") + f", {cores} cores"
         + (f", {rounds} rounds" if rounds > 1 else ""))
     try:
-        with LocalBroker() as broker:
+        with local_broker() as broker:
             bootstrap = broker.bootstrap_servers
             configurations = []
             for share in shares:

@@ -79,7 +79,7 @@ def sequence_once(bootstrap: str, encoded: list, request_partitions: int, sequen
 
 def run_sequencing(workload: str, counts: list[int], txns: int, seed: int, knobs: dict, partitions: int,
                    max_txns: int, json_path: str | None = None, rounds: int = 1) -> dict[str, Any]:
-    from sequencer.broker import LocalBroker
+    from sequencer.broker import local_broker
 
     if not counts or any(s < 1 for s in counts):
         raise ValueError("--sequencers takes a comma-separated list of counts >= 1, e.g. 1,2")
@@ -94,7 +94,7 @@ def run_sequencing(workload: str, counts: list[int], txns: int, seed: int, knobs
                               "rounds": rounds, "machine": machine(), "runs": []}
     encoded = encode_requests(workload_requests(workload, txns, seed, knobs, partitions))
     measured: dict[int, list[float]] = {s: [] for s in counts}
-    with LocalBroker() as broker:
+    with local_broker() as broker:
         for round_ in range(rounds):
             for sequencers in counts:
                 rate = sequence_once(broker.bootstrap_servers, encoded, counts[-1], sequencers, partitions, max_txns)

