@@ -139,7 +139,10 @@ class Client:
         deadline = time.monotonic() + timeout
         try:
             while True:
-                topics = consumer.list_topics(timeout=5).topics
+                try:  # a broker that is still starting is waited for like a topic that is still missing
+                    topics = consumer.list_topics(timeout=max(0.5, min(5.0, deadline - time.monotonic()))).topics
+                except KafkaException:
+                    topics = {}
                 if self.topics.requests in topics and self.topics.results in topics:
                     return
                 if time.monotonic() > deadline:
@@ -168,7 +171,7 @@ class Client:
         topic = self.topics.results
         consumer = self._consumer()
         try:
-            ends = {p: max(0, consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1])
+            ends = {p: max(0, _end_offset(consumer, TopicPartition(topic, p), timeout=10))
                     for p in self._partitions(consumer)}
             if not ends:
                 return ends
@@ -343,3 +346,21 @@ def _outcome(raw: bytes | None) -> dict:
     except (TypeError, ValueError):
         return {"unreadable": raw}
     return outcome if isinstance(outcome, dict) else {"unreadable": raw}
+
+
+_MOVING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
+           KafkaError._TRANSPORT, KafkaError._TIMED_OUT}
+
+
+def _end_offset(consumer: Consumer, partition: TopicPartition, timeout: float) -> int:
+    """A partition's end offset, asked again while its leader is moving or starting (a
+    broker restarted a moment ago answers "not leader" until it has loaded the partition)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return consumer.get_watermark_offsets(partition, timeout=max(0.5, deadline - time.monotonic()))[1]
+        except KafkaException as exc:
+            code = exc.args[0].code() if exc.args and hasattr(exc.args[0], "code") else None
+            if code not in _MOVING or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)

@@ -4,7 +4,12 @@ nothing there, or with another record. Watermarks are not used: some brokers mis
 them under load (the local broker has answered an end offset of 0 for a log of 150
 records), and a false alarm would stop a healthy engine. The fetch reads uncommitted: the
 question is whether the record is there, and a committed record the broker still holds
-back from read_committed readers (behind its last stable offset) is there."""
+back from read_committed readers (behind its last stable offset) is there.
+
+Another record at the offset is evidence at once. No record there is evidence only once it
+has lasted ABSENT_GRACE seconds: a durable broker that is starting again, or a partition whose
+leader is moving, answers "no such topic" or "nothing there" for a few seconds and then
+serves everything it had."""
 
 from __future__ import annotations
 
@@ -14,6 +19,8 @@ import time
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from sequencer.kafka import consumer_config
+
+ABSENT_GRACE = 30.0
 
 _GONE = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC,
          KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET)
@@ -30,12 +37,12 @@ class RecordProbe:
             "group.id": group, "enable.auto.commit": False, "isolation.level": "read_uncommitted",
             "auto.offset.reset": "error", "enable.partition.eof": True,
         }))
+        self._absent_since: float | None = None
 
     def holds(self, offset: int, digest: bytes | None, timeout: float = 2.0) -> bool | None:
         """True: the record at `offset` is still the one fingerprinted (with no digest:
-        there is still a record there). False: another record is there, or nothing, twice
-        in a row (a broker that answered "nothing there" once under load gets a second
-        chance). None: no answer."""
+        there is still a record there). False: another record is there, or nothing there
+        in every look for ABSENT_GRACE seconds. None: no answer yet."""
         found = self._look(offset, digest, timeout)
         if found in ("absent", None):
             # A fetch past a log's end may get no answer at all (the local broker sends an
@@ -44,6 +51,12 @@ class RecordProbe:
             time.sleep(0.5)
             second = self._look(offset, digest, timeout) or self._absent_by_end(offset)
             found = second if first == second else None
+        if found == "absent":
+            now = time.monotonic()
+            self._absent_since = self._absent_since or now
+            return False if now - self._absent_since >= ABSENT_GRACE else None
+        if found is not None:
+            self._absent_since = None
         return None if found is None else found == "same"
 
     def end_offset(self) -> int | None:

@@ -363,8 +363,13 @@ class Sequencer:
         return _Epoch()
 
     def _append(self, records: list[bytes], positions: list[TopicPartition]) -> None:
-        """Append records (a batch and perhaps a snapshot, or a snapshot alone) and the
-        request positions they consume, in one transaction."""
+        """Append records (a batch and perhaps a snapshot, or a snapshot alone) in one
+        transaction, then note the request positions they consume in the sequencer's
+        consumer group. Those offsets only feed the lag display: the log itself holds each
+        batch's request offsets, and the sequencer resumes from the log. So they are
+        committed after the transaction, without waiting, and not inside it: librdkafka's
+        send_offsets_to_transaction can wait for ever, whatever its timeout, for a group
+        coordinator it lost when the broker restarted."""
         producer = self._producer
         deadline = time.monotonic() + APPEND_DEADLINE
         while True:
@@ -372,9 +377,9 @@ class Sequencer:
             try:
                 for record in records:
                     producer.produce(self.topics.log, value=record, partition=0, on_delivery=self._delivered)
-                if positions:
-                    producer.send_offsets_to_transaction(positions, self._consumer.consumer_group_metadata(), 30)
                 self._commit(deadline)
+                if positions:
+                    self._note_positions(positions)
                 return
             except KafkaException as exc:
                 if not exc.args[0].txn_requires_abort():
@@ -383,6 +388,12 @@ class Sequencer:
                     raise BrokerLost(self._cannot_append(exc)) from None
                 self._end_transaction(producer.abort_transaction, 30)
                 # Append the same batch again; readers drop a visible aborted copy by its id.
+
+    def _note_positions(self, positions: list[TopicPartition]) -> None:
+        try:
+            self._consumer.commit(offsets=positions, asynchronous=True)
+        except KafkaException:
+            pass  # a display figure: the next batch's commit carries the positions on
 
     def _commit(self, deadline: float) -> None:
         while True:

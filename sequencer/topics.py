@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
@@ -72,9 +73,32 @@ def ensure_topics(bootstrap: str, namespace: str, request_partitions: int = 1,
                 future.result(timeout)
             except Exception as exc:  # created meanwhile by another process is fine
                 if "already exists" not in str(exc).lower() and "TOPIC_ALREADY_EXISTS" not in str(exc):
+                    if "INVALID_REPLICATION_FACTOR" in str(exc):
+                        brokers = len(admin.list_topics(timeout=timeout).brokers)
+                        raise RuntimeError(f"cannot create {name} with {replication} replicas: the cluster has "
+                                           f"{brokers} broker(s); use --log-replication {brokers} or add "
+                                           f"brokers") from None
                     raise
+    wait_for_leaders(admin, [topic.topic for topic in new], timeout)
     check_log(admin, topics, timeout)
     return topics
+
+
+def wait_for_leaders(admin: AdminClient, names: list[str], timeout: float = 30.0) -> None:
+    """Until every partition of `names` has a leader: a topic's creation is acknowledged
+    before its partitions are led, and a client that asks a partition for its offsets or
+    records in between is told "not leader"."""
+    deadline = time.monotonic() + timeout
+    while names:
+        metadata = admin.list_topics(timeout=timeout).topics
+        names = [name for name in names if name not in metadata or metadata[name].error is not None
+                 or not metadata[name].partitions
+                 or any(p.leader < 0 or p.error is not None for p in metadata[name].partitions.values())]
+        if names and time.monotonic() > deadline:
+            raise RuntimeError(f"topics {', '.join(names)} have no leader {timeout:.0f} s after their creation: "
+                               f"is every broker of the cluster up?")
+        if names:
+            time.sleep(0.05)
 
 
 def check_topics(bootstrap: str, topics: Topics, timeout: float = 30.0) -> None:

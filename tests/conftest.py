@@ -18,9 +18,9 @@ _namespaces = itertools.count(1)
 @pytest.fixture(scope="session")
 def broker():
     """One real Kafka-protocol broker (the local launcher) for the whole session."""
-    from sequencer.broker import LocalBroker
+    from sequencer.broker import local_broker
 
-    with LocalBroker() as running:
+    with local_broker() as running:
         yield running.bootstrap_servers
 
 
@@ -29,3 +29,20 @@ def namespace(request):
     """A fresh namespace per test, so tests never see each other's topics."""
     name = request.node.name.replace("[", "-").replace("]", "").replace("_", "-")[:40]
     return f"t{os.getpid()}-{next(_namespaces)}-{name}"
+
+
+_fault_reports: list[str] = []
+
+
+@pytest.fixture
+def fault_report(request):
+    """`fault_report("2 faults injected, 6000 requests checked")`: a line the session's
+    summary prints under the test's name, so CI's output shows what each fault test did."""
+    return lambda line: _fault_reports.append(f"{request.node.name}: {line}")
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _fault_reports:
+        terminalreporter.section("faults injected")
+        for line in _fault_reports:
+            terminalreporter.write_line(line)

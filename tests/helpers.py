@@ -43,14 +43,16 @@ def stop(process: subprocess.Popen, timeout: float = 30) -> int:
 
 def topic_reader(bootstrap: str, topic: str, timeout: float = 60, **config):
     """A kafka-python consumer (shares no code with Ordo) on every partition of `topic`,
-    from its beginning, once the topic exists. It never creates the topic: a reader that
-    asked for a topic the engine had not made yet would have the broker make it with its
-    own defaults (4 partitions on the local broker), and the records keyed to partitions
-    other than 0 would never be read."""
+    from its beginning, once the topic exists, reading committed records only (the engine
+    writes its outputs in Kafka transactions, and an aborted one's records are not outputs).
+    It never creates the topic: a reader that asked for a topic the engine had not made yet
+    would have the broker make it with its own defaults, and records keyed to partitions it
+    did not read would be missed."""
     from kafka import KafkaConsumer, TopicPartition
 
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                             allow_auto_create_topics=False, **{"auto_offset_reset": "earliest", **config})
+                             allow_auto_create_topics=False,
+                             **{"auto_offset_reset": "earliest", "isolation_level": "read_committed", **config})
     deadline = time.monotonic() + timeout
     while not (partitions := consumer.partitions_for_topic(topic)):
         if time.monotonic() > deadline:
