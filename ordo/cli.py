@@ -19,6 +19,9 @@ def _kafka(p: argparse.ArgumentParser, namespace: bool = True) -> None:
     p.add_argument("--kafka-config", metavar="FILE",
                    help="librdkafka settings for every Kafka client (security, timeouts…): a .properties, .toml "
                         "or .json file; ORDO_KAFKA_<SETTING> in the environment wins over it")
+    p.add_argument("--wait-for-broker", type=float, default=0.0, metavar="S",
+                   help="wait up to S seconds for a broker that is still starting (default: a broker must "
+                        "answer within 5 s)")
     if namespace:
         p.add_argument("--namespace", default="ordo", metavar="NS", help="topic prefix (default: ordo)")
 
@@ -140,8 +143,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ordo", description="A deterministic transaction engine for streams.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("broker", help="run the local Kafka-protocol broker in the foreground")
-    p.add_argument("--port", type=int, default=None, help="port on 127.0.0.1 (default: a free one)")
+    p = sub.add_parser("broker", help="run Apache Kafka (KRaft) on 127.0.0.1 in the foreground")
+    p.add_argument("--port", type=int, default=None,
+                   help="client port of the first node on 127.0.0.1 (default: a free one, kept in --data-dir)")
+    p.add_argument("--data-dir", default="ordo-broker-data", metavar="DIR",
+                   help="where the nodes keep their logs; started again on it, the broker has everything "
+                        "it had (default %(default)s)")
+    p.add_argument("--nodes", type=int, default=1, metavar="N",
+                   help="KRaft nodes (broker and controller each) on loopback ports; 3 for replication "
+                        "(default %(default)s)")
+    p.add_argument("--engine", choices=("kafka", "tansu"), default=None,
+                   help="kafka (default), or tansu: a memory-only fallback for machines without Java, "
+                        "which forgets everything when it stops (also ORDO_BROKER_ENGINE)")
 
     p = sub.add_parser("run", help="create topics if missing, run sequencer and engine until stopped")
     _kafka(p)
@@ -225,8 +238,11 @@ def build_parser() -> argparse.ArgumentParser:
                                     "(--sequencers 1,2); "
                                     "tpcc: TPC-C engine throughput per partition count (--partitions 1,2); "
                                     "alias: dependent transactions end to end, with their restart rate; "
-                                    "voter: S-Store's leaderboards, votes/s end to end")
-    p.add_argument("scaled", nargs="?", metavar="WORKLOAD", help="scale and sequence: the workload to measure")
+                                    "voter: S-Store's leaderboards, votes/s end to end; "
+                                    "latency WORKLOAD: open-loop latency at fixed rates (--rate 500,1000), "
+                                    "with the share of each hop (sequencing, execution, delivery)")
+    p.add_argument("scaled", nargs="?", metavar="WORKLOAD",
+                   help="scale, sequence and latency: the workload to measure")
     p.add_argument("--sequencers", default="1,2", metavar="S[,S…]",
                    help="sequence: the sequencer counts, comma-separated (default %(default)s)")
     p.add_argument("--scheduler", choices=SCHEDULER_CHOICES, default="serial")
@@ -239,8 +255,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="scale and sequence: run every configuration N times, taking turns, and report the medians "
                         "(default 1)")
     p.add_argument("--no-end-to-end", action="store_true", help="scale and tpcc: the engine only")
-    p.add_argument("--rate", type=float, default=None, metavar="REQ_PER_S",
-                   help="alias: the client sends at this rate (default: all at once)")
+    p.add_argument("--rate", default=None, metavar="REQ_PER_S[,…]",
+                   help="alias: the client sends at this rate (default: all at once); latency: the rates, "
+                        "comma-separated, each measured on a fresh namespace, sequencer and engine")
+    p.add_argument("--seconds", type=float, default=10.0, metavar="T",
+                   help="latency: how long the client sends at each rate, after a warm-up (default %(default)s)")
+    p.add_argument("--runtime", choices=("auto", "local", "ray"), default="auto",
+                   help="latency: partition workers in the engine's process (local) or as Ray actors (ray); "
+                        "auto: Ray when there is more than one partition")
     p.add_argument("--txns", type=int, default=50_000)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE")
@@ -281,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
                 os.environ[FILE_ENV] = os.path.abspath(args.kafka_config)  # child processes read it too
             user_kafka_settings()  # judged once, before any client starts
 
-            check_reachable(args.bootstrap_servers)
+            check_reachable(args.bootstrap_servers, wait=getattr(args, "wait_for_broker", 0.0))
         return COMMANDS[args.command](args)
     except KeyboardInterrupt:
         return 130
@@ -300,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
 def cmd_broker(args) -> int:
     from sequencer.broker import run_broker_foreground
 
-    return run_broker_foreground(args.port)
+    data_dir = None if (args.engine or os.environ.get("ORDO_BROKER_ENGINE")) == "tansu" else args.data_dir
+    return run_broker_foreground(args.port, args.engine, args.nodes, data_dir)
 
 
 def cmd_run(args) -> int:
@@ -471,7 +494,7 @@ def cmd_bench(args) -> int:
         from ordo.benchmarks.dependent import run_alias
 
         run_alias(args.scheduler, int(args.partitions or 1), args.txns, args.seed, parse_knobs(_workload("alias"),
-                  args.knob), args.max_txns, args.json, args.rate)
+                  args.knob), args.max_txns, args.json, None if args.rate is None else float(args.rate))
         return 0
     if args.workload == "voter":
         from ordo.benchmarks.voter import run_voter
@@ -494,6 +517,16 @@ def cmd_bench(args) -> int:
         run_sequencing(args.scaled, [int(s) for s in args.sequencers.split(",")], args.txns, args.seed,
                        parse_knobs(_workload(args.scaled), args.knob), int(args.partitions or 1), args.max_txns,
                        args.json, args.rounds)
+        return 0
+    if args.workload == "latency":
+        from ordo.benchmarks.latency import run_latency
+
+        if args.scaled is None or args.rate is None:
+            raise ValueError("ordo bench latency needs a workload and rates: "
+                             "ordo bench latency micro --rate 500,1000")
+        run_latency(args.scaled, [float(r) for r in args.rate.split(",")], int(args.partitions or 1),
+                    args.scheduler, args.seconds, args.seed, parse_knobs(_workload(args.scaled), args.knob),
+                    args.max_txns, args.runtime, args.json)
         return 0
     if args.workload == "scale":
         from ordo.benchmarks.scale import run_scale

@@ -1,0 +1,383 @@
+"""`ordo bench latency`: open-loop latency at fixed request rates, and where it goes.
+
+For each rate R, a fresh namespace gets its own sequencer (child process) and engine (this
+process; Ray workers with `--runtime ray`), and a client process of its own sends requests
+on the schedule t0 + i/R whatever happens to them: an open loop. Each request's latency runs
+from its *scheduled* send time to its outcome's arrival at the client, so a pipeline that
+stalls cannot slow the client down and hide the queue it builds (no coordinated omission).
+Before the clock starts, a warm-up waits until the engine answers.
+
+Where the time goes comes from the records' own Kafka timestamps (CreateTime, set by each
+producer; everything runs on one machine, so on one clock):
+
+    send        scheduled time → request record          (the client falling behind)
+    sequencing  request record → the log record of its batch   (epoch cut + the sequencer's transaction)
+    execution   log record → result record                (log fetch + execution + output)
+    delivery    result record → arrival at the client     (the engine's commit + the outcome fetch)
+
+The four hops add up to the latency, so their shares (each hop's total over the latencies'
+total) add up to 100 %. Kafka timestamps are whole milliseconds (truncated), so a hop's
+figures are good to about a millisecond: a send that keeps its schedule reads about -0.5 ms.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+import uuid
+from typing import Any, Callable
+
+from ordo.benchmarks.defaults import WARMUP_SEED
+from ordo.benchmarks.load_client import percentile
+from ordo.benchmarks.machine import finish_report, machine
+from ordo.benchmarks.report import cell
+from ordo.benchmarks.requests import encode_requests, workload_requests
+
+HOPS = ("send", "sequencing", "execution", "delivery")
+WARMUP_REQUESTS = 20
+
+
+# -- the client (a process of its own) -----------------------------------------------
+
+
+def open_loop(send: Callable[[int], None], rate: float, count: int,
+              clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep) -> list[float]:
+    """Call send(i) for i in 0..count-1 at t0 + i/rate, never waiting on anything but the
+    schedule (a late send goes at once, and the ones after keep their own times); the
+    scheduled times, in `clock`'s seconds."""
+    t0 = clock()
+    scheduled = [t0 + i / rate for i in range(count)]
+    for i, due in enumerate(scheduled):
+        delay = due - clock()
+        if delay > 0:
+            sleep(delay)
+        send(i)
+    return scheduled
+
+
+def latency_client_main(bootstrap: str, namespace: str, warmup: list, requests: list, rate: float,
+                        drain_s: float, out) -> None:
+    try:
+        out.put(_client(bootstrap, namespace, warmup, requests, rate, drain_s))
+    except BaseException as exc:  # reported, not lost with the process
+        out.put({"error": f"{type(exc).__name__}: {exc}"})
+
+
+def _client(bootstrap: str, namespace: str, warmup: list, requests: list, rate: float, drain_s: float) -> dict:
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+
+    from sequencer.kafka import consumer_config, kafka_config
+    from sequencer.topics import Topics, partition_count
+
+    topics = Topics(namespace)
+    producer = Producer(kafka_config(bootstrap, {
+        "enable.idempotence": True, "linger.ms": 1, "queue.buffering.max.messages": 1_000_000}))
+    consumer = Consumer(consumer_config(bootstrap, {
+        "group.id": f"bench-latency-{uuid.uuid4().hex}", "enable.auto.commit": False}))
+    consumer.assign([TopicPartition(topics.results, p, OFFSET_BEGINNING)
+                     for p in range(partition_count(bootstrap, topics.results))])
+    outcomes: dict[str, tuple[float, int, int, str]] = {}  # id -> (arrival s, result CreateTime ms, type, status)
+    stop = threading.Event()
+
+    def read() -> None:
+        while not stop.is_set():
+            first = consumer.poll(0.05)
+            if first is None:
+                continue
+            now = time.time()
+            for message in [first, *consumer.consume(10_000, 0)]:
+                if message.error() is None:
+                    key = message.key().decode()
+                    if key not in outcomes:
+                        kind, stamp = message.timestamp()
+                        outcomes[key] = (now, stamp, kind, json.loads(message.value())["status"])
+
+    def send(key: str, value: bytes) -> None:
+        while True:
+            try:
+                producer.produce(topics.requests, key=key.encode(), value=value)
+                producer.poll(0)
+                return
+            except BufferError:
+                producer.poll(0.01)
+
+    def wait_for(ids: list[str], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while any(i not in outcomes for i in ids) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        started = time.monotonic()
+        for key, value in warmup:
+            send(key, value)
+        producer.flush(30)
+        wait_for([k for k, _ in warmup], 120)
+        if any(k not in outcomes for k, _ in warmup):
+            raise TimeoutError("the engine did not answer the warm-up requests within 120 s")
+        warmup_s = time.monotonic() - started
+        scheduled = open_loop(lambda i: send(*requests[i]), rate, len(requests))
+        producer.flush(60)
+        wait_for([k for k, _ in requests], drain_s)
+        return {"warmup_s": warmup_s,
+                "scheduled": [(key, due) for (key, _), due in zip(requests, scheduled)],
+                "outcomes": {key: outcomes[key] for key, _ in requests if key in outcomes}}
+    finally:
+        stop.set()
+        reader.join(5)
+        consumer.close()
+
+
+# -- the records' timestamps -----------------------------------------------------------
+
+
+def request_times(bootstrap: str, namespace: str, ids: set[str], timeout: float = 60.0) -> dict[str, int]:
+    """CreateTime (ms) of each request record of `ids` on <ns>.requests."""
+    from sequencer.topics import Topics, partition_count
+
+    topic = Topics(namespace).requests
+    found: dict[str, int] = {}
+
+    def take(message) -> None:
+        key = message.key().decode()
+        if key in ids:
+            found.setdefault(key, message.timestamp()[1])
+
+    _read_all(bootstrap, topic, partition_count(bootstrap, topic), take, lambda: len(found) >= len(ids), timeout)
+    return found
+
+
+def log_times(bootstrap: str, namespace: str, ids: set[str], timeout: float = 60.0) -> dict[str, int]:
+    """CreateTime (ms) of the <ns>.log record holding the accepted batch of each request of `ids`."""
+    from sequencer.log import LogCursor
+    from sequencer.topics import Topics
+
+    cursor = LogCursor()
+    found: dict[str, int] = {}
+
+    def take(message) -> None:
+        batch = cursor.accept(message.value(), message.offset())
+        if batch is not None:
+            stamp = message.timestamp()[1]
+            for entry in batch.entries:
+                if entry[0] in ids:
+                    found.setdefault(entry[0], stamp)
+
+    _read_all(bootstrap, Topics(namespace).log, 1, take, lambda: len(found) >= len(ids), timeout)
+    return found
+
+
+def _read_all(bootstrap: str, topic: str, partitions: int, take, done: Callable[[], bool], timeout: float) -> None:
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    from sequencer.kafka import consumer_config
+
+    consumer = Consumer(consumer_config(bootstrap, {
+        "group.id": f"bench-latency-{uuid.uuid4().hex}", "enable.auto.commit": False,
+        "isolation.level": "read_committed"}))
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+    deadline = time.monotonic() + timeout
+    try:
+        while not done() and time.monotonic() < deadline:
+            for message in consumer.consume(10_000, 0.2):
+                if message.error() is None:
+                    take(message)
+    finally:
+        consumer.close()
+
+
+# -- the figures (pure) ------------------------------------------------------------------
+
+
+def hop_times(scheduled_s: float, request_ms: int, log_ms: int, result_ms: int, arrival_s: float) -> dict[str, float]:
+    """One request's latency and its hops, in ms; the hops add up to the latency."""
+    return {"latency": (arrival_s - scheduled_s) * 1000,
+            "send": request_ms - scheduled_s * 1000,
+            "sequencing": log_ms - request_ms,
+            "execution": result_ms - log_ms,
+            "delivery": arrival_s * 1000 - result_ms}
+
+
+def summarize(rate: float, seconds: float, scheduled: list[tuple[str, float]], outcomes: dict,
+              requested: dict[str, int], logged: dict[str, int]) -> dict[str, Any]:
+    """The figures of one rate. `scheduled`: (id, scheduled send time s); `outcomes`: id ->
+    (arrival s, result CreateTime ms, timestamp type, status); `requested`, `logged`: id ->
+    CreateTime ms of its request record, of its batch's log record. Achieved throughput:
+    outcomes over the time from the first scheduled send to the last arrival."""
+    rows = [hop_times(due, requested[key], logged[key], outcomes[key][1], outcomes[key][0])
+            for key, due in scheduled if key in outcomes and key in requested and key in logged]
+    latencies = [row["latency"] for row in rows]
+    total = sum(latencies)
+    statuses: dict[str, int] = {}
+    for outcome in outcomes.values():
+        statuses[outcome[3]] = statuses.get(outcome[3], 0) + 1
+    span = max((o[0] for o in outcomes.values()), default=0.0) - (scheduled[0][1] if scheduled else 0.0)
+    result: dict[str, Any] = {
+        "rate_rps": rate, "seconds": seconds, "requests": len(scheduled), "answered": len(outcomes),
+        "timed": len(rows), "achieved_rps": round(len(outcomes) / span, 1) if span > 0 else None,
+        "statuses": statuses,
+        "latency_ms": {name: round(percentile(latencies, q), 2) for name, q in (("p50", 50), ("p90", 90),
+                                                                                ("p99", 99))},
+        "hops": {},
+    }
+    result["latency_ms"]["max"] = round(max(latencies), 2) if latencies else None
+    result["latency_ms"]["mean"] = round(statistics.fmean(latencies), 2) if latencies else None
+    for hop in HOPS:
+        values = [row[hop] for row in rows]
+        result["hops"][hop] = {"share_pct": round(100 * sum(values) / total, 1) if total else None,
+                               "p50_ms": round(percentile(values, 50), 2), "p99_ms": round(percentile(values, 99), 2)}
+    return result
+
+
+# -- one rate, end to end ----------------------------------------------------------------
+
+
+def measure_rate(bootstrap: str, workload: str, knobs: dict, rate: float, seconds: float, scheduler: str,
+                 partitions: int, max_txns: int, runtime: str, directory: str, seed: int) -> dict[str, Any]:
+    """A fresh namespace, sequencer and engine; the open-loop client at `rate` for `seconds`."""
+    import multiprocessing
+    import queue
+
+    from ordo.benchmarks.prefill import new_namespace
+    from ordo.services import SequencerProcess
+    from scheduler.coordinator import Coordinator
+    from sequencer.sequencer import SequencerConfig
+    from sequencer.topics import ensure_topics
+
+    namespace = new_namespace("latency")
+    ensure_topics(bootstrap, namespace, request_partitions=1)
+    warmup = encode_requests(workload_requests(workload, WARMUP_REQUESTS, WARMUP_SEED, knobs, partitions))
+    requests = encode_requests(workload_requests(workload, max(1, round(rate * seconds)), seed, knobs, partitions))
+    coordinator = Coordinator(bootstrap, namespace, directory, scheduler, partitions, runtime=runtime)
+    sequencer = SequencerProcess(bootstrap, namespace, SequencerConfig(max_txns=max_txns, partitions=partitions))
+    engine_error: list[BaseException] = []
+
+    def run_engine() -> None:
+        try:
+            coordinator.run()
+        except BaseException as exc:
+            engine_error.append(exc)
+
+    engine = threading.Thread(target=run_engine, daemon=True)
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    drain_s = 60 + 2 * seconds
+    client = context.Process(target=latency_client_main, daemon=True,
+                             args=(bootstrap, namespace, warmup, requests, rate, drain_s, out))
+    try:
+        sequencer.start()
+        engine.start()
+        client.start()
+        result = None
+        deadline = time.monotonic() + 120 + seconds + drain_s + 60
+        while result is None:
+            try:
+                result = out.get(timeout=0.5)
+            except queue.Empty:
+                if engine_error:
+                    raise RuntimeError(f"engine failed: {engine_error[0]!r}") from engine_error[0]
+                if not client.is_alive() or time.monotonic() > deadline:
+                    raise RuntimeError("the latency client ended without a result")
+        if "error" in result:
+            raise RuntimeError(f"latency client: {result['error']}")
+    finally:
+        coordinator.stop()
+        if engine.ident is not None:
+            engine.join(120)
+        else:
+            coordinator.close()
+        sequencer.stop()
+        client.join(10)
+        if client.is_alive():
+            client.kill()
+    answered = set(result["outcomes"])
+    figures = summarize(rate, seconds, result["scheduled"], result["outcomes"],
+                        request_times(bootstrap, namespace, answered), log_times(bootstrap, namespace, answered))
+    figures["warmup_s"] = round(result["warmup_s"], 2)
+    kinds = {kind for _, _, kind, _ in result["outcomes"].values()}
+    figures["result_timestamps"] = "CreateTime" if kinds == {1} else f"types {sorted(kinds)}"
+    return figures
+
+
+def run_latency(workload: str, rates: list[float], partitions: int, scheduler: str, seconds: float, seed: int,
+                knobs: dict, max_txns: int, runtime: str = "auto", json_path: str | None = None) -> dict[str, Any]:
+    from ordo.benchmarks.runners import shutdown_ray
+    from sequencer.broker import default_engine, local_broker
+    from sequencer.kafka_broker import KAFKA_VERSION
+
+    if not rates or any(r <= 0 for r in rates):
+        raise ValueError("--rate takes a comma-separated list of request rates > 0, e.g. 500,1000")
+    if seconds <= 0:
+        raise ValueError("--seconds must be > 0")
+    if partitions < 1:
+        raise ValueError("--partitions must be >= 1")
+    say = lambda text="": print(text, flush=True)  # noqa: E731
+    report: dict[str, Any] = {"workload": workload, "scheduler": scheduler, "partitions": partitions,
+                              "runtime": runtime, "seconds": seconds, "knobs": knobs, "batch_size": max_txns,
+                              "machine": machine(), "runs": []}
+    engine = default_engine()
+    report["machine"]["broker"] = (f"local Apache Kafka {KAFKA_VERSION}" if engine == "kafka"
+                                   else "local tansu (memory only)")
+    say(f"ordo bench latency {workload} ({scheduler}, {partitions} partition(s), {runtime} runtime): "
+        f"open loop at {', '.join(f'{r:g}' for r in rates)} req/s, {seconds:g} s each, "
+        f"{len(os.sched_getaffinity(0))} cores")
+    root = tempfile.mkdtemp(prefix="ordo-latency-")
+    try:
+        with local_broker() as broker:
+            for i, rate in enumerate(rates):
+                run = measure_rate(broker.bootstrap_servers, workload, knobs, rate, seconds, scheduler, partitions,
+                                   max_txns, runtime, os.path.join(root, f"rate-{i}"), seed)
+                report["runs"].append(run)
+                say(format_run(run))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        shutdown_ray()
+    finish_report(report, json_path)
+    say()
+    say(format_report(report))
+    return report
+
+
+# -- the table ---------------------------------------------------------------------------
+
+
+def format_run(run: dict[str, Any]) -> str:
+    lat = run["latency_ms"]
+    line = (f"  {run['rate_rps']:>8,g} req/s: {cell(run['achieved_rps'], ',.0f', 7)} outcomes/s, "
+            f"{run['answered']:,}/{run['requests']:,} answered, p50 {cell(lat['p50'], '.1f', 0)} "
+            f"p99 {cell(lat['p99'], '.1f', 0)} max {cell(lat['max'], '.1f', 0)} ms")
+    if run["answered"] < run["requests"]:
+        line += f"  ({run['requests'] - run['answered']:,} NOT ANSWERED)"
+    return line
+
+
+def format_report(report: dict[str, Any]) -> str:
+    lines = [f"{report['workload']} | {report['scheduler']} | {report['partitions']} partition(s) | "
+             f"{report['seconds']:g} s per rate | open loop, latency from the scheduled send time",
+             f"{'rate':>8} {'achieved':>9} {'answered':>15} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'max ms':>8}"]
+    for run in report["runs"]:
+        lat = run["latency_ms"]
+        lines.append(f"{run['rate_rps']:>8,g} {cell(run['achieved_rps'], ',.0f', 9)} "
+                     f"{run['answered']:>7,}/{run['requests']:<7,} {cell(lat['p50'], '.1f', 8)} "
+                     f"{cell(lat['p90'], '.1f', 8)} {cell(lat['p99'], '.1f', 8)} {cell(lat['max'], '.1f', 8)}")
+    lines += ["", "where the time goes: share of the latency, median / p99 ms per hop",
+              f"{'rate':>8} " + " ".join(f"{hop:>22}" for hop in HOPS)]
+    for run in report["runs"]:
+        hops = []
+        for hop in HOPS:
+            h = run["hops"][hop]
+            hops.append(f"{cell(h['share_pct'], '.1f', 5)} % {cell(h['p50_ms'], '.1f', 6)} / "
+                        f"{cell(h['p99_ms'], '.1f', 6)}")
+        lines.append(f"{run['rate_rps']:>8,g} " + " ".join(f"{h:>22}" for h in hops))
+    lines.append("send: schedule → request record; sequencing: → log record (epoch cut + sequencer "
+                 "transaction); execution: → result record; delivery: → client (commit + fetch)")
+    m = report["machine"]
+    lines += ["", f"machine: {m['cpus']} × {m['cpu_model']}, {m['memory_gb']} GB, Python {m['python']}, "
+                  f"{m['broker']}; load average {m['load_average']} at start, {m.get('load_average_end')} at end"]
+    return "\n".join(lines)
