@@ -8,6 +8,8 @@ import tomllib
 import pytest
 import yaml
 
+from sequencer.kafka_broker import KAFKA_VERSION, KafkaCluster, broker_settings
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -55,6 +57,46 @@ def test_kafka_is_the_official_image_in_single_node_kraft_mode(compose, kafka_en
     controller = kafka_env["KAFKA_CONTROLLER_LISTENER_NAMES"]
     assert f"{controller}://" in kafka_env["KAFKA_LISTENERS"]
     assert "KAFKA_ZOOKEEPER_CONNECT" not in kafka_env
+
+
+# Where a node listens and what it is: these differ between the compose network and loopback.
+NODE_SETTINGS = {"node.id", "process.roles", "controller.quorum.voters", "controller.listener.names", "listeners",
+                 "advertised.listeners", "listener.security.protocol.map", "inter.broker.listener.name", "log.dirs"}
+
+
+def server_properties(kafka_env: dict[str, str]) -> dict[str, str]:
+    """The server properties the apache/kafka image makes of KAFKA_* variables: the prefix
+    dropped, lower case, `_` a dot, `__` an underscore, `___` a dash."""
+    properties = {}
+    for name, value in kafka_env.items():
+        if name.startswith("KAFKA_"):
+            key = name[len("KAFKA_"):].lower().replace("___", "-").replace("__", "\0").replace("_", ".")
+            properties[key.replace("\0", "_")] = value
+    return properties
+
+
+def test_kafka_is_the_version_ordo_broker_and_the_tests_run(compose):
+    assert compose["services"]["kafka"]["image"] == f"apache/kafka:{KAFKA_VERSION}"
+
+
+def test_kafka_settings_are_exactly_those_ordo_broker_and_the_tests_run(kafka_env):
+    shared = {k: v for k, v in server_properties(kafka_env).items() if k not in NODE_SETTINGS}
+    assert shared == broker_settings(1)
+
+
+@pytest.mark.slow
+def test_the_compose_broker_configuration_runs_ordo_here(kafka_env, tmp_path):
+    """Docker does not run here: the same configuration (its cluster id and settings, with
+    loopback addresses for the node's own) serves a real sequencer and engine."""
+    from tests.helpers import assert_same_as_reference, run_engine, sequence_requests
+    from procedures.workloads import sl
+
+    settings = {k: v for k, v in server_properties(kafka_env).items() if k not in NODE_SETTINGS}
+    with KafkaCluster(data_dir=str(tmp_path / "kafka"), settings=settings, cluster_id=kafka_env["CLUSTER_ID"]) as kafka:
+        assert kafka.cluster_id == kafka_env["CLUSTER_ID"]
+        last_batch, reference = sequence_requests(kafka.bootstrap_servers, "compose", list(sl.generate(300, seed=3)))
+        outputs, digest = run_engine(kafka.bootstrap_servers, "compose", last_batch, tmp_path / "d", "vll", 1)
+        assert_same_as_reference(outputs, digest, last_batch, reference)
 
 
 def test_kafka_is_set_up_for_transactions_on_one_broker(kafka_env):
