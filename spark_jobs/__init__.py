@@ -1,3 +1,3 @@
 """PySpark border jobs: datasets become transaction requests (producer_job), change data
-becomes Parquet tables (changes_job), through Python data sources over Kafka
-(requests_sink, changes_source). See docs/spark.md."""
+becomes Parquet tables (changes_job), over Spark's own Kafka connector (kafka_connector)
+with Ordo's record format in records. See docs/spark.md."""

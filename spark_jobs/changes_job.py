@@ -12,6 +12,9 @@ Output (under --output):
   _state/<version>/     internal: the merged state with its deletes (tombstones); the newest
                         complete version wins
 
+Kafka is Spark's own connector (`spark.readStream.format("kafka")`, read_committed, every
+partition of the topic); each record is decoded by spark_jobs/records.py.
+
 Exactly once (docs/spark.md): Spark's checkpoint holds the source offsets, and every write is
 idempotent, so replaying a micro-batch, or a record the engine re-emitted after a crash,
 changes nothing:
@@ -182,20 +185,70 @@ def _version_number_safe(name: str) -> int:
         return -1
 
 
+def source_options(bootstrap: str, namespace: str, topic: str = "changes", max_records_per_batch: int | None = None,
+                   kafka: dict | None = None, starting_offsets: str = "earliest") -> dict[str, str]:
+    """Options of Spark's Kafka source over an engine output, `<ns>.changes` or `<ns>.results`:
+    every partition (new ones too) from the log start, committed records only (the engine writes
+    its outputs in Kafka transactions), data lost to retention failing the query; the user's
+    Kafka settings translated for the Java client, then `kafka` (Java client settings)."""
+    from spark_jobs.kafka_connector import kafka_options
+
+    if topic not in ("changes", "results"):
+        raise ValueError(f"an engine output topic is 'changes' or 'results', not {topic!r}")
+    own = {"isolation.level": "read_committed",
+           # Never create the topic by asking for it: the engine makes it with its partition count.
+           "allow.auto.create.topics": "false"}
+    options = {"subscribe": f"{namespace}.{topic}", "startingOffsets": starting_offsets, "failOnDataLoss": "true",
+               "includeHeaders": "false", **kafka_options(bootstrap, {**(kafka or {}), **own})}
+    if max_records_per_batch:
+        options["maxOffsetsPerTrigger"] = str(int(max_records_per_batch))
+    return options
+
+
+def check_topic(bootstrap: str, topic: str, timeout: float = 30.0) -> None:
+    """The topic must exist: a consumer started before the engine made it, or on a mistyped
+    namespace, is an error, not a stream that waits forever."""
+    from confluent_kafka.admin import AdminClient
+
+    from sequencer.kafka_settings import user_kafka_settings
+
+    admin = AdminClient({**user_kafka_settings(), "bootstrap.servers": bootstrap})
+    metadata = admin.list_topics(topic, timeout=timeout).topics.get(topic)
+    if metadata is None or metadata.error is not None or not metadata.partitions:
+        raise RuntimeError(f"topic {topic} does not exist on {bootstrap} "
+                           f"({metadata.error if metadata is not None else 'no metadata'}): start the engine of "
+                           f"that namespace first")
+
+
+def read_outputs(spark, bootstrap: str, namespace: str, topic: str = "changes", stream: bool = True,
+                 max_records_per_batch: int | None = None, kafka: dict | None = None,
+                 options: dict | None = None):
+    """The engine's `<ns>.changes` or `<ns>.results` through Spark's Kafka source, decoded
+    (records.CHANGES_SCHEMA / RESULTS_SCHEMA); a stream, or (stream=False) what it holds now.
+    `options`: more options of the Kafka source (they win)."""
+    from spark_jobs.records import decode_outputs
+
+    check_topic(bootstrap, f"{namespace}.{topic}")
+    settings = {**source_options(bootstrap, namespace, topic, max_records_per_batch if stream else None, kafka),
+                **{k: str(v) for k, v in (options or {}).items()}}
+    if not stream:
+        settings.pop("maxOffsetsPerTrigger", None)
+        settings["endingOffsets"] = "latest"
+    reader = spark.readStream if stream else spark.read
+    return decode_outputs(reader.format("kafka").options(**settings).load(), topic)
+
+
 def start_consumer(spark, bootstrap: str, namespace: str, output: str, checkpoint: str,
                    once: bool = False, max_records_per_batch: int | None = None,
                    trigger_seconds: float | None = None, stats: ConsumerStats | None = None,
-                   source_options: dict | None = None):
-    """Start the streaming query; returns (query, stats)."""
+                   source_options: dict | None = None, kafka: dict | None = None):
+    """Start the streaming query; returns (query, stats). `source_options`: more options of
+    Spark's Kafka source; `kafka`: settings of its Java Kafka client."""
     stats = stats or ConsumerStats()
-    reader = (spark.readStream.format("ordo_changes")
-              .option("bootstrap.servers", bootstrap).option("namespace", namespace).option("topic", "changes"))
-    if max_records_per_batch:
-        reader = reader.option("maxRecordsPerBatch", str(max_records_per_batch))
-    for key, value in (source_options or {}).items():
-        reader = reader.option(key, str(value))
+    changes = read_outputs(spark, bootstrap, namespace, "changes", max_records_per_batch=max_records_per_batch,
+                           kafka=kafka, options=source_options)
     changes_writer = ChangesWriter(output, stats)
-    writer = (reader.load().writeStream.foreachBatch(changes_writer)
+    writer = (changes.writeStream.foreachBatch(changes_writer)
               .option("checkpointLocation", checkpoint).queryName(f"ordo-changes-{namespace}"))
     if once:
         writer = writer.trigger(availableNow=True)
@@ -218,14 +271,25 @@ def stop_gracefully(query, wait: float = 120.0) -> None:
 
 
 def run_consumer(spark, bootstrap: str, namespace: str, output: str, checkpoint: str, once: bool = False,
-                 timeout: float | None = None, **kwargs) -> ConsumerStats:
-    """Run until done (--once: everything on the topic now), the timeout, or Ctrl-C."""
+                 timeout: float | None = None, progress: float = 0.0, **kwargs) -> ConsumerStats:
+    """Run until done (--once: everything on the topic now), the timeout, or Ctrl-C.
+    `progress`: print a progress line every that many seconds (0: none)."""
+    from spark_jobs.progress import Progress, StreamCounter
+
     query, stats = start_consumer(spark, bootstrap, namespace, output, checkpoint, once=once, **kwargs)
+    counter = StreamCounter()
+
+    def describe() -> str:
+        counter.update(query)
+        return (f"{counter.rows} change records read, {stats.micro_batches} micro-batch(es) written, "
+                f"{stats.changes} changes")
+
     try:
-        if timeout is not None and not once:
-            query.awaitTermination(timeout)
-        else:
-            query.awaitTermination()
+        with Progress(spark, "ordo-changes", describe, progress):
+            if timeout is not None and not once:
+                query.awaitTermination(timeout)
+            else:
+                query.awaitTermination()
     except KeyboardInterrupt:
         pass
     finally:
@@ -293,9 +357,9 @@ def format_report(report: dict) -> str:
 def add_arguments(p: argparse.ArgumentParser, kafka: bool = True) -> None:
     if kafka:
         p.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT", help="Kafka bootstrap servers")
-        p.add_argument("--kafka-config", metavar="FILE",
-                       help="librdkafka settings for the job's Kafka clients (docs/operations.md)")
-        p.add_argument("--namespace", default="ordo", metavar="NS", help="topic prefix (default: ordo)")
+        from spark_jobs.producer_job import add_kafka_arguments
+
+        add_kafka_arguments(p)
     p.add_argument("--output", required=True, metavar="DIR", help="where the Parquet change log and tables go")
     p.add_argument("--checkpoint", required=True, metavar="DIR", help="Spark checkpoint (keep it to resume exactly once)")
     stop = p.add_mutually_exclusive_group()
@@ -303,20 +367,26 @@ def add_arguments(p: argparse.ArgumentParser, kafka: bool = True) -> None:
     stop.add_argument("--timeout", type=float, default=None, metavar="S", help="stop after S seconds")
     p.add_argument("--master", default=None, metavar="M", help="Spark master (default local[*])")
     p.add_argument("--max-records-per-batch", type=int, default=None, metavar="N",
-                   help="change records per micro-batch at most (not with --once: that reads all at once)")
+                   help="Kafka offsets per micro-batch at most (Spark's maxOffsetsPerTrigger: change records "
+                        "plus the engine's transaction markers)")
     p.add_argument("--trigger-seconds", type=float, default=None, metavar="S", help="micro-batch interval")
     p.add_argument("--no-report", action="store_true", help="do not print the example analytical query")
+    p.add_argument("--progress-seconds", type=float, default=5.0, metavar="S",
+                   help="print a progress line to stderr every S seconds (default 5; 0: none)")
 
 
 def run(args, out=sys.stdout) -> int:
     """`ordo spark changes` and `spark-submit spark_jobs/changes_job.py`."""
     from spark_jobs.session import build_session
 
+    from spark_jobs.producer_job import key_values
+
+    kafka = key_values(getattr(args, "kafka_option", []), "--kafka-option")
     spark = build_session("ordo-changes", args.master)
     started = time.monotonic()
     stats = run_consumer(spark, args.bootstrap_servers, args.namespace, args.output, args.checkpoint,
                          once=args.once, timeout=args.timeout, max_records_per_batch=args.max_records_per_batch,
-                         trigger_seconds=args.trigger_seconds)
+                         trigger_seconds=args.trigger_seconds, kafka=kafka, progress=args.progress_seconds)
     seconds = time.monotonic() - started
     print(f"consumed {stats.changes} changes in {stats.micro_batches} micro-batch(es) in {seconds:.2f}s "
           f"({stats.changes_per_second:,.0f} changes/s while writing) into {args.output}", file=out, flush=True)

@@ -10,6 +10,8 @@ text, a struct or a map) or built from named columns with `--args-cols a,b,c` (`
 column but id and proc; null columns are left out of the object).
 Every row is published, bad ones too: the engine rejects them with a clear error on
 `<ns>.results`; the job itself fails only when Kafka does not acknowledge a request.
+Kafka is Spark's own connector (`df.write.format("kafka")`); each row is encoded by
+spark_jobs/records.py (key = request id, value = Ordo's request JSON).
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ def _has_files(path: str) -> bool:
 
 
 def to_requests(df, mapping: Mapping):
-    """The (id, proc, args) columns the `ordo_requests` sink takes; args as JSON text."""
+    """The (id, proc, args) columns of requests (records.encode_requests); args as JSON text."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import ArrayType, MapType, StringType, StructType
 
@@ -129,8 +131,16 @@ def to_requests(df, mapping: Mapping):
     return df.select(request_id.alias("id"), proc.alias("proc"), args.alias("args"))
 
 
-def sink_options(bootstrap: str, namespace: str) -> dict[str, str]:
-    return {"bootstrap.servers": bootstrap, "namespace": namespace}
+def sink_options(bootstrap: str, namespace: str, kafka: dict | None = None) -> dict[str, str]:
+    """Options of Spark's Kafka sink: the topic, the user's Kafka settings (translated for
+    the Java client), then the producer settings of Ordo's request producers (idempotent,
+    acks=all, REQUEST_BATCHING's linger and batch size), then `kafka` (Java client settings)."""
+    from sequencer.kafka import REQUEST_BATCHING
+    from spark_jobs.kafka_connector import kafka_options
+
+    own = {"enable.idempotence": "true", "acks": "all",
+           **{k: v for k, v in REQUEST_BATCHING.items() if k in ("linger.ms", "batch.size")}}
+    return {"topic": f"{namespace}.requests", **kafka_options(bootstrap, {**own, **(kafka or {})})}
 
 
 def read_input(spark, path: str, fmt: str, mapping: Mapping, stream: bool = False, schema=None,
@@ -162,29 +172,38 @@ class ProduceStats:
 
 
 def produce(spark, bootstrap: str, namespace: str, path: str, fmt: str, mapping: Mapping | None = None,
-            schema=None) -> ProduceStats:
-    """Batch mode: publish every row of the dataset; returns how many and how fast."""
+            schema=None, kafka: dict | None = None, progress: float = 0.0) -> ProduceStats:
+    """Batch mode: publish every row of the dataset; returns how many and how fast.
+    `progress`: print a progress line every that many seconds (0: none)."""
+    from spark_jobs.progress import Progress
+    from spark_jobs.records import encode_requests
+
     mapping = mapping or Mapping()
     requests = to_requests(read_input(spark, path, fmt, mapping, schema=schema), mapping)
+    # Counted up front: Spark's Kafka sink is a V1 write, which reports no observed metrics.
     rows = requests.count()
     started = time.monotonic()
-    (requests.write.format("ordo_requests").mode("append")
-     .options(**sink_options(bootstrap, namespace)).save())
+    with Progress(spark, "ordo-produce", lambda: f"publishing {rows} requests to {namespace}.requests", progress):
+        encode_requests(requests).write.format("kafka").options(**sink_options(bootstrap, namespace, kafka)).save()
     return ProduceStats(rows, time.monotonic() - started)
 
 
 def produce_stream(spark, bootstrap: str, namespace: str, path: str, fmt: str, checkpoint: str,
                    mapping: Mapping | None = None, schema=None, once: bool = False,
-                   trigger_seconds: float | None = None, max_files_per_trigger: int | None = None):
+                   trigger_seconds: float | None = None, max_files_per_trigger: int | None = None,
+                   kafka: dict | None = None):
     """Stream mode: publish the files arriving in the folder `path` (Structured Streaming
     file source, exactly once per file through the checkpoint; see docs/spark.md).
     Returns the started StreamingQuery."""
+    from spark_jobs.records import encode_requests
+
     mapping = mapping or Mapping()
     if "://" not in path:
         os.makedirs(path, exist_ok=True)
     requests = to_requests(read_input(spark, path, fmt, mapping, stream=True, schema=schema,
                                       max_files_per_trigger=max_files_per_trigger), mapping)
-    writer = (requests.writeStream.format("ordo_requests").options(**sink_options(bootstrap, namespace))
+    writer = (encode_requests(requests).writeStream.format("kafka")
+              .options(**sink_options(bootstrap, namespace, kafka))
               .option("checkpointLocation", checkpoint).queryName(f"ordo-produce-{namespace}"))
     if once:
         writer = writer.trigger(availableNow=True)
@@ -202,9 +221,7 @@ def streamed_rows(query) -> int:
 def add_arguments(p: argparse.ArgumentParser, kafka: bool = True) -> None:
     if kafka:
         p.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT", help="Kafka bootstrap servers")
-        p.add_argument("--kafka-config", metavar="FILE",
-                       help="librdkafka settings for the job's Kafka clients (docs/operations.md)")
-        p.add_argument("--namespace", default="ordo", metavar="NS", help="topic prefix (default: ordo)")
+        add_kafka_arguments(p)
     p.add_argument("--input", required=True, metavar="PATH", help="a file or folder (with --stream: the folder to watch)")
     p.add_argument("--format", choices=FORMATS, default="csv", help="input format (default csv; json = JSON lines)")
     p.add_argument("--stream", action="store_true", help="publish files as they arrive in the --input folder")
@@ -226,15 +243,35 @@ def add_arguments(p: argparse.ArgumentParser, kafka: bool = True) -> None:
     stop.add_argument("--timeout", type=float, default=None, metavar="S", help="--stream: stop after S seconds")
     p.add_argument("--trigger-seconds", type=float, default=None, metavar="S", help="--stream: micro-batch interval")
     p.add_argument("--max-files-per-trigger", type=int, default=None, metavar="N", help="--stream: files per micro-batch")
+    p.add_argument("--progress-seconds", type=float, default=5.0, metavar="S",
+                   help="print a progress line to stderr every S seconds (default 5; 0: none)")
+
+
+def add_kafka_arguments(p: argparse.ArgumentParser) -> None:
+    """Kafka options of both jobs."""
+    p.add_argument("--kafka-config", metavar="FILE",
+                   help="librdkafka settings (docs/operations.md), translated for Spark's Kafka connector "
+                        "(docs/spark.md)")
+    p.add_argument("--kafka-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a setting of the connector's Java Kafka client, repeatable (wins over --kafka-config)")
+    p.add_argument("--wait-for-broker", type=float, default=0.0, metavar="S",
+                   help="wait up to S seconds for a broker that is still starting (ordo spark …; default: a "
+                        "broker must answer within 5 s)")
+    p.add_argument("--namespace", default="ordo", metavar="NS", help="topic prefix (default: ordo)")
+
+
+def key_values(pairs: list[str], option: str) -> dict[str, str]:
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{option} needs KEY=VALUE, not {pair!r}")
+        options[key.strip()] = value
+    return options
 
 
 def mapping_from(args) -> Mapping:
-    options = {}
-    for pair in args.option:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise ValueError(f"--option needs KEY=VALUE, not {pair!r}")
-        options[key] = value
+    options = key_values(args.option, "--option")
     args_cols = None
     if args.args_cols:
         args_cols = ["*"] if args.args_cols.strip() == "*" else [c.strip() for c in args.args_cols.split(",") if c.strip()]
@@ -246,11 +283,15 @@ def run(args, out=sys.stdout) -> int:
     """`ordo spark produce` and `spark-submit spark_jobs/producer_job.py`."""
     from spark_jobs.session import build_session
 
+    from spark_jobs.progress import Progress, StreamCounter
+
     mapping = mapping_from(args)
+    kafka = key_values(getattr(args, "kafka_option", []), "--kafka-option")
     spark = build_session("ordo-produce", args.master)
     schema = args.schema
     if not args.stream:
-        stats = produce(spark, args.bootstrap_servers, args.namespace, args.input, args.format, mapping, schema)
+        stats = produce(spark, args.bootstrap_servers, args.namespace, args.input, args.format, mapping, schema,
+                        kafka=kafka, progress=args.progress_seconds)
         print(f"published {stats.rows} requests to {args.namespace}.requests in {stats.seconds:.2f}s "
               f"({stats.rows_per_second:,.0f} rows/s)", file=out, flush=True)
         return 0
@@ -259,15 +300,22 @@ def run(args, out=sys.stdout) -> int:
         print(f"checkpoint in {checkpoint} (pass --checkpoint to resume after a restart)", file=sys.stderr)
     query = produce_stream(spark, args.bootstrap_servers, args.namespace, args.input, args.format, checkpoint,
                            mapping, schema, once=args.once, trigger_seconds=args.trigger_seconds,
-                           max_files_per_trigger=args.max_files_per_trigger)
+                           max_files_per_trigger=args.max_files_per_trigger, kafka=kafka)
+    counter = StreamCounter()
+
+    def describe() -> str:
+        counter.update(query)
+        return f"{counter.rows} requests published in {counter.batches} micro-batch(es)"
+
     started = time.monotonic()
     try:
-        if args.once:
-            query.awaitTermination()
-        elif args.timeout is not None:
-            query.awaitTermination(args.timeout)
-        else:
-            query.awaitTermination()
+        with Progress(spark, "ordo-produce", describe, args.progress_seconds):
+            if args.once:
+                query.awaitTermination()
+            elif args.timeout is not None:
+                query.awaitTermination(args.timeout)
+            else:
+                query.awaitTermination()
     except KeyboardInterrupt:
         pass
     finally:
@@ -275,7 +323,8 @@ def run(args, out=sys.stdout) -> int:
             query.stop()
     if query.exception() is not None:
         raise RuntimeError(f"stream stopped with an error: {query.exception()}")
-    rows = streamed_rows(query)
+    counter.update(query)
+    rows = max(counter.rows, streamed_rows(query))
     seconds = time.monotonic() - started
     print(f"published {rows} requests to {args.namespace}.requests from {args.input} in {seconds:.2f}s",
           file=out, flush=True)

@@ -1,8 +1,10 @@
 """The SparkSession of Ordo's border jobs.
 
 `local[*]` by default (or `--master`); on a local master the driver binds to 127.0.0.1
-only; no UI; quiet logs. The Python data sources of this package are registered on the
-session, pickled by value so that executors need confluent-kafka but not Ordo itself.
+only; no UI; quiet logs. Kafka is Spark's own connector (`spark-sql-kafka-0-10`), its jars
+from Maven Central (spark_jobs/kafka_connector.py) in `spark.jars`. The record codec and the
+change-log writer run in Python workers, pickled by value so that executors need pyarrow but
+not Ordo itself.
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ def build_session(app_name: str = "ordo-spark", master: str | None = None,
     already exists and its static settings (master, driver host) are those of spark-submit."""
     from pyspark.sql import SparkSession
 
+    from spark_jobs.kafka_connector import connector_jars, ensure_connector
+
     master = master or os.environ.get("ORDO_SPARK_MASTER") or DEFAULT_MASTER
-    # Python workers must run the interpreter of the driver (its packages: confluent-kafka).
+    # Python workers must run the interpreter of the driver (its packages: pyarrow).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if is_local(master):
         # Local Python workers can also import Ordo's packages by reference.
@@ -53,27 +57,28 @@ def build_session(app_name: str = "ordo-spark", master: str | None = None,
             "spark.pyspark.python": sys.executable,
         })
     settings.update({k: str(v) for k, v in (conf or {}).items()})
+    # Spark's Kafka connector: jars from Maven Central (fetched once), not spark.jars.packages.
+    settings["spark.jars"] = ",".join([*filter(None, settings.get("spark.jars", "").split(",")), *connector_jars()])
     builder = SparkSession.builder.appName(app_name).master(master)
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
-    register_data_sources(spark)
+    ensure_connector(spark)  # a session that existed before (spark-submit) gets the jars now
+    register_executor_modules()
     return spark
 
 
-def register_data_sources(spark) -> None:
-    """Register `ordo_requests` (sink) and `ordo_changes` (source) on a session. The
-    modules that run on executors are pickled by value: executors need their third-party
-    imports (confluent-kafka, pyarrow) only, not Ordo."""
+def register_executor_modules() -> None:
+    """The modules whose functions run on executors (the record codec, the change-log
+    writer) are pickled by value: executors need their third-party import (pyarrow) only,
+    not Ordo."""
     from pyspark import cloudpickle
 
-    from spark_jobs import changelog_files, changes_source, requests_sink
+    from spark_jobs import changelog_files, records
 
-    for module in (changes_source, requests_sink, changelog_files):
+    for module in (records, changelog_files):
         cloudpickle.register_pickle_by_value(module)
-    spark.dataSource.register(requests_sink.OrdoRequestsDataSource)
-    spark.dataSource.register(changes_source.OrdoChangesDataSource)
 
 
 def ensure_importable() -> None:

@@ -1,5 +1,6 @@
 """The Spark border jobs against the real broker, a real engine and local Spark:
-datasets become requests (producer job), change data becomes Parquet (changes job).
+datasets become requests (producer job), change data becomes Parquet (changes job), both
+through Spark's own Kafka connector (spark-sql-kafka-0-10, jars from Maven Central).
 
 One SparkSession (local[2]) serves the module; the engine runs in this process (a
 Coordinator with in-process partition workers and a SequencerThread)."""
@@ -22,6 +23,8 @@ from scheduler.coordinator import Coordinator
 from sequencer.sequencer import SequencerConfig
 from sequencer.topics import ensure_topics
 from spark_jobs import changes_job, producer_job
+from spark_jobs import records as records_codec
+from spark_jobs.records import request_message
 from spark_jobs.samples import BAD_ROWS, SAMPLES_DIR
 from tests.helpers import ordo_output, topic_reader
 
@@ -137,7 +140,7 @@ def topic_changes(bootstrap: str, namespace: str, last_batch: int, timeout: floa
 
 
 def test_sample_dataset_through_producer_engine_and_consumer_equals_ordo_dump(spark, broker, namespace, engine,
-                                                                                tmp_path):
+                                                                                tmp_path, capsys):
     # The SL sample as CSV (args as JSON text) plus SL deposits with one column per argument.
     produced = producer_job.produce(spark, broker, namespace, sample("sl.csv"), "csv")
     wide = producer_job.produce(spark, broker, namespace, sample("sl_deposits_wide.csv"), "csv",
@@ -153,8 +156,10 @@ def test_sample_dataset_through_producer_engine_and_consumer_equals_ordo_dump(sp
 
     output, checkpoint = str(tmp_path / "out"), str(tmp_path / "checkpoint")
     started = time.monotonic()
-    stats = changes_job.run_consumer(spark, broker, namespace, output, checkpoint, once=True)
+    stats = changes_job.run_consumer(spark, broker, namespace, output, checkpoint, once=True, progress=0.5)
     seconds = time.monotonic() - started
+    progress = [line for line in capsys.readouterr().err.splitlines() if line.startswith("ordo-changes: ")]
+    assert progress and "change records read" in progress[-1], progress
     print(f"consumer (--once): {stats.changes} changes in {stats.micro_batches} micro-batch(es), "
           f"{seconds:.2f}s = {stats.changes / seconds:,.0f} changes/s")
     engine.stop()
@@ -181,6 +186,7 @@ def test_consumer_stopped_mid_stream_and_restarted_loses_and_duplicates_nothing(
                                         once=True)
     query.awaitTermination(120)
     assert query.exception() is None and producer_job.streamed_rows(query) == 300
+    assert "KafkaTable" in query.lastProgress["sink"]["description"]  # Spark's Kafka sink
     outcomes = engine.outcomes(sample_ids("micro.jsonl"))
     assert {o["status"] for o in outcomes.values()} == {"committed"}
     last_batch = engine.coordinator.stats.last_batch
@@ -195,6 +201,7 @@ def test_consumer_stopped_mid_stream_and_restarted_loses_and_duplicates_nothing(
         assert query.isActive and time.monotonic() < deadline, query.exception()
         time.sleep(0.05)
     query.stop()
+    assert query.lastProgress["sources"][0]["description"] == f"KafkaV2[Subscribe[{namespace}.changes]]"
     first_run = changelog_rows(spark, output)
     messages, expected_rows = topic_changes(broker, namespace, last_batch)
     assert 0 < len(first_run) < len(expected_rows), "the first run should stop mid-stream"
@@ -240,51 +247,166 @@ def test_bad_rows_are_published_and_rejected_with_clear_errors(spark, broker, na
         assert outcome["status"] == status, outcome
         assert (outcome["error"] is None) if error is None else (error in outcome["error"]), outcome
 
-    # The same outcomes through the source's results mode (batch read).
-    results = (spark.read.format("ordo_changes").option("bootstrap.servers", broker).option("namespace", namespace)
-               .option("topic", "results").load())
+    # The same outcomes through the connector over <ns>.results (a batch read), and the same
+    # messages as the hand-made encoding of each row.
+    results = changes_job.read_outputs(spark, broker, namespace, "results", stream=False)
     assert {r["id"]: (r["status"], r["error"]) for r in results.collect()} == {
         i: (o["status"], o["error"]) for i, o in outcomes.items()}
+    sent = spark.read.format("kafka").option("kafka.bootstrap.servers", broker) \
+        .option("subscribe", f"{namespace}.requests").load().collect()
+    assert sorted((bytes(m["key"]) if m["key"] is not None else None, bytes(m["value"])) for m in sent) == sorted(
+        request_message(*row) for row in BAD_ROWS)
 
 
-def test_source_reads_every_partition_exactly_in_split_ranges(spark, broker, namespace):
-    """Raw mode over a 3-partition topic: split input partitions, a read limit per
-    micro-batch, and the stream offsets (per Kafka partition) the source reports."""
+def test_consumer_reads_every_partition_committed_records_only_within_the_read_limit(spark, broker, namespace):
+    """<ns>.changes with 3 partitions, written in Kafka transactions as the engine writes it,
+    one of them aborted: the connector reads every partition, the committed records only, at
+    most maxOffsetsPerTrigger offsets per micro-batch, and reports its offsets per partition."""
+    from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
-    from kafka import KafkaProducer
 
-    topic = f"{namespace}.raw"
+    topic = f"{namespace}.changes"
     admin = AdminClient({"bootstrap.servers": broker})
     admin.create_topics([NewTopic(topic, 3, 1)])[topic].result(30)
-    producer = KafkaProducer(bootstrap_servers=broker)
-    sent = {(p, f"k{p}-{i}") for p in range(3) for i in range(10)}
-    for p, key in sorted(sent):
-        producer.send(topic, key=key.encode(), value=f"v-{key}".encode(), partition=p)
+    producer = Producer({"bootstrap.servers": broker, "transactional.id": f"{namespace}-test"})
+    producer.init_transactions(30)
+    record = lambda batch, p, key: json.dumps({"batch": batch, "partition": p, "part": 0, "parts": 1, "changes": [
+        {"txn": 0, "table": "t", "key": key, "value": {"b": 2, "a": [1, None]}}]})
+    sent = set()
+    for batch in range(1, 5):
+        producer.begin_transaction()
+        for p in range(3):
+            producer.produce(topic, key=f"{batch}:{p}", value=record(batch, p, [p, f"k{batch}"]), partition=p)
+            sent.add((batch, p))
+        if batch == 3:
+            producer.flush(30)  # on the log, then aborted: an engine that failed mid-batch, never an output
+            producer.abort_transaction(30)
+            sent -= {(3, p) for p in range(3)}
+        else:
+            producer.commit_transaction(30)
+    expected = {(b, p, p) for b, p in sent}
+    everything = spark.read.format("kafka").option("kafka.bootstrap.servers", broker).option("subscribe", topic) \
+        .option("kafka.isolation.level", "read_uncommitted").load().count()
+    assert everything == 12  # the aborted records are on the log
+
+    df = changes_job.read_outputs(spark, broker, namespace, "changes", stream=False)
+    rows = df.collect()
+    assert {(r["batch"], r["partition"], r["kafka_partition"]) for r in rows} == expected and len(rows) == 9
+    assert {r["changes"][0]["key"] for r in rows if r["batch"] == 1} == {'[0,"k1"]', '[1,"k1"]', '[2,"k1"]'}
+    assert {r["changes"][0]["value"] for r in rows} == {'{"a":[1,null],"b":2}'}  # canonical JSON
+    assert f"KafkaRelation(strategy=Subscribe[{topic}]" in df._jdf.queryExecution().analyzed().toString()
+
+    query = (changes_job.read_outputs(spark, broker, namespace, "changes", max_records_per_batch=5)
+             .writeStream.format("memory").queryName("ordo_changes_stream").trigger(availableNow=True).start())
+    query.awaitTermination(90)
+    assert query.exception() is None
+    streamed = spark.sql("SELECT batch, partition, kafka_partition FROM ordo_changes_stream").collect()
+    assert {tuple(r) for r in streamed} == expected and len(streamed) == 9
+    sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    assert len(sizes) >= 2 and max(sizes) <= 5 and sum(sizes) == 9
+    end = query.recentProgress[-1]["sources"][0]["endOffset"]
+    # 4 transactions per partition: 4 records and 4 markers (commit or abort) each.
+    assert (json.loads(end) if isinstance(end, str) else end) == {topic: {"0": 8, "1": 8, "2": 8}}
+
+
+def test_the_jobs_run_on_sparks_kafka_connector_from_maven_central(spark):
+    """The session carries the connector's jars (fetched through ordo/maven.py, not Ivy) and
+    the jobs' reads plan Spark's Kafka relation, not a Python data source."""
+    from ordo.maven import cache_dir
+    from spark_jobs.kafka_connector import PROVIDER_CLASS, connector_jars, connector_loaded
+
+    jars = spark.sparkContext.getConf().get("spark.jars").split(",")
+    assert any(os.path.basename(j).startswith("spark-sql-kafka-0-10_") for j in jars), jars
+    assert any(os.path.basename(j).startswith("kafka-clients-") for j in jars), jars
+    assert set(connector_jars()) <= set(jars) and all(j.startswith(os.path.join(cache_dir(), "maven")) for j in
+                                                    connector_jars())
+    assert not spark.sparkContext.getConf().contains("spark.jars.packages")
+    assert not any(os.path.basename(j).startswith(("scala-library", "hadoop-client")) for j in connector_jars())
+    assert connector_loaded(spark)
+    provider = spark.sparkContext._jvm.java.lang.Class.forName(
+        PROVIDER_CLASS, False, spark.sparkContext._jvm.java.lang.Thread.currentThread().getContextClassLoader())
+    assert "spark-sql-kafka" in provider.getProtectionDomain().getCodeSource().getLocation().toString()
+    # What the changes job reads (decoded by records.py) is a plan over Spark's Kafka relation.
+    from spark_jobs.records import decode_outputs
+
+    raw = spark.read.format("kafka").options(**changes_job.source_options("127.0.0.1:1", "x")).load()
+    plan = decode_outputs(raw, "changes")._jdf.queryExecution().analyzed().toString()
+    assert "KafkaRelation(strategy=Subscribe[x.changes]" in plan, plan
+    # (The streams' source and sink are checked by name in the mid-stream test: KafkaV2, KafkaTable.)
+
+
+def test_kafka_settings_become_the_java_clients():
+    """The user's librdkafka settings as options of the connector's Java client."""
+    from spark_jobs.kafka_connector import java_client_settings, kafka_options
+
+    java, dropped = java_client_settings({
+        "security.protocol": "SASL_SSL", "sasl.mechanisms": "SCRAM-SHA-512", "sasl.username": "u",
+        "sasl.password": 'p"w', "ssl.ca.location": "/ca.pem", "ssl.endpoint.identification.algorithm": "none",
+        "client.id": "c", "request.timeout.ms": "9000", "debug": "broker", "socket.keepalive.enable": "true",
+        "isolation.level": "read_uncommitted", "group.id": "g"})
+    assert java == {
+        "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.jaas.config": 'org.apache.kafka.common.security.scram.ScramLoginModule required username="u" '
+                            'password="p\\"w";',
+        "ssl.truststore.type": "PEM", "ssl.truststore.location": "/ca.pem", "ssl.endpoint.identification.algorithm": "",
+        "client.id": "c", "request.timeout.ms": "9000"}
+    assert dropped == ["debug", "socket.keepalive.enable"]
+    java, _ = java_client_settings({"sasl.mechanism": "PLAIN", "sasl.username": "u", "sasl.password": "p"})
+    assert java["sasl.jaas.config"].startswith("org.apache.kafka.common.security.plain.PlainLoginModule required")
+    java, _ = java_client_settings({"sasl.mechanism": "GSSAPI", "sasl.kerberos.keytab": "/k.tab",
+                                    "sasl.kerberos.principal": "ordo@EXAMPLE", "sasl.kerberos.service.name": "kafka"})
+    assert "useKeyTab=true" in java["sasl.jaas.config"] and java["sasl.kerberos.service.name"] == "kafka"
+    java, _ = java_client_settings({"ssl.keystore.location": "/c.p12", "ssl.keystore.password": "x"})
+    assert java == {"ssl.keystore.type": "PKCS12", "ssl.keystore.location": "/c.p12", "ssl.keystore.password": "x"}
+    options = kafka_options("b:9", {"client.id": "mine", "kafka.linger.ms": "5"}, user={"client.id": "theirs"})
+    assert options == {"kafka.client.id": "mine", "kafka.linger.ms": "5", "kafka.bootstrap.servers": "b:9"}
+
+
+@pytest.fixture(scope="module")
+def sasl_broker():
+    """A Kafka node with a SASL_PLAINTEXT listener (PLAIN; user `spark`, password `s3cret`)."""
+    from sequencer.kafka_broker import KafkaCluster, Listener
+
+    listener = Listener("SASL_PLAINTEXT", "SASL_PLAINTEXT", {
+        "listener.name.sasl_plaintext.sasl.enabled.mechanisms": "PLAIN",
+        "listener.name.sasl_plaintext.plain.sasl.jaas.config":
+            'org.apache.kafka.common.security.plain.PlainLoginModule required user_spark="s3cret";'})
+    with KafkaCluster(listeners=[listener]) as cluster:
+        yield cluster
+
+
+def test_the_users_sasl_settings_reach_the_connector(spark, sasl_broker, namespace, tmp_path, monkeypatch):
+    """A --kafka-config file with SASL settings (librdkafka's names) lets both jobs' Kafka
+    reads and writes authenticate; a wrong password fails the job."""
+    from kafka import KafkaProducer
+
+    from sequencer.kafka_settings import FILE_ENV
+
+    plain = sasl_broker.bootstrap_servers
+    secure = sasl_broker.listener_servers("SASL_PLAINTEXT")
+    ensure_topics(plain, namespace)
+    config = tmp_path / "kafka.properties"
+    config.write_text("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\nsasl.username=spark\n"
+                      "sasl.password=s3cret\n")
+    monkeypatch.setenv(FILE_ENV, str(config))
+    produced = producer_job.produce(spark, secure, namespace, sample("bad_rows.csv"), "csv")
+    assert produced.rows == len(BAD_ROWS)
+    producer = KafkaProducer(bootstrap_servers=plain)
+    producer.send(f"{namespace}.results", key=b"r1", value=json.dumps(
+        {"id": "r1", "status": "committed", "batch": 1, "result": {"z": 1, "a": 2}, "error": None}).encode())
     producer.flush()
     producer.close()
-    options = {"bootstrap.servers": broker, "topic": topic, "splitOffsets": "3"}
-    df = spark.read.format("ordo_changes").options(**options).load()
-    assert df.rdd.getNumPartitions() == 12  # 3 Kafka partitions x 4 ranges of at most 3 offsets
-    rows = df.collect()
-    assert sorted((r["kafka_partition"], r["key"]) for r in rows) == sorted(sent)
-    assert all(r["value"] == f"v-{r['key']}" for r in rows)
+    results = changes_job.read_outputs(spark, secure, namespace, "results", stream=False).collect()
+    assert [(r["id"], r["result"]) for r in results] == [("r1", '{"a":2,"z":1}')]
+    sent = spark.read.format("kafka").option("kafka.bootstrap.servers", plain) \
+        .option("subscribe", f"{namespace}.requests").load().count()
+    assert sent == len(BAD_ROWS)
 
-    query = (spark.readStream.format("ordo_changes").options(**options).option("maxRecordsPerBatch", "7").load()
-             .writeStream.format("memory").queryName("ordo_raw_stream").trigger(processingTime="0 seconds")
-             .start())
-    try:
-        deadline = time.monotonic() + 60
-        while spark.sql("SELECT count(*) AS n FROM ordo_raw_stream").first()["n"] < 30:
-            assert query.isActive and time.monotonic() < deadline, query.exception()
-            time.sleep(0.2)
-    finally:
-        query.stop()
-    streamed = spark.sql("SELECT kafka_partition, key FROM ordo_raw_stream").collect()
-    assert sorted((r["kafka_partition"], r["key"]) for r in streamed) == sorted(sent)
-    sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
-    assert max(sizes) <= 7 and sum(sizes) == 30
-    end = query.recentProgress[-1]["sources"][0]["endOffset"]
-    assert (json.loads(end) if isinstance(end, str) else end) == {"0": 10, "1": 10, "2": 10}
+    config.write_text("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\nsasl.username=spark\n"
+                      "sasl.password=wrong\n")
+    with pytest.raises(Exception, match="SaslAuthenticationException"):  # in the connector's Java producer
+        producer_job.produce(spark, secure, namespace, sample("bad_rows.csv"), "csv",
+                             kafka={"max.block.ms": "15000"})
 
 
 def test_cli_writes_the_checked_in_samples_and_parses_the_jobs(tmp_path):
@@ -297,14 +419,13 @@ def test_cli_writes_the_checked_in_samples_and_parses_the_jobs(tmp_path):
         with open(sample(name)) as f:
             assert (tmp_path / name).read_text() == f.read(), name
     for job in ("produce", "changes"):
-        assert "--bootstrap-servers" in ordo_output("spark", job, "--help")
+        usage = ordo_output("spark", job, "--help")
+        assert "--bootstrap-servers" in usage and "--kafka-option" in usage and "--progress-seconds" in usage
 
 
 def test_column_mapping_builds_requests(spark):
     """The mapping alone (no Kafka): renamed columns, a constant procedure, struct and
     map arguments, arguments from named columns."""
-    from spark_jobs.requests_sink import request_message
-
     df = spark.createDataFrame(
         [("a", "sl_deposit", 1, 2, None), ("b", None, 3, None, "x")],
         "rid string, p string, account int, asset int, note string")
@@ -319,6 +440,13 @@ def test_column_mapping_builds_requests(spark):
     assert request_message(None, "p", None) == (None, b'{"proc":"p"}')
     with pytest.raises(ValueError, match="no column"):
         producer_job.to_requests(df, producer_job.Mapping())
+    # The messages Spark's Kafka sink is given: the same bytes, row by row, as request_message.
+    rows = [("x", "p", '{"a": [1, 2]}'), ("y", None, "{oops"), (None, "p", None), ("", "p", "5"),
+            ("é\n\"q", "p", '{"b": 1.0, "a": "\\u00e9"}')]
+    encoded = records_codec.encode_requests(spark.createDataFrame(rows, "id string, proc string, args string"))
+    assert [(None if r["key"] is None else bytes(r["key"]), bytes(r["value"])) for r in encoded.collect()] == [
+        request_message(*row) for row in rows]
+    assert request_message("", "p", "5") == (None, b'{"id":"","proc":"p","args":5}')
 
 
 def test_parts_deletes_and_late_re_emissions_merge_by_batch_and_txn(spark, broker, namespace, tmp_path):
