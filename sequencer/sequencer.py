@@ -132,6 +132,10 @@ class Sequencer:
         self._group = f"{namespace}.sequencer"
         self._producer = Producer(kafka_config(bootstrap, {
             "transactional.id": transactional_id(namespace, config.index),
+            # An append lasts milliseconds. A transaction a crashed broker left open holds every
+            # read_committed reader of the log back until the broker aborts it, after this
+            # long (librdkafka's default is a minute).
+            "transaction.timeout.ms": 10_000,
             "linger.ms": 0,
             "message.max.bytes": max(config.max_bytes + 64 * 1024, 1_000_000),
         }))
