@@ -117,8 +117,15 @@ def check_topics(bootstrap: str, topics: Topics, timeout: float = 30.0) -> None:
 def check_log(admin: AdminClient, topics: Topics, timeout: float = 30.0) -> None:
     """The log has one partition and keeps every record: with a finite retention its head
     would go, and with it the only way to rebuild state or restart the sequencer."""
-    existing = admin.list_topics(topics.log, timeout=timeout).topics
-    log_partitions = len(existing[topics.log].partitions)
+    # In a cluster, a node that has not caught up with the controller yet can describe a
+    # topic created a moment ago without its partitions: ask again, within the timeout.
+    deadline = time.monotonic() + timeout
+    while True:
+        existing = admin.list_topics(topics.log, timeout=timeout).topics
+        log_partitions = len(existing[topics.log].partitions)
+        if log_partitions or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     if log_partitions != 1:
         raise RuntimeError(f"topic {topics.log} has {log_partitions} partitions; the log needs exactly 1")
     try:
