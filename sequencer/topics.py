@@ -154,9 +154,16 @@ def request_partitions_for(bootstrap: str, topics: Topics, sequencers: int) -> i
     return partitions
 
 
-def partition_count(bootstrap: str, topic: str, timeout: float = 30.0) -> int:
+def partition_count(bootstrap: str, topic: str, timeout: float = 30.0, settle: float = 10.0) -> int:
+    """How many partitions `topic` has. The nodes of a cluster learn of a new topic one by
+    one, so a node that has not yet may call it unknown: that answer counts only once it
+    has held for `settle` seconds."""
     admin = AdminClient(kafka_config(bootstrap))
-    metadata = admin.list_topics(topic, timeout=timeout).topics.get(topic)
-    if metadata is None or metadata.error is not None or not metadata.partitions:
-        raise RuntimeError(f"topic {topic} does not exist")
-    return len(metadata.partitions)
+    deadline = time.monotonic() + settle
+    while True:
+        metadata = admin.list_topics(topic, timeout=timeout).topics.get(topic)
+        if metadata is not None and metadata.error is None and metadata.partitions:
+            return len(metadata.partitions)
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"topic {topic} does not exist")
+        time.sleep(0.1)

@@ -162,17 +162,39 @@ def test_ordo_run_hands_the_settings_to_its_sequencer_and_ray_workers(broker, na
             assert engine.poll() is None, log.read_text()
             pids = [int(pid) for pid in re.findall(r"partition \d+: pid (\d+)", log.read_text())]
             time.sleep(0.2)
-        children = []
-        while not children and time.monotonic() < deadline:
-            children = [c for c in psutil.Process(engine.pid).children() if "sequence" in c.cmdline()]
+        environs: dict[str, dict] = {}
+        while len(environs) < 3 and time.monotonic() < deadline:
+            assert engine.poll() is None, log.read_text()
+            environs.update(_environs(engine.pid, pids))
             time.sleep(0.2)
-        assert len(pids) == 2 and children
-        for pid in [*pids, children[0].pid]:
-            environ = psutil.Process(pid).environ()
-            assert environ.get("ORDO_KAFKA_CONFIG") == str(settings), pid
-            assert environ.get("ORDO_KAFKA_SOCKET_TIMEOUT_MS") == "20000", pid
+        assert len(pids) == 2 and len(environs) == 3, (environs.keys(), log.read_text()[-2000:])
+        for who, environ in environs.items():
+            assert environ.get("ORDO_KAFKA_CONFIG") == str(settings), who
+            assert environ.get("ORDO_KAFKA_SOCKET_TIMEOUT_MS") == "20000", who
     finally:
         stop(engine, 60)
+
+
+def _environs(engine_pid: int, worker_pids: list[int]) -> dict[str, dict]:
+    """The environments of the Ray workers and of the sequencer child that are alive now; a
+    process that ends while it is read is simply not in the answer (it is asked again)."""
+    found = {}
+    for pid in worker_pids:
+        try:
+            found[f"worker {pid}"] = psutil.Process(pid).environ()
+        except psutil.Error:
+            pass
+    try:
+        children = psutil.Process(engine_pid).children()
+    except psutil.Error:
+        children = []
+    for child in children:
+        try:
+            if "sequence" in child.cmdline():
+                found["sequencer"] = child.environ()
+        except psutil.Error:
+            pass
+    return found
 
 
 def test_outputs_are_lz4_unless_the_user_names_a_codec():
