@@ -69,14 +69,20 @@ class Lags:
 class EngineCollector:
     """The Prometheus view of a coordinator's polled statuses, plus the lags."""
 
-    def __init__(self, coordinator, lags: Lags | None = None, sequencer_restarts: Callable[[], int] | None = None):
+    def __init__(self, coordinator, lags: Lags | None = None, sequencer_restarts: Callable[[], int] | None = None,
+                 readiness=None):
         self.coordinator = coordinator
         self.lags = lags
         self.sequencer_restarts = sequencer_restarts
+        self.readiness = readiness
 
     def collect(self):
         statuses = list(self.coordinator.statuses)
         stats = self.coordinator.stats
+        if self.readiness is not None:
+            yield _gauge("ordo_serving", "1 once the sequencer sequences and every partition worker has read the "
+                                         "log up to its start (ordo/readiness.py), else 0",
+                         float(self.readiness.since is not None))
         yield _gauge("ordo_last_applied_batch", "the newest batch applied on every partition", stats.last_batch)
         yield _counter("ordo_batches", "batches applied on every partition since this engine started",
                        stats.batches)
@@ -152,7 +158,7 @@ class MetricsServer:
 
 
 def engine_observer(coordinator, bootstrap: str, namespace: str, quiet: bool, metrics_port: int | None,
-                    sequencer=None, stream=None) -> tuple[Callable | None, Callable[[], None]]:
+                    sequencer=None, stream=None, readiness=None) -> tuple[Callable | None, Callable[[], None]]:
     """The engine loop's progress hook (the progress line, the lags, the metrics endpoint
     on `metrics_port`) and what closes them."""
     import sys
@@ -166,7 +172,7 @@ def engine_observer(coordinator, bootstrap: str, namespace: str, quiet: bool, me
     server = None
     if metrics_port is not None:
         restarts = (lambda: sequencer.restarts) if sequencer is not None else None
-        server = MetricsServer(metrics_port, EngineCollector(coordinator, lags, restarts))
+        server = MetricsServer(metrics_port, EngineCollector(coordinator, lags, restarts, readiness))
         print(f"metrics on http://127.0.0.1:{server.port}/metrics", file=stream or sys.stderr, flush=True)
     line = None if quiet else Progress(coordinator, stream or sys.stderr, lags=lags)
 

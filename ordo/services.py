@@ -247,6 +247,9 @@ def serve_all(bootstrap: str, namespace: str, data_dir: str, scheduler: str, par
               metrics_port: int | None = None) -> int:
     from ordo.metrics import engine_observer
 
+    from ordo.readiness import Readiness, log_end
+
+    started = time.monotonic()
     placement = placement or {}
     ensure_topics(bootstrap, namespace, request_partitions, replication=log_replication)
     # Before Ray starts: a sequencer child would otherwise fail on it and be restarted forever.
@@ -257,13 +260,21 @@ def serve_all(bootstrap: str, namespace: str, data_dir: str, scheduler: str, par
     on_termination(coordinator.stop)
     on_checkpoint_signal(coordinator)
     announce_start(coordinator)
+    readiness = Readiness(log_end(bootstrap, Topics(namespace).log), started, sys.stderr)
     sequencer.start()
     sequencers = f"{config.sequencers} sequencers, " if config.sequencers > 1 else ""
     print(f"ordo running: namespace {namespace}, {sequencers}{scheduler} scheduler, {partitions} partition(s), "
           f"data in {data_dir}; Ctrl-C stops", file=sys.stderr, flush=True)
-    progress, close_observer = engine_observer(coordinator, bootstrap, namespace, quiet, metrics_port, sequencer)
+    progress, close_observer = engine_observer(coordinator, bootstrap, namespace, quiet, metrics_port, sequencer,
+                                               readiness=readiness)
+
+    def observe(stats) -> None:
+        readiness.check(coordinator.statuses)
+        if progress is not None:
+            progress(stats)
+
     try:
-        coordinator.run(progress=progress)
+        coordinator.run(progress=observe)
     finally:
         close_observer()
         sequencer.stop()

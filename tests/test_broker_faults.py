@@ -105,6 +105,26 @@ def assert_exactly_once(bootstrap: str, namespace: str, requests: list, records:
     assert dump_state(data_dir) == reference_state(interpret_log(bootstrap, namespace, last_batch))
 
 
+def settle_and_check(feeder: Feeder, watch: OutcomeWatch, engine, bootstrap: str, namespace: str, requests: list,
+                     data_dir: str) -> None:
+    """Once the faults are over: every request handed over, answered once, and checked."""
+    feeder.finish()
+    records = read_results(bootstrap, f"{namespace}.results", len(requests), timeout=240)
+    watch.stop()
+    assert engine.poll() is None, "ordo run stopped although the log was kept"
+    stop(engine, timeout=60)
+    assert_exactly_once(bootstrap, namespace, requests, records, data_dir)
+
+
+def clean_up(feeder: Feeder | None, watch: OutcomeWatch | None, engine, kafka: KafkaCluster) -> None:
+    if feeder is not None and feeder.thread.is_alive():
+        feeder.thread.join(5)
+    if watch is not None:
+        watch.stop()
+    stop(engine, timeout=60)
+    kafka.stop()
+
+
 def test_a_durable_broker_restarted_under_load_loses_and_repeats_nothing(tmp_path, fault_report):
     kafka = KafkaCluster(data_dir=str(tmp_path / "kafka"))
     bootstrap = kafka.start()
@@ -132,19 +152,9 @@ def test_a_durable_broker_restarted_under_load_loses_and_repeats_nothing(tmp_pat
             kafka.restart_node(0)
             resumed.append(watch.first_after(back, engine))
             assert engine.poll() is None, "ordo run stopped although the broker kept its data"
-        feeder.finish()
-        records = read_results(bootstrap, f"{namespace}.results", len(requests), timeout=240)
-        watch.stop()
-        assert engine.poll() is None, "ordo run stopped although the broker kept its data"
-        stop(engine, timeout=60)
-        assert_exactly_once(bootstrap, namespace, requests, records, data_dir)
+        settle_and_check(feeder, watch, engine, bootstrap, namespace, requests, data_dir)
     finally:
-        if feeder is not None and feeder.thread.is_alive():
-            feeder.thread.join(5)
-        if watch is not None:
-            watch.stop()
-        stop(engine, timeout=60)
-        kafka.stop()
+        clean_up(feeder, watch, engine, kafka)
     fault_report(f"2 broker restarts (SIGTERM, SIGKILL), {len(requests)} requests checked, first outcome "
                  f"{', '.join(f'{s:.1f}' for s in resumed)} s after the broker was started again")
 
@@ -186,19 +196,9 @@ def test_a_three_node_cluster_loses_no_request_when_the_log_leader_dies_and_anot
             # a pause is the cluster's choice, and it may need that one.
             kafka.restart_node(leader)
             resumed.append(watch.first_after(back, engine, timeout=180))
-        feeder.finish()
-        records = read_results(bootstrap, f"{namespace}.results", len(requests), timeout=240)
-        watch.stop()
-        assert engine.poll() is None, "ordo run stopped although the cluster kept the log"
-        stop(engine, timeout=60)
-        assert_exactly_once(bootstrap, namespace, requests, records, data_dir)
+        settle_and_check(feeder, watch, engine, bootstrap, namespace, requests, data_dir)
     finally:
-        if feeder is not None and feeder.thread.is_alive():
-            feeder.thread.join(5)
-        if watch is not None:
-            watch.stop()
-        stop(engine, timeout=60)
-        kafka.stop()
+        clean_up(feeder, watch, engine, kafka)
     fault_report(f"{rounds} rounds of SIGKILL of the log's leader + SIGSTOP of another node "
                  f"({2 * rounds} faults), {len(requests)} requests checked, 0 lost, 0 duplicated; first outcome "
                  f"{', '.join(f'{s:.1f}' for s in resumed)} s after the stopped node went on and the killed one was restarted")

@@ -53,6 +53,10 @@ def test_metrics_endpoint_reports_the_engine(broker, namespace, tmp_path, partit
             line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
             if line.startswith("metrics on http://127.0.0.1:"):
                 port = int(line.split(":")[2].split("/")[0])
+        assert value(scrape(port), "ordo_serving", "ordo_serving") in (0, 1)
+        while not line.startswith("ordo serving: "):  # said once the pipeline is up, before any request
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+        assert value(scrape(port), "ordo_serving", "ordo_serving") == 1
         deposits = [{"id": f"d{i}", "proc": "sl_deposit",
                      "args": {"account": i, "asset": i, "account_amount": 5, "asset_amount": 5}} for i in range(30)]
         transfers = [{"id": f"t{i}", "proc": "sl_transfer", "args": {
@@ -121,3 +125,11 @@ def test_a_busy_metrics_port_is_one_clear_line(broker, namespace, tmp_path):
                               capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith(f"ordo execute: cannot serve metrics on 127.0.0.1:{port}")
+
+
+def test_the_engine_serves_once_every_worker_has_read_past_the_new_sequencers_start():
+    from ordo.readiness import serving
+
+    assert not serving([], 5)
+    assert not serving([{"next_offset": 6}, {"next_offset": 5}], 5)  # one worker has not read the start record
+    assert serving([{"next_offset": 6}, {"next_offset": 9}], 5)

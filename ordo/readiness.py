@@ -1,0 +1,57 @@
+"""When `ordo run` serves: the sequencer it started is sequencing, and every partition
+worker has read the log up to that sequencer's start record.
+
+A new sequencer generation writes a start record to `<ns>.log` once it has fenced the
+previous one; it lands after every record the log held before the sequencer was started.
+So the engine serves once every worker's log position has passed the log's end as it
+stood just before: a request sent from then on is cut into a batch and executed without
+waiting for a process to come up (Ray workers, the sequencer's transactions, a replay of
+the backlog). Until then requests are kept, not lost: they only wait.
+"""
+
+from __future__ import annotations
+
+import time
+
+
+def log_end(bootstrap: str, log_topic: str, timeout: float = 30.0) -> int:
+    """The offset the log's next record will get (its high watermark), asked of the broker."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from sequencer.kafka import kafka_config
+
+    consumer = Consumer(kafka_config(bootstrap, {"group.id": f"{log_topic}.readiness", "enable.auto.commit": False}))
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return consumer.get_watermark_offsets(TopicPartition(log_topic, 0), timeout=5, cached=False)[1]
+            except Exception:  # a partition between leaders answers again shortly
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.1)
+    finally:
+        consumer.close()
+
+
+def serving(statuses: list[dict], log_end_before_start: int) -> bool:
+    """Whether every worker has read past the log's end as it was before the sequencer
+    started (and so past the sequencer's start record)."""
+    return bool(statuses) and all(s.get("next_offset", 0) > log_end_before_start for s in statuses)
+
+
+class Readiness:
+    """Watches the coordinator's polled statuses and says once, on `stream`, when the engine
+    serves; `since` is the seconds from `ordo run`'s start to that moment."""
+
+    def __init__(self, log_end_before_start: int, started: float, stream):
+        self.log_end_before_start = log_end_before_start
+        self.started = started
+        self.stream = stream
+        self.since: float | None = None
+
+    def check(self, statuses: list[dict]) -> None:
+        if self.since is None and serving(statuses, self.log_end_before_start):
+            self.since = time.monotonic() - self.started
+            print(f"ordo serving: requests are sequenced and executed from now on "
+                  f"({self.since:.1f} s after start)", file=self.stream, flush=True)
