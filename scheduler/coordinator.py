@@ -24,7 +24,6 @@ from scheduler.group import LocalGroup, WorkerGroup
 from scheduler.outputs import CollectedOutputs
 from scheduler.worker import check_layout
 from sequencer.log import LogCursor
-from sequencer.reader import LogReader
 from sequencer.topics import Topics
 
 log = logging.getLogger("ordo.engine")
@@ -85,7 +84,7 @@ class Coordinator:
         latest = self.checkpoints.latest()
         self._listed_checkpoint = latest["batch"] if latest else 0
         self._statuses: list[dict] = []
-        self._lag_reader: LogReader | None = None
+        self._lag_consumer = None  # asks only for the log's end: never assigned, so never fetching
         self._closed = False
 
     def _resume_cursor(self) -> LogCursor:
@@ -215,10 +214,19 @@ class Coordinator:
         misreport watermarks)."""
         if not self._statuses:
             return "?"
-        if self._lag_reader is None:
-            self._lag_reader = LogReader(self.bootstrap, self.topics.log, LogCursor(), f"{self.topics.namespace}.lag")
-        self._lag_reader.cursor.next_offset = min(s["next_offset"] for s in self._statuses)
-        return self._lag_reader.lag()
+        from confluent_kafka import Consumer, TopicPartition
+
+        from sequencer.kafka import kafka_config
+
+        if self._lag_consumer is None:
+            self._lag_consumer = Consumer(kafka_config(self.bootstrap, {"group.id": f"{self.topics.namespace}.lag",
+                                                                        "enable.auto.commit": False}))
+        try:
+            _, high = self._lag_consumer.get_watermark_offsets(TopicPartition(self.topics.log, 0), timeout=0.5,
+                                                               cached=False)
+        except Exception:
+            return "?"
+        return max(0, high - min(s["next_offset"] for s in self._statuses))
 
     def close(self) -> None:
         """Stop the workers; what they executed is applied once its outputs are out."""
@@ -237,8 +245,8 @@ class Coordinator:
                     for collected in self.group.collected():
                         self.outputs.merge(collected)
         finally:
-            if self._lag_reader is not None:
-                self._lag_reader.close()
+            if self._lag_consumer is not None:
+                self._lag_consumer.close()
             self._close_group()
 
     def _close_group(self) -> None:

@@ -14,6 +14,7 @@ serves everything it had."""
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
@@ -22,7 +23,7 @@ from sequencer.kafka import consumer_config
 
 ABSENT_GRACE = 30.0
 
-_GONE = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC,
+GONE = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC,
          KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET)
 
 
@@ -74,7 +75,7 @@ class RecordProbe:
     def _absent_by_end(self, offset: int) -> str | None:
         end, error = self._end()
         if end is None:
-            return "absent" if error in _GONE else None
+            return "absent" if error in GONE else None
         return "absent" if end <= offset else None
 
     def _look(self, offset: int, digest: bytes | None, timeout: float) -> str | None:
@@ -86,7 +87,7 @@ class RecordProbe:
                 continue
             error = message.error()
             if error is not None:
-                if error.code() in _GONE or error.code() == KafkaError._PARTITION_EOF:
+                if error.code() in GONE or error.code() == KafkaError._PARTITION_EOF:
                     return "absent"  # the log ends at or before the record, or is gone
                 continue
             same = message.offset() == offset and (digest is None or fingerprint(message.value()) == digest)
@@ -95,3 +96,43 @@ class RecordProbe:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+class LogWatch:
+    """The questions a log's readers and writers ask the broker now and then, asked in a
+    thread of its own every `every` seconds: does the broker still hold the record noted
+    last (`lost` becomes that record's offset once it is gone for good), and where does the
+    log end (`end`, as RecordProbe._end answers). A Kafka broker answers the requests of one
+    connection in order, so such a question on a consumer with a fetch outstanding waits out
+    the fetch (about 50 ms); asked from the hot loop, that would stall every request behind it."""
+
+    def __init__(self, bootstrap: str, topic: str, group: str, every: float):
+        self.topic, self.every = topic, every
+        self.end: tuple[int | None, int | None] = (None, None)
+        self.answered = threading.Event()  # `end` holds a first answer
+        self.lost: int | None = None
+        self._noted: tuple[int, bytes | None] | None = None
+        self._stop = threading.Event()
+        self._probe = RecordProbe(bootstrap, topic, group)
+        self._thread = threading.Thread(target=self._run, name=f"watch {topic}", daemon=True)
+        self._thread.start()
+
+    def note(self, offset: int, digest: bytes | None) -> None:
+        """The newest record read or written: the one to look for from now on."""
+        self._noted = (offset, digest)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self.end = self._probe._end()
+                self.answered.set()
+                noted = self._noted
+                if noted is not None and self.lost is None and self._probe.holds(*noted) is False:
+                    self.lost = noted[0]
+                self._stop.wait(self.every)
+        finally:
+            self._probe.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)

@@ -13,11 +13,11 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from sequencer.kafka import consumer_config
 from sequencer.log import STALE_LIMIT, Batch, LogCursor, LogError, Start
-from sequencer.log_probe import RecordProbe, fingerprint
+from sequencer.log_probe import GONE, LogWatch, fingerprint
 
 WATCH_EVERY = 2.0  # seconds between checks of the log's end offset
 STALE_GRACE = 5.0  # how long the sequence may stall behind a start record before it is an error
@@ -59,7 +59,7 @@ class LogReader:
         # cursor, known only to exist
         self._last_read: tuple[int, bytes | None] | None = (
             (cursor.next_offset - 1, None) if cursor.next_offset > 0 else None)
-        self._probe: RecordProbe | None = None
+        self._probe: LogWatch | None = None
 
     def poll(self, timeout: float, max_records: int = 500) -> list[tuple[Batch, dict]]:
         """Accepted batches among the next records (possibly none), each with the cursor
@@ -87,23 +87,25 @@ class LogReader:
         if now - self._watched < WATCH_EVERY:
             return
         self._watched = now
+        watch = self._log_watch()
+        if self._last_read is not None:
+            watch.note(*self._last_read)
+        end, error = watch.end
         if self._last_read is None:
-            if self._end_offset() is None:
+            if watch.answered.is_set() and end is None and error in GONE:
                 raise LogError(f"topic {self.topic} does not exist: create the namespace's topics first "
                                f"(`ordo run` creates them)")
-            self._check_held_back(now, self._probe_log().end_offset())
+            self._check_held_back(now, end)
             return
-        offset, digest = self._last_read
-        if self._probe_log().holds(offset, digest) is False:
-            raise LogLost(f"{self.topic} no longer holds the record at offset {offset} that this reader read: "
+        if watch.lost is not None:
+            raise LogLost(f"{self.topic} no longer holds the record at offset {watch.lost} that this reader read: "
                           f"the broker lost the log (restarted without its data?); see docs/operations.md, "
                           f"'Broker lost'")
-        self._check_held_back(now, self._probe_log().end_offset())
+        self._check_held_back(now, end)
         cursor = self.cursor
         if cursor.stale <= STALE_LIMIT:
             self._stale_since = None
             return
-        end = self._end_offset()
         if end is not None and 0 <= end <= cursor.next_offset + 1:  # at the tail (a marker may follow)
             self._stale_since = self._stale_since or now
             if now - self._stale_since >= STALE_GRACE:
@@ -114,9 +116,10 @@ class LogReader:
                     f"a record on {self.topic} did not come from a sequencer; restart the sequencer (a new "
                     f"generation takes over) and keep other producers off the log")
 
-    def _probe_log(self) -> RecordProbe:
+    def _log_watch(self) -> LogWatch:
+        """Asks the broker about the log from a thread of its own (sequencer/log_probe.py)."""
         if self._probe is None:
-            self._probe = RecordProbe(self._bootstrap, self.topic, f"{self._group}.probe")
+            self._probe = LogWatch(self._bootstrap, self.topic, f"{self._group}.probe", WATCH_EVERY)
         return self._probe
 
     def _check_held_back(self, now: float, end: int | None) -> None:
@@ -140,16 +143,6 @@ class LogReader:
                 f"transaction, keep it off the log) or the local broker lost track of one, which nothing "
                 f"ends (docs/local-broker.md, 'Transactions ending together'): start over on a new broker")
 
-    def _end_offset(self) -> int | None:
-        """The log's end offset; None if the topic is gone; -1 if the broker did not say."""
-        try:
-            return self._consumer.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=5, cached=False)[1]
-        except KafkaException as exc:
-            if exc.args[0].code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION,
-                                      KafkaError._UNKNOWN_TOPIC):
-                return None
-            return -1
-
     def poll_raw(self, timeout: float, max_records: int = 500) -> list[tuple[int, bytes]]:
         """The next records as (offset, value), without acceptance."""
         # Wait for the first record only, then take what is already here: consume(n, t)
@@ -170,13 +163,6 @@ class LogReader:
                 raise RuntimeError(f"log read failed: {error}")
             out.append((message.offset(), message.value()))
         return out
-
-    def lag(self) -> int | str:
-        try:
-            _, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=0.5, cached=False)
-        except Exception:
-            return "?"
-        return max(0, high - self.cursor.next_offset)
 
     def close(self) -> None:
         if self._consumer is not None:

@@ -33,7 +33,7 @@ from procedures.ollp import is_resequenced, request_identity
 from sequencer.append_turn import AppendTurn, needs_turns, turn_path
 from sequencer.dedupe import RecentIds
 from sequencer.kafka import consumer_config, kafka_config
-from sequencer.log_probe import RecordProbe, fingerprint
+from sequencer.log_probe import LogWatch, fingerprint
 from sequencer.log import (
     BATCH_OVERHEAD,
     SNAPSHOT_EVERY,
@@ -144,9 +144,10 @@ class Sequencer:
         self._started_at = -1  # this sequencer's start record's offset: its generation
         self._log_end = 0  # the log's end offset after this sequencer's last append, as far as known
         self._last_appended: tuple[int, bytes] | None = None  # (offset, fingerprint)
-        self._probe: RecordProbe | None = None
+        self._probe: LogWatch | None = None
         self._accepted = 0  # entries accepted into the log so far (what the duplicate check remembers)
         self._watched = 0.0
+        self._last_cut_at = 0.0  # monotonic time the newest batch began to be cut
         self._recent = RecentIds(config.dedupe_window)
         self._turn: AbstractContextManager = nullcontext()
         self._last_time = 0
@@ -267,9 +268,14 @@ class Sequencer:
         max_delay = self.config.max_delay_ms / 1000.0
         try:
             while not self._stop.is_set():
-                wait = max_delay if not epoch.entries else max(0.0, epoch.opened + max_delay - time.monotonic())
                 room = self.config.max_txns - len(epoch.entries)
-                messages = self._consumer.consume(room, max(wait, 0.001))
+                if epoch.entries:
+                    # consume(n, t) returns early only once n came: the epoch's end is the bound.
+                    messages = self._consumer.consume(room, max(epoch.opened + max_delay - time.monotonic(), 0.001))
+                else:
+                    # An empty epoch opens at the first request: wait for it alone, take what came with it.
+                    first = self._consumer.poll(max_delay)
+                    messages = [first, *self._consumer.consume(room - 1, 0)] if first is not None else []
                 if not messages and not epoch.entries:
                     self._watch()
                 for message in messages:
@@ -317,7 +323,7 @@ class Sequencer:
         if epoch.entries and epoch.size + size > self._entries_limit:
             epoch = self._cut(epoch)  # full by size: what it holds goes out first
         if not epoch.entries:
-            epoch.opened = time.monotonic()
+            epoch.opened = self._opening(time.monotonic())
         epoch.entries.append(encoded)
         epoch.placements.append(placement)
         epoch.size += size
@@ -340,7 +346,16 @@ class Sequencer:
             span[1] = offset + 1
         return epoch
 
+    def _opening(self, now: float) -> float:
+        """When an epoch whose first request is taken `now` counts as opened: Calvin's epochs
+        are a cadence, not a wait after each append. A request that came while the last batch
+        was being appended has been waiting since that append began, so its epoch ends one
+        epoch length after that (never sooner: batches stay at most one per epoch length,
+        unless full), and never later than one epoch length from now."""
+        return max(self._last_cut_at, now - self.config.max_delay_ms / 1000.0)
+
     def _cut(self, epoch: _Epoch) -> _Epoch:
+        self._last_cut_at = time.monotonic()
         self._last_time = max(self._last_time, int(time.time() * 1000))
         number = self.next_epoch
         record = encode_batch(number, self._started_at, self._last_time,
@@ -430,19 +445,18 @@ class Sequencer:
     def _watch(self) -> None:
         """When idle, check that the broker still holds the last record this sequencer
         appended: a broker restarted without its data would otherwise have it sequence
-        into a new, unrelated log without a word."""
+        into a new, unrelated log without a word. The broker is asked in the watch's own
+        thread; here its latest answer is only read."""
         now = time.monotonic()
-        if now - self._watched < WATCH_EVERY:
+        if now - self._watched < WATCH_EVERY or self._last_appended is None:
             return
         self._watched = now
-        if self._last_appended is None:
-            return
         if self._probe is None:
-            self._probe = RecordProbe(self.bootstrap, self.topics.log, f"{self._group}.probe")
-        offset, digest = self._last_appended
-        if self._probe.holds(offset, digest) is False:
+            self._probe = LogWatch(self.bootstrap, self.topics.log, f"{self._group}.probe", WATCH_EVERY)
+        self._probe.note(*self._last_appended)
+        if self._probe.lost is not None:
             raise BrokerLost(f"{self.topics.log} no longer holds the record this sequencer appended at offset "
-                             f"{offset}: the broker lost the log (restarted without its data?); see "
+                             f"{self._probe.lost}: the broker lost the log (restarted without its data?); see "
                              f"docs/operations.md, 'Broker lost'")
 
     def close(self) -> None:
