@@ -5,7 +5,8 @@ process; Ray workers with `--runtime ray`), and a client process of its own send
 on the schedule t0 + i/R whatever happens to them: an open loop. Each request's latency runs
 from its *scheduled* send time to its outcome's arrival at the client, so a pipeline that
 stalls cannot slow the client down and hide the queue it builds (no coordinated omission).
-Before the clock starts, a warm-up waits until the engine answers.
+Before the clock starts, a warm-up waits until the engine answers; before the first rate,
+an unreported round of BROKER_WARMUP_S seconds warms the broker's JVM.
 
 Where the time goes comes from the records' own Kafka timestamps (CreateTime, set by each
 producer; everything runs on one machine, so on one clock):
@@ -40,6 +41,7 @@ from ordo.benchmarks.requests import encode_requests, workload_requests
 
 HOPS = ("send", "sequencing", "execution", "delivery")
 WARMUP_REQUESTS = 20
+BROKER_WARMUP_S = 15.0
 
 
 # -- the client (a process of its own) -----------------------------------------------
@@ -330,6 +332,12 @@ def run_latency(workload: str, rates: list[float], partitions: int, scheduler: s
     root = tempfile.mkdtemp(prefix="ordo-latency-")
     try:
         with local_broker() as broker:
+            # A broker just started runs its code interpreted until the JVM has compiled it:
+            # the first seconds of traffic see several times the latency of the rest. A
+            # round at the highest rate, not reported, warms it up as a long-running broker is.
+            say(f"  warming up the broker: {BROKER_WARMUP_S:g} s at {max(rates):g} req/s, not reported")
+            measure_rate(broker.bootstrap_servers, workload, knobs, max(rates), BROKER_WARMUP_S, scheduler, partitions,
+                         max_txns, runtime, os.path.join(root, "warm-up"), seed)
             for i, rate in enumerate(rates):
                 run = measure_rate(broker.bootstrap_servers, workload, knobs, rate, seconds, scheduler, partitions,
                                    max_txns, runtime, os.path.join(root, f"rate-{i}"), seed)
