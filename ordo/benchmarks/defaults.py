@@ -8,4 +8,4 @@ DEFAULT_BATCH = 200
 # Share of the measured end-to-end throughput at which latency is taken.
 LATENCY_LOAD = 0.5
 PREFILL_DELAY_MS = 250.0  # pre-filled logs: batches are cut by size, not by time
-PACED_MAX_RATE = 20_000  # end-to-end requests/s the paced phases are prepared for
+PACED_MAX_RATE = 60_000  # end-to-end requests/s the paced phases are prepared for

@@ -310,8 +310,7 @@ def measure_rate(bootstrap: str, workload: str, knobs: dict, rate: float, second
 def run_latency(workload: str, rates: list[float], partitions: int, scheduler: str, seconds: float, seed: int,
                 knobs: dict, max_txns: int, runtime: str = "auto", json_path: str | None = None) -> dict[str, Any]:
     from ordo.benchmarks.runners import shutdown_ray
-    from sequencer.broker import default_engine, local_broker
-    from sequencer.kafka_broker import KAFKA_VERSION
+    from sequencer.broker import local_broker
 
     if not rates or any(r <= 0 for r in rates):
         raise ValueError("--rate takes a comma-separated list of request rates > 0, e.g. 500,1000")
@@ -323,9 +322,6 @@ def run_latency(workload: str, rates: list[float], partitions: int, scheduler: s
     report: dict[str, Any] = {"workload": workload, "scheduler": scheduler, "partitions": partitions,
                               "runtime": runtime, "seconds": seconds, "knobs": knobs, "batch_size": max_txns,
                               "machine": machine(), "runs": []}
-    engine = default_engine()
-    report["machine"]["broker"] = (f"local Apache Kafka {KAFKA_VERSION}" if engine == "kafka"
-                                   else "local tansu (memory only)")
     say(f"ordo bench latency {workload} ({scheduler}, {partitions} partition(s), {runtime} runtime): "
         f"open loop at {', '.join(f'{r:g}' for r in rates)} req/s, {seconds:g} s each, "
         f"{len(os.sched_getaffinity(0))} cores")

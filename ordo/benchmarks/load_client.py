@@ -107,7 +107,10 @@ def _client(bootstrap: str, namespace: str, warmup: list, burst: list, paced: li
         remaining = list(paced)
         for name, load, seconds in phases:
             rate = load * throughput
-            count = max(50, min(len(remaining), int(rate * seconds)))
+            count = max(50, int(rate * seconds))
+            if count > len(remaining):
+                raise ValueError(f"the {name} phase needs {count:,} paced requests at {rate:,.0f}/s and "
+                                 f"{len(remaining):,} are left: raise PACED_MAX_RATE (ordo/benchmarks/defaults.py)")
             chosen, remaining = remaining[:count], remaining[count:]
             produced: dict[str, float] = {}
             started = time.perf_counter()

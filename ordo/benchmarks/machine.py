@@ -36,9 +36,17 @@ def machine() -> dict:
         "python": platform.python_version(),
         "system": platform.platform(),
         "load_average": [round(x, 2) for x in os.getloadavg()],
-        "broker": "local tansu (memory only)",
+        "broker": broker_description(),
         "versions": versions,
     }
+
+
+def broker_description() -> str:
+    """The broker every `ordo bench` starts here (ORDO_BROKER_ENGINE picks it)."""
+    from sequencer.broker import default_engine
+    from sequencer.kafka_broker import KAFKA_VERSION
+
+    return f"local Apache Kafka {KAFKA_VERSION}" if default_engine() == "kafka" else "local tansu (memory only)"
 
 
 def finish_report(report: dict, json_path: str | None) -> dict:
