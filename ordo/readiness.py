@@ -14,24 +14,16 @@ from __future__ import annotations
 import time
 
 
-def log_end(bootstrap: str, log_topic: str, timeout: float = 30.0) -> int:
-    """The offset the log's next record will get (its high watermark), asked of the broker."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    from sequencer.kafka import kafka_config
-
-    consumer = Consumer(kafka_config(bootstrap, {"group.id": f"{log_topic}.readiness", "enable.auto.commit": False}))
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                return consumer.get_watermark_offsets(TopicPartition(log_topic, 0), timeout=5, cached=False)[1]
-            except Exception:  # a partition between leaders answers again shortly
-                if time.monotonic() >= deadline:
-                    raise
-                time.sleep(0.1)
-    finally:
-        consumer.close()
+def log_end(coordinator, timeout: float = 30.0) -> int:
+    """The log's end offset now, asked again while its partition is between leaders."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return coordinator.log_end(timeout=5)
+        except Exception:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.1)
 
 
 def serving(statuses: list[dict], log_end_before_start: int) -> bool:

@@ -246,7 +246,6 @@ def serve_all(bootstrap: str, namespace: str, data_dir: str, scheduler: str, par
               placement: dict | None = None, checkpointing: dict | None = None, log_replication: int = 1,
               metrics_port: int | None = None) -> int:
     from ordo.metrics import engine_observer
-
     from ordo.readiness import Readiness, log_end
 
     started = time.monotonic()
@@ -260,7 +259,7 @@ def serve_all(bootstrap: str, namespace: str, data_dir: str, scheduler: str, par
     on_termination(coordinator.stop)
     on_checkpoint_signal(coordinator)
     announce_start(coordinator)
-    readiness = Readiness(log_end(bootstrap, Topics(namespace).log), started, sys.stderr)
+    readiness = Readiness(log_end(coordinator), started, sys.stderr)
     sequencer.start()
     sequencers = f"{config.sequencers} sequencers, " if config.sequencers > 1 else ""
     print(f"ordo running: namespace {namespace}, {sequencers}{scheduler} scheduler, {partitions} partition(s), "

@@ -84,7 +84,7 @@ class Coordinator:
         latest = self.checkpoints.latest()
         self._listed_checkpoint = latest["batch"] if latest else 0
         self._statuses: list[dict] = []
-        self._lag_consumer = None  # asks only for the log's end: never assigned, so never fetching
+        self._lag_consumer = None  # see log_end
         self._closed = False
 
     def _resume_cursor(self) -> LogCursor:
@@ -214,6 +214,16 @@ class Coordinator:
         misreport watermarks)."""
         if not self._statuses:
             return "?"
+        try:
+            return max(0, self.log_end(timeout=0.5) - min(s["next_offset"] for s in self._statuses))
+        except Exception:
+            return "?"
+
+    def log_end(self, timeout: float) -> int:
+        """The log's end offset (its high watermark), asked of the broker; raises if it does
+        not answer within `timeout`. The consumer asked is never assigned, so never fetching:
+        the broker answers it at once (a consumer with a fetch outstanding would be answered
+        only after that fetch)."""
         from confluent_kafka import Consumer, TopicPartition
 
         from sequencer.kafka import kafka_config
@@ -221,12 +231,8 @@ class Coordinator:
         if self._lag_consumer is None:
             self._lag_consumer = Consumer(kafka_config(self.bootstrap, {"group.id": f"{self.topics.namespace}.lag",
                                                                         "enable.auto.commit": False}))
-        try:
-            _, high = self._lag_consumer.get_watermark_offsets(TopicPartition(self.topics.log, 0), timeout=0.5,
-                                                               cached=False)
-        except Exception:
-            return "?"
-        return max(0, high - min(s["next_offset"] for s in self._statuses))
+        return self._lag_consumer.get_watermark_offsets(TopicPartition(self.topics.log, 0), timeout=timeout,
+                                                        cached=False)[1]
 
     def close(self) -> None:
         """Stop the workers; what they executed is applied once its outputs are out."""

@@ -63,9 +63,9 @@ class RecordProbe:
     def end_offset(self) -> int | None:
         """The log's end offset, records of open transactions included (a read_committed
         consumer is told the last stable offset instead); None if the broker did not say."""
-        return self._end()[0]
+        return self.end_and_error()[0]
 
-    def _end(self) -> tuple[int | None, int | None]:
+    def end_and_error(self) -> tuple[int | None, int | None]:
         """(end offset, None), or (None, the error's code) when the broker did not say."""
         try:
             return self._consumer.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=2, cached=False)[1], None
@@ -73,7 +73,7 @@ class RecordProbe:
             return None, exc.args[0].code() if exc.args and hasattr(exc.args[0], "code") else None
 
     def _absent_by_end(self, offset: int) -> str | None:
-        end, error = self._end()
+        end, error = self.end_and_error()
         if end is None:
             return "absent" if error in GONE else None
         return "absent" if end <= offset else None
@@ -102,7 +102,7 @@ class LogWatch:
     """The questions a log's readers and writers ask the broker now and then, asked in a
     thread of its own every `every` seconds: does the broker still hold the record noted
     last (`lost` becomes that record's offset once it is gone for good), and where does the
-    log end (`end`, as RecordProbe._end answers). A Kafka broker answers the requests of one
+    log end (`end`, as RecordProbe.end_and_error answers). A Kafka broker answers the requests of one
     connection in order, so such a question on a consumer with a fetch outstanding waits out
     the fetch (about 50 ms); asked from the hot loop, that would stall every request behind it."""
 
@@ -124,7 +124,7 @@ class LogWatch:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                self.end = self._probe._end()
+                self.end = self._probe.end_and_error()
                 self.answered.set()
                 noted = self._noted
                 if noted is not None and self.lost is None and self._probe.holds(*noted) is False:

@@ -41,6 +41,8 @@ class Topics:
 
 
 # The log is the source of truth: it keeps every record for ever, and is never compacted.
+# How long a topic must stay unknown to a cluster before it counts as missing (described()).
+SETTLE = 10.0
 LOG_SETTINGS = {"retention.ms": "-1", "retention.bytes": "-1", "cleanup.policy": "delete"}
 
 
@@ -88,26 +90,37 @@ def wait_for_leaders(admin: AdminClient, names: list[str], timeout: float = 30.0
     """Until every partition of `names` has a leader: a topic's creation is acknowledged
     before its partitions are led, and a client that asks a partition for its offsets or
     records in between is told "not leader"."""
-    deadline = time.monotonic() + timeout
-    while names:
-        metadata = admin.list_topics(timeout=timeout).topics
-        names = [name for name in names if name not in metadata or metadata[name].error is not None
-                 or not metadata[name].partitions
-                 or any(p.leader < 0 or p.error is not None for p in metadata[name].partitions.values())]
-        if names and time.monotonic() > deadline:
-            raise RuntimeError(f"topics {', '.join(names)} have no leader {timeout:.0f} s after their creation: "
-                               f"is every broker of the cluster up?")
-        if names:
-            time.sleep(0.05)
+    found = described(admin, names, settle=timeout, led=True)
+    unled = [name for name, metadata in found.items() if metadata is None]
+    if unled:
+        raise RuntimeError(f"topics {', '.join(unled)} have no leader {timeout:.0f} s after their creation: "
+                           f"is every broker of the cluster up?")
+
+
+def described(admin: AdminClient, names: list[str], settle: float, led: bool = False) -> dict:
+    """Each topic of `names` as the cluster describes it (with its partitions, each led if
+    `led`), or None for one it does not describe so within `settle` seconds. The nodes of a
+    cluster learn of a new topic, its partitions and their leaders one by one, so an answer
+    that a topic is unknown, or has no partitions, counts only once it has held that long."""
+    deadline = time.monotonic() + settle
+    while True:
+        listed = admin.list_topics(timeout=max(settle, 1.0)).topics
+        found = {name: listed.get(name) for name in names}
+        for name, metadata in found.items():
+            if (metadata is None or metadata.error is not None or not metadata.partitions
+                    or led and any(p.leader < 0 or p.error is not None for p in metadata.partitions.values())):
+                found[name] = None
+        if all(found.values()) or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.05)
 
 
 def check_topics(bootstrap: str, topics: Topics, timeout: float = 30.0) -> None:
     """The namespace's topics exist and the log has one partition; else a clear error
     (a producer would otherwise have the broker make them with its defaults)."""
     admin = AdminClient(kafka_config(bootstrap))
-    existing = admin.list_topics(timeout=timeout).topics
-    missing = [name for name in (topics.requests, topics.log, topics.results, topics.changes)
-               if name not in existing or existing[name].error is not None]
+    found = described(admin, [topics.requests, topics.log, topics.results, topics.changes], settle=SETTLE)
+    missing = [name for name, metadata in found.items() if metadata is None]
     if missing:
         raise RuntimeError(f"topics {', '.join(missing)} do not exist: create the namespace's topics first "
                            f"(`ordo run` creates them)")
@@ -117,15 +130,8 @@ def check_topics(bootstrap: str, topics: Topics, timeout: float = 30.0) -> None:
 def check_log(admin: AdminClient, topics: Topics, timeout: float = 30.0) -> None:
     """The log has one partition and keeps every record: with a finite retention its head
     would go, and with it the only way to rebuild state or restart the sequencer."""
-    # In a cluster, a node that has not caught up with the controller yet can describe a
-    # topic created a moment ago without its partitions: ask again, within the timeout.
-    deadline = time.monotonic() + timeout
-    while True:
-        existing = admin.list_topics(topics.log, timeout=timeout).topics
-        log_partitions = len(existing[topics.log].partitions)
-        if log_partitions or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
+    log = described(admin, [topics.log], settle=timeout)[topics.log]
+    log_partitions = len(log.partitions) if log is not None else 0
     if log_partitions != 1:
         raise RuntimeError(f"topic {topics.log} has {log_partitions} partitions; the log needs exactly 1")
     try:
@@ -154,16 +160,8 @@ def request_partitions_for(bootstrap: str, topics: Topics, sequencers: int) -> i
     return partitions
 
 
-def partition_count(bootstrap: str, topic: str, timeout: float = 30.0, settle: float = 10.0) -> int:
-    """How many partitions `topic` has. The nodes of a cluster learn of a new topic one by
-    one, so a node that has not yet may call it unknown: that answer counts only once it
-    has held for `settle` seconds."""
-    admin = AdminClient(kafka_config(bootstrap))
-    deadline = time.monotonic() + settle
-    while True:
-        metadata = admin.list_topics(topic, timeout=timeout).topics.get(topic)
-        if metadata is not None and metadata.error is None and metadata.partitions:
-            return len(metadata.partitions)
-        if time.monotonic() >= deadline:
-            raise RuntimeError(f"topic {topic} does not exist")
-        time.sleep(0.1)
+def partition_count(bootstrap: str, topic: str, settle: float = SETTLE) -> int:
+    metadata = described(AdminClient(kafka_config(bootstrap)), [topic], settle=settle)[topic]
+    if metadata is None:
+        raise RuntimeError(f"topic {topic} does not exist")
+    return len(metadata.partitions)

