@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -14,12 +15,50 @@ from sequencer.sequencer import SequencerConfig
 SCHEDULER_CHOICES = ("serial", "locking", "vll", "opchain")
 
 
+def _integer(low: int, high: int | None = None):
+    """An argparse type: an integer from `low` to `high`; the error names the range, and
+    argparse (or ordo.config, for ORDO_* and the settings file) names the option."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low or (high is not None and value > high):
+            within = f"of {low:,} or more" if high is None else f"from {low:,} to {high:,}"
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer {within}")
+        return value
+    return parse
+
+
+def _seconds(low: float, high: float, *, above: bool = False):
+    """An argparse type: a finite number from `low` (excluded with `above`) to `high`."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (value > low if above else value >= low) or not value <= high:  # NaN fails both
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number {'above' if above else 'from'} {low:g} "
+                                             f"{'and at most' if above else 'to'} {high:,g}")
+        return value
+    return parse
+
+
+# The ranges a setting may take. librdkafka consumes at most 1,000,000 messages a call; an
+# epoch longer than a minute, or a wait longer than a day, is a typing mistake.
+PORT = _integer(0, 65535)
+COUNT = _integer(1)
+BATCH_TXNS = _integer(1, 1_000_000)
+EPOCH_MS = _seconds(0, 60_000, above=True)
+WAIT_S = _seconds(0, 86_400)
+
+
 def _kafka(p: argparse.ArgumentParser, namespace: bool = True) -> None:
     p.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT", help="Kafka bootstrap servers")
     p.add_argument("--kafka-config", metavar="FILE",
                    help="librdkafka settings for every Kafka client (security, timeouts…): a .properties, .toml "
                         "or .json file; ORDO_KAFKA_<SETTING> in the environment wins over it")
-    p.add_argument("--wait-for-broker", type=float, default=0.0, metavar="S",
+    p.add_argument("--wait-for-broker", type=WAIT_S, default=0.0, metavar="S",
                    help="wait up to S seconds for a broker that is still starting (default: a broker must "
                         "answer within 5 s)")
     if namespace:
@@ -29,14 +68,14 @@ def _kafka(p: argparse.ArgumentParser, namespace: bool = True) -> None:
 def _sequencer_options(p: argparse.ArgumentParser) -> None:
     d = SequencerConfig()
     g = p.add_argument_group("sequencer")
-    g.add_argument("--max-delay-ms", type=float, default=d.max_delay_ms, help="epoch length (default %(default)s)")
-    g.add_argument("--max-txns", type=int, default=d.max_txns, help="requests per batch at most (default %(default)s)")
-    g.add_argument("--max-bytes", type=int, default=d.max_bytes, help="bytes per batch record at most (default %(default)s)")
-    g.add_argument("--max-request-bytes", type=int, default=d.max_request_bytes,
+    g.add_argument("--max-delay-ms", type=EPOCH_MS, default=d.max_delay_ms, help="epoch length (default %(default)s)")
+    g.add_argument("--max-txns", type=BATCH_TXNS, default=d.max_txns, help="requests per batch at most (default %(default)s)")
+    g.add_argument("--max-bytes", type=COUNT, default=d.max_bytes, help="bytes per batch record at most (default %(default)s)")
+    g.add_argument("--max-request-bytes", type=COUNT, default=d.max_request_bytes,
                    help="larger requests are rejected (default %(default)s)")
-    g.add_argument("--dedupe-window", type=int, default=d.dedupe_window,
+    g.add_argument("--dedupe-window", type=COUNT, default=d.dedupe_window,
                    help="recent request ids remembered to reject duplicates (default %(default)s)")
-    g.add_argument("--sequencers", type=int, default=d.sequencers, metavar="S",
+    g.add_argument("--sequencers", type=COUNT, default=d.sequencers, metavar="S",
                    help="sequencers sharing the request partitions, each with its own process and producer; "
                         "needs at least S request partitions (default %(default)s)")
 
@@ -49,10 +88,10 @@ def _sequencer_config(args) -> SequencerConfig:
 def _engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", required=True, metavar="DIR", help="where the RocksDB shards live")
     p.add_argument("--scheduler", choices=SCHEDULER_CHOICES, default="serial")
-    p.add_argument("--partitions", type=int, default=1, metavar="N", help="partition workers (default 1)")
+    p.add_argument("--partitions", type=COUNT, default=1, metavar="N", help="partition workers (default 1)")
     _placement_options(p)
     p.add_argument("--quiet", action="store_true", help="no progress lines")
-    p.add_argument("--metrics-port", type=int, metavar="PORT",
+    p.add_argument("--metrics-port", type=PORT, metavar="PORT",
                    help="serve Prometheus metrics on 127.0.0.1:PORT (0: a free port, printed at start)")
 
 
@@ -103,10 +142,10 @@ def _procedure_specs(args) -> tuple[str, ...]:
 
 def _checkpoint_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("checkpoints and recovery")
-    g.add_argument("--checkpoint-every", type=int, default=100, metavar="K",
+    g.add_argument("--checkpoint-every", type=_integer(0), default=100, metavar="K",
                    help="checkpoint every shard each K batches (0: never; default %(default)s); "
                         "SIGUSR1 asks a running engine for one at the next batch")
-    g.add_argument("--keep-checkpoints", type=int, default=2, metavar="N",
+    g.add_argument("--keep-checkpoints", type=COUNT, default=2, metavar="N",
                    help="complete checkpoints kept, older ones pruned (default %(default)s)")
     how = g.add_mutually_exclusive_group()
     how.add_argument("--from-checkpoint", action="store_true",
@@ -117,8 +156,6 @@ def _checkpoint_options(p: argparse.ArgumentParser) -> None:
 
 
 def _checkpointing(args) -> dict:
-    if args.checkpoint_every < 0:
-        raise ValueError("--checkpoint-every must be 0 (never) or more")
     restore = "checkpoint" if args.from_checkpoint else "scratch" if args.from_scratch else "auto"
     return {"checkpoint_every": args.checkpoint_every, "keep_checkpoints": args.keep_checkpoints,
             "restore": restore}
@@ -144,12 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("broker", help="run Apache Kafka (KRaft) on 127.0.0.1 in the foreground")
-    p.add_argument("--port", type=int, default=None,
+    p.add_argument("--port", type=PORT, default=None,
                    help="client port of the first node on 127.0.0.1 (default: a free one, kept in --data-dir)")
     p.add_argument("--data-dir", default="ordo-broker-data", metavar="DIR",
                    help="where the nodes keep their logs; started again on it, the broker has everything "
                         "it had (default %(default)s)")
-    p.add_argument("--nodes", type=int, default=1, metavar="N",
+    p.add_argument("--nodes", type=COUNT, default=1, metavar="N",
                    help="KRaft nodes (broker and controller each) on loopback ports; 3 for replication "
                         "(default %(default)s)")
     p.add_argument("--engine", choices=("kafka", "tansu"), default=None,
@@ -160,9 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
     _kafka(p)
     _engine_options(p)
     _checkpoint_options(p)
-    p.add_argument("--request-partitions", type=int, default=None, metavar="R",
+    p.add_argument("--request-partitions", type=COUNT, default=None, metavar="R",
                    help="partitions of <ns>.requests when it is created (default: the sequencer count)")
-    p.add_argument("--log-replication", type=int, default=1, metavar="N",
+    p.add_argument("--log-replication", type=COUNT, default=1, metavar="N",
                    help="replicas of the namespace's topics when they are created; with 3 or more, "
                         "<ns>.log also gets min.insync.replicas=2 (default 1)")
     _sequencer_options(p)
@@ -170,10 +207,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sequence", help="run only the sequencer (one of --sequencers)")
     _kafka(p)
     _sequencer_options(p)
-    p.add_argument("--sequencer-index", type=int, default=0, metavar="K",
+    p.add_argument("--sequencer-index", type=_integer(0), default=0, metavar="K",
                    help="with --sequencers S: this is sequencer K, 0 <= K < S; it takes the request partitions "
                         "p with p %% S == K (default 0)")
-    p.add_argument("--partitions", type=int, default=1, metavar="N",
+    p.add_argument("--partitions", type=COUNT, default=1, metavar="N",
                    help="the engine's partition count, for which each batch records its routing (default 1; "
                         "an engine with another count places every entry itself)")
     _procedure_options(p)
@@ -188,12 +225,12 @@ def build_parser() -> argparse.ArgumentParser:
     _kafka(p)
     p.add_argument("--data-dir", required=True, metavar="DIR", help="where the RocksDB shards live")
     p.add_argument("--scheduler", choices=SCHEDULER_CHOICES, default="serial")
-    p.add_argument("--partitions", type=int, default=None, metavar="N",
+    p.add_argument("--partitions", type=COUNT, default=None, metavar="N",
                    help="partition workers (default: as DIR is laid out, else 1)")
     _placement_options(p)
     p.add_argument("--quiet", action="store_true", help="no progress line")
     _checkpoint_options(p)
-    p.add_argument("--idle", type=float, default=2.0, metavar="SECONDS",
+    p.add_argument("--idle", type=_seconds(0, 86_400, above=True), default=2.0, metavar="SECONDS",
                    help="the head of the log is reached once no batch has arrived for this long "
                         "(broker watermarks are not trusted; default %(default)s)")
     p.add_argument("--checkpoint", action="store_true", help="checkpoint the shards at the head before exiting")
@@ -206,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--args", default="{}", metavar="JSON", help="arguments object for --proc")
     p.add_argument("--id", help="request id for --proc (default: a fresh one)")
     p.add_argument("--wait", action="store_true", help="wait for every outcome and print a summary")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for outcomes")
+    p.add_argument("--timeout", type=WAIT_S, default=120.0, help="seconds to wait for outcomes")
 
     p = sub.add_parser("gen", help="print workload requests as JSON lines")
     p.add_argument("workload", nargs="?", help="micro, sl, gs, ob or tp (see `ordo gen --list`)")
@@ -313,6 +350,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"ordo {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a disk or directory problem: the path and the cause
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"ordo {args.command}: {where}{exc.strerror or exc}", file=sys.stderr)
         return 2
     except KafkaException as exc:
         print(f"ordo {args.command}: Kafka: {exc.args[0].str() if exc.args else exc}", file=sys.stderr)

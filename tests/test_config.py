@@ -81,7 +81,7 @@ def test_top_level_settings_apply_only_to_commands_that_have_the_option(settings
     ('[run]\ncount = 3\n', {}, "unknown setting 'count' at the [run]"),
     ('[rnu]\npartitions = 2\n', {}, "[rnu] is not a command (did you mean [run]?)"),
     ('[spark.prodcue]\ncount = 2\n', {}, "[spark.prodcue] is not a command (did you mean [spark.produce]?)"),
-    ('[run]\npartitions = "two"\n', {}, "[run]: --partitions: invalid literal for int()"),
+    ('[run]\npartitions = "two"\n', {}, "[run]: --partitions: 'two' is not an integer of 1 or more"),
     ('[run]\nscheduler = "fifo"\n', {}, "--scheduler: 'fifo' is not one of serial, locking, vll, opchain"),
     ("partitions = [", {}, "is not valid TOML"),
     ("", {"ORDO_QUIET": "maybe"}, "ORDO_QUIET: --quiet: expected true or false, got 'maybe'"),
