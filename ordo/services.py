@@ -171,25 +171,49 @@ def _log_level() -> str:
     return name if name in ("debug", "info", "warning", "error") else "warning"
 
 
+# A sequencer that exits with an error this soon after it started, this many times in a
+# row, fails at start-up (a procedure module it cannot import, a setting it refuses):
+# starting it again would only repeat the failure, so the engine stops with its reason.
+FAST_FAILURE_S = 15.0
+FAST_FAILURES = 3
+
+
 class SequencerProcess:
     """A sequencer in a child process of its own (its own core, its own GIL), restarted
-    if it dies: a restart fences the old one and resumes from the log."""
+    if it dies: a restart fences the old one and resumes from the log. One that keeps
+    failing at start-up is given up: `failure` says why and `on_failure` is called."""
 
     def __init__(self, bootstrap: str, namespace: str, config: SequencerConfig,
-                 procedure_modules: tuple[str, ...] = ()):
+                 procedure_modules: tuple[str, ...] = (), on_failure: Callable[[], None] | None = None):
         self._command = sequencer_command(bootstrap, namespace, config, procedure_modules)
         self._name = "sequencer" if config.sequencers == 1 else f"sequencer {config.index}"
         self._process: subprocess.Popen | None = None
         self._stopping = threading.Event()
         self._watch = threading.Thread(target=self._supervise, daemon=True)
+        self._on_failure = on_failure
+        self._relaying: threading.Thread | None = None
+        self._last_line = ""  # the child's last line on standard error: its reason, when it fails
         self.restarts = 0
+        self.failure: str | None = None
 
     def _spawn(self) -> subprocess.Popen:
         # The child dies with this process (die_with_parent). The kernel ties that to the
         # thread that forks it: the main thread here, the supervisor for a restart; both
         # live as long as the engine serves.
-        return subprocess.Popen(self._command, env={**os.environ, "PYTHONUNBUFFERED": "1",
-                                                    PARENT_ENV: str(os.getpid())})
+        process = subprocess.Popen(self._command, stderr=subprocess.PIPE,
+                                   env={**os.environ, "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())})
+        self._relaying = threading.Thread(target=self._relay, args=(process.stderr,), daemon=True)
+        self._relaying.start()
+        return process
+
+    def _relay(self, stream) -> None:
+        """Pass the child's standard error on, keeping its last line."""
+        for raw in stream:
+            line = raw.decode("utf-8", "replace")
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            if line.strip():
+                self._last_line = line.strip()
 
     def start(self) -> None:
         self._process = self._spawn()
@@ -200,14 +224,29 @@ class SequencerProcess:
         return self._process.pid if self._process else None
 
     def _supervise(self) -> None:
+        fast_failures = 0
         while not self._stopping.is_set():
+            started = time.monotonic()
             code = self._process.wait()
             if self._stopping.is_set():
+                return
+            # A signal (negative code) is a kill from outside, not a failure of its own.
+            fast_failures = fast_failures + 1 if code > 0 and time.monotonic() - started < FAST_FAILURE_S else 0
+            if fast_failures >= FAST_FAILURES:
+                self._give_up(code)
                 return
             print(f"{self._name} exited with {code}; restarting", file=sys.stderr, flush=True)
             time.sleep(0.5)
             self.restarts += 1
             self._process = self._spawn()
+
+    def _give_up(self, code: int) -> None:
+        self._relaying.join(5)  # the child's last words
+        reason = self._last_line or f"exit status {code}"
+        self.failure = (f"the {self._name} failed {FAST_FAILURES} times within {FAST_FAILURE_S:.0f} s of starting, "
+                        f"not restarting it: {reason}")
+        if self._on_failure is not None:
+            self._on_failure()
 
     def stop(self, timeout: float = 30.0) -> None:
         self._stopping.set()
@@ -224,8 +263,9 @@ class SequencerProcesses:
     """The S sequencers of `--sequencers S`, each a SequencerProcess."""
 
     def __init__(self, bootstrap: str, namespace: str, config: SequencerConfig,
-                 procedure_modules: tuple[str, ...] = ()):
-        self.processes = [SequencerProcess(bootstrap, namespace, replace(config, index=k), procedure_modules)
+                 procedure_modules: tuple[str, ...] = (), on_failure: Callable[[], None] | None = None):
+        self.processes = [SequencerProcess(bootstrap, namespace, replace(config, index=k), procedure_modules,
+                                           on_failure)
                           for k in range(config.sequencers)]
 
     def start(self) -> None:
@@ -235,6 +275,11 @@ class SequencerProcesses:
     @property
     def restarts(self) -> int:
         return sum(process.restarts for process in self.processes)
+
+    @property
+    def failure(self) -> str | None:
+        """Why a sequencer was given up, if one was."""
+        return next((process.failure for process in self.processes if process.failure), None)
 
     def stop(self, timeout: float = 30.0) -> None:
         for process in self.processes:
@@ -255,7 +300,8 @@ def serve_all(bootstrap: str, namespace: str, data_dir: str, scheduler: str, par
     request_partitions_for(bootstrap, Topics(namespace), config.sequencers)
     coordinator = Coordinator(bootstrap, namespace, data_dir, scheduler, partitions, **placement,
                               **(checkpointing or {}))
-    sequencer = SequencerProcesses(bootstrap, namespace, config, placement.get("procedure_modules", ()))
+    sequencer = SequencerProcesses(bootstrap, namespace, config, placement.get("procedure_modules", ()),
+                                   on_failure=coordinator.stop)
     on_termination(coordinator.stop)
     on_checkpoint_signal(coordinator)
     announce_start(coordinator)
@@ -277,5 +323,7 @@ def serve_all(bootstrap: str, namespace: str, data_dir: str, scheduler: str, par
     finally:
         close_observer()
         sequencer.stop()
+    if sequencer.failure is not None:
+        raise RuntimeError(sequencer.failure)
     print(f"stopped after batch {coordinator.stats.last_batch}", file=sys.stderr, flush=True)
     return 0
