@@ -27,9 +27,28 @@ def shard_path(data_dir: str, partition: int) -> str:
     return os.path.join(data_dir, f"shard-{partition}")
 
 
+class DataDirError(RuntimeError):
+    """A data directory that cannot be used: says which and why."""
+
+
+def prepare_data_dir(data_dir: str) -> None:
+    """Create the data directory if it is missing and make sure it can be written, so that
+    a path that is a file, a read-only disk or a full one is one line before anything starts."""
+    if os.path.exists(data_dir) and not os.path.isdir(data_dir):
+        raise DataDirError(f"data directory {data_dir} is a file, not a directory: name a directory")
+    probe = os.path.join(data_dir, ".ordo-write-check")
+    try:
+        os.makedirs(data_dir, exist_ok=True)
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as exc:
+        raise DataDirError(f"data directory {data_dir} cannot be written: {exc.strerror or exc}") from None
+
+
 def check_layout(data_dir: str, partitions: int) -> None:
     """A data directory is laid out for one partition count; say so rather than mix."""
-    os.makedirs(data_dir, exist_ok=True)
+    prepare_data_dir(data_dir)
     path = os.path.join(data_dir, LAYOUT_FILE)
     if os.path.exists(path):
         with open(path) as f:

@@ -41,13 +41,35 @@ class ShardCorrupt(RuntimeError):
         super().__init__(f"shard {path} is corrupt: {detail}")
 
 
+class ShardUnwritable(RuntimeError):
+    """RocksDB cannot write a shard (its disk is full, its directory read-only): the engine
+    cannot go on until the operator makes room, and then resumes from the log."""
+
+    def __init__(self, path: str, detail: str):
+        self.path = path
+        self.detail = detail
+        super().__init__(f"cannot write shard {path}: {detail}; free space on (or give write access to) its disk, "
+                         f"then start again: the engine resumes from the log")
+
+
+def _detail(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+
+
 def _failure(path: str, exc: Exception) -> RuntimeError:
     """What a RocksDB error means for a shard. rocksdict raises a bare Exception whose
     text is RocksDB's status ("Corruption: …", "IO error: …")."""
-    detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    detail = _detail(exc)
     if detail.startswith("Corruption"):
         return ShardCorrupt(path, detail)
     return RuntimeError(f"shard {path} cannot be read: {detail}")
+
+
+def _write_failure(path: str, exc: Exception) -> RuntimeError:
+    detail = _detail(exc)
+    if detail.startswith("Corruption"):
+        return ShardCorrupt(path, detail)
+    return ShardUnwritable(path, detail)
 
 
 def _scan_options() -> ReadOptions:
@@ -71,8 +93,14 @@ class RocksShard:
             except Exception as exc:
                 raise _failure(path, exc) from None
         else:
-            os.makedirs(path, exist_ok=True)
-            self._db = Rdict(path, _options())
+            try:
+                os.makedirs(path, exist_ok=True)
+                self._db = Rdict(path, _options())
+            except OSError as exc:
+                raise ShardUnwritable(path, exc.strerror or str(exc)) from None
+            except Exception as exc:
+                raise _write_failure(path, exc) from None
+        self._write_failed: RuntimeError | None = None
         self._write_options = WriteOptions()
         # Without sync, an applied batch survives a process crash (the WAL is in the OS
         # page cache) but not a power loss; sync=True buys the latter per batch.
@@ -96,7 +124,11 @@ class RocksShard:
             key = TRACE_PREFIX + b"%012d" % marker["batch"]
             count = self._db.get(key)
             batch.put(key, msgpack.packb(1 if count is None else msgpack.unpackb(count) + 1))
-        self._db.write(batch, self._write_options)
+        try:
+            self._db.write(batch, self._write_options)
+        except Exception as exc:
+            self._write_failed = _write_failure(self.path, exc)
+            raise self._write_failed from None
 
     def applied(self) -> dict[str, Any] | None:
         try:
@@ -164,10 +196,18 @@ class RocksShard:
     def checkpoint(self, path: str) -> None:
         from rocksdict import Checkpoint
 
-        Checkpoint(self._db).create_checkpoint(path)
+        try:
+            Checkpoint(self._db).create_checkpoint(path)
+        except Exception as exc:
+            raise _write_failure(path, exc) from None
 
     def close(self) -> None:
-        self._db.close()
+        try:
+            self._db.close()  # flushes the memtable: a full disk shows here too
+        except Exception as exc:
+            # After a failed write RocksDB only says "Writer has previous error": the first
+            # failure is the one that says what happened.
+            raise (self._write_failed or _write_failure(self.path, exc)) from None
 
     def __enter__(self) -> "RocksShard":
         return self
