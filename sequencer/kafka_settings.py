@@ -114,6 +114,8 @@ def read_settings_file(path: str) -> dict[str, str]:
             text = f.read()
     except OSError as exc:
         raise KafkaSettingsError(f"Kafka settings file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise KafkaSettingsError(f"Kafka settings file {path}: not UTF-8 text (byte {exc.start})") from None
     return parse_settings_text(text, file_kind(path), f"Kafka settings file {path}")
 
 
