@@ -439,16 +439,17 @@ def cmd_submit(args) -> int:
 
 def _submission_notes(submission, lines: list[int], single: bool) -> list[str]:
     """What the user must know about what was sent: requests the broker refused (not
-    waited for), requests without a usable id (their outcomes are named by position),
+    waited for), messages that are not requests with a usable id (their outcomes are
+    named by position),
     and ids sent more than once (one outcome per copy)."""
     what = (lambda i: "the request") if single else (lambda i: f"line {lines[i]}")
     notes = [f"{what(i)}: not sent: {reason}" for i, reason in sorted(submission.failed.items())[:5]]
     if len(submission.failed) > 5:
         notes.append(f"and {len(submission.failed) - 5} more not sent")
     for i in submission.by_position[:5]:
-        notes.append(f"{what(i)} has no usable 'id': the engine answers it as {submission.ids[i]}")
+        notes.append(f"{what(i)} is not a request with a usable 'id': the engine answers it as {submission.ids[i]}")
     if len(submission.by_position) > 5:
-        notes.append(f"and {len(submission.by_position) - 5} more without a usable id")
+        notes.append(f"and {len(submission.by_position) - 5} more answered by position")
     for request_id, copies in sorted(submission.duplicates().items())[:5]:
         notes.append(f"id {request_id!r} sent {copies} times: each copy gets an outcome (a copy the sequencer "
                      f"still remembers is rejected as a duplicate)")

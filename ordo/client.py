@@ -23,7 +23,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from sequencer.kafka import REQUEST_BATCHING, consumer_config, kafka_config
 from sequencer.topics import Topics
-from sequencer.wire import MAX_ID_LENGTH
+from sequencer.wire import fields_problem, id_problem
 
 Request = dict[str, Any] | bytes | tuple[str, bytes]
 
@@ -315,35 +315,34 @@ def _key_and_value(request: Request) -> tuple[str, bytes, str]:
     """(message key, message body, the id its outcome will carry: "" where the message's
     position will name it)."""
     if isinstance(request, dict):
-        value = json.dumps(request, separators=(",", ":")).encode()
-        request_id = request.get("id")
-        request_id = request_id if _usable_id(request_id) else ""
-        return request_id, value, request_id
+        request_id = _request_id(request)
+        return request_id, json.dumps(request, separators=(",", ":")).encode(), request_id
     if isinstance(request, tuple):
         key, value = request
-        return key, value, _raw_id(value) or (key[:MAX_ID_LENGTH] if key else "")
+        return key, value, _raw_id(value)
     request_id = _raw_id(request)
     return request_id, request, request_id
 
 
-def _usable_id(request_id: Any) -> bool:
-    """The id the engine will name the outcome by (sequencer/wire.py): else the message's
-    position names it."""
-    return isinstance(request_id, str) and 0 < len(request_id) <= MAX_ID_LENGTH
+def _request_id(body: Any) -> str:
+    """The id the engine will name the outcome by (sequencer/wire.py): "" for a body that
+    is not a request, whose outcome its position names."""
+    if not isinstance(body, dict) or id_problem(body.get("id")) or fields_problem(body):
+        return ""
+    return body["id"]
 
 
 def _raw_id(body: bytes) -> str:
     try:
-        request_id = json.loads(body).get("id")
+        return _request_id(json.loads(body))
     except Exception:
         return ""
-    return request_id if _usable_id(request_id) else ""
 
 
 def _outcome(raw: bytes | None) -> dict:
     try:
         outcome = json.loads(raw)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):  # anyone can write to <ns>.results: never crash on it
         return {"unreadable": raw}
     return outcome if isinstance(outcome, dict) else {"unreadable": raw}
 

@@ -5,6 +5,10 @@
 `parse_request` turns any bytes into a log entry, never an exception:
     [id, proc, args]   a request that will run
     [id, None, error]  a rejected request, with a clear reason
+A message that is not a request (its id unreadable, or not the three fields) is answered
+under its position in the topic, `@partition:offset`: never under an id it claims (in its
+body or its Kafka key), which may be another request's. No request id starts with '@', so
+a position cannot be a request's id either: every id has exactly one request's outcomes.
 and every entry it returns can be encoded into the log (msgpack): no text in it holds a
 lone surrogate, no integer exceeds 64 bits, no number is NaN or infinite, and nothing is
 nested deeper than `MAX_DEPTH`.
@@ -65,12 +69,34 @@ def _safe(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode()
 
 
-def fallback_id(key: bytes | None, partition: int, offset: int) -> str:
-    """The id of a message whose body has no usable id: its Kafka key, else its position."""
-    if key:
-        # "replace" turns bytes that are not UTF-8, surrogates included, into U+FFFD.
-        return key.decode("utf-8", errors="replace")[:MAX_ID_LENGTH]
-    return f"@{partition}:{offset}"
+POSITION_MARK = "@"  # starts the id of an outcome named by position; no request id may
+
+
+def position_id(partition: int, offset: int) -> str:
+    """The id that answers a message that is not a request: where it stands."""
+    return f"{POSITION_MARK}{partition}:{offset}"
+
+
+def id_problem(request_id) -> str | None:
+    """Why a body's 'id' cannot name a request, or None."""
+    if type(request_id) is not str or not request_id:
+        return "missing or invalid 'id' (non-empty string)"
+    if len(request_id) > MAX_ID_LENGTH:
+        return f"'id' longer than {MAX_ID_LENGTH} characters"
+    if request_id.startswith(POSITION_MARK):
+        return f"'id' must not start with '{POSITION_MARK}' (outcomes named by position use it)"
+    return None
+
+
+def fields_problem(body: dict) -> str | None:
+    """Why a body with a usable id is still not a request (not exactly id, proc, args)."""
+    missing = [field for field in ("proc", "args") if field not in body]
+    if missing:
+        return f"missing field(s): {', '.join(missing)}"
+    extra = sorted(set(body) - {"id", "proc", "args"})
+    if extra:
+        return f"unknown field(s): {', '.join(extra)}"
+    return None
 
 
 def parse_request(value: bytes | None, key: bytes | None, partition: int, offset: int,
@@ -81,43 +107,37 @@ def parse_request(value: bytes | None, key: bytes | None, partition: int, offset
 def parse_request_sets(value: bytes | None, key: bytes | None, partition: int, offset: int,
                        registry: Registry, max_bytes: int) -> tuple[list, tuple | None]:
     """`parse_request`, with the read and write sets ANALYZE gave an accepted request
-    (None for a rejected one), so that placing it needs no second ANALYZE."""
+    (None for a rejected one), so that placing it needs no second ANALYZE. The message's
+    Kafka key names nothing: only a readable body does."""
     if value is None:
-        return [fallback_id(key, partition, offset), None, "empty message"], None
+        return [position_id(partition, offset), None, "empty message"], None
     if len(value) > max_bytes:
-        return [fallback_id(key, partition, offset), None,
+        return [position_id(partition, offset), None,
                 f"request too large: {len(value)} bytes > limit {max_bytes}"], None
     try:
         # Strict, unlike json.loads (which lets surrogates encoded as bytes through).
         text = value.decode(json.detect_encoding(value))
     except UnicodeDecodeError as exc:
-        return [fallback_id(key, partition, offset), None, f"invalid JSON: not valid Unicode text: {exc}"], None
+        return [position_id(partition, offset), None, f"invalid JSON: not valid Unicode text: {exc}"], None
     # Bracket counts bound the depth from above; only a message with many of them is scanned.
     if text.count("[") + text.count("{") > MAX_DEPTH and _too_deep(text):
-        return [fallback_id(key, partition, offset), None, f"request nested deeper than {MAX_DEPTH} levels"], None
+        return [position_id(partition, offset), None, f"request nested deeper than {MAX_DEPTH} levels"], None
     try:
         body = _decode(text)
     except RecursionError:  # cannot happen below MAX_DEPTH; kept so no input can stop the sequencer
-        return [fallback_id(key, partition, offset), None, f"request nested deeper than {MAX_DEPTH} levels"], None
+        return [position_id(partition, offset), None, f"request nested deeper than {MAX_DEPTH} levels"], None
     except ValueError as exc:
-        return [fallback_id(key, partition, offset), None, f"invalid JSON: {exc}"], None
+        return [position_id(partition, offset), None, f"invalid JSON: {exc}"], None
     if "\\u" in text and _SURROGATE_ESCAPE.search(text) is not None:
         problem = value_problem(body)
         if problem is not None:
-            return [fallback_id(key, partition, offset), None, f"invalid request: {problem}"], None
+            return [position_id(partition, offset), None, f"invalid request: {problem}"], None
     if type(body) is not dict:
-        return [fallback_id(key, partition, offset), None, "request must be a JSON object"], None
+        return [position_id(partition, offset), None, "request must be a JSON object"], None
     request_id = body.get("id")
-    if type(request_id) is not str or not request_id:
-        return [fallback_id(key, partition, offset), None, "missing or invalid 'id' (non-empty string)"], None
-    if len(request_id) > MAX_ID_LENGTH:
-        return [fallback_id(key, partition, offset), None, f"'id' longer than {MAX_ID_LENGTH} characters"], None
-    missing = [field for field in ("proc", "args") if field not in body]
-    if missing:
-        return [request_id, None, f"missing field(s): {', '.join(missing)}"], None
-    extra = sorted(set(body) - {"id", "proc", "args"})
-    if extra:
-        return [request_id, None, f"unknown field(s): {', '.join(extra)}"], None
+    problem = id_problem(request_id) or fields_problem(body)
+    if problem is not None:
+        return [position_id(partition, offset), None, problem], None
     try:
         procedure, read_set, write_set = registry.analyze(body["proc"], body["args"])
     except RequestError as exc:

@@ -24,19 +24,20 @@ def test_valid_request_becomes_a_runnable_entry():
 
 
 @pytest.mark.parametrize("value, key, expected_id, error", [
-    (b"{nope", b"k-7", "k-7", "invalid JSON"),
+    (b"{nope", b"k-7", "@0:17", "invalid JSON"),
     (b"\xff\xfe", None, "@0:17", "invalid JSON"),
-    (None, b"k", "k", "empty message"),
-    (b"[1, 2]", b"k", "k", "request must be a JSON object"),
-    (json.dumps({"proc": "x", "args": {}}).encode(), b"k", "k", "missing or invalid 'id'"),
-    (json.dumps({"id": 5, "proc": "x", "args": {}}).encode(), b"k", "k", "missing or invalid 'id'"),
-    (json.dumps({"id": "a", "args": {}}).encode(), b"k", "a", "missing field(s): proc"),
-    (json.dumps({"id": "a", "proc": "sl_deposit"}).encode(), b"k", "a", "missing field(s): args"),
-    (json.dumps({**GOOD, "code": "import os"}).encode(), b"k", "r-1", "unknown field(s): code"),
+    (None, b"k", "@0:17", "empty message"),
+    (b"[1, 2]", b"k", "@0:17", "request must be a JSON object"),
+    (json.dumps({"proc": "x", "args": {}}).encode(), b"k", "@0:17", "missing or invalid 'id'"),
+    (json.dumps({"id": 5, "proc": "x", "args": {}}).encode(), b"k", "@0:17", "missing or invalid 'id'"),
+    (json.dumps({"id": "@0:3", "proc": "x", "args": {}}).encode(), b"k", "@0:17", "must not start with '@'"),
+    (json.dumps({"id": "a", "args": {}}).encode(), b"k", "@0:17", "missing field(s): proc"),
+    (json.dumps({"id": "a", "proc": "sl_deposit"}).encode(), b"a", "@0:17", "missing field(s): args"),
+    (json.dumps({**GOOD, "code": "import os"}).encode(), b"k", "@0:17", "unknown field(s): code"),
     (json.dumps({**GOOD, "proc": "drop_tables"}).encode(), b"k", "r-1", "unknown procedure 'drop_tables'"),
     (json.dumps({**GOOD, "args": {**GOOD["args"], "asset": "x"}}).encode(), b"k", "r-1",
      "argument 'asset': expected integer"),
-    (b"x" * 2000, b"big", "big", "request too large: 2000 bytes > limit 1000"),
+    (b"x" * 2000, b"big", "@0:17", "request too large: 2000 bytes > limit 1000"),
 ])
 def test_bad_messages_become_rejections_never_exceptions(value, key, expected_id, error):
     request_id, proc, reason = parse(value, key)
