@@ -90,8 +90,8 @@ def test_submit_wait_reports_duplicates_lines_without_id_and_lines_not_sent(brok
     assert elapsed < 60, "waited for a line it never sent"
     notes = done.stderr
     assert "line 5: not sent:" in notes and "huge" not in done.stdout
-    assert "line 3 has no usable 'id': the engine answers it as @" in notes
-    assert "line 4 has no usable 'id': the engine answers it as @" in notes
+    assert "line 3 is not a request with a usable 'id': the engine answers it as @" in notes
+    assert "line 4 is not a request with a usable 'id': the engine answers it as @" in notes
     assert "id 'x' sent 2 times" in notes
     assert "submitted 5 request(s)" in notes
     outcomes = [json.loads(line) for line in done.stdout.splitlines()]
@@ -105,6 +105,62 @@ def test_submit_wait_reports_duplicates_lines_without_id_and_lines_not_sent(brok
     errors = sorted(o[0]["error"] for _, o in positional)
     assert errors[0].startswith("invalid JSON") and errors[1] == "missing or invalid 'id' (non-empty string)"
     assert notes.strip().splitlines()[-1] == "2 committed, 1 not sent, 3 rejected"
+
+
+def test_a_message_claiming_an_existing_id_gets_no_second_outcome_under_it(broker, namespace, engine):
+    """Malformed messages keyed (or with a body id) of a request that committed are answered
+    under their positions, each once; the committed request keeps its one outcome."""
+    with Client(broker, namespace) as client:
+        client.submit("sl_deposit", deposit("owned")["args"], request_id="owned")
+        assert client.wait_one("owned", timeout=60)["status"] == "committed"
+        malformed = [("owned", b'{"id": "owned", "proc": "sl_deposit"}'), ("owned", b"{not json"),
+                     ("owned", b'{"id": "owned", "proc": "sl_deposit", "args": {}, "extra": 1}'),
+                     ("@0:0", json.dumps(deposit("@0:0")).encode())]
+        submission = client.submit_many([*malformed, deposit("after")])
+        assert submission.by_position == [0, 1, 2, 3]
+        found = client.collect(submission.sent, timeout=60)
+        assert [found[i][0]["status"] for i in submission.sent] == ["rejected"] * 4 + ["committed"]
+        assert [found[i][0]["error"].split(":")[0] for i in submission.sent[:4]] == [
+            "missing field(s)", "invalid JSON", "unknown field(s)", "'id' must not start with '@' (outcomes named by position use it)"]
+    every = topic_reader(broker, f"{namespace}.results", consumer_timeout_ms=3000)
+    ids = [json.loads(message.value)["id"] for message in every]
+    every.close()
+    assert ids.count("owned") == 1 and ids.count("after") == 1
+    assert sorted(i for i in ids if i.startswith("@")) == sorted(submission.sent[:4])
+
+
+def test_a_record_nested_too_deep_to_parse_is_unreadable_not_a_crash(broker, namespace):
+    """Anyone who can write <ns>.results can put anything there: `submit --wait` reads a
+    record it cannot parse as unreadable and goes on waiting for its own outcomes."""
+    from kafka import KafkaProducer
+
+    ensure_topics(broker, namespace)
+    waiting = subprocess.Popen([sys.executable, "-m", "ordo.cli", "submit", "--bootstrap-servers", broker,
+                                "--namespace", namespace, "--proc", "sl_deposit", "--args", "{}", "--id", "lonely",
+                                "--wait", "--timeout", "15"], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not _has_records(broker, f"{namespace}.requests"):  # it has sent, so it reads from here on
+            assert waiting.poll() is None and time.monotonic() < deadline, waiting.communicate()
+            time.sleep(0.2)
+        producer = KafkaProducer(bootstrap_servers=broker)
+        producer.send(f"{namespace}.results", key=b"lonely", value=b'{"id": "lonely", "result": ' + b"[" * 200_000
+                      + b"]" * 200_000 + b"}").get(timeout=30)
+        producer.close()
+        _, stderr = waiting.communicate(timeout=60)
+    finally:
+        stop(waiting)
+    assert "Traceback" not in stderr and "recursion" not in stderr, stderr[-2000:]
+    assert waiting.returncode == 1 and stderr.strip().endswith("1 no outcome yet"), stderr[-2000:]
+
+
+def _has_records(broker: str, topic: str) -> bool:
+    consumer = topic_reader(broker, topic, consumer_timeout_ms=500)
+    try:
+        return any(True for _ in consumer)
+    finally:
+        consumer.close()
 
 
 def test_client_submits_waits_and_streams_its_outcomes(broker, namespace, engine):
