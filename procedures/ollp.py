@@ -8,15 +8,20 @@ stored values (an alias binding, a secondary index) declares a reconnaissance.
 
 The assumed values travel with the request, in its arguments under OLLP_FIELD:
 
-    {"restarts": n, "assumed": [value of each reconnaissance key, in declared order]}
+    {"restarts": n, "assumed": [value of each reconnaissance key, in declared order],
+     "at": log time of the turn that read them, "late": restarts after a long wait}
 
 A request without them (what a client sends) is sequenced with the reconnaissance keys as
 its read set; at its turn in the log it reads them and is re-sequenced with what it read.
 A request with them is sequenced with the sets those values give (plus the
 reconnaissance keys); at its turn it re-reads the keys and runs only if every value is
 still the assumed one. Otherwise it is re-sequenced with the values read at its turn and
-`restarts` + 1; past MAX_RESTARTS it is rejected. Every step is a function of the log, so
-every scheduler and partition count decides the same (docs/ollp.md).
+`restarts` + 1; past MAX_RESTARTS it is rejected. A restart after a wait of more than
+LATE_MS of log time for its turn (the engine was working off a backlog, after a crash say)
+does not count toward that limit, up to MAX_LATE_RESTARTS of them: such a transaction lost
+its race to the backlog, not to contention. Every step is a function of the log (the
+times are its batches' times), so every scheduler and partition count decides the same
+(docs/ollp.md).
 """
 
 from __future__ import annotations
@@ -30,6 +35,10 @@ from storage.values import encode_value
 
 OLLP_FIELD = "@ollp"
 MAX_RESTARTS = 5
+# A restart whose turn came more than LATE_MS of log time after the turn that read its
+# assumptions waited behind a backlog (a normal round trip takes tens of milliseconds).
+LATE_MS = 1000
+MAX_LATE_RESTARTS = 20  # late restarts not counted toward MAX_RESTARTS: the backlog is finite
 RESTARTED = "restarted"  # the status of a transaction re-sequenced at its turn (never published)
 
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
@@ -79,11 +88,20 @@ def reconnaissance_keys(procedure, args: dict) -> tuple:
 
 def assumed_values(record: Any, keys: tuple) -> dict:
     """The OLLP record's assumptions as {key: value}, checked against the keys."""
-    if type(record) is not dict or set(record) != {"restarts", "assumed"}:
-        raise AssumptionError(f"'{OLLP_FIELD}' must be an object with 'restarts' and 'assumed'")
+    if (type(record) is not dict or not {"restarts", "assumed"} <= set(record)
+            or not set(record) <= {"restarts", "assumed", "at", "late"}):
+        raise AssumptionError(f"'{OLLP_FIELD}' must be an object with 'restarts' and 'assumed' "
+                              f"(and perhaps 'at' and 'late')")
     restarts, assumed = record["restarts"], record["assumed"]
-    if type(restarts) is not int or not 0 <= restarts <= MAX_RESTARTS:
-        raise AssumptionError(f"'{OLLP_FIELD}.restarts' must be an integer from 0 to {MAX_RESTARTS}")
+    if type(restarts) is not int or not 0 <= restarts <= MAX_RESTARTS + MAX_LATE_RESTARTS:
+        raise AssumptionError(f"'{OLLP_FIELD}.restarts' must be an integer from 0 to "
+                              f"{MAX_RESTARTS + MAX_LATE_RESTARTS}")
+    late, at = record.get("late", 0), record.get("at", 0)
+    if type(late) is not int or not 0 <= late <= min(restarts, MAX_LATE_RESTARTS):
+        raise AssumptionError(f"'{OLLP_FIELD}.late' must be an integer from 0 to 'restarts' "
+                              f"(at most {MAX_LATE_RESTARTS})")
+    if type(at) is not int or at < 0:
+        raise AssumptionError(f"'{OLLP_FIELD}.at' must be a time in milliseconds")
     if type(assumed) is not list or len(assumed) != len(keys):
         raise AssumptionError(f"'{OLLP_FIELD}.assumed' must list one value per reconnaissance key ({len(keys)})")
     return dict(zip(keys, assumed))
@@ -97,9 +115,11 @@ def wire_normal(value: Any) -> Any:
     return json.loads(_dumps(value))
 
 
-def check_turn(procedure, args: dict, snapshot: dict, defaults: dict) -> tuple[str, Any, str | None] | None:
-    """At the transaction's turn: None if it may run (its assumptions hold), else its
-    decision: re-sequenced with the values read now, or rejected past the bound."""
+def check_turn(procedure, args: dict, snapshot: dict, defaults: dict,
+               now: int) -> tuple[str, Any, str | None] | None:
+    """At the transaction's turn (`now`: its batch's time): None if it may run (its
+    assumptions hold), else its decision: re-sequenced with the values read now, or
+    rejected past the bound."""
     plain, record = split_args(args)
     keys = reconnaissance_keys(procedure, plain)
     current = []
@@ -111,13 +131,17 @@ def check_turn(procedure, args: dict, snapshot: dict, defaults: dict) -> tuple[s
         if all(encode_value(a) == encode_value(c) for a, c in zip(assumed, current)):
             return None
         restarts = record["restarts"] + 1
-        if restarts > MAX_RESTARTS:
+        late = record.get("late", 0)
+        if now - record.get("at", now) > LATE_MS and late < MAX_LATE_RESTARTS:
+            late += 1  # it lost its race to a backlog: not counted
+        if restarts - late > MAX_RESTARTS:
+            not_counted = f", not counting {late} after a wait of over {LATE_MS} ms" if late else ""
             return ("rejected", None, f"{procedure.name}: the values its keys depend on changed before its turn "
-                    f"{restarts} times in a row (limit {MAX_RESTARTS} restarts)")
+                    f"{restarts} times in a row (limit {MAX_RESTARTS} restarts{not_counted})")
     else:
-        restarts = 0
-    return RESTARTED, {"proc": procedure.name, "args": {**plain, OLLP_FIELD: {"restarts": restarts,
-                                                                              "assumed": current}}}, None
+        restarts = late = 0
+    step = {"restarts": restarts, "assumed": current, "at": now, "late": late}
+    return RESTARTED, {"proc": procedure.name, "args": {**plain, OLLP_FIELD: step}}, None
 
 
 def restart_request(request_id: str, result: dict) -> bytes:

@@ -265,7 +265,7 @@ def execute(procedure: Procedure, args: dict, snapshot: dict[bytes, Any], write_
     """Run RUN once: (status, result, error, writes). Never raises for a procedure's fault."""
     if procedure.reconnoiter is not None:  # its assumptions are checked first (procedures/ollp.py)
         try:
-            decided = check_turn(procedure, args, snapshot, defaults)
+            decided = check_turn(procedure, args, snapshot, defaults, now)
         except Exception as exc:
             return ABORTED, None, _short(f"{procedure.name}: reconnaissance failed: {type(exc).__name__}: {exc}"), {}
         if decided is not None:

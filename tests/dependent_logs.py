@@ -29,10 +29,11 @@ def _entry(message: bytes, registry: Registry) -> list:
 
 
 def run_dependent(batches: list[list[dict]], scheduler: str, partitions: int, registry: Registry,
-                  max_batches: int = 200, restarts_first: bool = True) -> dict:
+                  max_batches: int = 200, restarts_first: bool = True, ms_per_batch: int = 1_000) -> dict:
     """Execute `batches` of request dicts (then the restarts they cause, each batch's
-    restarts opening the next batch) on `partitions` workers; return the outcomes, change
-    data, restart messages, the final log, digest and state."""
+    restarts opening the next batch) on `partitions` workers, batch k at log time
+    k * `ms_per_batch`; return the outcomes, change data, restart messages, the final log,
+    digest and state."""
     pending = [list(b) for b in batches]
     with tempfile.TemporaryDirectory() as data_dir:
         exchange = LocalExchange()
@@ -49,7 +50,7 @@ def run_dependent(batches: list[list[dict]], scheduler: str, partitions: int, re
                 assert batch_id <= max_batches, "restarts did not settle"
                 fresh = [_entry(json.dumps(r).encode(), registry) for r in (pending.pop(0) if pending else [])]
                 entries = carried + fresh if restarts_first else fresh + carried
-                batch = Batch(batch_id, 1, 1_000 * batch_id, {}, entries)
+                batch = Batch(batch_id, 1, ms_per_batch * batch_id, {}, entries)
                 log.append(entries)
                 step = CollectedOutputs()
 

@@ -8,7 +8,7 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from procedures.ollp import MAX_RESTARTS, OLLP_FIELD
+from procedures.ollp import LATE_MS, MAX_LATE_RESTARTS, MAX_RESTARTS, OLLP_FIELD
 from procedures.registry import default_registry
 from procedures.workloads import alias
 from tests.dependent_logs import assert_equals_serial_interpretation, assert_same_run, run_dependent
@@ -125,6 +125,33 @@ def test_a_rebinding_before_the_turn_restarts_and_the_bound_ends_in_a_rejection(
         assert len([m for m in run["restarts"] if json.loads(m)["id"] == "x"]) == MAX_RESTARTS + 1
 
 
+def test_restarts_after_a_long_wait_do_not_count_toward_the_limit_but_are_bounded():
+    """A turn that came more than LATE_MS of log time after the turn that read the
+    assumptions waited behind a backlog: losing that race is not counted, so the chase
+    that ends in a rejection when batches follow each other promptly ends in a commit
+    when each wait is long; and the uncounted restarts have a bound of their own."""
+    binds = [{"id": "b0", "proc": "alias_bind", "args": {"alias": "a0", "account": 0}}]
+
+    def chase(rebinds: int) -> list[list[dict]]:
+        batches = [binds, [{"id": "x", "proc": "alias_deposit", "args": {"alias": "a0", "amount": 1}}]]
+        for k in range(rebinds):
+            batches.append([{"id": f"rb{k}", "proc": "alias_bind", "args": {"alias": "a0", "account": 10 + k}}])
+        return batches
+
+    for scheduler in ("serial", "locking", "vll", "opchain"):
+        run = run_dependent(chase(MAX_RESTARTS + 3), scheduler, 2, REGISTRY, restarts_first=False,
+                            ms_per_batch=LATE_MS + 1)
+        x = {r["id"]: r for _, _, r in run["positioned"]}["x"]
+        assert (x["status"], x["restarts"]) == ("committed", MAX_RESTARTS + 3), (scheduler, x)
+        assert run["state"][("alias_account", 10 + MAX_RESTARTS + 2)] == 1
+
+        run = run_dependent(chase(MAX_RESTARTS + MAX_LATE_RESTARTS + 3), scheduler, 1, REGISTRY,
+                            restarts_first=False, ms_per_batch=LATE_MS + 1)
+        x = {r["id"]: r for _, _, r in run["positioned"]}["x"]
+        assert x["status"] == "rejected" and x["restarts"] == MAX_RESTARTS + MAX_LATE_RESTARTS, (scheduler, x)
+        assert f"not counting {MAX_LATE_RESTARTS} after a wait of over {LATE_MS} ms" in x["error"]
+
+
 def test_assumptions_a_client_gives_are_checked_and_bad_ones_rejected():
     from procedures.registry import RequestError
     import pytest
@@ -133,7 +160,11 @@ def test_assumptions_a_client_gives_are_checked_and_bad_ones_rejected():
         REGISTRY.analyze("alias_deposit", {"alias": "a", "amount": 1, OLLP_FIELD: {"restarts": 0, "assumed": []}})
     with pytest.raises(RequestError, match="restarts"):
         REGISTRY.analyze("alias_deposit", {"alias": "a", "amount": 1,
-                                           OLLP_FIELD: {"restarts": MAX_RESTARTS + 1, "assumed": [3]}})
+                                           OLLP_FIELD: {"restarts": MAX_RESTARTS + MAX_LATE_RESTARTS + 1,
+                                                        "assumed": [3]}})
+    with pytest.raises(RequestError, match="late"):
+        REGISTRY.analyze("alias_deposit", {"alias": "a", "amount": 1,
+                                           OLLP_FIELD: {"restarts": 1, "assumed": [3], "late": 2, "at": 5}})
     _, reads, writes = REGISTRY.analyze("alias_deposit", {"alias": "a", "amount": 1,
                                                           OLLP_FIELD: {"restarts": 0, "assumed": [3]}})
     assert reads == (("alias", "a"), ("alias_account", 3)) and writes == (("alias_account", 3),)
