@@ -54,7 +54,8 @@ def run_demo(workload: str, count: int, scheduler: str, partitions: int, data_di
 
         client = Client(bootstrap, namespace)
         started = time.monotonic()
-        feeder = threading.Thread(target=lambda: client.submit(requests + BAD_REQUESTS), daemon=True)
+        sent: list[str] = []  # the ids outcomes carry: a bad request's may be its position
+        feeder = threading.Thread(target=lambda: sent.extend(client.submit(requests + BAD_REQUESTS)), daemon=True)
         feeder.start()
         stats = coordinator.run(progress=stop_when_done, idle_exit=120)
         elapsed = time.monotonic() - started
@@ -64,10 +65,10 @@ def run_demo(workload: str, count: int, scheduler: str, partitions: int, data_di
         say(f"  outcomes   {stats.txns:,} of {expected:,} in {elapsed:.1f} s "
             f"({stats.txns / elapsed:,.0f} requests/s end to end), {stats.batches} batches")
         say(f"             committed {stats.committed:,}, aborted {stats.aborted:,}, rejected {stats.rejected:,}")
-        outcomes = client.outcomes(["demo-bad-json", "demo-unknown", "demo-bad-args", requests[0]["id"]], 30)
-        for request_id in ["demo-bad-json", "demo-unknown", "demo-bad-args"]:
-            outcome = outcomes.get(request_id, {})
-            say(f"  rejected   {request_id}: {outcome.get('error')}")
+        bad_ids = sent[-len(BAD_REQUESTS):]
+        outcomes = client.outcomes([*bad_ids, requests[0]["id"]], 30)
+        for (name, _), outcome_id in zip(BAD_REQUESTS, bad_ids):
+            say(f"  rejected   {name}: {outcomes.get(outcome_id, {}).get('error')}")
         say("  duplicate  a second request with id "
             f"{requests[0]['id']!r} was rejected: {stats.rejected >= 4}")
         state_digest, applied = digest(data_dir)

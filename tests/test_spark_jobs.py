@@ -232,7 +232,13 @@ def test_consumer_stopped_mid_stream_and_restarted_loses_and_duplicates_nothing(
 def test_bad_rows_are_published_and_rejected_with_clear_errors(spark, broker, namespace, engine):
     produced = producer_job.produce(spark, broker, namespace, sample("bad_rows.csv"), "csv")
     assert produced.rows == len(BAD_ROWS)
-    outcomes = engine.outcomes([row[0] for row in BAD_ROWS])
+    sent = spark.read.format("kafka").option("kafka.bootstrap.servers", broker) \
+        .option("subscribe", f"{namespace}.requests").load().collect()
+    # A row that is not a whole request is answered under its position, not the id it names.
+    position = {bytes(m["key"]).decode(): f"@{m['partition']}:{m['offset']}" for m in sent}
+    unreadable = ("no-proc", "no-args")
+    found = engine.outcomes([position[i] if i in unreadable else i for i, *_ in BAD_ROWS])
+    outcomes = {i: found[position[i] if i in unreadable else i] for i, *_ in BAD_ROWS}
     expect = {
         "good-1": ("committed", None),
         "good-2": ("committed", None),
@@ -251,9 +257,7 @@ def test_bad_rows_are_published_and_rejected_with_clear_errors(spark, broker, na
     # messages as the hand-made encoding of each row.
     results = changes_job.read_outputs(spark, broker, namespace, "results", stream=False)
     assert {r["id"]: (r["status"], r["error"]) for r in results.collect()} == {
-        i: (o["status"], o["error"]) for i, o in outcomes.items()}
-    sent = spark.read.format("kafka").option("kafka.bootstrap.servers", broker) \
-        .option("subscribe", f"{namespace}.requests").load().collect()
+        i: (o["status"], o["error"]) for i, o in found.items()}
     assert sorted((bytes(m["key"]) if m["key"] is not None else None, bytes(m["value"])) for m in sent) == sorted(
         request_message(*row) for row in BAD_ROWS)
 
