@@ -192,10 +192,13 @@ class RayGroup:
         return self._get([actor.where.remote() for actor in self.actors])
 
     def close(self) -> None:
-        try:
-            ray.get([actor.close.remote() for actor in self.actors], timeout=30)
-        except Exception:
-            pass  # a dead worker has nothing left to close
+        # Each close awaited on its own: ray.get of the list would raise the first failure and
+        # leave the others to Ray, which prints each as an "unhandled error" traceback.
+        for closing in [actor.close.remote() for actor in self.actors]:
+            try:
+                ray.get(closing, timeout=30)
+            except Exception:
+                pass  # a dead worker has nothing left to close; a shard that failed said so already
         for actor in self.actors:
             ray.kill(actor)
 

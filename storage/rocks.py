@@ -51,6 +51,9 @@ class ShardUnwritable(RuntimeError):
         super().__init__(f"cannot write shard {path}: {detail}; free space on (or give write access to) its disk, "
                          f"then start again: the engine resumes from the log")
 
+    def __reduce__(self):  # it crosses from a Ray worker to the engine whole
+        return type(self), (self.path, self.detail)
+
 
 def _detail(exc: Exception) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]

@@ -131,19 +131,22 @@ def _fill(disk) -> None:
 
 
 @pytest.mark.slow
-def test_a_full_disk_stops_the_engine_with_one_line_also_on_restart(broker, namespace, tmp_path):
+@pytest.mark.parametrize("partitions", [1, 2], ids=["local", "ray"])
+def test_a_full_disk_stops_the_engine_with_one_line_also_on_restart(broker, namespace, tmp_path, partitions):
     """The disk fills while the engine runs: it stops with one line naming the shard and
-    the cause, exit 2, and so does every start on the still full disk."""
+    the cause, exit 2, and so does every start on the still full disk; with Ray workers
+    too, whose failure crosses to the engine whole."""
     from kafka import KafkaProducer
 
     ensure_topics(broker, namespace)
-    common = ("--bootstrap-servers", broker, "--namespace", namespace, "--runtime", "local", "--checkpoint-every", "0")
+    common = ("--bootstrap-servers", broker, "--namespace", namespace, "--partitions", str(partitions),
+              "--checkpoint-every", "0")
     with _tmpfs(tmp_path / "disk", "size=32m") as disk:
         data = str(disk / "data")
         engine = ordo("run", *common, "--data-dir", data, stderr=subprocess.PIPE, text=True)
         try:
-            deadline = time.monotonic() + 60
-            while not os.path.isdir(os.path.join(data, "shard-0")):
+            deadline = time.monotonic() + 120
+            while not all(os.path.isdir(os.path.join(data, f"shard-{p}")) for p in range(partitions)):
                 assert engine.poll() is None and time.monotonic() < deadline, "the engine did not start"
                 time.sleep(0.2)
             _fill(disk)
@@ -161,7 +164,7 @@ def test_a_full_disk_stops_the_engine_with_one_line_also_on_restart(broker, name
         assert engine.returncode == 2 and "Traceback" not in stderr, stderr[-3000:]
         assert data in lines[-1] and "No space left on device" in lines[-1], lines[-1]
 
-        again = _ordo("run", *common, "--data-dir", data, timeout=120)
+        again = _ordo("run", *common, "--data-dir", data, timeout=180)
         assert again.returncode == 2 and "Traceback" not in again.stderr, again.stderr[-3000:]
         last = again.stderr.strip().splitlines()[-1]
         assert data in last and "No space left on device" in last, last
