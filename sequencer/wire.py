@@ -1,17 +1,19 @@
-"""The request wire format: one JSON object per Kafka message, message key = request id.
+"""The request wire format: one JSON object per Kafka message, message key = request id
+(it spreads requests over partitions; the engine reads the id from the body alone).
 
     {"id": "r-42", "proc": "sl_transfer", "args": {...}}
 
 `parse_request` turns any bytes into a log entry, never an exception:
     [id, proc, args]   a request that will run
     [id, None, error]  a rejected request, with a clear reason
-A message that is not a request (its id unreadable, or not the three fields) is answered
-under its position in the topic, `@partition:offset`: never under an id it claims (in its
-body or its Kafka key), which may be another request's. No request id starts with '@', so
-a position cannot be a request's id either: every id has exactly one request's outcomes.
 and every entry it returns can be encoded into the log (msgpack): no text in it holds a
 lone surrogate, no integer exceeds 64 bits, no number is NaN or infinite, and nothing is
 nested deeper than `MAX_DEPTH`.
+
+A message that is not a request (its id unreadable, or not the three fields) is answered
+under its position in the topic, `@partition:offset`: never under an id it claims (in its
+body or its Kafka key), which may be another request's. No request id starts with '@', so
+a position cannot be a request's id either: the outcomes under an id answer requests that carry it.
 """
 
 from __future__ import annotations
