@@ -240,9 +240,11 @@ def build_parser() -> argparse.ArgumentParser:
                                     "alias: dependent transactions end to end, with their restart rate; "
                                     "voter: S-Store's leaderboards, votes/s end to end; "
                                     "latency WORKLOAD: open-loop latency at fixed rates (--rate 500,1000), "
-                                    "with the share of each hop (sequencing, execution, delivery)")
+                                    "with the share of each hop (sequencing, execution, delivery); "
+                                    "soak WORKLOAD: memory of every process under a steady rate "
+                                    "(--rate 500 --seconds 1800), warm-up told from a leak")
     p.add_argument("scaled", nargs="?", metavar="WORKLOAD",
-                   help="scale, sequence and latency: the workload to measure")
+                   help="scale, sequence, latency and soak: the workload to measure")
     p.add_argument("--sequencers", default="1,2", metavar="S[,S…]",
                    help="sequence: the sequencer counts, comma-separated (default %(default)s)")
     p.add_argument("--scheduler", choices=SCHEDULER_CHOICES, default="serial")
@@ -259,7 +261,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="alias: the client sends at this rate (default: all at once); latency: the rates, "
                         "comma-separated, each measured on a fresh namespace, sequencer and engine")
     p.add_argument("--seconds", type=float, default=10.0, metavar="T",
-                   help="latency: how long the client sends at each rate, after a warm-up (default %(default)s)")
+                   help="latency: how long the client sends at each rate, after a warm-up (default %(default)s); "
+                        "soak: how long it sends")
+    p.add_argument("--every", type=float, default=30.0, metavar="T",
+                   help="soak: seconds between memory samples (default %(default)s)")
     p.add_argument("--runtime", choices=("auto", "local", "ray"), default="auto",
                    help="latency: partition workers in the engine's process (local) or as Ray actors (ray); "
                         "auto: Ray when there is more than one partition")
@@ -527,6 +532,17 @@ def cmd_bench(args) -> int:
         run_latency(args.scaled, [float(r) for r in args.rate.split(",")], int(args.partitions or 1),
                     args.scheduler, args.seconds, args.seed, parse_knobs(_workload(args.scaled), args.knob),
                     args.max_txns, args.runtime, args.json)
+        return 0
+    if args.workload == "soak":
+        from ordo.benchmarks.soak import run_soak
+
+        if args.scaled is None or args.rate is None or "," in args.rate:
+            raise ValueError("ordo bench soak needs a workload and one rate: "
+                             "ordo bench soak micro --rate 500 --seconds 1800")
+        if not (float(args.rate) > 0 and args.seconds > 0 and args.every > 0):
+            raise ValueError("ordo bench soak needs --rate, --seconds and --every above 0")
+        run_soak(args.scaled, float(args.rate), args.seconds, int(args.partitions or 1), args.scheduler,
+                 args.every, args.seed, parse_knobs(_workload(args.scaled), args.knob), args.json)
         return 0
     if args.workload == "scale":
         from ordo.benchmarks.scale import run_scale

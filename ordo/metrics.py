@@ -104,6 +104,7 @@ class EngineCollector:
         yield by_partition
         yield busy
         yield _histogram(statuses)
+        yield _memory(statuses)
         yield _counter("ordo_checkpoints", "checkpoints listed since this engine started", stats.checkpoints)
         log_lag, requests_lag = (self.lags.log, self.lags.requests) if self.lags is not None else (None, None)
         if log_lag is not None:
@@ -122,6 +123,16 @@ def _gauge(name: str, text: str, value: float) -> GaugeMetricFamily:
 
 def _counter(name: str, text: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, text, value=value)
+
+
+def _memory(statuses: list[dict]) -> GaugeMetricFamily:
+    memory = GaugeMetricFamily("ordo_partition_memory_bytes",
+                               "each partition worker's process resident set (resident) and its shard's "
+                               "RocksDB block cache, memtables and table readers", labels=["partition", "kind"])
+    for s in statuses:
+        for kind, value in s.get("memory", {}).items():
+            memory.add_metric([str(s["partition"]), kind], value)
+    return memory
 
 
 def _histogram(statuses: list[dict]) -> HistogramMetricFamily:

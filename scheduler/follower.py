@@ -113,6 +113,7 @@ class LogFollower:
             "checkpointed": list(self.checkpointed),
             "running": self.running,
             "error": self.error,
+            "memory": self.worker.memory(),
         }
 
     # -- the loop -----------------------------------------------------------------------

@@ -27,6 +27,15 @@ def shard_path(data_dir: str, partition: int) -> str:
     return os.path.join(data_dir, f"shard-{partition}")
 
 
+def resident_bytes() -> int:
+    """The resident set of this process (Linux), 0 where /proc cannot tell."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def check_layout(data_dir: str, partitions: int) -> None:
     """A data directory is laid out for one partition count; say so rather than mix."""
     os.makedirs(data_dir, exist_ok=True)
@@ -159,6 +168,10 @@ class PartitionWorker:
         for key in writes:  # now in the shard, unless a later unapplied batch wrote it again
             if values[key][0] == batch_id:
                 del values[key]
+
+    def memory(self) -> dict[str, int]:
+        """This worker's process resident set and its shard's RocksDB memory, in bytes."""
+        return {"resident": resident_bytes(), **self.shard.memory()}
 
     def checkpoint(self, path: str) -> dict[str, Any] | None:
         """A RocksDB checkpoint of the applied state (an executed, uncommitted batch lives

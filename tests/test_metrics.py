@@ -95,6 +95,11 @@ def test_metrics_endpoint_reports_the_engine(broker, namespace, tmp_path, partit
         assert value(families, "ordo_requests_lag_messages", "ordo_requests_lag_messages") >= 0
         assert "ordo_log_lag_records" in families
         assert value(families, "ordo_sequencer_restarts", "ordo_sequencer_restarts_total") == 0
+        for p in range(partitions):  # each worker's process and its shard's RocksDB memory
+            assert value(families, "ordo_partition_memory_bytes", "ordo_partition_memory_bytes",
+                         partition=str(p), kind="resident") > 20 * 2**20
+            assert value(families, "ordo_partition_memory_bytes", "ordo_partition_memory_bytes",
+                         partition=str(p), kind="memtables") > 0
 
         # Progress lines while there was work, with the requests lag; none once idle.
         time.sleep(3)
