@@ -21,6 +21,7 @@ import shutil
 import tempfile
 from typing import Any, Iterable
 
+from procedures.fingerprint import describe
 from procedures.registry import Registry
 from procedures.streams import split_result
 from scheduler.exchange import LocalExchange
@@ -63,6 +64,9 @@ class TestEngine:
     def __init__(self, procedures: Any, scheduler: str = "serial", partitions: int = 1,
                  data_dir: str | None = None, max_request_bytes: int = SequencerConfig().max_request_bytes):
         self.registry = as_registry(procedures)
+        # The check a sequencer's start record makes possible: a procedure set that cannot
+        # describe itself the same way in every process fails here, not in production.
+        self.fingerprint = describe(self.registry)
         self.scheduler = scheduler
         self.partitions = partitions
         self.max_request_bytes = max_request_bytes
