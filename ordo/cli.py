@@ -97,7 +97,9 @@ def _procedure_specs(args) -> tuple[str, ...]:
         paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
         if here not in paths:
             os.environ["PYTHONPATH"] = os.pathsep.join([here, *filter(None, paths)])
-    load_registry(specs)
+    from procedures.fingerprint import describe
+
+    describe(load_registry(specs))  # the set every process must describe alike
     return tuple(specs)
 
 

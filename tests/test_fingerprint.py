@@ -121,3 +121,19 @@ def test_a_sequencer_and_an_engine_in_separate_processes_run_every_kind_of_proce
     assert {i: r["status"] for i, r in final.items()} == dict.fromkeys(["plain", "name", "batch", "named"], "committed")
     assert final["batch"]["result"] == 2
     assert [s["proc"] for s in final["batch"]["steps"]] == ["kind_count", "kind_audit"]
+
+
+def test_ordo_run_refuses_such_a_schema_in_one_line_before_it_starts(tmp_path):
+    (tmp_path / "opaque_app.py").write_text(
+        "from procedures.contract import Procedure\n"
+        "class Odd:\n"
+        "    def check(self, name, value):\n"
+        "        return value\n"
+        "PROCEDURES = [Procedure('odd', {'v': Odd()}, lambda a: ((), ()), lambda ctx, a: None)]\n")
+    result = subprocess.run([sys.executable, "-m", "ordo.cli", "run", "--bootstrap-servers", "127.0.0.1:1",
+                             "--procedures", "opaque_app", "--data-dir", str(tmp_path / "d")],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHONPATH": ROOT})
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == ["ordo run: procedure 'odd': its argument schema cannot be compared across "
+                                          "processes: Odd has no description by value (make it a dataclass)"]
