@@ -381,8 +381,8 @@ def compose(procedures: dict[str, Procedure], declarations: Iterable[Any]) -> tu
         if name in triggered:
             continue
         input_streams = [s for s in streams.values() if not s.producers and name in s.consumers]
-        if not edges[name] and not input_streams:
-            continue  # an ordinary procedure
+        if not input_streams and not any(name in s.producers for s in streams.values()):
+            continue  # an ordinary procedure: it neither consumes an input stream nor emits
         reach: set[str] = set()
         todo = list(edges[name])
         while todo:
