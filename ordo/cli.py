@@ -400,7 +400,9 @@ def cmd_submit(args) -> int:
     if submission.failed:
         counts["not sent"] = len(submission.failed)
     print(", ".join(f"{n} {status}" for status, n in sorted(counts.items())), file=sys.stderr)
-    return 0 if not missing and not submission.failed else 1
+    # A rejected request never ran (its error says why): like one not sent, a failure of the
+    # submission. An aborted one ran and its procedure decided: a result, not a failure.
+    return 0 if not missing and not submission.failed and not counts.get("rejected") else 1
 
 
 def _submission_notes(submission, lines: list[int], single: bool) -> list[str]:
