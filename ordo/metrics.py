@@ -16,7 +16,8 @@ from prometheus_client.exposition import start_http_server
 
 from scheduler.follower import BATCH_LATENCY_BUCKETS
 
-STATUSES = ("committed", "aborted", "rejected", "restarted")
+# A request's outcome is one of these, once: the series add up to the requests decided.
+STATUSES = ("committed", "aborted", "rejected")
 LAG_EVERY = 1.0  # seconds between broker queries for the lags, however often one scrapes
 
 
@@ -86,7 +87,8 @@ class EngineCollector:
         yield _gauge("ordo_last_applied_batch", "the newest batch applied on every partition", stats.last_batch)
         yield _counter("ordo_batches", "batches applied on every partition since this engine started",
                        stats.batches)
-        txns = CounterMetricFamily("ordo_transactions", "transaction outcomes by status", labels=["status"])
+        txns = CounterMetricFamily("ordo_transactions", "requests decided, by outcome (each request once)",
+                                   labels=["status"])
         by_partition = CounterMetricFamily("ordo_partition_transactions",
                                            "transaction outcomes reported by each partition",
                                            labels=["partition", "status"])
@@ -99,8 +101,9 @@ class EngineCollector:
         for s in statuses:
             busy.add_metric([str(s["partition"])], s.get("busy_s", 0.0))
         yield txns
-        yield _counter("ordo_aborts", "transactions aborted (ctx.abort, a failing RUN, an undeclared access)",
-                       sum(s.get("aborted", 0) for s in statuses))
+        yield _counter("ordo_restarts", "dependent transactions re-sequenced because a value their keys depend on "
+                                        "changed (a step towards an outcome, not one; docs/ollp.md)",
+                       sum(s.get("restarted", 0) for s in statuses))
         yield by_partition
         yield busy
         yield _histogram(statuses)

@@ -78,7 +78,11 @@ def test_metrics_endpoint_reports_the_engine(broker, namespace, tmp_path, partit
             time.sleep(0.5)
         assert value(families, "ordo_transactions", "ordo_transactions_total", status="committed") == 30
         assert value(families, "ordo_transactions", "ordo_transactions_total", status="aborted") == 5
-        assert value(families, "ordo_aborts", "ordo_aborts_total") == 5
+        assert sum(value(families, "ordo_transactions", "ordo_transactions_total", status=status)
+                   for status in ("committed", "aborted", "rejected")) == 36  # each request once
+        assert "ordo_aborts" not in families and value(families, "ordo_restarts", "ordo_restarts_total") == 0
+        assert {sample.labels["status"] for sample in families["ordo_transactions"]} == {
+            "committed", "aborted", "rejected"}
         batches = value(families, "ordo_batches", "ordo_batches_total")
         assert batches >= 1 and value(families, "ordo_last_applied_batch", "ordo_last_applied_batch") >= batches
         for p in range(partitions):
