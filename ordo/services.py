@@ -14,6 +14,7 @@ from typing import Callable
 
 from procedures.loading import load_registry
 from scheduler.coordinator import Coordinator, EngineStats
+from scheduler.worker import check_layout
 from sequencer.sequencer import Sequencer, SequencerConfig
 from sequencer.topics import Topics, ensure_topics, request_partitions_for
 
@@ -250,6 +251,7 @@ def serve_all(bootstrap: str, namespace: str, data_dir: str, scheduler: str, par
 
     started = time.monotonic()
     placement = placement or {}
+    check_layout(data_dir, partitions, namespace)  # a data directory of another namespace: before its topics exist
     ensure_topics(bootstrap, namespace, request_partitions, replication=log_replication)
     # Before Ray starts: a sequencer child would otherwise fail on it and be restarted forever.
     request_partitions_for(bootstrap, Topics(namespace), config.sequencers)

@@ -50,7 +50,7 @@ class Coordinator:
                  pipeline_depth: int = 8):
         """`restore`: "auto" (restore only shards that disagree), "checkpoint" or "scratch".
         `outputs`: collect outcomes and change data here instead of publishing them."""
-        check_layout(data_dir, partitions)
+        check_layout(data_dir, partitions, namespace)
         self.bootstrap = bootstrap
         self.topics = Topics(namespace)
         self.stats = EngineStats()

@@ -36,20 +36,30 @@ def resident_bytes() -> int:
         return 0
 
 
-def check_layout(data_dir: str, partitions: int) -> None:
-    """A data directory is laid out for one partition count; say so rather than mix."""
+def check_layout(data_dir: str, partitions: int, namespace: str | None = None) -> None:
+    """A data directory holds one namespace's state, laid out for one partition count; say
+    so rather than mix. A layout written before namespaces were recorded adopts the first
+    one it runs with."""
     os.makedirs(data_dir, exist_ok=True)
     path = os.path.join(data_dir, LAYOUT_FILE)
+    layout = {}
     if os.path.exists(path):
         with open(path) as f:
-            existing = json.load(f)["partitions"]
+            layout = json.load(f)
+        existing = layout["partitions"]
         if existing != partitions:
             raise ValueError(
                 f"{data_dir} holds {existing} partition(s), not {partitions}: use --partitions {existing} "
                 "or a new data directory (the log rebuilds any layout from scratch)")
-    else:
-        with open(path, "w") as f:
-            json.dump({"partitions": partitions}, f)
+        recorded = layout.get("namespace")
+        if namespace is None or recorded == namespace:
+            return
+        if recorded is not None:
+            raise ValueError(f"{data_dir} holds the state of namespace '{recorded}', not '{namespace}': use "
+                             f"--namespace {recorded} or a new data directory")
+    layout.update({"partitions": partitions, **({"namespace": namespace} if namespace is not None else {})})
+    with open(path, "w") as f:
+        json.dump(layout, f)
 
 
 def layout_partitions(data_dir: str) -> int:

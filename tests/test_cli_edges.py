@@ -79,3 +79,28 @@ def test_an_unreachable_broker_is_one_line_at_once(tmp_path, command):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith(f"ordo {args[0]}: no Kafka broker answers at 127.0.0.1:{port} within 5 s")
+
+
+@pytest.mark.slow
+def test_a_data_directory_of_another_namespace_is_refused_before_any_topic_is_made(broker, namespace, tmp_path):
+    from confluent_kafka.admin import AdminClient
+
+    from tests.helpers import ordo, stop
+
+    data_dir = str(tmp_path / "d")
+    first = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", data_dir, "--quiet")
+    time.sleep(8)
+    assert stop(first) == 0
+    other = f"{namespace}-other"
+    done = subprocess.run([sys.executable, "-m", "ordo.cli", "run", "--bootstrap-servers", broker, "--namespace",
+                           other, "--data-dir", data_dir], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [f"ordo run: {data_dir} holds the state of namespace '{namespace}', not "
+                                        f"'{other}': use --namespace {namespace} or a new data directory"]
+    topics = AdminClient({"bootstrap.servers": broker}).list_topics(timeout=10).topics
+    assert not [t for t in topics if t.startswith(f"{other}.")]
+    recover = subprocess.run([sys.executable, "-m", "ordo.cli", "recover", "--bootstrap-servers", broker,
+                              "--namespace", other, "--data-dir", data_dir], cwd=ROOT, capture_output=True,
+                             text=True, timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
+    assert recover.returncode == 2 and f"holds the state of namespace '{namespace}'" in recover.stderr
