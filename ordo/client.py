@@ -75,16 +75,17 @@ class Client:
             }))
         return self._producer
 
-    def submit(self, proc_or_requests: str | Iterable[Request], args: dict[str, Any] | None = None, *,
+    def submit(self, proc: str | Iterable[Request], args: dict[str, Any] | None = None, *,
                request_id: str | None = None) -> str | list[str]:
-        """`submit("deposit", {...})`: one request, returns its id. `submit([...])`: many, as
-        `submit_many`, returns their ids and raises if the broker refused any."""
-        if isinstance(proc_or_requests, str):
-            submission = self.submit_many([new_request(proc_or_requests, args or {}, request_id)])
+        """`submit("deposit", {...})` (or `submit(proc="deposit", args={...})`): one request,
+        returns its id. `submit([...])`: many, as `submit_many`, returns their ids and raises
+        if the broker refused any."""
+        if isinstance(proc, str):
+            submission = self.submit_many([new_request(proc, args or {}, request_id)])
             if submission.failed:
                 raise RuntimeError(f"request not sent: {submission.failed[0]}")
             return submission.ids[0]
-        submission = self.submit_many(proc_or_requests)
+        submission = self.submit_many(proc)
         if submission.failed:
             first = min(submission.failed)
             raise RuntimeError(f"{len(submission.failed)} requests were not acknowledged by the broker "
@@ -285,9 +286,8 @@ class AsyncClient:
     def __init__(self, bootstrap: str, namespace: str, settings: dict[str, Any] | None = None):
         self.client = Client(bootstrap, namespace, settings)
 
-    async def submit(self, proc_or_requests, args: dict[str, Any] | None = None, *,
-                     request_id: str | None = None):
-        return await asyncio.to_thread(self.client.submit, proc_or_requests, args, request_id=request_id)
+    async def submit(self, proc, args: dict[str, Any] | None = None, *, request_id: str | None = None):
+        return await asyncio.to_thread(self.client.submit, proc, args, request_id=request_id)
 
     async def submit_many(self, requests: Iterable[Request]) -> Submission:
         return await asyncio.to_thread(self.client.submit_many, list(requests))
