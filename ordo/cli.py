@@ -11,6 +11,10 @@ from confluent_kafka import KafkaException
 
 from sequencer.sequencer import SequencerConfig
 
+# The built-in workloads (procedures/workloads), named here so that building the parser
+# imports none of them; a test keeps the two lists equal.
+WORKLOAD_NAMES = ("micro", "sl", "gs", "ob", "tp", "alias", "tpcc", "voter")
+
 SCHEDULER_CHOICES = ("serial", "locking", "vll", "opchain")
 
 
@@ -211,12 +215,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for outcomes")
 
     p = sub.add_parser("gen", help="print workload requests as JSON lines")
-    p.add_argument("workload", nargs="?", help="micro, sl, gs, ob or tp (see `ordo gen --list`)")
+    p.add_argument("workload", nargs="?", help=f"one of {', '.join(WORKLOAD_NAMES)} (`ordo gen --list` describes "
+                                                 f"each and its knobs)")
     p.add_argument("--count", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
                    help="workload knob, repeatable (see --list)")
-    p.add_argument("--list", action="store_true", help="list workloads and their knobs")
+    p.add_argument("--list", action="store_true", help="describe every workload and its knobs")
 
     p = sub.add_parser("dump", help="print stored records as sorted JSON lines (safe while running)")
     p.add_argument("--data-dir", required=True, metavar="DIR")
@@ -436,8 +441,10 @@ def cmd_gen(args) -> int:
     from procedures.workloads import ALL_WORKLOADS
 
     if args.list:
+        from procedures.workloads import summary
+
         for name, module in ALL_WORKLOADS.items():
-            print(name)
+            print(f"{name}: {summary(module)}")
             for knob, (kind, default, text) in module.KNOBS.items():
                 print(f"  {knob}={default}  ({kind.__name__}) {text}")
         return 0

@@ -104,3 +104,15 @@ def test_a_data_directory_of_another_namespace_is_refused_before_any_topic_is_ma
                               "--namespace", other, "--data-dir", data_dir], cwd=ROOT, capture_output=True,
                              text=True, timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
     assert recover.returncode == 2 and f"holds the state of namespace '{namespace}'" in recover.stderr
+
+
+def test_gen_names_and_describes_every_workload():
+    from ordo.cli import WORKLOAD_NAMES
+    from procedures.workloads import ALL_WORKLOADS
+
+    assert list(WORKLOAD_NAMES) == list(ALL_WORKLOADS)
+    described = shell(f"{ORDO} gen --list").stdout.splitlines()
+    heads = [line.split(":", 1) for line in described if not line.startswith(" ")]
+    assert [name for name, _ in heads] == list(ALL_WORKLOADS)
+    assert all(len(text.strip()) > 20 and not text.strip().startswith(name) for name, text in heads)
+    assert ", ".join(ALL_WORKLOADS) in " ".join(shell(f"{ORDO} gen --help").stdout.split())
