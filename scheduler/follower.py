@@ -19,6 +19,7 @@ partition has taken it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import time
@@ -37,6 +38,8 @@ from sequencer.reader import LogReader
 from sequencer.topics import Topics
 
 KEPT_CHECKPOINT_REPORTS = 16
+log = logging.getLogger("ordo.engine")
+
 # Upper bounds (seconds) of the batch latency histogram in the status (ordo/metrics.py).
 BATCH_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -180,6 +183,10 @@ class LogFollower:
             counts[outcome.status] += 1
         self._unapplied.append((batch.batch_id, cursor, len(result.outcomes)))
         self.executed = batch.batch_id
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("partition %d: batch %d executed (%d outcomes, %d changes) in %.1f ms, %.1f ms after it was cut",
+                      self.partition, batch.batch_id, len(result.outcomes), len(result.changes),
+                      (time.perf_counter() - started) * 1000, max(0.0, time.time() * 1000 - batch.time_ms))
         await self._apply_delivered(limit=self.options.depth)
 
     def _observe_latency(self, seconds: float) -> None:
@@ -206,6 +213,8 @@ class LogFollower:
             unapplied.popleft()
             self.worker.commit({"batch": batch_id, "cursor": cursor})
             self.applied = batch_id
+            log.debug("partition %d: batch %d applied to the shard (its outputs acknowledged)", self.partition,
+                      batch_id)
             self.applied_at = time.monotonic()
             self.applied_txns += outcomes
             every = self.options.checkpoint_every

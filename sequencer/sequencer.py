@@ -55,6 +55,11 @@ from storage.partitioning import Partitioner
 
 log = logging.getLogger("ordo.sequencer")
 
+
+def _spans(offsets: dict) -> str:
+    """Request offsets a batch took, as 'partition p [first, end)' pieces."""
+    return ", ".join(f"partition {p} [{first}, {end})" for p, (first, end) in sorted(offsets.items())) or "nothing"
+
 # How long appending one batch may keep failing before the sequencer gives up with a clear
 # error instead of retrying forever (a broker that lost its transaction state answers
 # every attempt with an abortable error).
@@ -372,6 +377,10 @@ class Sequencer:
             after["request_offsets"].update((p, span[1]) for p, span in epoch.offsets.items())
             records.append(self._snapshot(after, accepted))
         self._append(records, positions)
+        if log.isEnabledFor(logging.DEBUG):
+            rejected = sum(placement is None for placement in epoch.placements)
+            log.debug("batch %d: %d requests (%d rejected) from %s appended to %s, ending at offset %d", number,
+                      len(epoch.entries), rejected, _spans(epoch.offsets), self.topics.log, self._log_end)
         self._cursor.lanes[self.config.index][1] += 1
         self._cursor.next_batch += 1
         for partition, span in epoch.offsets.items():

@@ -116,3 +116,47 @@ def test_gen_names_and_describes_every_workload():
     assert [name for name, _ in heads] == list(ALL_WORKLOADS)
     assert all(len(text.strip()) > 20 and not text.strip().startswith(name) for name, text in heads)
     assert ", ".join(ALL_WORKLOADS) in " ".join(shell(f"{ORDO} gen --help").stdout.split())
+
+
+def test_librdkafka_repeating_one_failure_is_one_line_per_cause_and_interval():
+    code = """
+import logging, time
+from confluent_kafka import Consumer
+from sequencer.kafka import LIBRDKAFKA_LOGGER, kafka_config
+logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+LIBRDKAFKA_LOGGER.setLevel(logging.DEBUG)   # as --log-level info sets it
+consumer = Consumer(kafka_config("127.0.0.1:1", {"group.id": "g", "reconnect.backoff.ms": 10,
+                                                 "reconnect.backoff.max.ms": 20}))
+started = time.monotonic()
+while time.monotonic() - started < 5:
+    consumer.poll(0.1)
+consumer.close()
+"""
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    lines = [line for line in done.stderr.splitlines() if line.startswith("ordo.librdkafka")]
+    assert 1 <= len(lines) <= 3, lines  # hundreds without the filter
+    assert "Connection refused" in lines[0]
+
+
+@pytest.mark.slow
+def test_log_level_debug_shows_each_batch_s_path(broker, namespace, tmp_path):
+    from ordo.client import Client
+    from tests.helpers import ordo, stop
+
+    engine = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", str(tmp_path / "d"),
+                  "--runtime", "local", "--quiet", "--log-level", "debug", stderr=subprocess.PIPE, text=True)
+    try:
+        with Client(broker, namespace) as client:
+            client.wait_for_topics(60)
+            request_id = client.submit("sl_deposit", {"account": 1, "asset": 1, "account_amount": 1,
+                                                      "asset_amount": 1})
+            outcome = client.wait_one(request_id, timeout=120)
+        time.sleep(2)
+    finally:
+        stop(engine)
+    text = engine.stderr.read()
+    batch = outcome["batch"]
+    assert f"batch {batch}: 1 requests (0 rejected) from partition 0 [" in text
+    assert f"partition 0: batch {batch} executed (1 outcomes, 2 changes) in " in text
+    assert f"partition 0: batch {batch} applied to the shard" in text
