@@ -9,6 +9,7 @@ import sys
 
 from confluent_kafka import KafkaException
 
+from ordo.errors import OrdoError
 from sequencer.sequencer import SequencerConfig
 
 # The built-in workloads (procedures/workloads), named here so that building the parser
@@ -323,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         # The reader went away (`ordo dump … | head`): what it wanted was written.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+    except (ValueError, FileNotFoundError, RuntimeError, OrdoError) as exc:
         print(f"ordo {args.command}: {exc}", file=sys.stderr)
         return 2
     except KafkaException as exc:

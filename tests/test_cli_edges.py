@@ -160,3 +160,24 @@ def test_log_level_debug_shows_each_batch_s_path(broker, namespace, tmp_path):
     assert f"batch {batch}: 1 requests (0 rejected) from partition 0 [" in text
     assert f"partition 0: batch {batch} executed (1 outcomes, 2 changes) in " in text
     assert f"partition 0: batch {batch} applied to the shard" in text
+
+
+def test_the_client_raises_its_own_errors_within_its_timeouts():
+    import ordo
+    from ordo.errors import BrokerUnavailable, OrdoError
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = ordo.Client(f"127.0.0.1:{port}", "nowhere")
+    calls = {"wait_for_topics": lambda: client.wait_for_topics(timeout=2),
+             "submit": lambda: client.submit("deposit", {"account": 1}, timeout=2),
+             "wait_one": lambda: client.wait_one("r-1", timeout=2),
+             "stream": lambda: list(client.stream(idle=2))}
+    for name, call in calls.items():
+        started = time.monotonic()
+        with pytest.raises(BrokerUnavailable) as raised:
+            call()
+        assert time.monotonic() - started < 8, name  # its own timeout (2 s), not librdkafka's
+        assert isinstance(raised.value, (OrdoError, ConnectionError))
+        assert str(raised.value).startswith(f"no Kafka broker answers at 127.0.0.1:{port} within 2 s"), name
