@@ -225,7 +225,7 @@ class Sequencer:
                     deadline = time.monotonic() + timeout
                 for offset, value in records:
                     self.stats.startup_records += 1
-                    batch = self._cursor.accept(value, offset)
+                    batch = reader.accept(offset, value)
                     if batch is not None and batch.sequencer == self.config.index:
                         entries = batch.entries
                         self._recent.add_batch_entries(entries)
