@@ -110,10 +110,12 @@ def _user_secret(path: str) -> bytes:
     return _read(path, "this user's log secret")
 
 
-def tag(purpose: bytes, body: bytes, key: bytes | None = None) -> bytes:
+def tag(purpose: bytes, body: bytes | memoryview, key: bytes | None = None) -> bytes:
     """The HMAC of `body` for one purpose (a log record, an OLLP step), so a tag made for
     one can never pass as the other's."""
-    return hmac.new(key or log_key(), purpose + b"\0" + body, hashlib.sha256).digest()
+    mac = hmac.new(key or log_key(), purpose + b"\0", hashlib.sha256)
+    mac.update(body)  # a batch of up to a megabyte: not copied
+    return mac.digest()
 
 
 def seal(body: bytes) -> bytes:
@@ -121,9 +123,10 @@ def seal(body: bytes) -> bytes:
     return body + tag(b"log", body)
 
 
-def unseal(value: bytes) -> bytes | None:
-    """The body of a sealed log record, or None if its tag does not check."""
+def unseal(value: bytes) -> memoryview | None:
+    """The body of a sealed log record (a view, not a copy), or None if its tag does not
+    check."""
     if len(value) <= TAG_BYTES:
         return None
-    body = value[:-TAG_BYTES]
+    body = memoryview(value)[:-TAG_BYTES]
     return body if hmac.compare_digest(value[-TAG_BYTES:], tag(b"log", body)) else None
