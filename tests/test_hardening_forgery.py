@@ -197,11 +197,6 @@ def test_a_client_step_cannot_take_a_later_requests_id(broker, namespace, tmp_pa
         attack = {"id": "victim-d", "proc": "alias_deposit",
                   "args": {"alias": "mallory", "amount": 1, "@ollp": {"restarts": 0, "assumed": [8]}}}
         assert submit_wait(broker, namespace, attack).returncode == 0
-        # A step signed by anyone but the engine is refused outright.
-        forged = {"id": "victim-e", "proc": "alias_deposit",
-                  "args": {"alias": "mallory", "amount": 1, "@ollp": {"restarts": 0, "assumed": [8], "sig": "00"}}}
-        [refused] = outcomes_of(submit_wait(broker, namespace, forged))
-        assert refused["status"] == "rejected" and "not the engine's signature" in refused["error"]
         victim = submit_wait(broker, namespace, {"id": "victim-d", "proc": "alias_deposit",
                                                  "args": {"alias": "bob", "amount": 100}})
         # The id was taken first: the victim is told so, instead of its deposit vanishing
@@ -209,6 +204,11 @@ def test_a_client_step_cannot_take_a_later_requests_id(broker, namespace, tmp_pa
         assert victim.returncode == 0, f"the victim's request got no outcome: {victim.stderr}"
         [outcome] = outcomes_of(victim)
         assert outcome["status"] == "rejected" and "duplicate request id 'victim-d'" in outcome["error"]
+        # A step signed by anyone but the engine is refused outright.
+        forged = {"id": "victim-e", "proc": "alias_deposit",
+                  "args": {"alias": "mallory", "amount": 1, "@ollp": {"restarts": 0, "assumed": [8], "sig": "00"}}}
+        [refused] = outcomes_of(submit_wait(broker, namespace, forged))
+        assert refused["status"] == "rejected" and "not the engine's signature" in refused["error"]
         honest = submit_wait(broker, namespace, {"id": "victim-f", "proc": "alias_deposit",
                                                  "args": {"alias": "bob", "amount": 100}})
         assert [o["status"] for o in outcomes_of(honest)] == ["committed"]
