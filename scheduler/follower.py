@@ -38,6 +38,7 @@ from sequencer.reader import LogReader
 from sequencer.topics import Topics
 
 KEPT_CHECKPOINT_REPORTS = 16
+KEPT_DROPPED_REPORTS = 16  # passed-over log records a status names; the coordinator asks many times a second
 # Upper bounds (seconds) of the batch latency histogram in the status (ordo/metrics.py).
 BATCH_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -77,7 +78,7 @@ class LogFollower:
                                  self._dropped)
         # Log records passed over (forged, or named by a skip record): how many, the latest ones.
         self.dropped = 0
-        self.dropped_records: deque[tuple[int, str]] = deque(maxlen=KEPT_CHECKPOINT_REPORTS)
+        self.dropped_records: deque[tuple[int, str]] = deque(maxlen=KEPT_DROPPED_REPORTS)
         self._ready: deque[tuple[Batch, dict]] = deque()  # read, not yet executed
         self._unapplied: deque[tuple[int, dict, int]] = deque()  # executed: (batch id, cursor after it, outcomes)
         self.hold_at = options.hold_at  # execute no batch after this one until released
