@@ -76,16 +76,17 @@ def append(bootstrap: str, topic: str, value: bytes) -> int:
     return delivered[0].offset()
 
 
-def start_engine(broker: str, namespace: str, data: str) -> subprocess.Popen:
-    return ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", data,
-                "--quiet", "--runtime", "local", stderr=subprocess.PIPE, text=True)
+def start_engine(broker: str, namespace: str, data: str, partitions: int = 1) -> subprocess.Popen:
+    return ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", data, "--quiet",
+                "--partitions", str(partitions), "--runtime", "local" if partitions == 1 else "ray",
+                stderr=subprocess.PIPE, text=True)
 
 
-@pytest.mark.parametrize("ahead", [1, 5])
-def test_a_forged_batch_changes_nothing_and_is_reported(broker, namespace, tmp_path, ahead):
+@pytest.mark.parametrize("ahead, partitions", [(1, 1), (5, 1), (1, 2)])
+def test_a_forged_batch_changes_nothing_and_is_reported(broker, namespace, tmp_path, ahead, partitions):
     ensure_topics(broker, namespace)
     data = str(tmp_path / "d")
-    engine = start_engine(broker, namespace, data)
+    engine = start_engine(broker, namespace, data, partitions)
     try:
         submit(broker, namespace, deposits(0, 20))
         read_results(broker, f"{namespace}.results", 20, timeout=90)
