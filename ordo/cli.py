@@ -31,6 +31,13 @@ def _kafka(p: argparse.ArgumentParser, namespace: bool = True) -> None:
         p.add_argument("--namespace", default="ordo", metavar="NS", help="topic prefix (default: ordo)")
 
 
+def _log_secret(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--log-secret-file", metavar="FILE",
+                   help="the namespace's log secret, shared by its sequencers and engines, which sign and check "
+                        "every log record with it; ORDO_LOG_SECRET (the secret itself) wins over it (default: "
+                        "this user's own, made on first use; docs/operations.md, 'Security')")
+
+
 def _sequencer_options(p: argparse.ArgumentParser) -> None:
     d = SequencerConfig()
     g = p.add_argument_group("sequencer")
@@ -165,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="create topics if missing, run sequencer and engine until stopped")
     _kafka(p)
+    _log_secret(p)
     _engine_options(p)
     _checkpoint_options(p)
     p.add_argument("--request-partitions", type=int, default=None, metavar="R",
@@ -176,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sequence", help="run only the sequencer (one of --sequencers)")
     _kafka(p)
+    _log_secret(p)
     _sequencer_options(p)
     p.add_argument("--sequencer-index", type=int, default=0, metavar="K",
                    help="with --sequencers S: this is sequencer K, 0 <= K < S; it takes the request partitions "
@@ -187,12 +196,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("execute", help="run only the engine (follows <ns>.log)")
     _kafka(p)
+    _log_secret(p)
     _engine_options(p)
     _checkpoint_options(p)
 
     p = sub.add_parser("recover", help="restore or rebuild the shards if they need it, replay <ns>.log "
                                        "to its head, exit")
     _kafka(p)
+    _log_secret(p)
     p.add_argument("--data-dir", required=True, metavar="DIR", help="where the RocksDB shards live")
     p.add_argument("--scheduler", choices=SCHEDULER_CHOICES, default="serial")
     p.add_argument("--partitions", type=int, default=None, metavar="N",
@@ -204,6 +215,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the head of the log is reached once no batch has arrived for this long "
                         "(broker watermarks are not trusted; default %(default)s)")
     p.add_argument("--checkpoint", action="store_true", help="checkpoint the shards at the head before exiting")
+
+    p = sub.add_parser("log", help="operator commands on <ns>.log")
+    log_commands = p.add_subparsers(dest="log_command", required=True, metavar="LOG_COMMAND")
+    p = log_commands.add_parser("skip", help="append a signed record that has every reader and replay pass over "
+                                             "the record at --offset, one that stops the log's readers")
+    _kafka(p)
+    _log_secret(p)
+    p.add_argument("--offset", type=int, required=True, metavar="N", help="the offset of the record to pass over")
 
     p = sub.add_parser("submit", help="produce requests; --wait collects their outcomes")
     _kafka(p)
@@ -317,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
             user_kafka_settings()  # judged once, before any client starts
 
             check_reachable(args.bootstrap_servers, wait=getattr(args, "wait_for_broker", 0.0))
+        if hasattr(args, "log_secret_file"):
+            _use_log_secret(args.log_secret_file)
         return COMMANDS[args.command](args)
     except KeyboardInterrupt:
         return 130
@@ -330,6 +351,17 @@ def main(argv: list[str] | None = None) -> int:
     except KafkaException as exc:
         print(f"ordo {args.command}: Kafka: {exc.args[0].str() if exc.args else exc}", file=sys.stderr)
         return 2
+
+
+def _use_log_secret(path: str | None) -> None:
+    """Find the log secret once, before anything starts; the processes this one starts
+    read the same file."""
+    from sequencer.log_secret import SECRET_FILE_ENV, forget_key, log_key
+
+    if path:
+        os.environ[SECRET_FILE_ENV] = os.path.abspath(path)
+        forget_key()
+    log_key()
 
 
 def cmd_broker(args) -> int:
@@ -369,6 +401,15 @@ def cmd_recover(args) -> int:
     mode = options.pop("restore")
     recover(args.bootstrap_servers, args.namespace, args.data_dir, args.scheduler, args.partitions, mode,
             args.idle, args.checkpoint, args.quiet, **options, **_placement(args))
+    return 0
+
+
+def cmd_log(args) -> int:
+    from sequencer.log_skip import skip_record
+
+    why, at = skip_record(args.bootstrap_servers, args.namespace, args.offset)
+    print(f"the record at offset {args.offset} stopped the log's readers ({why}); the skip record at offset {at} "
+          f"has every reader and replay pass over it", file=sys.stderr)
     return 0
 
 
@@ -591,6 +632,7 @@ COMMANDS = {
     "sequence": cmd_sequence,
     "execute": cmd_execute,
     "recover": cmd_recover,
+    "log": cmd_log,
     "submit": cmd_submit,
     "gen": cmd_gen,
     "dump": cmd_dump,

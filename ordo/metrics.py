@@ -109,6 +109,9 @@ class EngineCollector:
         yield _histogram(statuses)
         yield _memory(statuses)
         yield _counter("ordo_checkpoints", "checkpoints listed since this engine started", stats.checkpoints)
+        yield _counter("ordo_log_records_passed_over", "log records the engine read since it started and passed "
+                                                       "over: not signed with the log secret, or named by "
+                                                       "`ordo log skip`", stats.dropped_records)
         log_lag, requests_lag = (self.lags.log, self.lags.requests) if self.lags is not None else (None, None)
         if log_lag is not None:
             yield _gauge("ordo_log_lag_records", "log records not yet read by the slowest partition worker",

@@ -95,7 +95,8 @@ class Progress:
         unknown = lambda value: "?" if value is None else value  # noqa: E731
         print(f"batch {stats.last_batch} | {stats.txns} txns ({rate:,.0f}/s) | committed {stats.committed} "
               f"aborted {stats.aborted} rejected {stats.rejected} | log lag {unknown(log_lag)}"
-              + ("" if self._lags is None else f" | requests lag {unknown(requests_lag)}"),
+              + ("" if self._lags is None else f" | requests lag {unknown(requests_lag)}")
+              + (f" | passed over {stats.dropped_records} log records" if stats.dropped_records else ""),
               file=self._stream, flush=True)
 
 

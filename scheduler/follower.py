@@ -34,10 +34,12 @@ from scheduler.execution import ABORTED, COMMITTED
 from scheduler.outputs import CollectedOutputs, KafkaOutputs, OutputSink
 from scheduler.worker import PartitionWorker
 from sequencer.log import Batch, LogCursor, LogError, Start
+from sequencer.log_secret import use_key
 from sequencer.reader import LogReader
 from sequencer.topics import Topics
 
 KEPT_CHECKPOINT_REPORTS = 16
+KEPT_DROPPED_REPORTS = 16  # passed-over log records a status names; the coordinator asks many times a second
 log = logging.getLogger("ordo.engine")
 
 # Upper bounds (seconds) of the batch latency histogram in the status (ordo/metrics.py).
@@ -57,6 +59,7 @@ class FollowOptions:
     idle_wait: float = 0.05  # how long one log poll may block when nothing is ready
     stop_after: int | None = None  # stop once this batch is applied
     hold_at: int | None = None  # execute nothing after this batch until released
+    log_key: bytes | None = None  # the driver's log secret (sequencer/log_secret.py), for workers elsewhere
 
 
 class LogFollower:
@@ -68,11 +71,17 @@ class LogFollower:
         if sink is None:
             sink = CollectedOutputs() if options.collect else KafkaOutputs(options.bootstrap, topics)
         self.sink = sink
+        if options.log_key is not None:
+            use_key(options.log_key)
         marker = worker.applied()
         self.cursor = LogCursor.from_dict(marker["cursor"]) if marker else LogCursor()
         self.applied = self.executed = self.cursor.next_batch - 1
         self._reader = LogReader(options.bootstrap, topics.log, self.cursor,
-                                 f"{options.namespace}.engine-{self.partition}", self._check_procedures)
+                                 f"{options.namespace}.engine-{self.partition}", self._check_procedures,
+                                 self._dropped)
+        # Log records passed over (forged, or named by a skip record): how many, the latest ones.
+        self.dropped = 0
+        self.dropped_records: deque[tuple[int, str]] = deque(maxlen=KEPT_DROPPED_REPORTS)
         self._ready: deque[tuple[Batch, dict]] = deque()  # read, not yet executed
         self._unapplied: deque[tuple[int, dict, int]] = deque()  # executed: (batch id, cursor after it, outcomes)
         self.hold_at = options.hold_at  # execute no batch after this one until released
@@ -114,6 +123,8 @@ class LogFollower:
             "latency_counts": list(self.latency_counts),
             "latency_sum": self.latency_sum,
             "checkpointed": list(self.checkpointed),
+            "dropped": self.dropped,
+            "dropped_records": list(self.dropped_records),
             "running": self.running,
             "error": self.error,
             "memory": self.worker.memory(),
@@ -163,6 +174,10 @@ class LogFollower:
             problems = differences(start.procedures, describe(self.worker.registry))
             if problems:
                 raise refused_start(problems)
+
+    def _dropped(self, offset: int, why: str) -> None:
+        self.dropped += 1
+        self.dropped_records.append((offset, why))
 
     def _read(self, timeout: float) -> int:
         try:

@@ -221,7 +221,8 @@ class Sequencer:
     def _catch_up(self, token: str, timeout: float) -> None:
         """Read from the cursor to this sequencer's start record; `timeout` bounds a
         stretch without progress, not the whole read."""
-        reader = LogReader(self.bootstrap, self.topics.log, self._cursor, f"{self._group}.catchup")
+        reader = LogReader(self.bootstrap, self.topics.log, self._cursor, f"{self._group}.catchup",
+                           on_dropped=self._passed_over)
         deadline = time.monotonic() + timeout
         try:
             while time.monotonic() < deadline:
@@ -230,7 +231,7 @@ class Sequencer:
                     deadline = time.monotonic() + timeout
                 for offset, value in records:
                     self.stats.startup_records += 1
-                    batch = self._cursor.accept(value, offset)
+                    batch = reader.accept(offset, value)
                     if batch is not None and batch.sequencer == self.config.index:
                         entries = batch.entries
                         self._recent.add_batch_entries(entries)
@@ -243,6 +244,10 @@ class Sequencer:
                                f"within {timeout:.0f} s of the last record read")
         finally:
             reader.close()
+
+    def _passed_over(self, offset: int, why: str) -> None:
+        # The engines report each record on stderr; a sequencer re-reading the log says it only when asked.
+        log.info("passed over the record at offset %d of %s: %s", offset, self.topics.log, why)
 
     @property
     def generation(self) -> int:
