@@ -192,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--partitions", type=int, default=1, metavar="N",
                    help="the engine's partition count, for which each batch records its routing (default 1; "
                         "an engine with another count places every entry itself)")
+    p.add_argument("--quiet", action="store_true", help="no start line (errors are still said)")
     _procedure_options(p)
 
     p = sub.add_parser("execute", help="run only the engine (follows <ns>.log)")
@@ -384,7 +385,7 @@ def cmd_sequence(args) -> int:
 
     die_with_parent()  # when an engine started this sequencer, it goes when the engine goes
     return serve_sequencer(args.bootstrap_servers, args.namespace, _sequencer_config(args),
-                           _procedure_specs(args))
+                           _procedure_specs(args), args.quiet)
 
 
 def cmd_execute(args) -> int:

@@ -49,14 +49,14 @@ def announce_start(coordinator: Coordinator, stream=sys.stderr) -> None:
 
 
 def serve_sequencer(bootstrap: str, namespace: str, config: SequencerConfig,
-                    procedure_modules: tuple[str, ...] = ()) -> int:
+                    procedure_modules: tuple[str, ...] = (), quiet: bool = False) -> int:
     sequencer = Sequencer(bootstrap, namespace, load_registry(procedure_modules), config)
     on_termination(sequencer.stop)
     sequencer.start()
-    if config.sequencers == 1:
+    if not quiet and config.sequencers == 1:
         print(f"sequencer generation {sequencer.generation} resumes at batch {sequencer.next_batch}",
               file=sys.stderr, flush=True)
-    else:
+    elif not quiet:
         print(f"sequencer {config.index} of {config.sequencers} resumes at its batch {sequencer.next_epoch}",
               file=sys.stderr, flush=True)
     sequencer.run()
@@ -152,7 +152,7 @@ def die_with_parent() -> None:
 
 
 def sequencer_command(bootstrap: str, namespace: str, config: SequencerConfig,
-                      procedure_modules: tuple[str, ...] = ()) -> list[str]:
+                      procedure_modules: tuple[str, ...] = (), quiet: bool = False) -> list[str]:
     return [
         sys.executable, "-m", "ordo.cli", "sequence",
         "--bootstrap-servers", bootstrap, "--namespace", namespace,
@@ -161,7 +161,7 @@ def sequencer_command(bootstrap: str, namespace: str, config: SequencerConfig,
         "--dedupe-window", str(config.dedupe_window), "--partitions", str(config.partitions),
         "--sequencers", str(config.sequencers), "--sequencer-index", str(config.index),
         *(arg for module in procedure_modules for arg in ("--procedures", module)),
-        "--log-level", _log_level(),
+        "--log-level", _log_level(), *(["--quiet"] if quiet else []),
     ]
 
 
@@ -178,8 +178,8 @@ class SequencerProcess:
     if it dies: a restart fences the old one and resumes from the log."""
 
     def __init__(self, bootstrap: str, namespace: str, config: SequencerConfig,
-                 procedure_modules: tuple[str, ...] = ()):
-        self._command = sequencer_command(bootstrap, namespace, config, procedure_modules)
+                 procedure_modules: tuple[str, ...] = (), quiet: bool = False):
+        self._command = sequencer_command(bootstrap, namespace, config, procedure_modules, quiet)
         self._name = "sequencer" if config.sequencers == 1 else f"sequencer {config.index}"
         self._process: subprocess.Popen | None = None
         self._stopping = threading.Event()
@@ -190,8 +190,11 @@ class SequencerProcess:
         # The child dies with this process (die_with_parent). The kernel ties that to the
         # thread that forks it: the main thread here, the supervisor for a restart; both
         # live as long as the engine serves.
+        # A process group of its own: a Ctrl-C at the terminal reaches the engine only, which
+        # stops the sequencer itself (`stop`), rather than the sequencer exiting first and
+        # being taken for a crash.
         return subprocess.Popen(self._command, env={**os.environ, "PYTHONUNBUFFERED": "1",
-                                                    PARENT_ENV: str(os.getpid())})
+                                                    PARENT_ENV: str(os.getpid())}, process_group=0)
 
     def start(self) -> None:
         self._process = self._spawn()
