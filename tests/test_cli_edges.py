@@ -181,3 +181,23 @@ def test_the_client_raises_its_own_errors_within_its_timeouts():
         assert time.monotonic() - started < 8, name  # its own timeout (2 s), not librdkafka's
         assert isinstance(raised.value, (OrdoError, ConnectionError))
         assert str(raised.value).startswith(f"no Kafka broker answers at 127.0.0.1:{port} within 2 s"), name
+
+
+@pytest.mark.slow
+def test_ctrl_c_at_the_terminal_stops_ordo_run_without_a_restart(broker, namespace, tmp_path):
+    import signal
+
+    engine = subprocess.Popen([sys.executable, "-m", "ordo.cli", "run", "--bootstrap-servers", broker, "--namespace",
+                               namespace, "--data-dir", str(tmp_path / "d"), "--runtime", "local"], cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1"}, stderr=subprocess.PIPE,
+                              text=True, start_new_session=True)
+    lines = []
+    for line in engine.stderr:
+        lines.append(line)
+        if line.startswith("ordo serving:"):
+            break
+    os.killpg(engine.pid, signal.SIGINT)  # the terminal's whole foreground process group
+    rest = engine.communicate(timeout=60)[1]
+    assert engine.returncode == 0, rest
+    assert "restarting" not in rest and "Traceback" not in rest, rest
+    assert rest.strip().splitlines()[-1].startswith("stopped after batch "), rest
