@@ -17,8 +17,10 @@ COPY procedures procedures
 COPY spark_jobs spark_jobs
 RUN pip install . && rm -rf /src
 
-# Run unprivileged; /data is created here so a fresh named volume inherits this ownership.
-RUN useradd --create-home --uid 1000 ordo && mkdir /data && chown ordo /data
+# Run unprivileged; /data and the log secret's folder are created here so fresh named
+# volumes inherit this ownership.
+RUN useradd --create-home --uid 1000 ordo && mkdir /data && chown ordo /data \
+    && mkdir -p /home/ordo/.config/ordo && chown -R ordo /home/ordo/.config && chmod 700 /home/ordo/.config/ordo
 USER ordo
 WORKDIR /data
 VOLUME ["/data"]

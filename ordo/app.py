@@ -15,8 +15,11 @@
 
 A procedure is a class with `analyze` and `run` (and optionally `operations`, the form the
 operation-chain scheduler uses, and `reconnoiter`, docs/procedures.md), or a RUN function
-with `analyze=` given to the decorator. Mistakes fail when the module is imported, not
-when the first request arrives.
+with `analyze=` given to the decorator, or with its keys given as argument paths
+(`keys=`, `reads=`, `writes=`), from which Ordo derives ANALYZE. Streams, windows and
+nested transactions (`app.stream`, `app.window`, `app.nested`, docs/streaming.md) chain
+procedures into dataflows. Mistakes fail when the module is imported (or, for names that
+may be declared later, when the app is loaded), not when the first request arrives.
 """
 
 from __future__ import annotations
@@ -27,9 +30,11 @@ from typing import Any, Callable
 from procedures.args import Int, List, Str
 from procedures.contract import Procedure, Table
 from procedures.registry import Registry
+from procedures.streams import Nested, Stream, Window
 
 FIELD_TYPES = (Int, Str, List)
 PARTS = ("analyze", "run", "operations", "reconnoiter")
+TABLE_SETTINGS = ("default", "partitioner", "partition_by", "range_by")
 
 
 class App:
@@ -39,6 +44,7 @@ class App:
         self.name = name
         self._tables: dict[str, Table] = {}
         self._procedures: dict[str, Procedure] = {}
+        self._flows: dict[str, Stream | Window | Nested] = {}  # streams, windows, nested, by name
 
     # -- the module form's view: what `ordo run --app module:app` loads --------------------
 
@@ -50,37 +56,111 @@ class App:
     def PROCEDURES(self) -> list[Procedure]:  # noqa: N802
         return list(self._procedures.values())
 
+    @property
+    def STREAMS(self) -> list[Stream | Window | Nested]:  # noqa: N802
+        return list(self._flows.values())
+
     def registry(self, *workloads: str) -> Registry:
         """This app's procedures, plus the named built-in workloads (`"sl"`, …) if any."""
         from procedures.loading import load_spec, workload_spec
 
         registry = Registry()
-        registry.add_workload(self.TABLES, self.PROCEDURES)
+        try:
+            registry.add_workload(self.TABLES, self.PROCEDURES, self.STREAMS)
+        except ValueError as exc:
+            raise ValueError(f"app '{self.name}': {exc}") from None
         for name in workloads:
             registry.add_workload(*load_spec(workload_spec(name)))
         return registry
 
     # -- declarations ------------------------------------------------------------------------
 
-    def table(self, name: str, *, default: Any = 0, partitioner: str = "hash",
-              partition_by: int | None = None) -> Table:
-        """Declare a table: the value a never-written key reads as, and how its keys map to
-        partitions ("hash", "modulo", or `partition_by=i` for composite keys)."""
+    def table(self, name: str | type | None = None, *, default: Any = 0, partitioner: str = "hash",
+              partition_by: int | None = None, range_by: int | None = None) -> Table | Callable:
+        """Declare a table: the value a never-written key reads as, how its keys map to
+        partitions ("hash", "modulo", or `partition_by=i` for composite keys) and, with
+        `range_by=k`, that transactions may declare ranges of it (docs/keys.md).
+        `app.table("stock", default=0)` returns the Table; as a decorator, `@app.table` (or
+        `@app.table(default=…)`) over a class declares the table named after it, its class
+        attributes giving the settings."""
+        if isinstance(name, type):
+            return self._table_class(name, {})
+        if name is None:
+            given = {"default": default, "partitioner": partitioner, "partition_by": partition_by,
+                     "range_by": range_by}
+            return lambda target: self._table_class(target, given)
         if not isinstance(name, str) or not name:
             raise TypeError(f"app '{self.name}': a table needs a name, e.g. app.table('account')")
-        table = Table(name, default, partitioner, partition_by)
+        try:
+            table = Table(name, default, partitioner, partition_by, range_by)
+        except ValueError as exc:
+            raise ValueError(f"app '{self.name}': {exc}") from None
         existing = self._tables.get(name)
         if existing is not None and existing != table:
             raise ValueError(f"app '{self.name}': table '{name}' declared twice with different settings")
         self._tables[name] = table
         return table
 
+    def _table_class(self, target: Any, given: dict) -> Table:
+        if not isinstance(target, type):
+            raise TypeError(f"app '{self.name}': @app.table decorates a class named after the table, "
+                            f"not {target!r}")
+        own = {n: v for n, v in vars(target).items() if not n.startswith("__")}
+        for unknown in (n for n in own if n not in TABLE_SETTINGS):
+            close = difflib.get_close_matches(unknown, TABLE_SETTINGS, n=1, cutoff=0.6)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise TypeError(f"app '{self.name}', table '{target.__name__}': '{unknown}' is not a table setting"
+                            f"{hint} (settings: {', '.join(TABLE_SETTINGS)})")
+        settings = {"default": 0, "partitioner": "hash", "partition_by": None, "range_by": None, **given, **own}
+        return self.table(target.__name__, **settings)
+
+    # -- streams (docs/streaming.md) ----------------------------------------------------------
+
+    def stream(self, name: str, *, producers: list[str] | tuple = (), consumers: list[str] | tuple = (),
+               on_insert: Callable | None = None) -> Stream:
+        """A stream from its producers to its consumers (each consumer is triggered by it). No
+        producers: an input stream, whose requests carry atomic batches of tuples for its
+        consumer; no consumers: an output stream, published as `<ns>.stream.<name>`.
+        `on_insert(ctx, tuple)` runs inside the emitting transaction for each tuple."""
+        return self._flow(Stream, name, producers=tuple(producers), consumers=tuple(consumers),
+                          on_insert=on_insert)
+
+    def window(self, name: str, *, owner: str, rows: int | None = None, slide: int | None = None,
+               range_ms: int | None = None, slide_ms: int | None = None,
+               on_slide: Callable | None = None) -> Window:
+        """A window owned by a procedure of a dataflow: `rows=n, slide=m` (ROWS n SLIDE m) or
+        `range_ms=r, slide_ms=s` (by the batch's time)."""
+        return self._flow(Window, name, owner=owner, rows=rows, slide=slide, range_ms=range_ms,
+                          slide_ms=slide_ms, on_slide=on_slide)
+
+    def nested(self, name: str, procedures: list[str] | tuple) -> Nested:
+        """Triggered procedures that commit or abort as one."""
+        return self._flow(Nested, name, procedures=tuple(procedures))
+
+    def _flow(self, kind: type, name: str, **settings):
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"app '{self.name}': a {kind.__name__.lower()} needs a name")
+        if name in self._flows:
+            raise ValueError(f"app '{self.name}': '{name}' declared twice (streams, windows and nested "
+                             f"transactions share one namespace)")
+        try:
+            declared = kind(name, **settings)
+        except ValueError as exc:
+            raise ValueError(f"app '{self.name}': {exc}") from None
+        self._flows[name] = declared
+        return declared
+
     def procedure(self, name: str | None = None, *, args: dict | None = None,
                   analyze: Callable | None = None, operations: Callable | None = None,
-                  reconnoiter: Callable | None = None) -> Callable:
+                  reconnoiter: Callable | None = None, keys: list | None = None, reads: list | None = None,
+                  writes: list | None = None) -> Callable:
         """Decorator: `@app.procedure(args={...})` over a class with `analyze` and `run`,
-        or over a RUN function with `analyze=`. The procedure's name is the class's or
-        function's unless `name` is given. Returns the registered `Procedure`."""
+        or over a RUN function with `analyze=`, or with its keys as argument paths —
+        `keys=` (read and written), `reads=`, `writes=`: lists of `(table, path)` where
+        path is an argument's name (a List argument: each of its items) or a tuple of
+        names (a composite key) — from which ANALYZE is derived. The procedure's name is
+        the class's or function's unless `name` is given. Returns the registered
+        `Procedure`."""
         if callable(name):
             raise TypeError(f"app '{self.name}': write @app.procedure(args={{...}}), with the argument "
                             f"schema, not a bare @app.procedure over '{getattr(name, '__name__', name)}'")
@@ -88,12 +168,20 @@ class App:
             raise TypeError(f"app '{self.name}': @app.procedure needs args={{name: Int() | Str() | List(...)}} "
                             f"(args={{}} for none)")
         schema = self._schema(name, args)
+        paths = (keys, reads, writes)
 
         def register(target: Any) -> Procedure:
             proc_name = name or getattr(target, "__name__", None)
             if not isinstance(proc_name, str) or not proc_name:
                 raise TypeError(f"app '{self.name}': cannot name the procedure {target!r}; give name=")
-            parts = self._parts(proc_name, target, analyze, operations, reconnoiter)
+            derived = None
+            if any(p is not None for p in paths):
+                where = f"app '{self.name}', procedure '{proc_name}'"
+                if analyze is not None or reconnoiter is not None:
+                    raise TypeError(f"{where}: give its keys either as argument paths (keys=, reads=, writes=) "
+                                    f"or as analyze=, not both")
+                derived = derived_analyze(where, schema, *paths)
+            parts = self._parts(proc_name, target, derived or analyze, operations, reconnoiter)
             if proc_name in self._procedures:
                 raise ValueError(f"app '{self.name}': procedure '{proc_name}' declared twice")
             procedure = Procedure(proc_name, schema, parts["analyze"], parts["run"], parts.get("operations"),
@@ -146,3 +234,53 @@ class App:
 
     def __repr__(self) -> str:
         return f"App({self.name!r}: {len(self._tables)} tables, {len(self._procedures)} procedures)"
+
+
+def _did_you_mean(word: str, candidates) -> str:
+    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def derived_analyze(where: str, schema: dict, keys: list | None, reads: list | None,
+                    writes: list | None) -> Callable:
+    """ANALYZE from keys given as argument paths: a pure function of the arguments by
+    construction, so it gives the same sets on every call, as ANALYZE must."""
+    def resolve(given: list | None, what: str) -> list[tuple[str, Any]]:
+        if given is None:
+            return []
+        if not isinstance(given, (list, tuple)):
+            raise TypeError(f"{where}: {what}= takes a list of (table, argument) pairs")
+        resolved = []
+        for item in given:
+            if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)):
+                raise TypeError(f"{where}: {what}= holds {item!r}; each key is (table, argument name) or "
+                                f"(table, (argument, …)) for a composite key")
+            table, path = item
+            names = path if isinstance(path, tuple) else (path,)
+            for arg in names:
+                if arg not in schema:
+                    raise TypeError(f"{where}: {what}= names argument '{arg}', which is not in args"
+                                    f"{_did_you_mean(str(arg), schema)}")
+                if isinstance(schema[arg], List) and isinstance(path, tuple):
+                    raise TypeError(f"{where}: {what}=: list argument '{arg}' cannot be part of a composite key")
+            resolved.append((table, path))
+        return resolved
+
+    both, read_only, write_only = resolve(keys, "keys"), resolve(reads, "reads"), resolve(writes, "writes")
+    lists = {name for name, field in schema.items() if isinstance(field, List)}
+
+    def expand(paths: list, args: dict) -> list:
+        out = []
+        for table, path in paths:
+            if isinstance(path, tuple):
+                out.append((table, tuple(args[name] for name in path)))
+            elif path in lists:
+                out.extend((table, item) for item in args[path])
+            else:
+                out.append((table, args[path]))
+        return out
+
+    def analyze(args: dict):
+        shared = expand(both, args)
+        return shared + expand(read_only, args), shared + expand(write_only, args)
+    return analyze

@@ -10,7 +10,12 @@ import sys
 
 from confluent_kafka import KafkaException
 
+from ordo.errors import OrdoError
 from sequencer.sequencer import SequencerConfig
+
+# The built-in workloads (procedures/workloads), named here so that building the parser
+# imports none of them; a test keeps the two lists equal.
+WORKLOAD_NAMES = ("micro", "sl", "gs", "ob", "tp", "alias", "tpcc", "voter")
 
 SCHEDULER_CHOICES = ("serial", "locking", "vll", "opchain")
 
@@ -63,6 +68,13 @@ def _kafka(p: argparse.ArgumentParser, namespace: bool = True) -> None:
                         "answer within 5 s)")
     if namespace:
         p.add_argument("--namespace", default="ordo", metavar="NS", help="topic prefix (default: ordo)")
+
+
+def _log_secret(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--log-secret-file", metavar="FILE",
+                   help="the namespace's log secret, shared by its sequencers and engines, which sign and check "
+                        "every log record with it; ORDO_LOG_SECRET (the secret itself) wins over it (default: "
+                        "this user's own, made on first use; docs/operations.md, 'Security')")
 
 
 def _sequencer_options(p: argparse.ArgumentParser) -> None:
@@ -136,7 +148,9 @@ def _procedure_specs(args) -> tuple[str, ...]:
         paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
         if here not in paths:
             os.environ["PYTHONPATH"] = os.pathsep.join([here, *filter(None, paths)])
-    load_registry(specs)
+    from procedures.fingerprint import describe
+
+    describe(load_registry(specs))  # the set every process must describe alike
     return tuple(specs)
 
 
@@ -195,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="create topics if missing, run sequencer and engine until stopped")
     _kafka(p)
+    _log_secret(p)
     _engine_options(p)
     _checkpoint_options(p)
     p.add_argument("--request-partitions", type=COUNT, default=None, metavar="R",
@@ -206,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sequence", help="run only the sequencer (one of --sequencers)")
     _kafka(p)
+    _log_secret(p)
     _sequencer_options(p)
     p.add_argument("--sequencer-index", type=_integer(0), default=0, metavar="K",
                    help="with --sequencers S: this is sequencer K, 0 <= K < S; it takes the request partitions "
@@ -213,16 +229,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--partitions", type=COUNT, default=1, metavar="N",
                    help="the engine's partition count, for which each batch records its routing (default 1; "
                         "an engine with another count places every entry itself)")
+    p.add_argument("--quiet", action="store_true", help="no start line (errors are still said)")
     _procedure_options(p)
 
     p = sub.add_parser("execute", help="run only the engine (follows <ns>.log)")
     _kafka(p)
+    _log_secret(p)
     _engine_options(p)
     _checkpoint_options(p)
 
     p = sub.add_parser("recover", help="restore or rebuild the shards if they need it, replay <ns>.log "
                                        "to its head, exit")
     _kafka(p)
+    _log_secret(p)
     p.add_argument("--data-dir", required=True, metavar="DIR", help="where the RocksDB shards live")
     p.add_argument("--scheduler", choices=SCHEDULER_CHOICES, default="serial")
     p.add_argument("--partitions", type=COUNT, default=None, metavar="N",
@@ -235,6 +254,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "(broker watermarks are not trusted; default %(default)s)")
     p.add_argument("--checkpoint", action="store_true", help="checkpoint the shards at the head before exiting")
 
+    p = sub.add_parser("log", help="operator commands on <ns>.log")
+    log_commands = p.add_subparsers(dest="log_command", required=True, metavar="LOG_COMMAND")
+    p = log_commands.add_parser("skip", help="append a signed record that has every reader and replay pass over "
+                                             "the record at --offset, one that stops the log's readers")
+    _kafka(p)
+    _log_secret(p)
+    p.add_argument("--offset", type=int, required=True, metavar="N", help="the offset of the record to pass over")
+
     p = sub.add_parser("submit", help="produce requests; --wait collects their outcomes")
     _kafka(p)
     what = p.add_mutually_exclusive_group(required=True)
@@ -246,12 +273,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=WAIT_S, default=120.0, help="seconds to wait for outcomes")
 
     p = sub.add_parser("gen", help="print workload requests as JSON lines")
-    p.add_argument("workload", nargs="?", help="micro, sl, gs, ob or tp (see `ordo gen --list`)")
+    p.add_argument("workload", nargs="?", help=f"one of {', '.join(WORKLOAD_NAMES)} (`ordo gen --list` describes "
+                                                 f"each and its knobs)")
     p.add_argument("--count", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
                    help="workload knob, repeatable (see --list)")
-    p.add_argument("--list", action="store_true", help="list workloads and their knobs")
+    p.add_argument("--list", action="store_true", help="describe every workload and its knobs")
 
     p = sub.add_parser("dump", help="print stored records as sorted JSON lines (safe while running)")
     p.add_argument("--data-dir", required=True, metavar="DIR")
@@ -277,9 +305,11 @@ def build_parser() -> argparse.ArgumentParser:
                                     "alias: dependent transactions end to end, with their restart rate; "
                                     "voter: S-Store's leaderboards, votes/s end to end; "
                                     "latency WORKLOAD: open-loop latency at fixed rates (--rate 500,1000), "
-                                    "with the share of each hop (sequencing, execution, delivery)")
+                                    "with the share of each hop (sequencing, execution, delivery); "
+                                    "soak WORKLOAD: memory of every process under a steady rate "
+                                    "(--rate 500 --seconds 1800), warm-up told from a leak")
     p.add_argument("scaled", nargs="?", metavar="WORKLOAD",
-                   help="scale, sequence and latency: the workload to measure")
+                   help="scale, sequence, latency and soak: the workload to measure")
     p.add_argument("--sequencers", default="1,2", metavar="S[,S…]",
                    help="sequence: the sequencer counts, comma-separated (default %(default)s)")
     p.add_argument("--scheduler", choices=SCHEDULER_CHOICES, default="serial")
@@ -296,7 +326,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="alias: the client sends at this rate (default: all at once); latency: the rates, "
                         "comma-separated, each measured on a fresh namespace, sequencer and engine")
     p.add_argument("--seconds", type=float, default=10.0, metavar="T",
-                   help="latency: how long the client sends at each rate, after a warm-up (default %(default)s)")
+                   help="latency: how long the client sends at each rate, after a warm-up (default %(default)s); "
+                        "soak: how long it sends")
+    p.add_argument("--every", type=float, default=30.0, metavar="T",
+                   help="soak: seconds between memory samples (default %(default)s)")
     p.add_argument("--runtime", choices=("auto", "local", "ray"), default="auto",
                    help="latency: partition workers in the engine's process (local) or as Ray actors (ray); "
                         "auto: Ray when there is more than one partition")
@@ -341,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
             user_kafka_settings()  # judged once, before any client starts
 
             check_reachable(args.bootstrap_servers, wait=getattr(args, "wait_for_broker", 0.0))
+        if hasattr(args, "log_secret_file"):
+            _use_log_secret(args.log_secret_file)
         return COMMANDS[args.command](args)
     except KeyboardInterrupt:
         return 130
@@ -348,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         # The reader went away (`ordo dump … | head`): what it wanted was written.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+    except (ValueError, FileNotFoundError, RuntimeError, OrdoError) as exc:
         print(f"ordo {args.command}: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # a disk or directory problem: the path and the cause
@@ -358,6 +393,17 @@ def main(argv: list[str] | None = None) -> int:
     except KafkaException as exc:
         print(f"ordo {args.command}: Kafka: {exc.args[0].str() if exc.args else exc}", file=sys.stderr)
         return 2
+
+
+def _use_log_secret(path: str | None) -> None:
+    """Find the log secret once, before anything starts; the processes this one starts
+    read the same file."""
+    from sequencer.log_secret import SECRET_FILE_ENV, forget_key, log_key
+
+    if path:
+        os.environ[SECRET_FILE_ENV] = os.path.abspath(path)
+        forget_key()
+    log_key()
 
 
 def cmd_broker(args) -> int:
@@ -380,7 +426,7 @@ def cmd_sequence(args) -> int:
 
     die_with_parent()  # when an engine started this sequencer, it goes when the engine goes
     return serve_sequencer(args.bootstrap_servers, args.namespace, _sequencer_config(args),
-                           _procedure_specs(args))
+                           _procedure_specs(args), args.quiet)
 
 
 def cmd_execute(args) -> int:
@@ -397,6 +443,15 @@ def cmd_recover(args) -> int:
     mode = options.pop("restore")
     recover(args.bootstrap_servers, args.namespace, args.data_dir, args.scheduler, args.partitions, mode,
             args.idle, args.checkpoint, args.quiet, **options, **_placement(args))
+    return 0
+
+
+def cmd_log(args) -> int:
+    from sequencer.log_skip import skip_record
+
+    why, at = skip_record(args.bootstrap_servers, args.namespace, args.offset)
+    print(f"the record at offset {args.offset} stopped the log's readers ({why}); the skip record at offset {at} "
+          f"has every reader and replay pass over it", file=sys.stderr)
     return 0
 
 
@@ -434,7 +489,9 @@ def cmd_submit(args) -> int:
     if submission.failed:
         counts["not sent"] = len(submission.failed)
     print(", ".join(f"{n} {status}" for status, n in sorted(counts.items())), file=sys.stderr)
-    return 0 if not missing and not submission.failed else 1
+    # A rejected request never ran (its error says why): like one not sent, a failure of the
+    # submission. An aborted one ran and its procedure decided: a result, not a failure.
+    return 0 if not missing and not submission.failed and not counts.get("rejected") else 1
 
 
 def _submission_notes(submission, lines: list[int], single: bool) -> list[str]:
@@ -469,8 +526,10 @@ def cmd_gen(args) -> int:
     from procedures.workloads import ALL_WORKLOADS
 
     if args.list:
+        from procedures.workloads import summary
+
         for name, module in ALL_WORKLOADS.items():
-            print(name)
+            print(f"{name}: {summary(module)}")
             for knob, (kind, default, text) in module.KNOBS.items():
                 print(f"  {knob}={default}  ({kind.__name__}) {text}")
         return 0
@@ -570,6 +629,17 @@ def cmd_bench(args) -> int:
                     args.scheduler, args.seconds, args.seed, parse_knobs(_workload(args.scaled), args.knob),
                     args.max_txns, args.runtime, args.json)
         return 0
+    if args.workload == "soak":
+        from ordo.benchmarks.soak import run_soak
+
+        if args.scaled is None or args.rate is None or "," in args.rate:
+            raise ValueError("ordo bench soak needs a workload and one rate: "
+                             "ordo bench soak micro --rate 500 --seconds 1800")
+        if not (float(args.rate) > 0 and args.seconds > 0 and args.every > 0):
+            raise ValueError("ordo bench soak needs --rate, --seconds and --every above 0")
+        run_soak(args.scaled, float(args.rate), args.seconds, int(args.partitions or 1), args.scheduler,
+                 args.every, args.seed, parse_knobs(_workload(args.scaled), args.knob), args.json)
+        return 0
     if args.workload == "scale":
         from ordo.benchmarks.scale import run_scale
 
@@ -605,6 +675,7 @@ COMMANDS = {
     "sequence": cmd_sequence,
     "execute": cmd_execute,
     "recover": cmd_recover,
+    "log": cmd_log,
     "submit": cmd_submit,
     "gen": cmd_gen,
     "dump": cmd_dump,

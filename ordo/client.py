@@ -21,6 +21,7 @@ from typing import Any, AsyncIterator, Callable, Iterable, Iterator
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
+from ordo.errors import BrokerUnavailable, NotSent, OrdoError, OutcomeTimeout, Timeout, TopicMissing
 from sequencer.kafka import REQUEST_BATCHING, consumer_config, kafka_config
 from sequencer.topics import Topics
 from sequencer.wire import fields_problem, id_problem
@@ -75,19 +76,20 @@ class Client:
             }))
         return self._producer
 
-    def submit(self, proc_or_requests: str | Iterable[Request], args: dict[str, Any] | None = None, *,
-               request_id: str | None = None) -> str | list[str]:
-        """`submit("deposit", {...})`: one request, returns its id. `submit([...])`: many, as
-        `submit_many`, returns their ids and raises if the broker refused any."""
-        if isinstance(proc_or_requests, str):
-            submission = self.submit_many([new_request(proc_or_requests, args or {}, request_id)])
+    def submit(self, proc: str | Iterable[Request], args: dict[str, Any] | None = None, *,
+               request_id: str | None = None, timeout: float = 60.0) -> str | list[str]:
+        """`submit("deposit", {...})` (or `submit(proc="deposit", args={...})`): one request,
+        returns its id. `submit([...])`: many, as `submit_many`, returns their ids and raises
+        if the broker refused any."""
+        if isinstance(proc, str):
+            submission = self.submit_many([new_request(proc, args or {}, request_id)], timeout)
             if submission.failed:
-                raise RuntimeError(f"request not sent: {submission.failed[0]}")
+                raise NotSent(f"request not sent: {submission.failed[0]}")
             return submission.ids[0]
-        submission = self.submit_many(proc_or_requests)
+        submission = self.submit_many(proc, timeout)
         if submission.failed:
             first = min(submission.failed)
-            raise RuntimeError(f"{len(submission.failed)} requests were not acknowledged by the broker "
+            raise NotSent(f"{len(submission.failed)} requests were not acknowledged by the broker "
                                f"(request {first}: {submission.failed[first]})")
         return submission.sent
 
@@ -95,8 +97,9 @@ class Client:
         """Produce requests, in order, and wait until the broker has them. A request is a
         dict (`new_request`), a raw message body sent as it is (keyed by its 'id' when it
         has a usable one: the engine, not the client, judges each request), or a
-        (key, raw body) pair."""
-        self._mark_start()
+        (key, raw body) pair. Raises BrokerUnavailable if no broker answers within
+        `timeout`, NotSent if the broker has not acknowledged every request by then."""
+        self._mark_start(timeout)
         producer = self._ensure_producer()
         submission = Submission()
         keyless: dict[int, None] = {}
@@ -129,50 +132,70 @@ class Client:
             producer.poll(0)
         remaining = producer.flush(timeout)
         if remaining:
-            raise RuntimeError(f"{remaining} requests were not acknowledged by the broker within {timeout:.0f} s")
+            raise NotSent(f"{remaining} requests were not acknowledged by the broker at {self.bootstrap} within "
+                          f"{timeout:.0f} s")
         return submission
 
     def wait_for_topics(self, timeout: float = 60.0) -> None:
         """Wait until the namespace's requests and results topics exist (an engine started
-        just before creates them), or raise TimeoutError."""
+        just before creates them). Raises BrokerUnavailable if no broker answered in
+        `timeout` seconds, Timeout if one did but the topics were still missing."""
         consumer = self._consumer()
         deadline = time.monotonic() + timeout
+        failure: KafkaException | None = None
+        answered = False
         try:
             while True:
                 try:  # a broker that is still starting is waited for like a topic that is still missing
-                    topics = consumer.list_topics(timeout=max(0.5, min(5.0, deadline - time.monotonic()))).topics
-                except KafkaException:
-                    topics = {}
+                    wait = max(0.1, min(5.0, deadline - time.monotonic()))
+                    topics = consumer.list_topics(timeout=wait).topics
+                    answered = True
+                except KafkaException as exc:
+                    topics, failure = {}, exc
                 if self.topics.requests in topics and self.topics.results in topics:
                     return
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"topics {self.topics.requests} and {self.topics.results} do not exist after "
-                                       f"{timeout:.0f} s: is an engine (`ordo run`) running on this namespace?")
-                time.sleep(0.2)
+                if time.monotonic() >= deadline:
+                    if not answered and failure is not None:
+                        raise self._unavailable(failure, timeout)
+                    raise Timeout(f"topics {self.topics.requests} and {self.topics.results} do not exist after "
+                                  f"{timeout:.0f} s: is an engine (`ordo run`) running on this namespace?")
+                time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
         finally:
             consumer.close()
 
     # -- outcomes ----------------------------------------------------------------------------
 
-    def _mark_start(self) -> None:
+    def _mark_start(self, timeout: float = 10.0) -> None:
         if self._start is None:
-            self._start = self._end_offsets()
+            self._start = self._end_offsets(timeout)
 
-    def _partitions(self, consumer: Consumer) -> list[int]:
+    def _unavailable(self, exc: KafkaException, timeout: float) -> BrokerUnavailable:
+        error = exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else str(exc)
+        return BrokerUnavailable(f"no Kafka broker answers at {self.bootstrap} within {timeout:.0f} s ({error}): "
+                                 f"is it running, and are these its address and settings?")
+
+    def _partitions(self, consumer: Consumer, timeout: float = 10.0) -> list[int]:
         topic = self.topics.results
-        metadata = consumer.list_topics(topic, timeout=10).topics.get(topic)
+        try:
+            metadata = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+        except KafkaException as exc:
+            raise self._unavailable(exc, timeout) from None
         if metadata is None or metadata.error is not None or not metadata.partitions:
             return []
         return sorted(metadata.partitions)
 
-    def _end_offsets(self) -> dict[int, int]:
+    def _end_offsets(self, timeout: float = 10.0) -> dict[int, int]:
         """Where each partition of <ns>.results ends now (an absent topic: nothing yet, so
         from its beginning)."""
         topic = self.topics.results
         consumer = self._consumer()
+        timeout = min(timeout, 10.0)
         try:
-            ends = {p: max(0, _end_offset(consumer, TopicPartition(topic, p), timeout=10))
-                    for p in self._partitions(consumer)}
+            try:
+                ends = {p: max(0, _end_offset(consumer, TopicPartition(topic, p), timeout=timeout))
+                        for p in self._partitions(consumer, timeout)}
+            except KafkaException as exc:
+                raise self._unavailable(exc, timeout) from None
             if not ends:
                 return ends
             # A broker may report less than its true end (the local broker does, after a
@@ -198,13 +221,13 @@ class Client:
             **self.settings,
         }))
 
-    def _reader(self, from_beginning: bool) -> Consumer:
+    def _reader(self, from_beginning: bool, timeout: float = 10.0) -> Consumer:
         consumer = self._consumer()
-        start = {} if from_beginning else (self._start if self._start is not None else self._end_offsets())
-        partitions = self._partitions(consumer)
+        start = {} if from_beginning else (self._start if self._start is not None else self._end_offsets(timeout))
+        partitions = self._partitions(consumer, min(timeout, 10.0))
         if not partitions:
             consumer.close()
-            raise RuntimeError(f"topic {self.topics.results} does not exist: is the namespace right, and has "
+            raise TopicMissing(f"topic {self.topics.results} does not exist: is the namespace right, and has "
                                f"`ordo run` created its topics?")
         consumer.assign([TopicPartition(self.topics.results, p, start.get(p, OFFSET_BEGINNING))
                          for p in partitions])
@@ -215,7 +238,7 @@ class Client:
         topic ended before this client's first request (or now, for a client that sent
         none), or from the beginning. Stops after `idle` seconds without one (None: never).
         A record that is not an outcome object is yielded as {"unreadable": raw bytes}."""
-        consumer = self._reader(from_beginning)
+        consumer = self._reader(from_beginning, max(0.5, min(10.0, idle if idle is not None else 10.0)))
         last = time.monotonic()
         try:
             while idle is None or time.monotonic() - last < idle:
@@ -223,7 +246,7 @@ class Client:
                     if message.error() is not None:
                         if message.error().code() == KafkaError._PARTITION_EOF:
                             continue
-                        raise RuntimeError(f"reading {self.topics.results} failed: {message.error()}")
+                        raise OrdoError(f"reading {self.topics.results} failed: {message.error()}")
                     last = time.monotonic()
                     yield _outcome(message.value())
         finally:
@@ -260,7 +283,7 @@ class Client:
     def wait_one(self, request_id: str, timeout: float = 60.0) -> dict:
         found = self.wait([request_id], timeout)
         if request_id not in found:
-            raise TimeoutError(f"no outcome for {request_id!r} within {timeout:.0f} s")
+            raise OutcomeTimeout(f"no outcome for {request_id!r} within {timeout:.0f} s")
         return found[request_id]
 
     def outcomes(self, ids: Iterable[str], timeout: float = 60.0, on_outcome=None) -> dict[str, dict]:
@@ -285,9 +308,8 @@ class AsyncClient:
     def __init__(self, bootstrap: str, namespace: str, settings: dict[str, Any] | None = None):
         self.client = Client(bootstrap, namespace, settings)
 
-    async def submit(self, proc_or_requests, args: dict[str, Any] | None = None, *,
-                     request_id: str | None = None):
-        return await asyncio.to_thread(self.client.submit, proc_or_requests, args, request_id=request_id)
+    async def submit(self, proc, args: dict[str, Any] | None = None, *, request_id: str | None = None):
+        return await asyncio.to_thread(self.client.submit, proc, args, request_id=request_id)
 
     async def submit_many(self, requests: Iterable[Request]) -> Submission:
         return await asyncio.to_thread(self.client.submit_many, list(requests))

@@ -1,19 +1,22 @@
-"""`ordo demo`: the whole pipeline on this machine with a readable summary."""
+"""`ordo demo`: the whole pipeline on this machine, told in plain words: what was sent, what
+the engine did with it and why, and what the final check proved."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import signal
 import tempfile
 import threading
 import time
+from collections import Counter
 
 from ordo.client import Client
 from ordo.embedded import read_log
 from ordo.services import SequencerProcess
 from ordo.state import digest, records
 from procedures.registry import default_registry
-from procedures.workloads import ALL_WORKLOADS
+from procedures.workloads import ALL_WORKLOADS, summary
 from scheduler.coordinator import Coordinator
 from scheduler.reference import SerialInterpreter
 from sequencer.broker import local_broker
@@ -27,6 +30,29 @@ BAD_REQUESTS = [
     ("demo-bad-args", json.dumps({"id": "demo-bad-args", "proc": "sl_deposit", "args": {
         "account": "three", "asset": 1, "account_amount": 5, "asset_amount": 5}}).encode()),
 ]
+NEXT = ("Next: your own app — README.md, 'Quick start' (examples/bank.py under `ordo run --app bank:app`); "
+        "or this demo on another scheduler: ordo demo --scheduler vll --partitions 2")
+
+
+def say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+class _Interrupt:
+    """Ctrl-C (SIGINT) or SIGTERM: stop the engine at the end of its batch, then clean up."""
+
+    def __init__(self, coordinator: Coordinator):
+        self.coordinator = coordinator
+        self.signal: int | None = None
+        self._previous = {sig: signal.signal(sig, self._stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def _stop(self, signum, frame) -> None:
+        self.signal = signum
+        self.coordinator.stop()
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
 def run_demo(workload: str, count: int, scheduler: str, partitions: int, data_dir: str | None) -> int:
@@ -34,15 +60,33 @@ def run_demo(workload: str, count: int, scheduler: str, partitions: int, data_di
     own_dir = data_dir is None
     data_dir = data_dir or tempfile.mkdtemp(prefix="ordo-demo-")
     namespace = "demo"
-    say = lambda text="": print(text, flush=True)  # noqa: E731
-    say(f"Ordo demo: {count:,} {workload} requests, {scheduler} scheduler, {partitions} partition(s)")
-    with local_broker() as broker:
-        bootstrap = broker.bootstrap_servers
-        say(f"  broker     {bootstrap} (local, memory only)")
-        say(f"  data       {data_dir}")
-        ensure_topics(bootstrap, namespace, request_partitions=2)
-        coordinator = Coordinator(bootstrap, namespace, data_dir, scheduler, partitions)
-        sequencer = SequencerProcess(bootstrap, namespace, SequencerConfig(partitions=partitions))
+    say(f"Ordo demo — {summary(module)}")
+    say(f"{count:,} requests of workload {workload}, run by the {scheduler} scheduler on {partitions} "
+        f"partition(s).")
+    try:
+        with local_broker() as broker:
+            return _run(module, workload, count, scheduler, partitions, data_dir, namespace, broker)
+    finally:
+        if own_dir:
+            shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _run(module, workload: str, count: int, scheduler: str, partitions: int, data_dir: str, namespace: str,
+         broker) -> int:
+    bootstrap = broker.bootstrap_servers
+    say()
+    say("What runs")
+    say(f"  A Kafka broker on {bootstrap} keeps the log; the engine keeps its state in {data_dir}.")
+    say(f"  A client sends the requests to {namespace}.requests, with a copy of the first one and three "
+        f"malformed ones.")
+    say(f"  The sequencer cuts them into numbered batches on {namespace}.log; the engine executes every batch "
+        f"and publishes each request's outcome on {namespace}.results.")
+    ensure_topics(bootstrap, namespace, request_partitions=2)
+    coordinator = Coordinator(bootstrap, namespace, data_dir, scheduler, partitions)
+    interrupt = _Interrupt(coordinator)
+    sequencer = SequencerProcess(bootstrap, namespace, SequencerConfig(partitions=partitions), quiet=True)
+    client = Client(bootstrap, namespace)
+    try:
         sequencer.start()
         requests = list(module.generate(count, seed=7))
         requests.append(dict(requests[0]))  # a duplicate id
@@ -52,41 +96,74 @@ def run_demo(workload: str, count: int, scheduler: str, partitions: int, data_di
             if stats.txns >= expected:
                 coordinator.stop()
 
-        client = Client(bootstrap, namespace)
         started = time.monotonic()
         sent: list[str] = []  # the ids outcomes carry: a bad request's may be its position
         feeder = threading.Thread(target=lambda: sent.extend(client.submit(requests + BAD_REQUESTS)), daemon=True)
         feeder.start()
         stats = coordinator.run(progress=stop_when_done, idle_exit=120)
         elapsed = time.monotonic() - started
-        feeder.join()
+        if interrupt.signal is not None:
+            say()
+            say(f"Stopped by {signal.Signals(interrupt.signal).name} after {stats.txns:,} of {expected:,} "
+                f"outcomes (batch {stats.last_batch}); the broker, the sequencer and the demo's files are removed.")
+            return 130
+        feeder.join(30)
+    finally:
         sequencer.stop()
         client.close()
-        say(f"  outcomes   {stats.txns:,} of {expected:,} in {elapsed:.1f} s "
-            f"({stats.txns / elapsed:,.0f} requests/s end to end), {stats.batches} batches")
-        say(f"             committed {stats.committed:,}, aborted {stats.aborted:,}, rejected {stats.rejected:,}")
-        bad_ids = sent[-len(BAD_REQUESTS):]
-        outcomes = client.outcomes([*bad_ids, requests[0]["id"]], 30)
-        for (name, _), outcome_id in zip(BAD_REQUESTS, bad_ids):
-            say(f"  rejected   {name}: {outcomes.get(outcome_id, {}).get('error')}")
-        say("  duplicate  a second request with id "
-            f"{requests[0]['id']!r} was rejected: {stats.rejected >= 4}")
-        state_digest, applied = digest(data_dir)
-        reference = SerialInterpreter(default_registry()).apply(read_log(bootstrap, namespace, applied))
-        same = reference.digest() == state_digest
-        say(f"  digest     {to_hex(state_digest)} (through batch {applied})")
-        say(f"  check      plain serial interpretation of the log gives the same state: {'yes' if same else 'NO'}")
-        sample = [r for _, r in zip(range(3), records(data_dir))]
-        for record in sample:
-            say(f"  record     {json.dumps(record)}")
-        if workload == "voter":
-            from ordo.benchmarks.voter import leaderboards
+        interrupt.restore()
+    return _tell(module, requests, sent[-len(BAD_REQUESTS):], expected, stats, elapsed, client, bootstrap, namespace,
+                 data_dir, workload)
 
-            boards = leaderboards(data_dir)
-            for name in ("top3", "bottom3", "trending3"):
-                shown = ", ".join(f"#{c} ({boards['votes'].get(c, 0)} votes)" for c in boards[name] or [])
-                say(f"  {name:<10} {shown}")
-            say(f"  removed    {', '.join(f'#{c}' for c in boards['removed']) or 'none yet'}")
-    if own_dir:
-        shutil.rmtree(data_dir, ignore_errors=True)
+
+def _tell(module, requests: list, bad_ids: list[str], expected: int, stats, elapsed: float, client: Client,
+          bootstrap: str, namespace: str, data_dir: str, workload: str) -> int:
+    """`bad_ids`: the ids the outcomes of BAD_REQUESTS carry (a message that is not a
+    request is answered under its position)."""
+    say()
+    say(f"What happened ({elapsed:.1f} s, {stats.txns / elapsed:,.0f} requests/s end to end, "
+        f"{stats.batches:,} batches)")
+    say(f"  {stats.txns:,} of {expected:,} requests answered: {stats.committed:,} committed, {stats.aborted:,} "
+        f"aborted, {stats.rejected:,} rejected.")
+    ids = [r["id"] for r in requests[:-1]] + bad_ids
+    found = client.collect(ids + [requests[0]["id"]], timeout=60, from_beginning=True)
+    outcomes = [o for request_id in dict.fromkeys(ids) for o in found.get(request_id, [])]
+    reasons = Counter(o["error"] for o in outcomes if o.get("status") == "aborted")
+    if reasons:
+        say("  Aborted: the procedure ran and decided not to commit; nothing it wrote was kept. Why:")
+        for reason, n in reasons.most_common(3):
+            say(f"    {n:,} × {reason}")
+        if len(reasons) > 3:
+            say(f"    and {sum(reasons.values()) - sum(n for _, n in reasons.most_common(3)):,} for "
+                f"{len(reasons) - 3} other reason(s)")
+    say("  Rejected: the request never ran (each one answered, the pipeline went on):")
+    for (name, _), outcome_id in zip(BAD_REQUESTS, bad_ids):
+        outcome = (found.get(outcome_id) or [{}])[0]
+        say(f"    {name}: {outcome.get('error')}")
+    copy = next((o for o in found.get(requests[0]["id"], []) if o.get("status") == "rejected"), {})
+    say(f"    the second request with id {requests[0]['id']}: {copy.get('error', 'no answer yet')}")
+    state_digest, applied = digest(data_dir)
+    reference = SerialInterpreter(default_registry()).apply(read_log(bootstrap, namespace, applied))
+    same = reference.digest() == state_digest
+    say()
+    say("What the check proved")
+    if same:
+        say(f"  Executing the logged requests one by one, in log order, from an empty state gives exactly the "
+            f"state the engine built (digest {to_hex(state_digest)}, batches 1–{applied}).")
+    else:
+        say(f"  The engine's state DIFFERS from executing the logged requests one by one in log order "
+            f"(through batch {applied}): please report this.")
+    say("  Three of its records:")
+    for _, record in zip(range(3), records(data_dir)):
+        say(f"    {json.dumps(record)}")
+    if workload == "voter":
+        from ordo.benchmarks.voter import leaderboards
+
+        boards = leaderboards(data_dir)
+        for name in ("top3", "bottom3", "trending3"):
+            shown = ", ".join(f"#{c} ({boards['votes'].get(c, 0)} votes)" for c in boards[name] or [])
+            say(f"  {name:<10} {shown}")
+        say(f"  removed    {', '.join(f'#{c}' for c in boards['removed']) or 'none yet'}")
+    say()
+    say(NEXT)
     return 0 if same and stats.txns == expected else 1

@@ -16,7 +16,8 @@ from prometheus_client.exposition import start_http_server
 
 from scheduler.follower import BATCH_LATENCY_BUCKETS
 
-STATUSES = ("committed", "aborted", "rejected", "restarted")
+# A request's outcome is one of these, once: the series add up to the requests decided.
+STATUSES = ("committed", "aborted", "rejected")
 LAG_EVERY = 1.0  # seconds between broker queries for the lags, however often one scrapes
 
 
@@ -86,7 +87,8 @@ class EngineCollector:
         yield _gauge("ordo_last_applied_batch", "the newest batch applied on every partition", stats.last_batch)
         yield _counter("ordo_batches", "batches applied on every partition since this engine started",
                        stats.batches)
-        txns = CounterMetricFamily("ordo_transactions", "transaction outcomes by status", labels=["status"])
+        txns = CounterMetricFamily("ordo_transactions", "requests decided, by outcome (each request once)",
+                                   labels=["status"])
         by_partition = CounterMetricFamily("ordo_partition_transactions",
                                            "transaction outcomes reported by each partition",
                                            labels=["partition", "status"])
@@ -99,12 +101,17 @@ class EngineCollector:
         for s in statuses:
             busy.add_metric([str(s["partition"])], s.get("busy_s", 0.0))
         yield txns
-        yield _counter("ordo_aborts", "transactions aborted (ctx.abort, a failing RUN, an undeclared access)",
-                       sum(s.get("aborted", 0) for s in statuses))
+        yield _counter("ordo_restarts", "dependent transactions re-sequenced because a value their keys depend on "
+                                        "changed (a step towards an outcome, not one; docs/ollp.md)",
+                       sum(s.get("restarted", 0) for s in statuses))
         yield by_partition
         yield busy
         yield _histogram(statuses)
+        yield _memory(statuses)
         yield _counter("ordo_checkpoints", "checkpoints listed since this engine started", stats.checkpoints)
+        yield _counter("ordo_log_records_passed_over", "log records the engine read since it started and passed "
+                                                       "over: not signed with the log secret, or named by "
+                                                       "`ordo log skip`", stats.dropped_records)
         log_lag, requests_lag = (self.lags.log, self.lags.requests) if self.lags is not None else (None, None)
         if log_lag is not None:
             yield _gauge("ordo_log_lag_records", "log records not yet read by the slowest partition worker",
@@ -122,6 +129,16 @@ def _gauge(name: str, text: str, value: float) -> GaugeMetricFamily:
 
 def _counter(name: str, text: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, text, value=value)
+
+
+def _memory(statuses: list[dict]) -> GaugeMetricFamily:
+    memory = GaugeMetricFamily("ordo_partition_memory_bytes",
+                               "each partition worker's process resident set (resident) and its shard's "
+                               "RocksDB block cache, memtables and table readers", labels=["partition", "kind"])
+    for s in statuses:
+        for kind, value in s.get("memory", {}).items():
+            memory.add_metric([str(s["partition"]), kind], value)
+    return memory
 
 
 def _histogram(statuses: list[dict]) -> HistogramMetricFamily:

@@ -14,6 +14,7 @@ from typing import Callable
 
 from procedures.loading import load_registry
 from scheduler.coordinator import Coordinator, EngineStats
+from scheduler.worker import check_layout
 from sequencer.sequencer import Sequencer, SequencerConfig
 from sequencer.topics import Topics, ensure_topics, request_partitions_for
 
@@ -48,14 +49,14 @@ def announce_start(coordinator: Coordinator, stream=sys.stderr) -> None:
 
 
 def serve_sequencer(bootstrap: str, namespace: str, config: SequencerConfig,
-                    procedure_modules: tuple[str, ...] = ()) -> int:
+                    procedure_modules: tuple[str, ...] = (), quiet: bool = False) -> int:
     sequencer = Sequencer(bootstrap, namespace, load_registry(procedure_modules), config)
     on_termination(sequencer.stop)
     sequencer.start()
-    if config.sequencers == 1:
+    if not quiet and config.sequencers == 1:
         print(f"sequencer generation {sequencer.generation} resumes at batch {sequencer.next_batch}",
               file=sys.stderr, flush=True)
-    else:
+    elif not quiet:
         print(f"sequencer {config.index} of {config.sequencers} resumes at its batch {sequencer.next_epoch}",
               file=sys.stderr, flush=True)
     sequencer.run()
@@ -94,7 +95,8 @@ class Progress:
         unknown = lambda value: "?" if value is None else value  # noqa: E731
         print(f"batch {stats.last_batch} | {stats.txns} txns ({rate:,.0f}/s) | committed {stats.committed} "
               f"aborted {stats.aborted} rejected {stats.rejected} | log lag {unknown(log_lag)}"
-              + ("" if self._lags is None else f" | requests lag {unknown(requests_lag)}"),
+              + ("" if self._lags is None else f" | requests lag {unknown(requests_lag)}")
+              + (f" | passed over {stats.dropped_records} log records" if stats.dropped_records else ""),
               file=self._stream, flush=True)
 
 
@@ -150,7 +152,7 @@ def die_with_parent() -> None:
 
 
 def sequencer_command(bootstrap: str, namespace: str, config: SequencerConfig,
-                      procedure_modules: tuple[str, ...] = ()) -> list[str]:
+                      procedure_modules: tuple[str, ...] = (), quiet: bool = False) -> list[str]:
     return [
         sys.executable, "-m", "ordo.cli", "sequence",
         "--bootstrap-servers", bootstrap, "--namespace", namespace,
@@ -159,7 +161,7 @@ def sequencer_command(bootstrap: str, namespace: str, config: SequencerConfig,
         "--dedupe-window", str(config.dedupe_window), "--partitions", str(config.partitions),
         "--sequencers", str(config.sequencers), "--sequencer-index", str(config.index),
         *(arg for module in procedure_modules for arg in ("--procedures", module)),
-        "--log-level", _log_level(),
+        "--log-level", _log_level(), *(["--quiet"] if quiet else []),
     ]
 
 
@@ -184,8 +186,9 @@ class SequencerProcess:
     failing at start-up is given up: `failure` says why and `on_failure` is called."""
 
     def __init__(self, bootstrap: str, namespace: str, config: SequencerConfig,
-                 procedure_modules: tuple[str, ...] = (), on_failure: Callable[[], None] | None = None):
-        self._command = sequencer_command(bootstrap, namespace, config, procedure_modules)
+                 procedure_modules: tuple[str, ...] = (), quiet: bool = False,
+                 on_failure: Callable[[], None] | None = None):
+        self._command = sequencer_command(bootstrap, namespace, config, procedure_modules, quiet)
         self._name = "sequencer" if config.sequencers == 1 else f"sequencer {config.index}"
         self._process: subprocess.Popen | None = None
         self._stopping = threading.Event()
@@ -200,7 +203,10 @@ class SequencerProcess:
         # The child dies with this process (die_with_parent). The kernel ties that to the
         # thread that forks it: the main thread here, the supervisor for a restart; both
         # live as long as the engine serves.
-        process = subprocess.Popen(self._command, stderr=subprocess.PIPE,
+        # A process group of its own: a Ctrl-C at the terminal reaches the engine only, which
+        # stops the sequencer itself (`stop`), rather than the sequencer exiting first and
+        # being taken for a crash.
+        process = subprocess.Popen(self._command, stderr=subprocess.PIPE, process_group=0,
                                    env={**os.environ, "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())})
         self._relaying = threading.Thread(target=self._relay, args=(process.stderr,), daemon=True)
         self._relaying.start()
@@ -265,7 +271,7 @@ class SequencerProcesses:
     def __init__(self, bootstrap: str, namespace: str, config: SequencerConfig,
                  procedure_modules: tuple[str, ...] = (), on_failure: Callable[[], None] | None = None):
         self.processes = [SequencerProcess(bootstrap, namespace, replace(config, index=k), procedure_modules,
-                                           on_failure)
+                                           on_failure=on_failure)
                           for k in range(config.sequencers)]
 
     def start(self) -> None:
@@ -295,6 +301,7 @@ def serve_all(bootstrap: str, namespace: str, data_dir: str, scheduler: str, par
 
     started = time.monotonic()
     placement = placement or {}
+    check_layout(data_dir, partitions, namespace)  # a data directory of another namespace: before its topics exist
     ensure_topics(bootstrap, namespace, request_partitions, replication=log_replication)
     # Before Ray starts: a sequencer child would otherwise fail on it and be restarted forever.
     request_partitions_for(bootstrap, Topics(namespace), config.sequencers)

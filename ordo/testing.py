@@ -19,8 +19,10 @@ import asyncio
 import json
 import shutil
 import tempfile
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
+from procedures.fingerprint import describe
+from procedures.ollp import RESTARTED, request_identity, restart_request
 from procedures.registry import Registry
 from procedures.streams import split_result
 from scheduler.exchange import LocalExchange
@@ -57,12 +59,25 @@ def as_registry(procedures: Any, workloads: Iterable[str] = ()) -> Registry:
     return registry
 
 
+class Change(NamedTuple):
+    """One write of a committed transaction, as the change data carries it."""
+
+    batch: int
+    txn: int  # the transaction's index in its batch
+    table: str
+    key: Any
+    value: Any  # None: deleted
+
+
 class TestEngine:
     __test__ = False  # not a pytest test class, whatever its name
 
     def __init__(self, procedures: Any, scheduler: str = "serial", partitions: int = 1,
                  data_dir: str | None = None, max_request_bytes: int = SequencerConfig().max_request_bytes):
         self.registry = as_registry(procedures)
+        # The check a sequencer's start record makes possible: a procedure set that cannot
+        # describe itself the same way in every process fails here, not in production.
+        self.fingerprint = describe(self.registry)
         self.scheduler = scheduler
         self.partitions = partitions
         self.max_request_bytes = max_request_bytes
@@ -74,7 +89,7 @@ class TestEngine:
                         for p in range(partitions)]
         self.next_batch = 1
         self.outcomes: list[dict] = []  # every outcome so far, in log order
-        self.changes: list[tuple] = []  # (batch, txn index, table, key, value or None) in log order
+        self.changes: list[Change] = []  # in log order
         self._seen_ids: set[str] = set()
         self._position = 0
 
@@ -107,10 +122,13 @@ class TestEngine:
         for result in results:
             for o in result.outcomes:
                 value, steps = split_result(o.result)  # a streaming dataflow's steps (procedures/streams.py)
+                if o.status == RESTARTED:  # the next step as the engine publishes it: signed
+                    step = json.loads(restart_request(o.id, value))
+                    value = {"proc": step["proc"], "args": step["args"]}
                 by_index.setdefault(o.index, {"id": o.id, "status": o.status, "batch": batch.batch_id,
                                               "txn": o.index, "restarts": o.restarts, "result": value,
                                               "error": o.error, **({"steps": steps} if steps is not None else {})})
-            changes += [(batch.batch_id, *change) for change in result.changes]
+            changes += [Change(batch.batch_id, *change) for change in result.changes]
         for worker in self.workers:
             worker.commit({"batch": batch.batch_id, "cursor": {}})
         self.next_batch += 1
@@ -126,9 +144,10 @@ class TestEngine:
                               self.registry, self.max_request_bytes)
         self._position += 1
         if entry[1] is not None:
-            if entry[0] in self._seen_ids:
+            identity = request_identity(entry[0], entry[2])  # as the sequencer remembers it: a step is new
+            if identity in self._seen_ids:
                 return [entry[0], None, f"duplicate request id '{entry[0]}'"]
-            self._seen_ids.add(entry[0])
+            self._seen_ids.add(identity)
         return entry
 
     # -- reading state -----------------------------------------------------------------------
@@ -137,6 +156,8 @@ class TestEngine:
         """The stored value, or the table's default for a key never written."""
         if table not in self.registry.tables:
             raise KeyError(f"unknown table '{table}'")
+        if type(key) is list:
+            key = tuple(key)  # a composite key as JSON gives it, as ctx.read takes it
         encoded = encode_key(table, key)
         worker = self.workers[self.workers[0].owner(table, key, encoded)]
         [raw] = worker.shard.get_many([encoded])

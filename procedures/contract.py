@@ -98,6 +98,9 @@ class Procedure:
     operations: the optional per-key operation form used by the operation-chain scheduler.
     reconnoiter: for sets that depend on stored values (Calvin's OLLP, procedures/ollp.py):
         reconnoiter(args) -> the keys to read first; analyze is then analyze(args, assumed).
+    dataflow: the streams, windows and nested transactions composed into a procedure that
+        starts a dataflow (procedures/streams.py), described by value for the procedure-set
+        fingerprint (procedures/fingerprint.py).
     """
 
     name: str
@@ -106,3 +109,4 @@ class Procedure:
     run: Callable[[TxnContext, dict], Any]
     operations: Callable[[dict], Any] | None = field(default=None)
     reconnoiter: Callable[[dict], Iterable[Key]] | None = field(default=None)
+    dataflow: str | None = field(default=None)

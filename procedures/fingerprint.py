@@ -7,21 +7,59 @@ same thing to every engine that replays it."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+from typing import Any
 
 from procedures.registry import Registry
+
+_SCALARS = (int, str, float, bool, bytes, type(None))
 
 
 def _digest(text: str) -> str:
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
+def by_value(value: Any) -> str:
+    """`value` described by what it holds, the same in every process: what `repr` gives for
+    scalars, containers and dataclasses, a function by its import path, a set in sorted
+    order. Anything else (an object whose description would be its memory address) is a
+    ValueError, so two processes can never silently disagree."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return repr(value)
+    if kind is dict:
+        return "{" + ", ".join(f"{by_value(k)}: {by_value(v)}" for k, v in value.items()) + "}"
+    if kind is list:
+        return "[" + ", ".join(map(by_value, value)) + "]"
+    if kind is tuple:
+        inner = ", ".join(map(by_value, value))
+        return f"({inner},)" if len(value) == 1 else f"({inner})"
+    if kind in (set, frozenset):
+        return f"{kind.__name__}({sorted(map(by_value, value))!r})"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = ", ".join(f"{f.name}={by_value(getattr(value, f.name))}" for f in dataclasses.fields(value) if f.repr)
+        return f"{kind.__qualname__}({fields})"
+    if callable(value) and hasattr(value, "__qualname__"):
+        return f"{getattr(value, '__module__', '?')}.{value.__qualname__}"
+    raise ValueError(f"{kind.__qualname__} has no description by value (make it a dataclass)")
+
+
 def describe(registry: Registry) -> dict:
-    return {
-        "procedures": {name: _digest(repr(sorted(p.args.items())))
-                       for name, p in sorted(registry.procedures.items())},
-        "tables": {name: _digest(repr(t)) for name, t in sorted(registry.tables.items())},
-    }
+    """Every procedure's argument schema (and the dataflow composed into it) and every
+    table's settings, each as a digest of its description by value."""
+    procedures = {}
+    for name, procedure in sorted(registry.procedures.items()):
+        try:
+            text = by_value(sorted(procedure.args.items()))
+            if procedure.dataflow is not None:
+                text += " " + procedure.dataflow
+        except ValueError as exc:
+            raise ValueError(f"procedure '{name}': its argument schema cannot be compared across processes: "
+                             f"{exc}") from None
+        procedures[name] = _digest(text)
+    return {"procedures": procedures,
+            "tables": {name: _digest(by_value(t)) for name, t in sorted(registry.tables.items())}}
 
 
 def differences(logged: dict, engine: dict) -> list[str]:

@@ -12,14 +12,13 @@ spec names user code, the built-in workloads come only where a spec names them t
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import os
 import sys
 from typing import Any, Iterable
 
 from procedures.contract import Procedure, Table
-from procedures.registry import Registry, default_registry
+from procedures.registry import Registry, default_registry, did_you_mean
 
 WORKLOADS_PACKAGE = "procedures.workloads"
 
@@ -69,7 +68,7 @@ def load_spec(spec: str) -> tuple[list[Table], list[Procedure], list]:
     if attribute:
         if not hasattr(module, attribute):
             raise ValueError(f"module '{module_name}' has no attribute '{attribute}'"
-                             f"{_did_you_mean(attribute, [n for n in vars(module) if not n.startswith('_')])}")
+                             f"{did_you_mean(attribute, [n for n in vars(module) if not n.startswith('_')])}")
         holder: Any = getattr(module, attribute)
         what = f"'{spec}'"
     else:
@@ -80,7 +79,7 @@ def load_spec(spec: str) -> tuple[list[Table], list[Procedure], list]:
         if not attribute:
             apps = [n for n, v in vars(module).items() if hasattr(type(v), "procedure") and hasattr(v, "PROCEDURES")]
             hint = (f" (it defines an app: use --app {module_name}:{apps[0]})" if apps else
-                    _did_you_mean("PROCEDURES", [n for n in vars(module) if n.isupper()]))
+                    did_you_mean("PROCEDURES", [n for n in vars(module) if n.isupper()]))
         raise ValueError(f"{what} defines no PROCEDURES{hint}")
     procedures = list(holder.PROCEDURES)
     tables = list(getattr(holder, "TABLES", ()))
@@ -110,8 +109,3 @@ def import_user_module(name: str):
         raise ValueError(f"cannot import '{name}': {exc}") from None
     except Exception as exc:
         raise ValueError(f"cannot import '{name}': {type(exc).__name__}: {exc}") from None
-
-
-def _did_you_mean(word: str, candidates: list[str]) -> str:
-    close = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""

@@ -22,18 +22,28 @@ does not count toward that limit, up to MAX_LATE_RESTARTS of them: such a transa
 its race to the backlog, not to contention. Every step is a function of the log (the
 times are its batches' times), so every scheduler and partition count decides the same
 (docs/ollp.md).
+
+A step the engine re-sequences is signed: its record also holds "sig", an HMAC under the
+namespace's log secret (sequencer/log_secret.py) of its id, procedure and arguments. Only a
+signed step continues a request already in the log (its duplicate check remembers id and
+restart count). A record without "sig" is a client's own reconnaissance: a request like any
+other, whose id is its own and checked for duplicates as such; a "sig" that does not check
+is rejected. So no client can make a step, nor take the id of a request that comes later.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 from typing import Any
 
 from storage.keys import encode_key, normal_key
 from storage.overlay import ABSENT
 from storage.values import encode_value
+from sequencer.log_secret import tag
 
 OLLP_FIELD = "@ollp"
+SIGNATURE = "sig"  # in the OLLP record of a step the engine re-sequenced
 MAX_RESTARTS = 5
 # A restart whose turn came more than LATE_MS of log time after the turn that read its
 # assumptions waited behind a backlog (a normal round trip takes tens of milliseconds).
@@ -65,12 +75,13 @@ def restarts_of(args: Any) -> int:
 
 
 def request_identity(request_id: str, args: Any) -> str:
-    """What the sequencer's duplicate check remembers of a request: its id, and for a
-    re-sequenced one also its restart count, so each step of one request enters the log
-    once and a re-publication of a step (a replay) is recognised as a repeat."""
+    """What the sequencer's duplicate check remembers of a request: its id, and for a step
+    the engine re-sequenced (signed; only such steps enter the log, see `step_problem`)
+    also its restart count, so each step of one request enters the log once and a
+    re-publication of a step (a replay) is recognised as a repeat."""
     if type(args) is dict:
         record = args.get(OLLP_FIELD)
-        if type(record) is dict:
+        if type(record) is dict and SIGNATURE in record:
             return f"{request_id}\x00{record.get('restarts')}"
     return request_id
 
@@ -88,10 +99,10 @@ def reconnaissance_keys(procedure, args: dict) -> tuple:
 
 def assumed_values(record: Any, keys: tuple) -> dict:
     """The OLLP record's assumptions as {key: value}, checked against the keys."""
-    if (type(record) is not dict or not {"restarts", "assumed"} <= set(record)
-            or not set(record) <= {"restarts", "assumed", "at", "late"}):
-        raise AssumptionError(f"'{OLLP_FIELD}' must be an object with 'restarts' and 'assumed' "
-                              f"(and perhaps 'at' and 'late')")
+    fields = set(record) - {SIGNATURE} if type(record) is dict else set()
+    if type(record) is not dict or not {"restarts", "assumed"} <= fields <= {"restarts", "assumed", "at", "late"}:
+        raise AssumptionError(f"'{OLLP_FIELD}' must be an object with 'restarts' and 'assumed' (perhaps 'at' and "
+                              f"'late', and 'sig' in a step the engine re-sequenced)")
     restarts, assumed = record["restarts"], record["assumed"]
     if type(restarts) is not int or not 0 <= restarts <= MAX_RESTARTS + MAX_LATE_RESTARTS:
         raise AssumptionError(f"'{OLLP_FIELD}.restarts' must be an integer from 0 to "
@@ -145,5 +156,30 @@ def check_turn(procedure, args: dict, snapshot: dict, defaults: dict,
 
 
 def restart_request(request_id: str, result: dict) -> bytes:
-    """The message a re-sequenced transaction's executor appends to <ns>.requests."""
-    return _dumps({"id": request_id, "proc": result["proc"], "args": result["args"]}).encode()
+    """The message a re-sequenced transaction's executor appends to <ns>.requests: signed."""
+    proc, args = result["proc"], result["args"]
+    record = {**args[OLLP_FIELD], SIGNATURE: step_signature(request_id, proc, args)}
+    return _dumps({"id": request_id, "proc": proc, "args": {**args, OLLP_FIELD: record}}).encode()
+
+
+def step_signature(request_id: str, proc: str, args: dict) -> str:
+    """The signature of a step: its id, procedure and arguments ("sig" aside) under the log
+    secret, over their canonical JSON, which a step's trip through JSON keeps."""
+    record = {k: v for k, v in args[OLLP_FIELD].items() if k != SIGNATURE}
+    body = json.dumps([request_id, proc, {**args, OLLP_FIELD: record}], sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=False, allow_nan=False)
+    return tag(b"ollp-step", body.encode("utf-8", "surrogatepass")).hex()
+
+
+def step_problem(request_id: str, proc: str, args: Any) -> str | None:
+    """Why a request's OLLP record cannot be taken as the engine's step, or None: a "sig"
+    that is not the engine's. (Without "sig" it is a client's own reconnaissance.)"""
+    record = args.get(OLLP_FIELD) if type(args) is dict else None
+    if type(record) is not dict or SIGNATURE not in record:
+        return None
+    signature = record[SIGNATURE]
+    if type(signature) is not str or not hmac.compare_digest(signature, step_signature(request_id, proc, args)):
+        return (f"'{OLLP_FIELD}.{SIGNATURE}' is not the engine's signature of this step: only the engine "
+                f"re-sequences a step; a client may send '{OLLP_FIELD}' without '{SIGNATURE}' (its own "
+                f"reconnaissance, a request like any other)")
+    return None

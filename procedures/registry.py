@@ -3,12 +3,19 @@ sequencer (so bad requests are rejected in the log) and by the executor (defence
 
 from __future__ import annotations
 
+import difflib
 from typing import Any, Iterable
 
 from procedures.args import ArgumentError, check_args
 from procedures.contract import Key, Procedure, Table
 from procedures.ollp import AssumptionError, assumed_values, reconnaissance_keys, split_args
 from storage.keys import KeyRange, normal_key
+
+
+def did_you_mean(word: str, candidates: Iterable[str]) -> str:
+    """' (did you mean 'x'?)' for the closest candidate, or '' if none is close."""
+    close = difflib.get_close_matches(word, sorted(candidates), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 class RequestError(ValueError):
@@ -58,7 +65,7 @@ class Registry:
         try:
             return self.procedures[name]
         except KeyError:
-            raise RequestError(f"unknown procedure '{name}'") from None
+            raise RequestError(f"unknown procedure '{name}'{did_you_mean(name, self.procedures)}") from None
 
     def analyze(self, name: Any, args: Any) -> tuple[Procedure, tuple[Key, ...], tuple[Key, ...]]:
         """Validate a request and return its procedure with its read and write sets.

@@ -90,12 +90,12 @@ class Nested:
         object.__setattr__(self, "procedures", tuple(self.procedures))
 
 
+@dataclass(frozen=True)
 class BatchField:
     """The `batch` argument of a request to an input stream: a list of tuples, each
     checked against the consuming procedure's own argument schema."""
 
-    def __init__(self, schema: dict):
-        self.schema = schema
+    schema: dict
 
     def check(self, name: str, value: Any) -> list:
         if type(value) is not list:
@@ -252,6 +252,17 @@ class Dataflow:
                              if not st.consumers and members.intersection(st.producers))
         self.output_keys = tuple((OUTPUT_TABLE_PREFIX + name, 0) for name in self.outputs)
 
+    def describe(self) -> str:
+        """What this dataflow runs, by value (procedures/fingerprint.py): its input stream,
+        its steps in order with their argument schemas, the streams, windows and nested
+        transactions, triggers by their import paths."""
+        from procedures.fingerprint import by_value
+
+        return by_value({"input_stream": self.input_stream, "steps": [(s.name, sorted(s.args.items()))
+                                                                       for s in self.steps],
+                         "streams": sorted(self.streams.items()), "windows": sorted(self.windows.items()),
+                         "groups": sorted(self.groups.items())})
+
     def window(self, name: str) -> Window:
         try:
             return self.windows[name]
@@ -370,8 +381,8 @@ def compose(procedures: dict[str, Procedure], declarations: Iterable[Any]) -> tu
         if name in triggered:
             continue
         input_streams = [s for s in streams.values() if not s.producers and name in s.consumers]
-        if not edges[name] and not input_streams:
-            continue  # an ordinary procedure
+        if not input_streams and not any(name in s.producers for s in streams.values()):
+            continue  # an ordinary procedure: it neither consumes an input stream nor emits
         reach: set[str] = set()
         todo = list(edges[name])
         while todo:
@@ -387,7 +398,7 @@ def compose(procedures: dict[str, Procedure], declarations: Iterable[Any]) -> tu
         procedure = procedures[name]
         flow = Dataflow(procedure, steps, streams, windows, groups, input_streams[0] if input_streams else None)
         schema = {"batch": BatchField(procedure.args)} if input_streams else procedure.args
-        composed[name] = Procedure(name, schema, flow.analyze, flow.run)
+        composed[name] = Procedure(name, schema, flow.analyze, flow.run, dataflow=flow.describe())
     for name in triggered:
         composed.setdefault(name, Procedure(name, procedures[name].args, _triggered_only(name), _never))
     tables = [Table(w.table, default=None) for w in windows.values()]

@@ -304,7 +304,7 @@ def log_head_problem(bootstrap: str, topic: str, timeout: float = 10.0) -> str |
     """What keeps the log from rebuilding state from its beginning, or None: its first
     record must be a sequencer's start record at offset 0. Read, not inferred from
     watermarks."""
-    from sequencer.log import START, LogError, decode
+    from sequencer.log import START, LogError, Unauthenticated, decode
 
     consumer = log_consumer(bootstrap, f"{topic}.head-check")
     try:
@@ -321,6 +321,9 @@ def log_head_problem(bootstrap: str, topic: str, timeout: float = 10.0) -> str |
         return f"{topic} holds no record"
     try:
         kind, _ = decode(message.value())
+    except Unauthenticated:
+        return (f"{topic} begins with a record not signed with this engine's log secret: sequencers and engines "
+                f"must share one (docs/operations.md, 'Security')")
     except LogError:
         kind = None
     if message.offset() != 0 or kind != START:

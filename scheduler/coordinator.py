@@ -24,6 +24,7 @@ from scheduler.group import LocalGroup, WorkerGroup
 from scheduler.outputs import CollectedOutputs
 from scheduler.worker import check_layout
 from sequencer.log import LogCursor
+from sequencer.log_secret import log_key
 from sequencer.topics import Topics
 
 log = logging.getLogger("ordo.engine")
@@ -39,6 +40,7 @@ class EngineStats:
     rejected: int = 0
     last_batch: int = 0
     checkpoints: int = 0
+    dropped_records: int = 0  # log records passed over: forged, or named by `ordo log skip`
 
 
 class Coordinator:
@@ -50,7 +52,7 @@ class Coordinator:
                  pipeline_depth: int = 8):
         """`restore`: "auto" (restore only shards that disagree), "checkpoint" or "scratch".
         `outputs`: collect outcomes and change data here instead of publishing them."""
-        check_layout(data_dir, partitions)
+        check_layout(data_dir, partitions, namespace)
         self.bootstrap = bootstrap
         self.topics = Topics(namespace)
         self.stats = EngineStats()
@@ -77,7 +79,7 @@ class Coordinator:
         self.outputs = outputs
         self._options = FollowOptions(bootstrap, namespace, collect=outputs is not None,
                                       checkpoint_every=checkpoint_every, checkpoint_root=self.checkpoints.root,
-                                      depth=pipeline_depth)
+                                      depth=pipeline_depth, log_key=log_key())
         self._started = False
         self._finished = False
         self._seen_batch = -1
@@ -85,6 +87,7 @@ class Coordinator:
         self._listed_checkpoint = latest["batch"] if latest else 0
         self._statuses: list[dict] = []
         self._lag_consumer = None  # see log_end
+        self._reported_offset = -1  # the newest passed-over log record reported
         self._closed = False
 
     def _resume_cursor(self) -> LogCursor:
@@ -164,7 +167,18 @@ class Coordinator:
         stats.txns = stats.committed + stats.aborted + stats.rejected
         stats.applied_txns = sum(s["applied_txns"] for s in statuses)
         stats.batches = stats.last_batch - (self.cursor.next_batch - 1)
+        self._report_dropped(statuses)
         self._list_checkpoints(statuses)
+
+    def _report_dropped(self, statuses: list[dict]) -> None:
+        """One line per log record the workers passed over; every worker reads the same log,
+        so the one that read furthest speaks for all."""
+        ahead = max(statuses, key=lambda s: s["next_offset"])
+        self.stats.dropped_records = ahead.get("dropped", 0)  # none before a worker follows the log
+        for offset, why in ahead.get("dropped_records", ()):
+            if offset > self._reported_offset:
+                self._reported_offset = offset
+                log.warning("passed over the record at offset %d of %s: %s", offset, self.topics.log, why)
 
     def _list_checkpoints(self, statuses: list[dict]) -> None:
         """List the checkpoints every worker has taken since the last one listed."""

@@ -19,6 +19,7 @@ partition has taken it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import time
@@ -33,10 +34,14 @@ from scheduler.execution import ABORTED, COMMITTED
 from scheduler.outputs import CollectedOutputs, KafkaOutputs, OutputSink
 from scheduler.worker import PartitionWorker
 from sequencer.log import Batch, LogCursor, LogError, Start
+from sequencer.log_secret import use_key
 from sequencer.reader import LogReader
 from sequencer.topics import Topics
 
 KEPT_CHECKPOINT_REPORTS = 16
+KEPT_DROPPED_REPORTS = 16  # passed-over log records a status names; the coordinator asks many times a second
+log = logging.getLogger("ordo.engine")
+
 # Upper bounds (seconds) of the batch latency histogram in the status (ordo/metrics.py).
 BATCH_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -54,6 +59,7 @@ class FollowOptions:
     idle_wait: float = 0.05  # how long one log poll may block when nothing is ready
     stop_after: int | None = None  # stop once this batch is applied
     hold_at: int | None = None  # execute nothing after this batch until released
+    log_key: bytes | None = None  # the driver's log secret (sequencer/log_secret.py), for workers elsewhere
 
 
 class LogFollower:
@@ -65,11 +71,17 @@ class LogFollower:
         if sink is None:
             sink = CollectedOutputs() if options.collect else KafkaOutputs(options.bootstrap, topics)
         self.sink = sink
+        if options.log_key is not None:
+            use_key(options.log_key)
         marker = worker.applied()
         self.cursor = LogCursor.from_dict(marker["cursor"]) if marker else LogCursor()
         self.applied = self.executed = self.cursor.next_batch - 1
         self._reader = LogReader(options.bootstrap, topics.log, self.cursor,
-                                 f"{options.namespace}.engine-{self.partition}", self._check_procedures)
+                                 f"{options.namespace}.engine-{self.partition}", self._check_procedures,
+                                 self._dropped)
+        # Log records passed over (forged, or named by a skip record): how many, the latest ones.
+        self.dropped = 0
+        self.dropped_records: deque[tuple[int, str]] = deque(maxlen=KEPT_DROPPED_REPORTS)
         self._ready: deque[tuple[Batch, dict]] = deque()  # read, not yet executed
         self._unapplied: deque[tuple[int, dict, int]] = deque()  # executed: (batch id, cursor after it, outcomes)
         self.hold_at = options.hold_at  # execute no batch after this one until released
@@ -111,8 +123,11 @@ class LogFollower:
             "latency_counts": list(self.latency_counts),
             "latency_sum": self.latency_sum,
             "checkpointed": list(self.checkpointed),
+            "dropped": self.dropped,
+            "dropped_records": list(self.dropped_records),
             "running": self.running,
             "error": self.error,
+            "memory": self.worker.memory(),
         }
 
     # -- the loop -----------------------------------------------------------------------
@@ -160,6 +175,10 @@ class LogFollower:
             if problems:
                 raise refused_start(problems)
 
+    def _dropped(self, offset: int, why: str) -> None:
+        self.dropped += 1
+        self.dropped_records.append((offset, why))
+
     def _read(self, timeout: float) -> int:
         try:
             batches = self._reader.poll(timeout, 1000)
@@ -179,6 +198,10 @@ class LogFollower:
             counts[outcome.status] += 1
         self._unapplied.append((batch.batch_id, cursor, len(result.outcomes)))
         self.executed = batch.batch_id
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("partition %d: batch %d executed (%d outcomes, %d changes) in %.1f ms, %.1f ms after it was cut",
+                      self.partition, batch.batch_id, len(result.outcomes), len(result.changes),
+                      (time.perf_counter() - started) * 1000, max(0.0, time.time() * 1000 - batch.time_ms))
         await self._apply_delivered(limit=self.options.depth)
 
     def _observe_latency(self, seconds: float) -> None:
@@ -205,6 +228,8 @@ class LogFollower:
             unapplied.popleft()
             self.worker.commit({"batch": batch_id, "cursor": cursor})
             self.applied = batch_id
+            log.debug("partition %d: batch %d applied to the shard (its outputs acknowledged)", self.partition,
+                      batch_id)
             self.applied_at = time.monotonic()
             self.applied_txns += outcomes
             every = self.options.checkpoint_every

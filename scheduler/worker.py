@@ -46,20 +46,39 @@ def prepare_data_dir(data_dir: str) -> None:
         raise DataDirError(f"data directory {data_dir} cannot be written: {exc.strerror or exc}") from None
 
 
-def check_layout(data_dir: str, partitions: int) -> None:
-    """A data directory is laid out for one partition count; say so rather than mix."""
+def resident_bytes() -> int:
+    """The resident set of this process (Linux), 0 where /proc cannot tell."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def check_layout(data_dir: str, partitions: int, namespace: str | None = None) -> None:
+    """A data directory holds one namespace's state, laid out for one partition count; say
+    so rather than mix. A layout written before namespaces were recorded adopts the first
+    one it runs with."""
     prepare_data_dir(data_dir)
     path = os.path.join(data_dir, LAYOUT_FILE)
+    layout = {}
     if os.path.exists(path):
         with open(path) as f:
-            existing = json.load(f)["partitions"]
+            layout = json.load(f)
+        existing = layout["partitions"]
         if existing != partitions:
             raise ValueError(
                 f"{data_dir} holds {existing} partition(s), not {partitions}: use --partitions {existing} "
                 "or a new data directory (the log rebuilds any layout from scratch)")
-    else:
-        with open(path, "w") as f:
-            json.dump({"partitions": partitions}, f)
+        recorded = layout.get("namespace")
+        if namespace is None or recorded == namespace:
+            return
+        if recorded is not None:
+            raise ValueError(f"{data_dir} holds the state of namespace '{recorded}', not '{namespace}': use "
+                             f"--namespace {recorded} or a new data directory")
+    layout.update({"partitions": partitions, **({"namespace": namespace} if namespace is not None else {})})
+    with open(path, "w") as f:
+        json.dump(layout, f)
 
 
 def layout_partitions(data_dir: str) -> int:
@@ -178,6 +197,10 @@ class PartitionWorker:
         for key in writes:  # now in the shard, unless a later unapplied batch wrote it again
             if values[key][0] == batch_id:
                 del values[key]
+
+    def memory(self) -> dict[str, int]:
+        """This worker's process resident set and its shard's RocksDB memory, in bytes."""
+        return {"resident": resident_bytes(), **self.shard.memory()}
 
     def checkpoint(self, path: str) -> dict[str, Any] | None:
         """A RocksDB checkpoint of the applied state (an executed, uncommitted batch lives

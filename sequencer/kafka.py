@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import re
+import threading
+import time
 from typing import Any
 
 from sequencer.kafka_settings import user_kafka_settings
@@ -14,6 +17,39 @@ LIBRDKAFKA_LOGGER = logging.getLogger("ordo.librdkafka")
 # Quiet in every process (Ray workers and the sequencer child too) unless a command's
 # --log-level lowers it (ordo/config.py).
 LIBRDKAFKA_LOGGER.setLevel(logging.CRITICAL)
+
+
+class OneLinePerCause(logging.Filter):
+    """librdkafka repeats a failure for every connection attempt, every thread and every
+    client (hundreds of lines in seconds while a broker is away). Let through the first
+    line of each cause (the message with its numbers taken out) per `interval` seconds,
+    and say on the next one how many were held back."""
+
+    _numbers = re.compile(r"\d+")
+
+    def __init__(self, interval: float = 10.0):
+        super().__init__()
+        self.interval = interval
+        self._causes: dict[str, list] = {}  # cause -> [when last let through, held back since]
+        self._lock = threading.Lock()  # librdkafka logs from the threads that poll its clients
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        cause = self._numbers.sub("#", message.split("]: ", 1)[-1])
+        now = time.monotonic()
+        with self._lock:
+            seen = self._causes.get(cause)
+            if seen is not None and now - seen[0] < self.interval:
+                seen[1] += 1
+                return False
+            held = seen[1] if seen is not None else 0
+            self._causes[cause] = [now, 0]
+        if held:
+            record.msg, record.args = f"{message} ({held} more like it in the last {self.interval:.0f} s)", None
+        return True
+
+
+LIBRDKAFKA_LOGGER.addFilter(OneLinePerCause())
 
 
 def kafka_config(bootstrap: str, settings: dict[str, Any] | None = None) -> dict[str, Any]:

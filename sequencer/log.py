@@ -36,6 +36,20 @@ Record kinds:
         SNAPSHOT_EVERY-th batch and once after a sequencer's start-up: a restarting
         sequencer reads the log from a recent snapshot of its lane, not from its head.
         Every other reader skips it.
+    skip:   [SKIP, offset, log_id]
+        written by `ordo log skip --offset N` (never by a sequencer): every reader passes
+        over the record at `offset` of log `log_id` instead of stopping there. A reader
+        looks for one only when a record would stop it (`LogReader.accept`), and the command
+        writes one only for such a record, so no reader has gone past that record any
+        other way: the skip changes nothing a reader already did, and every replay agrees.
+
+Every record ends with an HMAC tag under the namespace's log secret (sequencer/log_secret.py),
+which sequencers and engines share and clients do not. A reader drops a record whose tag
+does not check, whatever it holds, and counts and reports it: a client that can write to
+the log can neither inject a batch (its forgery is dropped, and the sequencer's own batch
+of that epoch is accepted as usual) nor stop the readers with one. The same tag is what
+lets each sequencer trust that the batch of its lane at an epoch is its own: no other
+writer can make a record that a reader accepts, so no conflicting batch can exist.
 
 Every reader applies the same acceptance rule (`LogCursor.accept`), so the log means one
 thing to the sequencers, the engine and a replay, whatever the broker does: a batch is
@@ -57,14 +71,21 @@ from typing import Any
 
 import msgpack
 
+from sequencer.log_secret import seal, unseal
+
 START = 0
 BATCH = 1
 SNAPSHOT = 2
+SKIP = 3
 _ARRAY32 = struct.Struct(">BI")
 
 
 class LogError(RuntimeError):
     """The log cannot be followed: a batch is missing or a record is unreadable."""
+
+
+class Unauthenticated(LogError):
+    """A record without a valid tag under the log secret: no sequencer wrote it."""
 
 
 class LogMismatch(LogError):
@@ -80,14 +101,18 @@ STALE_LIMIT = 4
 
 
 def encode_start(token: str, procedures: dict | None = None, sequencer: int = 0, sequencers: int = 1) -> bytes:
-    return msgpack.packb([START, token, procedures, sequencer, sequencers])
+    return seal(msgpack.packb([START, token, procedures, sequencer, sequencers]))
 
 
 SNAPSHOT_EVERY = 100
 
 
 def encode_snapshot(cursor: dict, accepted: int, time_ms: int, sequencer: int = 0, sequencers: int = 1) -> bytes:
-    return msgpack.packb([SNAPSHOT, cursor, accepted, time_ms, sequencer, sequencers])
+    return seal(msgpack.packb([SNAPSHOT, cursor, accepted, time_ms, sequencer, sequencers]))
+
+
+def encode_skip(offset: int, log_id: str | None) -> bytes:
+    return seal(msgpack.packb([SKIP, offset, log_id]))
 
 
 def is_batch_record(value: bytes) -> bool:
@@ -106,7 +131,7 @@ def encode_batch(epoch: int, generation: int, time_ms: int,
     """Entries are encoded one by one as they arrive (so an epoch's size is known exactly
     before it is cut) and concatenated here, each as a bin, under one array header."""
     head = [BATCH, epoch, generation, time_ms, {p: list(r) for p, r in offsets.items()}, routing, log_id, sequencer]
-    return (
+    return seal(
         _ARRAY32.pack(0xDD, len(head) + len(encoded_entries))
         + b"".join(msgpack.packb(item) for item in head)
         + b"".join(map(_bin, encoded_entries))
@@ -128,7 +153,7 @@ def bin_size(encoded_entry: bytes) -> int:
     return n + (2 if n < 256 else 3 if n < 65536 else 5)
 
 
-BATCH_OVERHEAD = 256  # bytes of a batch record beyond its entries and routing, with room to spare
+BATCH_OVERHEAD = 288  # bytes of a batch record beyond its entries and routing (its tag: 32), with room to spare
 
 
 class Batch:
@@ -200,13 +225,24 @@ class Snapshot:
     sequencers: int = 1
 
 
+@dataclass(frozen=True, slots=True)
+class Skip:
+    offset: int
+    log_id: str | None
+
+
 def _unpack(raw: bytes) -> list:
     return msgpack.unpackb(raw, strict_map_key=False, use_list=True)
 
 
 def decode(value: bytes) -> tuple[int, Any]:
+    """A record's kind and content; Unauthenticated if its tag does not check, LogError if
+    it cannot be read."""
+    body = unseal(value)
+    if body is None:
+        raise Unauthenticated("not signed with this namespace's log secret")
     try:
-        record = msgpack.unpackb(value, strict_map_key=False, use_list=True)
+        record = msgpack.unpackb(body, strict_map_key=False, use_list=True)
         kind = record[0]
         if kind == START:
             if type(record[1]) is not str:
@@ -226,6 +262,10 @@ def decode(value: bytes) -> tuple[int, Any]:
                 raise ValueError("batch entries must be encoded entries")
             return BATCH, Batch(record[1], record[2], record[3], record[4], raw=raw, routing=record[5],
                                 log_id=record[6], sequencer=record[7])
+        if kind == SKIP:
+            if type(record[1]) is not int:
+                raise ValueError("a skip record's offset must be an integer")
+            return SKIP, Skip(record[1], record[2])
     except Exception as exc:
         raise LogError(f"unreadable log record: {exc}") from exc
     raise LogError(f"unknown log record kind {kind!r}")
@@ -249,6 +289,10 @@ class LogCursor:
     stale_by_lane: dict[int, int] = field(default_factory=dict, compare=False)  # see STALE_LIMIT
     started: Start | None = field(default=None, compare=False)  # the latest start record
     foreign: int = field(default=0, compare=False)  # unreadable records skipped
+    # Records dropped or skipped since the reader started, as (offset, why), for the reader
+    # to report; `dropped` counts them all.
+    dropped: int = field(default=0, compare=False)
+    unreported: list[tuple[int, str]] = field(default_factory=list, compare=False)
     # A restarting sequencer seeded from its own snapshot follows its own lane only.
     only: int | None = field(default=None, compare=False)
 
@@ -261,17 +305,30 @@ class LogCursor:
         self.next_offset = offset + 1
         try:
             kind, record = decode(value)
-        except LogError:
+        except Unauthenticated as exc:
+            self._drop(offset, str(exc))
+            return None
+        except LogError as exc:
             # No sequencer writes such a record, so it is no batch: every reader skips it
             # alike. A damaged batch is not lost silently: the next one shows a gap.
             self.foreign += 1
+            self._drop(offset, str(exc))
             return None
-        if kind == SNAPSHOT:
+        if kind in (SNAPSHOT, SKIP):  # a skip took effect when a reader met the record it names
             return None
         if kind == START:
             self._start(record, offset)
             return None
         return self._batch(record, offset)
+
+    def skip(self, offset: int) -> None:
+        """Pass over the record at `offset`, which a skip record names."""
+        self.next_offset = offset + 1
+        self._drop(offset, "a skip record (`ordo log skip`) names it")
+
+    def _drop(self, offset: int, why: str) -> None:
+        self.dropped += 1
+        self.unreported.append((offset, why))
 
     def _start(self, start: Start, offset: int) -> None:
         if self.log_id is None and self.generation == 0:
@@ -305,7 +362,8 @@ class LogCursor:
         if batch.epoch > lane[1]:
             raise LogError(
                 f"log gap: expected batch {lane[1]} of sequencer {batch.sequencer}, found batch {batch.epoch} "
-                f"at offset {offset}")
+                f"at offset {offset}; to pass over that record: `ordo log skip --offset {offset}` "
+                f"(docs/operations.md, 'A record that stops the log')")
         self.stale_by_lane.pop(batch.sequencer, None)
         lane[1] += 1
         batch.batch_id = self.next_batch

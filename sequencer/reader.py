@@ -6,18 +6,26 @@ longer holds the last record it read (the broker lost it), a log whose sequence 
 behind a start record no batch followed, and a log whose broker holds records past the
 reader's position that it never releases to committed readers (a transaction on the log
 that never ends). Each stops it with a clear error instead of waiting forever for batches
-that will never be accepted or never come."""
+that will never be accepted or never come.
+
+A record that would stop every reader (a gap in a lane's epochs, a batch of another log)
+is passed over only where a skip record (`ordo log skip`) further on names it: a reader
+that meets one looks ahead for it (`LogReader.accept`). Records dropped or skipped are
+reported, one line each, with their offset."""
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Callable
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from sequencer.kafka import consumer_config
-from sequencer.log import STALE_LIMIT, Batch, LogCursor, LogError, Start
+from sequencer.log import SKIP, STALE_LIMIT, Batch, LogCursor, LogError, Start, decode, is_batch_record
 from sequencer.log_probe import GONE, LogWatch, fingerprint
+
+log = logging.getLogger("ordo.log")
 
 WATCH_EVERY = 2.0  # seconds between checks of the log's end offset
 STALE_GRACE = 5.0  # how long the sequence may stall behind a start record before it is an error
@@ -42,12 +50,26 @@ def log_consumer(bootstrap: str, group: str) -> Consumer:
     }))
 
 
+def is_skip_for(value: bytes, offset: int, log_id: str | None) -> bool:
+    """Whether `value` is a skip record naming `offset` of log `log_id`."""
+    if is_batch_record(value):
+        return False
+    try:
+        kind, record = decode(value)
+    except LogError:
+        return False
+    return kind == SKIP and record.offset == offset and record.log_id == log_id
+
+
 class LogReader:
     def __init__(self, bootstrap: str, topic: str, cursor: LogCursor, group: str,
-                 on_start: Callable[[Start], None] | None = None):
+                 on_start: Callable[[Start], None] | None = None,
+                 on_dropped: Callable[[int, str], None] | None = None):
+        """`on_dropped(offset, why)` hears of each record passed over (default: a warning)."""
         self.cursor = cursor
         self.topic = topic
         self._on_start = on_start
+        self._on_dropped = on_dropped or self._warn
         self._consumer = log_consumer(bootstrap, group)
         start = cursor.next_offset if cursor.next_offset > 0 else OFFSET_BEGINNING
         self._consumer.assign([TopicPartition(topic, 0, start)])
@@ -68,7 +90,7 @@ class LogReader:
         cursor = self.cursor
         records = self.poll_raw(timeout, max_records)
         for offset, value in records:
-            batch = cursor.accept(value, offset)
+            batch = self.accept(offset, value)
             if cursor.started is not None:
                 start, cursor.started = cursor.started, None
                 if self._on_start is not None:
@@ -81,6 +103,42 @@ class LogReader:
         if not records or cursor.stale > STALE_LIMIT:
             self._watch()
         return accepted
+
+    def accept(self, offset: int, value: bytes) -> Batch | None:
+        """`LogCursor.accept`, reporting what it drops, and passing over a record that would
+        stop the reader where a skip record names it."""
+        cursor = self.cursor
+        try:
+            batch = cursor.accept(value, offset)
+        except LogError:
+            if not self._skip_recorded(offset):
+                raise
+            cursor.skip(offset)
+            batch = None
+        while cursor.unreported:
+            self._on_dropped(*cursor.unreported.pop(0))
+        return batch
+
+    def _warn(self, offset: int, why: str) -> None:
+        log.warning("passed over the record at offset %d of %s: %s", offset, self.topic, why)
+
+    def _skip_recorded(self, offset: int) -> bool:
+        """Whether a skip record after `offset`, up to the log's end now, names it."""
+        consumer = log_consumer(self._bootstrap, f"{self._group}.skips")
+        try:
+            part = TopicPartition(self.topic, 0)
+            _, end = consumer.get_watermark_offsets(part, timeout=10, cached=False)
+            consumer.assign([TopicPartition(self.topic, 0, offset + 1)])
+            deadline = time.monotonic() + 60
+            while offset + 1 < end and time.monotonic() < deadline:
+                for message in consumer.consume(500, 0.5):
+                    if message.error() is None and is_skip_for(message.value(), offset, self.cursor.log_id):
+                        return True
+                if consumer.position([part])[0].offset >= end:  # passes aborted records and markers too
+                    break
+            return False
+        finally:
+            consumer.close()
 
     def _watch(self) -> None:
         now = time.monotonic()

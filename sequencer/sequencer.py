@@ -55,6 +55,11 @@ from storage.partitioning import Partitioner
 
 log = logging.getLogger("ordo.sequencer")
 
+
+def _spans(offsets: dict) -> str:
+    """Request offsets a batch took, as 'partition p [first, end)' pieces."""
+    return ", ".join(f"partition {p} [{first}, {end})" for p, (first, end) in sorted(offsets.items())) or "nothing"
+
 # How long appending one batch may keep failing before the sequencer gives up with a clear
 # error instead of retrying forever (a broker that lost its transaction state answers
 # every attempt with an abortable error).
@@ -216,7 +221,8 @@ class Sequencer:
     def _catch_up(self, token: str, timeout: float) -> None:
         """Read from the cursor to this sequencer's start record; `timeout` bounds a
         stretch without progress, not the whole read."""
-        reader = LogReader(self.bootstrap, self.topics.log, self._cursor, f"{self._group}.catchup")
+        reader = LogReader(self.bootstrap, self.topics.log, self._cursor, f"{self._group}.catchup",
+                           on_dropped=self._passed_over)
         deadline = time.monotonic() + timeout
         try:
             while time.monotonic() < deadline:
@@ -225,7 +231,7 @@ class Sequencer:
                     deadline = time.monotonic() + timeout
                 for offset, value in records:
                     self.stats.startup_records += 1
-                    batch = self._cursor.accept(value, offset)
+                    batch = reader.accept(offset, value)
                     if batch is not None and batch.sequencer == self.config.index:
                         entries = batch.entries
                         self._recent.add_batch_entries(entries)
@@ -238,6 +244,10 @@ class Sequencer:
                                f"within {timeout:.0f} s of the last record read")
         finally:
             reader.close()
+
+    def _passed_over(self, offset: int, why: str) -> None:
+        # The engines report each record on stderr; a sequencer re-reading the log says it only when asked.
+        log.info("passed over the record at offset %d of %s: %s", offset, self.topics.log, why)
 
     @property
     def generation(self) -> int:
@@ -372,6 +382,10 @@ class Sequencer:
             after["request_offsets"].update((p, span[1]) for p, span in epoch.offsets.items())
             records.append(self._snapshot(after, accepted))
         self._append(records, positions)
+        if log.isEnabledFor(logging.DEBUG):
+            rejected = sum(placement is None for placement in epoch.placements)
+            log.debug("batch %d: %d requests (%d rejected) from %s appended to %s, ending at offset %d", number,
+                      len(epoch.entries), rejected, _spans(epoch.offsets), self.topics.log, self._log_end)
         self._cursor.lanes[self.config.index][1] += 1
         self._cursor.next_batch += 1
         for partition, span in epoch.offsets.items():

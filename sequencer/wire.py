@@ -24,6 +24,7 @@ import re
 from typing import Any
 
 from procedures.args import MAX_DEPTH, list_fields, text_problem, value_problem
+from procedures.ollp import step_problem
 from procedures.registry import Registry, RequestError
 
 MAX_ID_LENGTH = 256
@@ -145,6 +146,9 @@ def parse_request_sets(value: bytes | None, key: bytes | None, partition: int, o
     except RequestError as exc:
         return [request_id, None, _safe(str(exc))], None
     args = body["args"]
+    forged = step_problem(request_id, procedure.name, args)
+    if forged is not None:
+        return [request_id, None, f"{procedure.name}: {forged}"], None
     if list_fields(procedure.args) is None:
         problem = value_problem(args)  # a field type of the procedure's own may let anything by
         if problem is not None:

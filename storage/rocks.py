@@ -31,6 +31,11 @@ def _options() -> Options:
     return options
 
 
+_MEMORY_PROPERTIES = (("block_cache", "rocksdb.block-cache-usage"),
+                      ("memtables", "rocksdb.cur-size-all-mem-tables"),
+                      ("table_readers", "rocksdb.estimate-table-readers-mem"))
+
+
 class ShardCorrupt(RuntimeError):
     """RocksDB found a shard's files damaged: a block whose checksum does not match, a file
     cut short. What the shard holds can no longer be trusted."""
@@ -192,6 +197,16 @@ class RocksShard:
             it.status()  # raises RocksDB's error, if the iterator stopped on one
         except Exception as exc:
             raise _failure(self.path, exc) from None
+
+    def memory(self) -> dict[str, int]:
+        """What RocksDB holds in memory for this shard, in bytes: the block cache (bounded by
+        its capacity), the memtables (bounded by the write buffers) and the table readers'
+        indexes and filters (growing with the data on disk)."""
+        value = self._db.property_int_value
+        try:
+            return {kind: value(name) or 0 for kind, name in _MEMORY_PROPERTIES}
+        except Exception:  # a closed shard
+            return {}
 
     def digest(self) -> int:
         return digest_pairs(self.items())

@@ -13,6 +13,9 @@ import pytest
 
 import ordo
 from ordo.app import App
+from ordo.testing import TestEngine
+from procedures.args import Int, List
+from procedures.contract import Table
 from procedures.loading import load_registry, workload_spec
 from procedures.registry import RequestError
 from scheduler.reference import SerialInterpreter
@@ -98,10 +101,57 @@ def test_an_app_registry_has_no_built_in_workloads_unless_named():
     (lambda app: app.procedure(args={}, name="")(42), "cannot name the procedure"),
     (lambda app: app.table(""), "a table needs a name"),
     (lambda app: app.table("t", partitioner="range"), "partitioner must be 'hash' or 'modulo'"),
+    (lambda app: app.table(type("t", (), {"defualt": 0})), "'defualt' is not a table setting; did you mean 'default'"),
+    (lambda app: app.table("t", range_by=1), "range_by needs partition_by"),
+    (lambda app: app.procedure(args={"a": Int()}, keys=[("t", "b")])(lambda ctx, args: None),
+     "keys= names argument 'b', which is not in args"),
+    (lambda app: app.procedure(args={"a": Int()}, reads=["t"])(lambda ctx, args: None),
+     r"reads= holds 't'; each key is \(table, argument name\)"),
+    (lambda app: app.procedure(args={"a": Int()}, keys=[("t", "a")], analyze=lambda a: ([], []))(
+        lambda ctx, args: None), "either as argument paths"),
+    (lambda app: [app.stream("s"), app.window("s", owner="p", rows=2, slide=1)], "'s' declared twice"),
+    (lambda app: app.window("w", owner="p", rows=2), "need integers 1 <= slide <= size"),
+    (lambda app: app.window("w", owner="p", rows=2, slide=1, range_ms=5), "give either rows and slide"),
 ])
 def test_misused_declarations_fail_at_import_with_the_reason(declare, message):
     with pytest.raises((TypeError, ValueError), match=message):
         declare(App("bank"))
+
+
+def test_keys_given_as_argument_paths_derive_analyze():
+    app = App("shop")
+    app.table("stock")
+
+    @app.table(partition_by=0, range_by=1)
+    class order_line:
+        default = None
+
+    @app.procedure(args={"w": Int(0), "item": Int(0), "others": List(Int(0)), "note": Int()},
+                   keys=[("stock", ("w", "item"))], reads=[("stock", "others")], writes=[("order_line", ("w", "note"))])
+    def order(ctx, args):
+        return None
+
+    assert order_line == Table("order_line", None, "hash", 0, 1) and app.TABLES[1] is order_line
+    reads, writes = order.analyze({"w": 1, "item": 2, "others": [5, 6], "note": 9})
+    assert reads == [("stock", (1, 2)), ("stock", 5), ("stock", 6)]
+    assert writes == [("stock", (1, 2)), ("order_line", (1, 9))]
+
+
+def test_an_app_declares_streams_windows_and_nested_transactions_and_the_registry_checks_them():
+    app = App("flow")
+    app.table("t")
+    app.procedure("src", args={"v": Int()}, writes=[("t", "v")])(lambda ctx, args: ctx.emit("s", [args["v"]]))
+    app.procedure("dst", args={}, analyze=lambda args: ([("t", args["v"])], [("t", args["v"])]))(
+        lambda ctx, batch: ctx.write("t", batch[0][0], ctx.read("t", batch[0][0]) + 1))
+    app.stream("s", producers=["src"], consumers=["dst"])
+    app.stream("typo", producers=["src"], consumers=["dts"])
+    with pytest.raises(ValueError, match="app 'flow': stream 'typo' names unknown procedure 'dts'"):
+        app.registry()
+    del app._flows["typo"]
+    with TestEngine(app, "locking", 2) as engine:
+        outcome = engine.call("src", {"v": 4})
+        assert outcome["steps"] == [{"proc": "dst", "status": "committed", "error": None}]
+        assert engine.read("t", 4) == 1
 
 
 def test_a_procedure_or_table_declared_twice_differently_is_an_error():

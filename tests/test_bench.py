@@ -5,6 +5,8 @@ suite's plot is drawn from a result set."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -186,3 +188,27 @@ def test_sequencing_rate_counts_only_what_was_cut_while_every_sequencer_ran():
     assert sequencing_rate(batches) == (20 + 30 + 40 + 60) * 1000 / 1000
     with pytest.raises(ValueError, match="more --txns"):
         sequencing_rate([batch(0, 0, 1), batch(1, 500, 1), batch(0, 400, 1)])
+
+
+def test_bench_soak_samples_every_process_and_rocksdb_until_every_request_is_answered(tmp_path):
+    out = tmp_path / "soak.json"
+    text = ordo_output("bench", "soak", "micro", "--rate", "200", "--seconds", "12", "--every", "4",
+                       "--json", str(out), timeout=300)
+    report = json.loads(out.read_text())
+    samples = report["samples"]
+    assert len(samples) >= 4 and samples[-1]["answered"] == 2400
+    assert [s["answered"] for s in samples] == sorted(s["answered"] for s in samples)
+    assert {"engine", "sequencer", "broker"} <= set(samples[-1]["rss_mb"])
+    assert samples[-1]["rss_mb"]["engine"] > 20
+    assert set(samples[-1]["rocksdb_mb"]) == {"block_cache", "memtables", "table_readers"}
+    assert set(report["growth_mb_per_100k"]) == set(samples[-1]["rss_mb"])
+    assert "resident growth, MB per 100,000 requests" in text
+    assert report["engine_exit"] == 0
+
+
+def test_bench_soak_refuses_a_rate_it_cannot_send():
+    result = subprocess.run([sys.executable, "-m", "ordo.cli", "bench", "soak", "micro", "--rate", "0"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "ordo bench: ordo bench soak needs --rate, --seconds and --every above 0"]

@@ -79,3 +79,125 @@ def test_an_unreachable_broker_is_one_line_at_once(tmp_path, command):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith(f"ordo {args[0]}: no Kafka broker answers at 127.0.0.1:{port} within 5 s")
+
+
+@pytest.mark.slow
+def test_a_data_directory_of_another_namespace_is_refused_before_any_topic_is_made(broker, namespace, tmp_path):
+    from confluent_kafka.admin import AdminClient
+
+    from tests.helpers import ordo, stop
+
+    data_dir = str(tmp_path / "d")
+    first = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", data_dir, "--quiet")
+    time.sleep(8)
+    assert stop(first) == 0
+    other = f"{namespace}-other"
+    done = subprocess.run([sys.executable, "-m", "ordo.cli", "run", "--bootstrap-servers", broker, "--namespace",
+                           other, "--data-dir", data_dir], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [f"ordo run: {data_dir} holds the state of namespace '{namespace}', not "
+                                        f"'{other}': use --namespace {namespace} or a new data directory"]
+    topics = AdminClient({"bootstrap.servers": broker}).list_topics(timeout=10).topics
+    assert not [t for t in topics if t.startswith(f"{other}.")]
+    recover = subprocess.run([sys.executable, "-m", "ordo.cli", "recover", "--bootstrap-servers", broker,
+                              "--namespace", other, "--data-dir", data_dir], cwd=ROOT, capture_output=True,
+                             text=True, timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
+    assert recover.returncode == 2 and f"holds the state of namespace '{namespace}'" in recover.stderr
+
+
+def test_gen_names_and_describes_every_workload():
+    from ordo.cli import WORKLOAD_NAMES
+    from procedures.workloads import ALL_WORKLOADS
+
+    assert list(WORKLOAD_NAMES) == list(ALL_WORKLOADS)
+    described = shell(f"{ORDO} gen --list").stdout.splitlines()
+    heads = [line.split(":", 1) for line in described if not line.startswith(" ")]
+    assert [name for name, _ in heads] == list(ALL_WORKLOADS)
+    assert all(len(text.strip()) > 20 and not text.strip().startswith(name) for name, text in heads)
+    assert ", ".join(ALL_WORKLOADS) in " ".join(shell(f"{ORDO} gen --help").stdout.split())
+
+
+def test_librdkafka_repeating_one_failure_is_one_line_per_cause_and_interval():
+    code = """
+import logging, time
+from confluent_kafka import Consumer
+from sequencer.kafka import LIBRDKAFKA_LOGGER, kafka_config
+logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+LIBRDKAFKA_LOGGER.setLevel(logging.DEBUG)   # as --log-level info sets it
+consumer = Consumer(kafka_config("127.0.0.1:1", {"group.id": "g", "reconnect.backoff.ms": 10,
+                                                 "reconnect.backoff.max.ms": 20}))
+started = time.monotonic()
+while time.monotonic() - started < 5:
+    consumer.poll(0.1)
+consumer.close()
+"""
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    lines = [line for line in done.stderr.splitlines() if line.startswith("ordo.librdkafka")]
+    assert 1 <= len(lines) <= 3, lines  # hundreds without the filter
+    assert "Connection refused" in lines[0]
+
+
+@pytest.mark.slow
+def test_log_level_debug_shows_each_batch_s_path(broker, namespace, tmp_path):
+    from ordo.client import Client
+    from tests.helpers import ordo, stop
+
+    engine = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", str(tmp_path / "d"),
+                  "--runtime", "local", "--quiet", "--log-level", "debug", stderr=subprocess.PIPE, text=True)
+    try:
+        with Client(broker, namespace) as client:
+            client.wait_for_topics(60)
+            request_id = client.submit("sl_deposit", {"account": 1, "asset": 1, "account_amount": 1,
+                                                      "asset_amount": 1})
+            outcome = client.wait_one(request_id, timeout=120)
+        time.sleep(2)
+    finally:
+        stop(engine)
+    text = engine.stderr.read()
+    batch = outcome["batch"]
+    assert f"batch {batch}: 1 requests (0 rejected) from partition 0 [" in text
+    assert f"partition 0: batch {batch} executed (1 outcomes, 2 changes) in " in text
+    assert f"partition 0: batch {batch} applied to the shard" in text
+
+
+def test_the_client_raises_its_own_errors_within_its_timeouts():
+    import ordo
+    from ordo.errors import BrokerUnavailable, OrdoError
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = ordo.Client(f"127.0.0.1:{port}", "nowhere")
+    calls = {"wait_for_topics": lambda: client.wait_for_topics(timeout=2),
+             "submit": lambda: client.submit("deposit", {"account": 1}, timeout=2),
+             "wait_one": lambda: client.wait_one("r-1", timeout=2),
+             "stream": lambda: list(client.stream(idle=2))}
+    for name, call in calls.items():
+        started = time.monotonic()
+        with pytest.raises(BrokerUnavailable) as raised:
+            call()
+        assert time.monotonic() - started < 8, name  # its own timeout (2 s), not librdkafka's
+        assert isinstance(raised.value, (OrdoError, ConnectionError))
+        assert str(raised.value).startswith(f"no Kafka broker answers at 127.0.0.1:{port} within 2 s"), name
+
+
+@pytest.mark.slow
+def test_ctrl_c_at_the_terminal_stops_ordo_run_without_a_restart(broker, namespace, tmp_path):
+    import signal
+
+    engine = subprocess.Popen([sys.executable, "-m", "ordo.cli", "run", "--bootstrap-servers", broker, "--namespace",
+                               namespace, "--data-dir", str(tmp_path / "d"), "--runtime", "local"], cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1"}, stderr=subprocess.PIPE,
+                              text=True, start_new_session=True)
+    lines = []
+    for line in engine.stderr:
+        lines.append(line)
+        if line.startswith("ordo serving:"):
+            break
+    os.killpg(engine.pid, signal.SIGINT)  # the terminal's whole foreground process group
+    rest = engine.communicate(timeout=60)[1]
+    assert engine.returncode == 0, rest
+    assert "restarting" not in rest and "Traceback" not in rest, rest
+    assert rest.strip().splitlines()[-1].startswith("stopped after batch "), rest

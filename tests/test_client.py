@@ -71,7 +71,7 @@ def test_submit_wait_prints_only_its_own_outcomes_from_every_results_partition(b
     # The same ids again: the answers to this submission (the sequencer's verdict on each
     # copy), not the outcomes of the first one.
     again = submit(broker, namespace, requests)
-    assert again.returncode == 0, again.stderr
+    assert again.returncode == 1, again.stderr  # every copy was rejected
     outcomes = [json.loads(line) for line in again.stdout.splitlines()]
     assert sorted(o["id"] for o in outcomes) == sorted(f"a{i}" for i in range(12))
     assert min(o["batch"] for o in outcomes) > max(first_batches)
@@ -161,6 +161,19 @@ def _has_records(broker: str, topic: str) -> bool:
         return any(True for _ in consumer)
     finally:
         consumer.close()
+
+
+def test_submit_wait_fails_when_a_request_was_rejected_and_names_the_procedure_meant(broker, namespace, engine,
+                                                                                     tmp_path):
+    requests = tmp_path / "r.jsonl"
+    write_lines(requests, [deposit("ok"), {"id": "typo", "proc": "sl_deposti", "args": {}}])
+    done = submit(broker, namespace, requests)
+    assert done.returncode == 1, done.stderr
+    outcomes = {o["id"]: o for o in map(json.loads, done.stdout.splitlines())}
+    assert outcomes["typo"]["error"] == "unknown procedure 'sl_deposti' (did you mean 'sl_deposit'?)"
+    assert done.stderr.strip().splitlines()[-1] == "1 committed, 1 rejected"
+    write_lines(requests, [deposit("fine", 2)])
+    assert submit(broker, namespace, requests).returncode == 0
 
 
 def test_client_submits_waits_and_streams_its_outcomes(broker, namespace, engine):

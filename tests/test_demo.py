@@ -6,6 +6,11 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import socket
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -26,15 +31,50 @@ def test_the_readme_first_screen_runs_the_demo():
                          ids=["defaults", "voter-vll-2"])
 def test_demo_ends_with_every_outcome_and_a_confirmed_state(options):
     out = ordo_output("demo", "--count", "600", *options, timeout=300)
-    assert re.search(r"outcomes\s+604 of 604 in ", out), out  # 600, a duplicate and three bad ones
+    # 600 requests, a second copy of the first and three malformed ones
     committed, aborted, rejected = map(int, re.search(
-        r"committed ([\d,]+), aborted ([\d,]+), rejected ([\d,]+)", out).groups())
+        r"604 of 604 requests answered: ([\d,]+) committed, ([\d,]+) aborted, ([\d,]+) rejected", out).groups())
     assert committed + aborted + rejected == 604 and rejected == 4 and committed > 0
     assert "demo-bad-json: invalid JSON" in out
     assert "demo-unknown: unknown procedure 'no_such_procedure'" in out
     assert "demo-bad-args: sl_deposit: argument 'account': expected integer, got string" in out
-    assert "was rejected: True" in out
-    assert "gives the same state: yes" in out
-    assert out.count("  record     {") == 3
+    assert re.search(r"the second request with id \S+: duplicate request id ", out), out
+    if aborted:
+        assert "Aborted: the procedure ran and decided not to commit" in out
+        reasons = re.findall(r"^    ([\d,]+) × ", out, re.MULTILINE)
+        assert reasons and sum(int(n.replace(",", "")) for n in reasons) <= aborted
+    assert "Executing the logged requests one by one, in log order, from an empty state gives exactly the state" in out
+    assert out.count("\n    {\"table\": ") == 3
+    assert "sequencer generation" not in out and "was rejected: True" not in out and "plain serial" not in out
+    assert out.rstrip().splitlines()[-1].startswith("Next: ")
     if "voter" in options:
         assert re.search(r"top3\s+#\d+ \(\d+ votes\)", out), out
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_demo_and_leaves_nothing_behind():
+    demo = subprocess.Popen([sys.executable, "-m", "ordo.cli", "demo", "--count", "300000"], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines = []
+    data_dir = bootstrap = None
+    for line in demo.stdout:
+        lines.append(line)
+        found = re.search(r"broker on (\S+) keeps the log; the engine keeps its state in (\S+)\.$", line)
+        if found:
+            bootstrap, data_dir = found.groups()
+            break
+    assert data_dir, lines
+    time.sleep(10)  # the engine is at work on the requests
+    os.killpg(demo.pid, signal.SIGINT)  # as a terminal's Ctrl-C does: the demo's whole process group
+    rest, _ = demo.communicate(timeout=120)
+    assert demo.returncode == 130, rest
+    assert re.search(r"^Stopped by SIGINT after [\d,]+ of 300,004 outcomes", rest, re.MULTILINE), rest
+    assert "restarting" not in rest and "Traceback" not in rest
+    assert not os.path.exists(data_dir)
+    time.sleep(1)
+    left = subprocess.run(["pgrep", "-f", f"ordo.cli sequence --bootstrap-servers {bootstrap}"], capture_output=True)
+    assert left.stdout == b"", "a sequencer outlived the demo"
+    host, port = bootstrap.split(",")[0].rsplit(":", 1)
+    with socket.socket() as probe:
+        assert probe.connect_ex((host, int(port))) != 0, "the demo's broker outlived it"

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from procedures.registry import default_registry
 from sequencer.dedupe import RecentIds
 from sequencer.log import BATCH, LogCursor, LogError, LogMismatch, decode, encode_batch, encode_entry, encode_start
+from sequencer.log_secret import seal, tag
 from sequencer.wire import parse_request
 
 registry = default_registry()
@@ -104,7 +105,7 @@ def test_a_new_sequencer_count_closes_every_lane():
 
 def test_a_start_record_names_a_sequencer_within_its_count():
     cursor = LogCursor()
-    assert cursor.accept(msgpack.packb([0, "t", None, 2, 2]), 0) is None and cursor.foreign == 1
+    assert cursor.accept(seal(msgpack.packb([0, "t", None, 2, 2])), 0) is None and cursor.foreign == 1
 
 
 def test_cursor_refuses_to_skip_a_missing_batch():
@@ -117,8 +118,9 @@ def test_cursor_refuses_to_skip_a_missing_batch():
 def test_unreadable_record_is_skipped_alike_by_every_reader_and_a_lost_batch_still_shows():
     cursor = LogCursor()
     cursor.accept(encode_start("s1"), 0)
-    assert cursor.accept(b"\xc1garbage", 1) is None and cursor.foreign == 1
-    assert cursor.accept(msgpack.packb([0, 7]), 2) is None and cursor.foreign == 2  # a start without a token
+    assert cursor.accept(seal(b"\xc1garbage"), 1) is None and cursor.foreign == 1
+    assert cursor.accept(seal(msgpack.packb([0, 7])), 2) is None and cursor.foreign == 2  # a start without a token
+    assert [offset for offset, _ in cursor.unreported] == [1, 2]  # each one reported
     assert cursor.accept(batch_record(1, 0), 3).batch_id == 1
     with pytest.raises(LogError, match="expected batch 2 of sequencer 0, found batch 3"):
         cursor.accept(batch_record(3, 0), 4)
@@ -218,3 +220,15 @@ def test_namespaces_that_kafka_cannot_name_are_refused(namespace):
 
     with pytest.raises(ValueError, match="invalid namespace"):
         Topics(namespace)
+
+
+def test_a_record_not_signed_with_the_log_secret_is_dropped_and_reported_and_changes_nothing():
+    cursor = LogCursor()
+    cursor.accept(encode_start("s1"), 0)
+    genuine = batch_record(1, 0)
+    forged_body = genuine[:-32]
+    assert cursor.accept(forged_body + tag(b"log", forged_body, key=b"not-the-secret-at-all"), 1) is None
+    assert cursor.accept(forged_body, 2) is None  # no tag at all
+    assert cursor.accept(batch_record(6, 0)[:-32] + bytes(32), 3) is None  # ahead: no gap, no stop
+    assert cursor.accept(genuine, 4).batch_id == 1  # the sequencer's own batch of that epoch
+    assert cursor.dropped == 3 and [offset for offset, _ in cursor.unreported] == [1, 2, 3]

@@ -78,7 +78,11 @@ def test_metrics_endpoint_reports_the_engine(broker, namespace, tmp_path, partit
             time.sleep(0.5)
         assert value(families, "ordo_transactions", "ordo_transactions_total", status="committed") == 30
         assert value(families, "ordo_transactions", "ordo_transactions_total", status="aborted") == 5
-        assert value(families, "ordo_aborts", "ordo_aborts_total") == 5
+        assert sum(value(families, "ordo_transactions", "ordo_transactions_total", status=status)
+                   for status in ("committed", "aborted", "rejected")) == 36  # each request once
+        assert "ordo_aborts" not in families and value(families, "ordo_restarts", "ordo_restarts_total") == 0
+        assert {sample.labels["status"] for sample in families["ordo_transactions"]} == {
+            "committed", "aborted", "rejected"}
         batches = value(families, "ordo_batches", "ordo_batches_total")
         assert batches >= 1 and value(families, "ordo_last_applied_batch", "ordo_last_applied_batch") >= batches
         for p in range(partitions):
@@ -95,6 +99,11 @@ def test_metrics_endpoint_reports_the_engine(broker, namespace, tmp_path, partit
         assert value(families, "ordo_requests_lag_messages", "ordo_requests_lag_messages") >= 0
         assert "ordo_log_lag_records" in families
         assert value(families, "ordo_sequencer_restarts", "ordo_sequencer_restarts_total") == 0
+        for p in range(partitions):  # each worker's process and its shard's RocksDB memory
+            assert value(families, "ordo_partition_memory_bytes", "ordo_partition_memory_bytes",
+                         partition=str(p), kind="resident") > 20 * 2**20
+            assert value(families, "ordo_partition_memory_bytes", "ordo_partition_memory_bytes",
+                         partition=str(p), kind="memtables") > 0
 
         # Progress lines while there was work, with the requests lag; none once idle.
         time.sleep(3)

@@ -456,3 +456,20 @@ def test_a_faulty_triggered_procedure_aborts_alone_and_says_why():
     assert "undeclared access" in ok["steps"][0]["error"] and "t['elsewhere']" in ok["steps"][0]["error"]
     assert bad["status"] == "aborted" and "stream 'nowhere'" in bad["error"]
     assert state == {("t", "in"): 1}
+
+
+def test_a_procedure_with_only_an_output_stream_emits_to_it():
+    def run(ctx, args):
+        ctx.write("shipped", args["item"], args["qty"])
+        ctx.emit("shipments", {"item": args["item"], "qty": args["qty"]})
+        return args["qty"]
+    registry = Registry()
+    registry.add_workload([Table("shipped")], [Procedure("ship", {"item": Int(), "qty": Int()},
+                                                         lambda a: ((), [("shipped", a["item"])]), run)],
+                          [Stream("shipments", producers=["ship"])])
+    for scheduler, partitions in (("serial", 1), ("locking", 2), ("opchain", 2)):
+        with TestEngine(registry, scheduler, partitions) as engine:
+            outcome = engine.call("ship", {"item": 7, "qty": 2})
+            assert (outcome["status"], outcome["result"], outcome["error"]) == ("committed", 2, None)
+            assert sorted(c[2:] for c in engine.changes) == [("shipped", 7, 2),
+                                                             ("stream.shipments", 0, [{"item": 7, "qty": 2}])]

@@ -84,3 +84,33 @@ def test_check_deterministic_names_a_procedure_that_is_not():
 
     with pytest.raises(AssertionError, match="not deterministic: .* differ at"):
         check_deterministic(app, [{"id": f"s{i}", "proc": "stamp", "args": {"account": i}} for i in range(4)])
+
+
+def test_the_harness_reads_composite_keys_as_lists_names_its_changes_and_takes_a_dependent_step():
+    import tests.every_kind_procedures as kinds
+
+    with TestEngine(kinds) as engine:
+        engine.call("kind_name_item", {"name": "bolt", "item": 2}, "bind")
+        first = engine.call("kind_restock_named", {"name": "bolt", "qty": 3}, "n1")
+        step = first["result"]["args"]["@ollp"]
+        assert first["status"] == "restarted" and (step["restarts"], step["assumed"]) == (0, [2]) and step["sig"]
+        [decided] = engine.run([{"id": first["id"], **first["result"]}])
+        assert (decided["id"], decided["status"]) == ("n1", "committed")
+        assert engine.read("kind_stock", 2) == 3
+        change = engine.changes[-1]
+        assert (change.batch, change.txn, change.table, change.key, change.value) == (3, 0, "kind_stock", 2, 3)
+        assert change == (3, 0, "kind_stock", 2, 3)
+
+    app = ordo.App("composite")
+    app.table("stock")
+
+    @app.procedure(args={"warehouse": Int(0), "item": Int(0)})
+    class put:
+        def analyze(args):
+            return [], [("stock", (args["warehouse"], args["item"]))]
+
+        def run(ctx, args):
+            ctx.write("stock", [args["warehouse"], args["item"]], 7)  # a list, as JSON gives keys
+    with TestEngine(app) as engine:
+        assert engine.call("put", {"warehouse": 2, "item": 3})["status"] == "committed"
+        assert engine.read("stock", [2, 3]) == engine.read("stock", (2, 3)) == 7

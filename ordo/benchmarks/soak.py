@@ -1,0 +1,243 @@
+"""A soak: `ordo run` in its own process under a steady open-loop rate, long enough to tell
+warm-up from a leak. Every interval it samples the resident memory of each process (the
+engine, its sequencer, Ray workers, the broker) and, from the engine's metrics, what RocksDB
+holds (block cache, memtables, table readers) and how many requests were answered.
+
+Warm-up is memory that stops growing (caches filling to their capacity, buffers reaching
+their size); a leak keeps growing with the requests. The report gives, per process, the
+growth per 100,000 requests over the first and the second half of the run: a plateau has a
+second half near zero."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from typing import Any
+
+from ordo.benchmarks.latency import open_loop
+from ordo.benchmarks.machine import finish_report, machine
+from ordo.benchmarks.requests import encode_requests, workload_requests
+
+CHUNK = 10_000  # requests generated at a time, so a long soak never holds them all
+DRAIN_S = 300.0  # how long the last requests may take to be answered
+_METRICS_LINE = re.compile(r"metrics on (http://127\.0\.0\.1:\d+/metrics)")
+_SAMPLE = re.compile(r'^(ordo_\w+?)(?:\{([^}]*)\})? ([0-9.eE+-]+)$')
+
+
+def parse_metrics(text: str) -> dict[tuple[str, tuple], float]:
+    """Ordo's samples in Prometheus' text format -> {(name, ((label, value), …)): value}."""
+    samples = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match:
+            name, labels, value = match.groups()
+            pairs = [part.split("=", 1) for part in labels.split(",")] if labels else []
+            samples[(name, tuple((k, v.strip('"')) for k, v in pairs))] = float(value)
+    return samples
+
+
+def answered(samples: dict) -> int:
+    """Requests with an outcome."""
+    return int(sum(v for (name, _), v in samples.items() if name == "ordo_transactions_total"))
+
+
+def storage_memory(samples: dict) -> dict[str, int]:
+    """RocksDB's memory summed over the partitions, by kind."""
+    memory: dict[str, int] = {}
+    for (name, labels), value in samples.items():
+        kind = dict(labels).get("kind")
+        if name == "ordo_partition_memory_bytes" and kind != "resident":
+            memory[kind] = memory.get(kind, 0) + int(value)
+    return memory
+
+
+def process_roles(engine_pid: int, broker_pids: list[int]) -> dict[str, list[int]]:
+    """The engine, its sequencer and its Ray processes, and the broker, by role."""
+    import psutil
+
+    roles: dict[str, list[int]] = {"engine": [engine_pid], "sequencer": [], "ray": [], "broker": list(broker_pids)}
+    try:
+        children = psutil.Process(engine_pid).children(recursive=True)
+    except psutil.Error:
+        return roles
+    for child in children:
+        try:
+            command = " ".join(child.cmdline())
+        except psutil.Error:
+            continue
+        roles["sequencer" if " sequence" in command else "ray"].append(child.pid)
+    return roles
+
+
+def resident_mb(pids: list[int]) -> float:
+    import psutil
+
+    total = 0
+    for pid in pids:
+        try:
+            total += psutil.Process(pid).memory_info().rss
+        except psutil.Error:
+            pass
+    return total / 2**20
+
+
+def growth(samples: list[dict], role: str) -> tuple[float, float]:
+    """MB per 100,000 requests answered over the first and the second half of the samples."""
+    def slope(first: dict, last: dict) -> float:
+        done = last["answered"] - first["answered"]
+        return 0.0 if done <= 0 else (last["rss_mb"][role] - first["rss_mb"][role]) * 100_000 / done
+    middle = len(samples) // 2
+    return slope(samples[0], samples[middle]), slope(samples[middle], samples[-1])
+
+
+class _Engine:
+    """`ordo run` as a child process, with its standard error kept and its metrics address."""
+
+    def __init__(self, command: list[str]):
+        self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+        self.metrics_url: str | None = None
+        self.serving = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.process.stderr:
+            self.lines.append(line.rstrip())
+            match = _METRICS_LINE.search(line)
+            if match:
+                self.metrics_url = match.group(1)
+            if line.startswith("ordo serving:"):
+                self.serving.set()
+
+    def scrape(self) -> dict:
+        with urllib.request.urlopen(self.metrics_url, timeout=10) as response:
+            return parse_metrics(response.read().decode())
+
+    def last_line(self) -> str:
+        return self.lines[-1] if self.lines else "no output"
+
+    def stop(self) -> int:
+        self.process.terminate()
+        try:
+            return self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
+
+
+def run_soak(workload: str, rate: float, seconds: float, partitions: int, scheduler: str, every: float,
+             seed: int, knobs: dict, json_path: str | None) -> dict[str, Any]:
+    from confluent_kafka import Producer
+
+    from sequencer.broker import local_broker
+    from sequencer.kafka import kafka_config
+    from sequencer.topics import Topics
+
+    count = int(rate * seconds)
+    report: dict[str, Any] = {"bench": "soak", "workload": workload, "rate": rate, "seconds": seconds,
+                              "partitions": partitions, "scheduler": scheduler, "machine": machine()}
+    say(f"ordo bench soak {workload}: {count:,} requests at {rate:,.0f}/s for {seconds:,.0f} s, "
+        f"{partitions} partition(s), {scheduler}; a sample every {every:.0f} s")
+    directory = tempfile.mkdtemp(prefix="ordo-soak-")
+    namespace = "soak"
+    try:
+        with local_broker() as broker:
+            engine = _Engine([sys.executable, "-m", "ordo.cli", "run", "--bootstrap-servers", broker.bootstrap_servers,
+                              "--namespace", namespace, "--data-dir", f"{directory}/data", "--scheduler", scheduler,
+                              "--partitions", str(partitions), "--metrics-port", "0", "--quiet",
+                              "--workloads", workload])
+            try:
+                if not engine.serving.wait(180) or engine.metrics_url is None:
+                    raise RuntimeError(f"ordo run did not start serving within 180 s: {engine.last_line()}")
+                producer = Producer(kafka_config(broker.bootstrap_servers, {"enable.idempotence": True,
+                                                                            "linger.ms": 5}))
+                broker_pids = [node.pid for node in getattr(broker, "nodes", ()) if node.pid]
+                report["samples"] = _drive(engine, broker_pids, producer, Topics(namespace).requests,
+                                           workload, knobs, partitions, seed, rate, count, every)
+            finally:
+                report["engine_exit"] = engine.stop()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    samples = report["samples"]
+    report["growth_mb_per_100k"] = {role: growth(samples, role) for role in samples[-1]["rss_mb"]
+                                    if all(role in s["rss_mb"] for s in samples)}
+    say(format_report(report))
+    return finish_report(report, json_path)
+
+
+def _drive(engine: _Engine, broker_pids: list[int], producer, topic: str, workload: str, knobs: dict,
+           partitions: int, seed: int, rate: float, count: int, every: float) -> list[dict]:
+    chunk: dict[str, Any] = {"at": -1, "requests": []}
+
+    def send(i: int) -> None:
+        at = i // CHUNK
+        if chunk["at"] != at:  # distinct seeds give distinct request ids
+            chunk["at"], chunk["requests"] = at, encode_requests(
+                workload_requests(workload, CHUNK, seed * 1_000_003 + at, knobs, partitions))
+        key, value = chunk["requests"][i % CHUNK]
+        while True:
+            try:
+                producer.produce(topic, key=key.encode(), value=value)
+                break
+            except BufferError:
+                producer.poll(0.01)
+        producer.poll(0)
+
+    def sample() -> dict:
+        return _sample(engine, broker_pids, started)
+
+    sender = threading.Thread(target=open_loop, args=(send, rate, count), daemon=True)
+    started = time.monotonic()
+    samples = [sample()]
+    sender.start()
+    while sender.is_alive():
+        sender.join(every - (time.monotonic() - started) % every)
+        if sender.is_alive():
+            samples.append(sample())
+    producer.flush(60)
+    deadline = time.monotonic() + DRAIN_S
+    last = sample()
+    while last["answered"] < count and time.monotonic() < deadline:
+        time.sleep(1)
+        last = sample()
+    samples.append(last)
+    if last["answered"] < count:
+        raise RuntimeError(f"only {last['answered']:,} of {count:,} requests were answered within "
+                           f"{DRAIN_S:.0f} s of the last send")
+    return samples
+
+
+def _sample(engine: _Engine, broker_pids: list[int], started: float) -> dict:
+    if engine.process.poll() is not None:
+        raise RuntimeError(f"ordo run exited with {engine.process.returncode}: {engine.last_line()}")
+    metrics = engine.scrape()
+    roles = process_roles(engine.process.pid, broker_pids)
+    return {"t": round(time.monotonic() - started, 1), "answered": answered(metrics),
+            "rss_mb": {role: round(resident_mb(pids), 1) for role, pids in roles.items() if pids},
+            "rocksdb_mb": {kind: round(v / 2**20, 1) for kind, v in storage_memory(metrics).items()}}
+
+
+def format_report(report: dict[str, Any]) -> str:
+    samples = report["samples"]
+    roles = list(samples[-1]["rss_mb"])
+    kinds = list(samples[-1]["rocksdb_mb"])
+    lines = ["  " + "  ".join([f"{'t (s)':>7}", f"{'answered':>10}", *(f"{r + ' MB':>12}" for r in roles),
+                               *(f"{k + ' MB':>16}" for k in kinds)])]
+    for s in samples:
+        lines.append("  " + "  ".join([f"{s['t']:>7.0f}", f"{s['answered']:>10,}",
+                                       *(f"{s['rss_mb'].get(r, 0):>12.1f}" for r in roles),
+                                       *(f"{s['rocksdb_mb'].get(k, 0):>16.1f}" for k in kinds)]))
+    lines.append("  resident growth, MB per 100,000 requests (first half, second half): " + "; ".join(
+        f"{role} {a:+.2f}, {b:+.2f}" for role, (a, b) in report["growth_mb_per_100k"].items()))
+    return "\n".join(lines)
+
+
+def say(text: str = "") -> None:
+    print(text, flush=True)
