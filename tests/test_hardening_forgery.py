@@ -180,7 +180,8 @@ def test_a_client_reconnaissance_resent_gets_the_duplicate_outcome(broker, names
         first = submit_wait(broker, namespace, request)
         assert first.returncode == 0 and [o["status"] for o in outcomes_of(first)] == ["committed"], first.stderr
         again = submit_wait(broker, namespace, request)
-        assert again.returncode == 0, f"the resend got no outcome: {again.stderr}"
+        assert again.returncode == 1 and again.stderr.strip().endswith("1 rejected"), \
+            f"the resend got no outcome: {again.stderr}"
         [outcome] = outcomes_of(again)
         assert outcome["status"] == "rejected" and "duplicate request id 'recon-1'" in outcome["error"]
     finally:
@@ -202,7 +203,8 @@ def test_a_client_step_cannot_take_a_later_requests_id(broker, namespace, tmp_pa
                                                  "args": {"alias": "bob", "amount": 100}})
         # The id was taken first: the victim is told so, instead of its deposit vanishing
         # behind an outcome that is not its own.
-        assert victim.returncode == 0, f"the victim's request got no outcome: {victim.stderr}"
+        assert victim.returncode == 1 and victim.stderr.strip().endswith("1 rejected"), \
+            f"the victim's request got no outcome: {victim.stderr}"
         [outcome] = outcomes_of(victim)
         assert outcome["status"] == "rejected" and "duplicate request id 'victim-d'" in outcome["error"]
         # A step signed by anyone but the engine is refused outright.
