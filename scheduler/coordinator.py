@@ -210,14 +210,19 @@ class Coordinator:
             self.group.hold(None)
 
     def log_lag(self) -> int | str:
-        """Log records not yet read by the slowest worker; for display only (some brokers
-        misreport watermarks)."""
+        """Log records not yet read by the slowest worker, counted from where its reader
+        stands (past transaction markers), so an idle engine at the log's end reads 0; for
+        display only (some brokers misreport watermarks)."""
         if not self._statuses:
             return "?"
         try:
-            return max(0, self.log_end(timeout=0.5) - min(s["next_offset"] for s in self._statuses))
+            return max(0, self.log_end(timeout=0.5) - self.read_position())
         except Exception:
             return "?"
+
+    def read_position(self) -> int:
+        """The log offset every worker has read up to, as the last watch saw it."""
+        return min(s["position"] for s in self._statuses)
 
     def log_end(self, timeout: float) -> int:
         """The log's end offset (its high watermark), asked of the broker; raises if it does

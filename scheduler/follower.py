@@ -103,6 +103,8 @@ class LogFollower:
             "applied_txns": self.applied_txns,
             "unapplied": len(self._unapplied),
             "next_offset": self.cursor.next_offset,
+            "position": self._reader.position(),
+            "ready": len(self._ready),
             "committed": self.counts[COMMITTED],
             "aborted": self.counts[ABORTED],
             "rejected": self.counts["rejected"],

@@ -126,9 +126,7 @@ class LogReader:
         """Records past this reader's position (more than one transaction marker) that the
         broker keeps from committed readers, with no progress, for HELD_LIMIT: a transaction
         on the log that never ends, which holds back everything after it."""
-        # The consumer's own position passes what it drops (aborted records, markers) too.
-        fetched = self._consumer.position([TopicPartition(self.topic, 0)])[0].offset
-        position = max(self.cursor.next_offset, fetched)
+        position = self.position()
         if end is None or end <= position + 1:
             self._held_since = None
             return
@@ -142,6 +140,16 @@ class LogReader:
                 f"never ended. Either a producer other than Ordo's sequencers writes to the log (end its "
                 f"transaction, keep it off the log) or the local broker lost track of one, which nothing "
                 f"ends (docs/local-broker.md, 'Transactions ending together'): start over on a new broker")
+
+    def position(self) -> int:
+        """Where this reader stands in the log: every record before this offset has been
+        read. The consumer's own position also passes what it drops (aborted records,
+        transaction markers), which the cursor never sees: at the log's end, after a
+        transaction's marker, only that position equals the end offset."""
+        if self._consumer is None:  # closed
+            return self.cursor.next_offset
+        fetched = self._consumer.position([TopicPartition(self.topic, 0)])[0].offset
+        return max(self.cursor.next_offset, fetched)
 
     def poll_raw(self, timeout: float, max_records: int = 500) -> list[tuple[int, bytes]]:
         """The next records as (offset, value), without acceptance."""
