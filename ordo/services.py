@@ -86,9 +86,8 @@ class Progress:
             log_lag, requests_lag = self._coordinator.log_lag(), None
         self._last, moved, self._last_txns = now, stats.txns != self._last_txns, stats.txns
         if not moved and not requests_lag and not self._shown_waiting:
-            # Idle: nothing new to say. (The log lag can stay at 1 when idle: a transaction
-            # marker follows the last batch.) Once more after requests were shown waiting,
-            # so that the last line does not say they still wait.
+            # Idle: nothing new to say. Once more after requests were shown waiting, so
+            # that the last line does not say they still wait.
             return
         self._shown_waiting = bool(requests_lag)
         unknown = lambda value: "?" if value is None else value  # noqa: E731

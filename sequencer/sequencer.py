@@ -140,6 +140,7 @@ class Sequencer:
             "message.max.bytes": max(config.max_bytes + 64 * 1024, 1_000_000),
         }))
         self._consumer: Consumer | None = None
+        self._owned: list[int] = []  # the request partitions this sequencer consumes
         self._cursor = LogCursor()
         self._started_at = -1  # this sequencer's start record's offset: its generation
         self._log_end = 0  # the log's end offset after this sequencer's last append, as far as known
@@ -186,10 +187,10 @@ class Sequencer:
             "fetch.max.bytes": 64 * 1024 * 1024,
         }))
         offsets = self._cursor.request_offsets
-        self._consumer.assign([
-            TopicPartition(self.topics.requests, p, offsets.get(p, OFFSET_BEGINNING))
-            for p in owned_partitions(partitions, config.index, config.sequencers)
-        ])
+        self._owned = owned_partitions(partitions, config.index, config.sequencers)
+        self._consumer.assign([TopicPartition(self.topics.requests, p, offsets.get(p, OFFSET_BEGINNING))
+                               for p in self._owned])
+        self._note_consumed()
         log.info("sequencer %d of %d (generation at log offset %d) resumes at its batch %d", config.index,
                  config.sequencers, self._started_at, self.next_epoch)
 
@@ -408,7 +409,18 @@ class Sequencer:
                 self._end_transaction(producer.abort_transaction, 30)
                 # Append the same batch again; readers drop a visible aborted copy by its id.
 
+    def _note_consumed(self) -> None:
+        """Note where this sequencer stands on its request partitions (what the log says it
+        consumed), also when it has nothing to append: the positions a killed predecessor
+        was about to note, or anyone else noted, would otherwise stand as waiting requests
+        until the next batch."""
+        offsets = self._cursor.request_offsets
+        self._note_positions([TopicPartition(self.topics.requests, p, offsets[p]) for p in self._owned
+                              if p in offsets])
+
     def _note_positions(self, positions: list[TopicPartition]) -> None:
+        if not positions:
+            return
         try:
             self._consumer.commit(offsets=positions, asynchronous=True)
         except KafkaException:
@@ -443,14 +455,18 @@ class Sequencer:
             self._last_appended = (message.offset(), fingerprint(message.value()))
 
     def _watch(self) -> None:
-        """When idle, check that the broker still holds the last record this sequencer
-        appended: a broker restarted without its data would otherwise have it sequence
-        into a new, unrelated log without a word. The broker is asked in the watch's own
+        """When idle, note the consumed positions again (see _note_consumed), and check
+        that the broker still holds the last record this sequencer appended: a broker
+        restarted without its data would otherwise have it sequence into a new, unrelated
+        log without a word. The broker is asked in the watch's own
         thread; here its latest answer is only read."""
         now = time.monotonic()
-        if now - self._watched < WATCH_EVERY or self._last_appended is None:
+        if now - self._watched < WATCH_EVERY:
             return
         self._watched = now
+        self._note_consumed()
+        if self._last_appended is None:
+            return
         if self._probe is None:
             self._probe = LogWatch(self.bootstrap, self.topics.log, f"{self._group}.probe", WATCH_EVERY)
         self._probe.note(*self._last_appended)
