@@ -21,6 +21,7 @@ from recovery.checkpoints import CheckpointError, CheckpointStore
 from recovery.restore import AUTO, DataDirLock, check_log_holds, log_head_problem, prepare_shards
 from scheduler.follower import FollowOptions
 from scheduler.group import LocalGroup, WorkerGroup
+from scheduler.liveness import CALL_TIMEOUT, Silence
 from scheduler.outputs import CollectedOutputs
 from scheduler.worker import check_layout
 from sequencer.log import LogCursor
@@ -150,6 +151,11 @@ class Coordinator:
         """Every worker's status as the last watch took it (metrics read it from here)."""
         return self._statuses
 
+    def silences(self) -> list[Silence]:
+        """The partition workers whose answer the last watch still waited for."""
+        return [Silence(f"partition {s['partition']}", s.get("pid"), s["unanswered_s"]) for s in self._statuses
+                if s.get("unanswered_s")]
+
     @property
     def finished(self) -> bool:
         """Whether every worker has stopped."""
@@ -179,7 +185,7 @@ class Coordinator:
     def checkpoint(self) -> dict | None:
         """Checkpoint every shard at one batch: hold every worker after the last batch any
         of them has executed, wait until all have applied it, checkpoint, go on. Returns
-        the manifest entry, or None while no batch is applied."""
+        the manifest entry, or None while no batch is applied or once the engine is stopping."""
         self._checkpoint_requested.clear()
         latest = self.checkpoints.latest()
         if not self._started:  # the shards agree (see prepare_shards) and nothing runs
@@ -202,6 +208,12 @@ class Coordinator:
                     break
                 if self.finished:
                     raise CheckpointError(f"the workers stopped before batch {target} was applied on every shard")
+                if self._stop.is_set():
+                    return None  # stopping comes first; the workers checkpoint on their own too
+                silent = [silence for silence in self.silences() if silence.seconds >= CALL_TIMEOUT]
+                if silent:
+                    raise CheckpointError(f"{silent[0]}: no checkpoint of batch {target} could be taken; restart "
+                                          f"the engine to recover")
             entry = self.checkpoints.take(self.group, self.group.applied()[0])
             self.stats.checkpoints += 1
             self._listed_checkpoint = max(self._listed_checkpoint, target)
