@@ -201,6 +201,8 @@ class LogFollower:
             if not sink.delivered(batch_id):
                 if len(unapplied) <= limit:
                     return
+                # Outputs a broker that lost its data never acknowledges: say so, do not wait.
+                self._reader.check_broker()
                 sink.wait(0.002)
                 await asyncio.sleep(0)
                 continue

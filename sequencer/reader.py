@@ -90,6 +90,7 @@ class LogReader:
         watch = self._log_watch()
         if self._last_read is not None:
             watch.note(*self._last_read)
+        self.check_broker()
         end, error = watch.end
         if self._last_read is None:
             if watch.answered.is_set() and end is None and error in GONE:
@@ -97,10 +98,6 @@ class LogReader:
                                f"(`ordo run` creates them)")
             self._check_held_back(now, end)
             return
-        if watch.lost is not None:
-            raise LogLost(f"{self.topic} no longer holds the record at offset {watch.lost} that this reader read: "
-                          f"the broker lost the log (restarted without its data?); see docs/operations.md, "
-                          f"'Broker lost'")
         self._check_held_back(now, end)
         cursor = self.cursor
         if cursor.stale <= STALE_LIMIT:
@@ -115,6 +112,21 @@ class LogReader:
                     f"start record of that sequencer (offset {cursor.lanes[lane][0]}) that no batch followed: "
                     f"a record on {self.topic} did not come from a sequencer; restart the sequencer (a new "
                     f"generation takes over) and keep other producers off the log")
+
+    def check_broker(self) -> None:
+        """Raise LogLost once the log's watch has found that the broker lost the log: another
+        cluster answers, or the last record read is gone. Reads only the watch's latest
+        answers, so it may be called while the reader waits on something else."""
+        watch = self._probe
+        if watch is None:
+            return
+        lost_cluster = watch.lost_cluster()
+        if lost_cluster is not None:
+            raise LogLost(lost_cluster)
+        if watch.lost is not None:
+            raise LogLost(f"{self.topic} no longer holds the record at offset {watch.lost} that this reader read: "
+                          f"the broker lost the log (restarted without its data?); see docs/operations.md, "
+                          f"'Broker lost'")
 
     def _log_watch(self) -> LogWatch:
         """Asks the broker about the log from a thread of its own (sequencer/log_probe.py)."""

@@ -185,12 +185,16 @@ class Sequencer:
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
             "fetch.max.bytes": 64 * 1024 * 1024,
+            # A position the requests topic no longer holds is an error (the broker lost it),
+            # never a silent jump past the requests waiting there.
+            "auto.offset.reset": "error",
         }))
         offsets = self._cursor.request_offsets
         self._owned = owned_partitions(partitions, config.index, config.sequencers)
         self._consumer.assign([TopicPartition(self.topics.requests, p, offsets.get(p, OFFSET_BEGINNING))
                                for p in self._owned])
         self._note_consumed()
+        self._probe = LogWatch(self.bootstrap, self.topics.log, f"{self._group}.probe", WATCH_EVERY)
         log.info("sequencer %d of %d (generation at log offset %d) resumes at its batch %d", config.index,
                  config.sequencers, self._started_at, self.next_epoch)
 
@@ -282,6 +286,11 @@ class Sequencer:
                 for message in messages:
                     error = message.error()
                     if error is not None:
+                        if error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+                            raise BrokerLost(f"{self.topics.requests} partition {message.partition()} does not reach "
+                                             f"the position this sequencer consumed up to: the broker lost the "
+                                             f"requests (restarted without its data?); see docs/operations.md, "
+                                             f"'Broker lost'")
                         if error.code() != KafkaError._PARTITION_EOF:
                             log.warning("request consumer: %s", error)
                         continue
@@ -356,6 +365,7 @@ class Sequencer:
         return max(self._last_cut_at, now - self.config.max_delay_ms / 1000.0)
 
     def _cut(self, epoch: _Epoch) -> _Epoch:
+        self._check_cluster()  # the watch's latest answer: no request to the broker here
         self._last_cut_at = time.monotonic()
         self._last_time = max(self._last_time, int(time.time() * 1000))
         number = self.next_epoch
@@ -465,15 +475,21 @@ class Sequencer:
             return
         self._watched = now
         self._note_consumed()
-        if self._last_appended is None:
+        self._check_cluster()
+        if self._last_appended is None or self._probe is None:
             return
-        if self._probe is None:
-            self._probe = LogWatch(self.bootstrap, self.topics.log, f"{self._group}.probe", WATCH_EVERY)
         self._probe.note(*self._last_appended)
         if self._probe.lost is not None:
             raise BrokerLost(f"{self.topics.log} no longer holds the record this sequencer appended at offset "
                              f"{self._probe.lost}: the broker lost the log (restarted without its data?); see "
                              f"docs/operations.md, 'Broker lost'")
+
+    def _check_cluster(self) -> None:
+        """Stop at once if another Kafka cluster answers for the log: appending there would
+        start a new, unrelated log without a word."""
+        lost_cluster = self._probe.lost_cluster() if self._probe is not None else None
+        if lost_cluster is not None:
+            raise BrokerLost(lost_cluster)
 
     def close(self) -> None:
         if self._consumer is not None:

@@ -5,8 +5,8 @@ its pid, and SIGTERM stops the engine within a bound whatever its workers do."""
 
 from __future__ import annotations
 
+import json
 import os
-import queue
 import re
 import signal
 import subprocess
@@ -19,11 +19,13 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from ordo.client import Client
+from sequencer.broker import free_port, local_broker
 from sequencer.kafka import kafka_config
 from sequencer.lag import sequencer_group
 from sequencer.topics import Topics, ensure_topics
-from tests.helpers import ROOT, stop
+from tests.helpers import ROOT, read_results, stop
 from tests.test_metrics import scrape, value
+from tests.test_recovery_crash import Feeder, check_against_serial_run, traffic
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +38,6 @@ class Engine:
                                         env={**os.environ, "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1"},
                                         stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
-        self._new: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -50,7 +51,6 @@ class Engine:
                 found = re.search(pattern, line)
                 if found:
                     return found
-            assert self.process.poll() is None or time.monotonic() < deadline, self.text()
             time.sleep(0.2)
         raise AssertionError(f"no line matching {pattern!r} within {timeout:.0f} s:\n{self.text()}")
 
@@ -112,3 +112,119 @@ def test_after_a_sequencer_kill_and_restart_an_idle_engine_shows_no_lag(broker, 
         assert len(engine.progress()) == shown, "progress lines while idle"
     finally:
         assert stop(engine.process, 60) == 0, engine.text()
+
+
+def _gone(processes: list[psutil.Process], timeout: float = 30) -> list[psutil.Process]:
+    """Those of `processes` still running after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
+
+
+def test_a_stopped_partition_worker_is_named_and_sigterm_still_stops_the_engine(broker, namespace, tmp_path,
+                                                                                 monkeypatch):
+    monkeypatch.setenv("ORDO_TRACE_APPLIED", "1")  # for check_against_serial_run
+    seed = 7
+    ensure_topics(broker, namespace, request_partitions=2)
+    data_dir = str(tmp_path / "d")
+    args = ("--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", data_dir, "--partitions", "2",
+            "--runtime", "ray", "--checkpoint-every", "5")
+    requests = traffic(2000, 2, seed)
+    engine = Engine(*args, "--metrics-port", "0")
+    pid = None
+    try:
+        pid = int(engine.wait_for(r"^partition 1: pid (\d+)").group(1))
+        port = int(engine.wait_for(r"^metrics on http://127\.0\.0\.1:(\d+)/").group(1))
+        engine.wait_for(r"^ordo serving: ")
+        feeder = Feeder(broker, namespace, requests, chunk=100, pause=0.05)
+        feeder.start()
+        time.sleep(1.0)  # under load
+        os.kill(pid, signal.SIGSTOP)
+        engine.wait_for(rf"^batch .* \| partition 1 \(pid {pid}\) has not answered for \d+ s$", timeout=60)
+        silent = value(scrape(port), "ordo_unanswered_seconds", "ordo_unanswered_seconds", process="partition 1",
+                       pid=str(pid))
+        assert silent >= 5
+        feeder.join()
+        processes = psutil.Process(engine.process.pid).children(recursive=True)
+        assert any(p.pid == pid for p in processes)
+        asked = time.monotonic()
+        engine.process.send_signal(signal.SIGTERM)
+        assert engine.process.wait(60) == 2
+        took = time.monotonic() - asked
+        assert took < 60
+        print(f"SIGTERM stopped the engine in {took:.1f} s")
+        said = [line for line in engine.lines if line.startswith("ordo run: ")]
+        assert len(said) == 1 and f"partition 1 (pid {pid}) has not answered for" in said[0], engine.text()
+        assert "restart the engine" in said[0] and "Traceback" not in engine.text()
+        assert _gone(processes) == [], "processes left behind"
+    finally:
+        stop(engine.process, 60)
+        if pid is not None and psutil.pid_exists(pid):
+            os.kill(pid, signal.SIGKILL)
+
+    # Started again, the engine recovers and ends as if the worker had never stopped.
+    again = Engine(*args, "--quiet")
+    try:
+        read_results(broker, f"{namespace}.results", len(requests), timeout=180)
+    finally:
+        assert stop(again.process, 60) == 0, again.text()
+    check_against_serial_run(broker, namespace, data_dir, requests, 2)
+
+
+def test_a_stopped_sequencer_is_named_then_replaced(broker, namespace, tmp_path):
+    ensure_topics(broker, namespace, request_partitions=2)
+    engine = Engine("--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", str(tmp_path / "d"),
+                    "--runtime", "local", "--metrics-port", "0")
+    requests = traffic(1500, 1, 11)
+    try:
+        port = int(engine.wait_for(r"^metrics on http://127\.0\.0\.1:(\d+)/").group(1))
+        engine.wait_for(r"^ordo serving: ")
+        feeder = Feeder(broker, namespace, requests, chunk=100, pause=0.1)
+        feeder.start()
+        time.sleep(1.0)
+        [sequencer] = engine.sequencers()
+        sequencer.suspend()  # SIGSTOP
+        engine.wait_for(rf"^batch .* \| sequencer \(pid {sequencer.pid}\) has not answered for \d+ s$", timeout=30)
+        assert value(scrape(port), "ordo_unanswered_seconds", "ordo_unanswered_seconds", process="sequencer",
+                     pid=str(sequencer.pid)) >= 5
+        engine.wait_for(rf"^sequencer \(pid {sequencer.pid}\) has not answered for \d+ s; killing it$", timeout=60)
+        engine.wait_for(r"^sequencer exited with -9; restarting$")
+        assert _gone([sequencer]) == []
+        feeder.join()
+        results = read_results(broker, f"{namespace}.results", len(requests), timeout=120)
+    finally:
+        assert stop(engine.process, 60) == 0, engine.text()
+    outcomes: dict[str, set] = {}
+    for record in results:
+        outcomes.setdefault(record["id"], set()).add(json.dumps(record, sort_keys=True))
+    assert set(outcomes) == {r["id"] for r in requests}
+    assert all(len(copies) == 1 for copies in outcomes.values())
+
+
+def test_a_broker_restarted_without_its_data_is_said_within_seconds(tmp_path):
+    port = free_port()
+    broker = local_broker(port=port)
+    bootstrap = broker.start()
+    engine = Engine("--bootstrap-servers", bootstrap, "--namespace", "gone", "--data-dir", str(tmp_path / "d"),
+                    "--runtime", "local", "--quiet")
+    try:
+        engine.wait_for(r"^ordo serving: ")
+        with Client(bootstrap, "gone") as client:
+            assert len(client.wait(client.submit(_deposits("d", 30)), timeout=60)) == 30
+        broker.stop()
+        broker = local_broker(port=port)
+        broker.start()  # same address, nothing in it: another cluster
+        back = time.monotonic()
+        code = engine.process.wait(60)
+        took = time.monotonic() - back
+        print(f"the engine stopped {took:.1f} s after the broker came back")
+        assert code == 2, engine.text()
+        # Not only after the grace a broker gets to serve again what it had (30 s).
+        assert took < 20, engine.text()
+        assert "the broker lost the log" in engine.text() and "Traceback" not in engine.text()
+    finally:
+        stop(engine.process, 60)
+        broker.stop()
