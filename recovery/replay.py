@@ -149,10 +149,11 @@ def recover(bootstrap: str, namespace: str, data_dir: str, scheduler: str = "ser
     say = (lambda text: None) if quiet else (lambda text: print(text, file=stream, flush=True))
     for path in plan.cleaned:
         say(f"removed {path} (left behind by a crash)")
-    say(f"{plan.describe()}; replaying {namespace}.log from batch {coordinator.cursor.next_batch} "
-        f"until no batch arrives for {idle:g}s")
+    head = log_head(coordinator)
+    say(f"{plan.describe()}; replaying {namespace}.log from batch {coordinator.cursor.next_batch} to its end "
+        f"at offset {head}, then until no batch arrives for {idle:g}s")
     from_batch = coordinator.stats.last_batch
-    progress = ReplayProgress(coordinator, idle, checkpoint_at_end, stream, quiet, head=log_head(coordinator))
+    progress = ReplayProgress(coordinator, idle, checkpoint_at_end, stream, quiet, head=head)
     stats = coordinator.run(progress=progress)
     if progress.tty and not quiet:
         print(file=stream)
