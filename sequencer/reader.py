@@ -17,7 +17,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 
 from sequencer.kafka import consumer_config
 from sequencer.log import STALE_LIMIT, Batch, LogCursor, LogError, Start
-from sequencer.log_probe import GONE, LogWatch, fingerprint
+from sequencer.log_probe import ABSENT_GRACE, GONE, LogWatch, fingerprint
 
 WATCH_EVERY = 2.0  # seconds between checks of the log's end offset
 STALE_GRACE = 5.0  # how long the sequence may stall behind a start record before it is an error
@@ -54,6 +54,7 @@ class LogReader:
         self._bootstrap, self._group = bootstrap, group
         self._watched = 0.0
         self._stale_since: float | None = None
+        self._missing_since: float | None = None  # since when the broker says the log does not exist
         self._held_since: tuple[float, int] | None = None  # (since, position) while held back
         # (offset, fingerprint) of the newest record read; resuming, the record before the
         # cursor, known only to exist
@@ -93,7 +94,10 @@ class LogReader:
         self.check_broker()
         end, error = watch.end
         if self._last_read is None:
-            if watch.answered.is_set() and end is None and error in GONE:
+            missing = watch.answered.is_set() and end is None and error in GONE
+            # A durable broker that is starting again answers "no such topic" for a while.
+            self._missing_since = (self._missing_since or now) if missing else None
+            if missing and now - self._missing_since >= ABSENT_GRACE:
                 raise LogError(f"topic {self.topic} does not exist: create the namespace's topics first "
                                f"(`ordo run` creates them)")
             self._check_held_back(now, end)
