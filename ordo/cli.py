@@ -422,9 +422,10 @@ def cmd_run(args) -> int:
 
 
 def cmd_sequence(args) -> int:
-    from ordo.services import die_with_parent, serve_sequencer
+    from ordo.services import die_with_parent, send_heartbeats, serve_sequencer
 
     die_with_parent()  # when an engine started this sequencer, it goes when the engine goes
+    send_heartbeats()  # and the engine knows it is alive
     return serve_sequencer(args.bootstrap_servers, args.namespace, _sequencer_config(args),
                            _procedure_specs(args), args.quiet)
 

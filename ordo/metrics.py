@@ -15,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import start_http_server
 
 from scheduler.follower import BATCH_LATENCY_BUCKETS
+from scheduler.liveness import SILENT_AFTER
 
 # A request's outcome is one of these, once: the series add up to the requests decided.
 STATUSES = ("committed", "aborted", "rejected")
@@ -71,11 +72,12 @@ class EngineCollector:
     """The Prometheus view of a coordinator's polled statuses, plus the lags."""
 
     def __init__(self, coordinator, lags: Lags | None = None, sequencer_restarts: Callable[[], int] | None = None,
-                 readiness=None):
+                 readiness=None, silences: Callable[[], list] | None = None):
         self.coordinator = coordinator
         self.lags = lags
         self.sequencer_restarts = sequencer_restarts
         self.readiness = readiness
+        self.silences = silences or coordinator.silences  # scheduler/liveness.py
 
     def collect(self):
         statuses = list(self.coordinator.statuses)
@@ -118,6 +120,12 @@ class EngineCollector:
                          log_lag)
         if requests_lag is not None:
             yield _gauge("ordo_requests_lag_messages", "requests not yet sequenced into the log", requests_lag)
+        unanswered = GaugeMetricFamily("ordo_unanswered_seconds", "how long a partition worker or sequencer "
+                                       f"process has not answered (listed from {SILENT_AFTER:g} s on)",
+                                       labels=["process", "pid"])
+        for silence in self.silences():
+            unanswered.add_metric([silence.name, str(silence.pid)], silence.seconds)
+        yield unanswered
         if self.sequencer_restarts is not None:
             yield _counter("ordo_sequencer_restarts", "times the engine restarted its sequencer process",
                            self.sequencer_restarts())
@@ -186,12 +194,14 @@ def engine_observer(coordinator, bootstrap: str, namespace: str, quiet: bool, me
         return None, lambda: None
     requests_lag = RequestsLag(bootstrap, namespace)
     lags = Lags(coordinator, requests_lag)
+    silences = (lambda: coordinator.silences() + sequencer.silences()) if sequencer is not None \
+        else coordinator.silences
     server = None
     if metrics_port is not None:
         restarts = (lambda: sequencer.restarts) if sequencer is not None else None
-        server = MetricsServer(metrics_port, EngineCollector(coordinator, lags, restarts, readiness))
+        server = MetricsServer(metrics_port, EngineCollector(coordinator, lags, restarts, readiness, silences))
         print(f"metrics on http://127.0.0.1:{server.port}/metrics", file=stream or sys.stderr, flush=True)
-    line = None if quiet else Progress(coordinator, stream or sys.stderr, lags=lags)
+    line = None if quiet else Progress(coordinator, stream or sys.stderr, lags=lags, silences=silences)
 
     def progress(stats) -> None:
         lags.refresh()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from typing import Callable
 
 from procedures.loading import load_registry
 from scheduler.coordinator import Coordinator, EngineStats
+from scheduler.liveness import SILENT_AFTER, Silence
 from scheduler.worker import check_layout
 from sequencer.sequencer import Sequencer, SequencerConfig
 from sequencer.topics import Topics, ensure_topics, request_partitions_for
@@ -67,11 +69,13 @@ class Progress:
     """A status line a second while there is work: batches, throughput, outcomes, log lag
     and requests not yet sequenced; none while the engine is idle."""
 
-    def __init__(self, coordinator: Coordinator, stream=sys.stderr, every: float = 1.0, lags=None):
+    def __init__(self, coordinator: Coordinator, stream=sys.stderr, every: float = 1.0, lags=None,
+                 silences: Callable[[], list[Silence]] | None = None):
         self._coordinator = coordinator
         self._stream = stream
         self._every = every
         self._lags = lags  # ordo.metrics.Lags, refreshed by the caller
+        self._silences = silences or coordinator.silences  # processes that do not answer
         self._last = time.monotonic()
         self._last_txns = 0
         self._shown_waiting = False  # the last line showed requests waiting
@@ -86,17 +90,18 @@ class Progress:
         else:
             log_lag, requests_lag = self._coordinator.log_lag(), None
         self._last, moved, self._last_txns = now, stats.txns != self._last_txns, stats.txns
-        if not moved and not requests_lag and not self._shown_waiting:
-            # Idle: nothing new to say. (The log lag can stay at 1 when idle: a transaction
-            # marker follows the last batch.) Once more after requests were shown waiting,
-            # so that the last line does not say they still wait.
+        silences = self._silences()
+        if not moved and not requests_lag and not self._shown_waiting and not silences:
+            # Idle: nothing new to say. Once more after requests were shown waiting, so
+            # that the last line does not say they still wait.
             return
         self._shown_waiting = bool(requests_lag)
         unknown = lambda value: "?" if value is None else value  # noqa: E731
         print(f"batch {stats.last_batch} | {stats.txns} txns ({rate:,.0f}/s) | committed {stats.committed} "
               f"aborted {stats.aborted} rejected {stats.rejected} | log lag {unknown(log_lag)}"
               + ("" if self._lags is None else f" | requests lag {unknown(requests_lag)}")
-              + (f" | passed over {stats.dropped_records} log records" if stats.dropped_records else ""),
+              + (f" | passed over {stats.dropped_records} log records" if stats.dropped_records else "")
+              + "".join(f" | {silence}" for silence in silences),
               file=self._stream, flush=True)
 
 
@@ -122,6 +127,13 @@ def serve_engine(bootstrap: str, namespace: str, data_dir: str, scheduler: str, 
 
 # Set by a parent for the child it starts: the parent's pid, which the child then dies with.
 PARENT_ENV = "ORDO_DIE_WITH_PARENT"
+# Set by a parent for the child it starts: a pipe the child writes a byte to every
+# HEARTBEAT_EVERY seconds while its process runs.
+HEARTBEAT_ENV = "ORDO_HEARTBEAT_FD"
+HEARTBEAT_EVERY = 1.0
+# A sequencer process silent this long is killed (SIGKILL) and started again: a stopped
+# or frozen process holds its request partitions, and requests would wait for ever.
+SEQUENCER_SILENT_LIMIT = 30.0
 _PR_SET_PDEATHSIG = 1
 
 
@@ -149,6 +161,24 @@ def die_with_parent() -> None:
         return
     if os.getppid() != int(parent):
         os._exit(1)  # the parent is already gone
+
+
+def send_heartbeats() -> None:
+    """In a child started with HEARTBEAT_ENV: beat from a thread of its own for as long as
+    the process runs; a process stopped (SIGSTOP) or frozen stops beating."""
+    fd = os.environ.pop(HEARTBEAT_ENV, None)
+    if fd is None:
+        return
+
+    def beat() -> None:
+        try:
+            while True:
+                os.write(int(fd), b".")
+                time.sleep(HEARTBEAT_EVERY)
+        except OSError:
+            pass  # the parent is gone
+
+    threading.Thread(target=beat, name="heartbeat", daemon=True).start()
 
 
 def sequencer_command(bootstrap: str, namespace: str, config: SequencerConfig,
@@ -183,7 +213,8 @@ FAST_FAILURES = 3
 class SequencerProcess:
     """A sequencer in a child process of its own (its own core, its own GIL), restarted
     if it dies: a restart fences the old one and resumes from the log. One that keeps
-    failing at start-up is given up: `failure` says why and `on_failure` is called."""
+    failing at start-up is given up: `failure` says why and `on_failure` is called. One
+    that stops beating (SIGSTOP, a hang) is named, then killed and restarted."""
 
     def __init__(self, bootstrap: str, namespace: str, config: SequencerConfig,
                  procedure_modules: tuple[str, ...] = (), quiet: bool = False,
@@ -191,6 +222,8 @@ class SequencerProcess:
         self._command = sequencer_command(bootstrap, namespace, config, procedure_modules, quiet)
         self._name = "sequencer" if config.sequencers == 1 else f"sequencer {config.index}"
         self._process: subprocess.Popen | None = None
+        self._beats: int | None = None  # the read end of the running child's heartbeat pipe
+        self._last_beat = 0.0
         self._stopping = threading.Event()
         self._watch = threading.Thread(target=self._supervise, daemon=True)
         self._on_failure = on_failure
@@ -206,8 +239,19 @@ class SequencerProcess:
         # A process group of its own: a Ctrl-C at the terminal reaches the engine only, which
         # stops the sequencer itself (`stop`), rather than the sequencer exiting first and
         # being taken for a crash.
-        process = subprocess.Popen(self._command, stderr=subprocess.PIPE, process_group=0,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())})
+        beats, beat = os.pipe()
+        try:
+            process = subprocess.Popen(self._command, stderr=subprocess.PIPE, process_group=0, pass_fds=(beat,),
+                                       env={**os.environ, "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid()),
+                                            HEARTBEAT_ENV: str(beat)})
+        except BaseException:
+            os.close(beats)
+            raise
+        finally:
+            os.close(beat)
+        if self._beats is not None:
+            os.close(self._beats)
+        self._beats, self._last_beat = beats, time.monotonic()
         self._relaying = threading.Thread(target=self._relay, args=(process.stderr,), daemon=True)
         self._relaying.start()
         return process
@@ -229,11 +273,33 @@ class SequencerProcess:
     def pid(self) -> int | None:
         return self._process.pid if self._process else None
 
+    def silences(self) -> list[Silence]:
+        """This sequencer, if its process has not beaten for SILENT_AFTER seconds."""
+        silent = time.monotonic() - self._last_beat
+        return [Silence(self._name, self.pid, silent)] if self._process and silent >= SILENT_AFTER else []
+
+    def _wait(self) -> int:
+        """Until the child exits, reading its heartbeats; a child silent for
+        SEQUENCER_SILENT_LIMIT is killed."""
+        while True:
+            readable, _, _ = select.select([self._beats], [], [], HEARTBEAT_EVERY)
+            if readable and os.read(self._beats, 4096):
+                self._last_beat = time.monotonic()
+            elif readable:  # the pipe's other end closed: the child is gone, or going
+                return self._process.wait()
+            code = self._process.poll()
+            if code is not None:
+                return code
+            silent = self.silences()
+            if silent and silent[0].seconds >= SEQUENCER_SILENT_LIMIT and not self._stopping.is_set():
+                print(f"{silent[0]}; killing it", file=sys.stderr, flush=True)
+                self._process.kill()
+
     def _supervise(self) -> None:
         fast_failures = 0
         while not self._stopping.is_set():
             started = time.monotonic()
-            code = self._process.wait()
+            code = self._wait()
             if self._stopping.is_set():
                 return
             # A signal (negative code) is a kill from outside, not a failure of its own.
@@ -257,6 +323,8 @@ class SequencerProcess:
     def stop(self, timeout: float = 30.0) -> None:
         self._stopping.set()
         if self._process is not None and self._process.poll() is None:
+            if self.silences():  # a stopped process takes no SIGTERM
+                self._process.kill()
             self._process.send_signal(signal.SIGTERM)
             try:
                 self._process.wait(timeout)
@@ -286,6 +354,9 @@ class SequencerProcesses:
     def failure(self) -> str | None:
         """Why a sequencer was given up, if one was."""
         return next((process.failure for process in self.processes if process.failure), None)
+
+    def silences(self) -> list[Silence]:
+        return [silence for process in self.processes for silence in process.silences()]
 
     def stop(self, timeout: float = 30.0) -> None:
         for process in self.processes:

@@ -1,10 +1,13 @@
 """`ordo recover`: bring a data directory's shards up to the head of the log, then exit.
 
 The engine is started as usual (so the shards are first restored or rebuilt if they need
-it, see `recovery.restore`), then replays the log. Broker watermarks are not trusted
-(some brokers misreport them), so the head of the log is where batches stop coming: the
-replay ends once no new batch has arrived for `idle` seconds. If a sequencer is still
-appending, the replay follows it and ends at the first pause that long.
+it, see `recovery.restore`), then replays the log. The head is the log's end offset as
+the broker states it when recovery starts: every worker must read up to it and apply
+what it read. Only then does the idle wait begin: the replay ends once no new batch has
+arrived for `idle` seconds, so if a sequencer is still appending, the replay follows it
+and ends at the first pause that long. Starting workers (Ray's take seconds) and reading
+up to the head never count as idle. A replay that makes no progress towards the head
+for STALL_LIMIT seconds, or stops short of it, fails with one line.
 """
 
 from __future__ import annotations
@@ -16,6 +19,14 @@ from dataclasses import dataclass
 
 from scheduler.coordinator import Coordinator, EngineStats
 from scheduler.worker import LAYOUT_FILE, layout_partitions
+
+# Seconds a replay may go without a new batch applied before reaching the head it
+# measured: far longer than starting Ray workers on a loaded machine takes.
+STALL_LIMIT = 120.0
+
+
+class ReplayShort(RuntimeError):
+    """The replay did not reach the head of the log that recovery measured at its start."""
 
 
 @dataclass(slots=True)
@@ -48,13 +59,19 @@ class ReplayReport:
 
 
 class ReplayProgress:
-    """Watches the replay after every poll: ends it once the log has been quiet for `idle`
-    seconds, and shows one status line (rewritten in place on a terminal)."""
+    """Watches the replay after every poll: once every worker has read and applied the log
+    up to `head`, ends it when the log has been quiet for `idle` seconds; fails it if no
+    batch is applied for `stall_limit` seconds before that. Shows one status line
+    (rewritten in place on a terminal)."""
 
     def __init__(self, coordinator: Coordinator, idle: float, checkpoint_at_end: bool,
-                 stream=sys.stderr, quiet: bool = False, every: float = 1.0):
+                 stream=sys.stderr, quiet: bool = False, every: float = 1.0, head: int = 0,
+                 stall_limit: float = STALL_LIMIT):
         self.coordinator = coordinator
         self.idle = idle
+        self.head = head
+        self.stall_limit = stall_limit
+        self.reached_at: float | None = None  # when every worker had caught up with `head`
         self.checkpoint_at_end = checkpoint_at_end
         self.stream = stream
         self.quiet = quiet
@@ -78,7 +95,12 @@ class ReplayProgress:
             self.last_txns = stats.applied_txns
             if self.first_new is None:
                 self.first_new = (now, stats.applied_txns)
-        elif now - self.last_new > self.idle:
+        if self.reached_at is None:
+            if self._caught_up():
+                self.reached_at = now
+            elif now - self.last_new > self.stall_limit:
+                raise ReplayShort(self.shortfall(f"no batch applied for {self.stall_limit:.0f} s"))
+        elif now - max(self.last_new, self.reached_at) > self.idle:
             if self.checkpoint_at_end:
                 self.coordinator.checkpoint()
             self.coordinator.stop()
@@ -86,6 +108,19 @@ class ReplayProgress:
         if not self.quiet and (now - self._shown >= self.every or self.done) and self._shown_batch != self._seen:
             self._shown, self._shown_batch = now, self._seen
             self._show(stats, now)
+
+    def _caught_up(self) -> bool:
+        """Every worker has read the log up to the head and applied all it read."""
+        statuses = self.coordinator.statuses
+        return bool(statuses) and all(s["position"] >= self.head and s["ready"] == 0 and s["unapplied"] == 0
+                                      for s in statuses)
+
+    def shortfall(self, why: str) -> str:
+        statuses = self.coordinator.statuses
+        at = f"log offset {self.coordinator.read_position()}" if statuses else "the start"
+        return (f"replay stopped at batch {self.coordinator.stats.last_batch} ({at}), short of the log's head at "
+                f"offset {self.head} when recovery started: {why}; the shards are consistent, run `ordo recover` "
+                f"again")
 
     def _show(self, stats: EngineStats, now: float) -> None:
         elapsed = max(self.last_new - self.started, 1e-9)
@@ -114,13 +149,16 @@ def recover(bootstrap: str, namespace: str, data_dir: str, scheduler: str = "ser
     say = (lambda text: None) if quiet else (lambda text: print(text, file=stream, flush=True))
     for path in plan.cleaned:
         say(f"removed {path} (left behind by a crash)")
-    say(f"{plan.describe()}; replaying {namespace}.log from batch {coordinator.cursor.next_batch} "
-        f"until no batch arrives for {idle:g}s")
+    head = log_head(coordinator)
+    say(f"{plan.describe()}; replaying {namespace}.log from batch {coordinator.cursor.next_batch} to its end "
+        f"at offset {head}, then until no batch arrives for {idle:g}s")
     from_batch = coordinator.stats.last_batch
-    progress = ReplayProgress(coordinator, idle, checkpoint_at_end, stream, quiet)
+    progress = ReplayProgress(coordinator, idle, checkpoint_at_end, stream, quiet, head=head)
     stats = coordinator.run(progress=progress)
     if progress.tty and not quiet:
         print(file=stream)
+    if progress.reached_at is None:
+        raise ReplayShort(progress.shortfall("the replay ended before it"))
     replayed = stats.last_batch > from_batch
     report = ReplayReport(plan.action, from_batch, stats.last_batch, stats.txns, restore_s,
                           progress.last_new - progress.started if replayed else 0.0)
@@ -132,3 +170,14 @@ def recover(bootstrap: str, namespace: str, data_dir: str, scheduler: str = "ser
         f"{report.replay_s:.2f}s ({report.batches_per_s:,.0f} batches/s, {report.txns_per_s:,.0f} txns/s; "
         f"shards ready in {report.restore_s:.2f}s); applied through batch {report.to_batch}")
     return report
+
+
+def log_head(coordinator: Coordinator, timeout: float = 30.0) -> int:
+    """The log's end offset now: where the replay must get to."""
+    try:
+        return coordinator.log_end(timeout)
+    except Exception as exc:
+        coordinator.close()
+        raise ReplayShort(f"the broker did not say where {coordinator.topics.log} ends within {timeout:.0f} s "
+                          f"({exc}); recovery needs it to know the replay is complete: check the broker, then "
+                          f"run `ordo recover` again") from None

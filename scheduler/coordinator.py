@@ -21,6 +21,7 @@ from recovery.checkpoints import CheckpointError, CheckpointStore
 from recovery.restore import AUTO, DataDirLock, check_log_holds, log_head_problem, prepare_shards
 from scheduler.follower import FollowOptions
 from scheduler.group import LocalGroup, WorkerGroup
+from scheduler.liveness import CALL_TIMEOUT, Silence
 from scheduler.outputs import CollectedOutputs
 from scheduler.worker import check_layout
 from sequencer.log import LogCursor
@@ -153,6 +154,11 @@ class Coordinator:
         """Every worker's status as the last watch took it (metrics read it from here)."""
         return self._statuses
 
+    def silences(self) -> list[Silence]:
+        """The partition workers whose answer the last watch still waited for."""
+        return [Silence(f"partition {s['partition']}", s.get("pid"), s["unanswered_s"]) for s in self._statuses
+                if s.get("unanswered_s")]
+
     @property
     def finished(self) -> bool:
         """Whether every worker has stopped."""
@@ -193,7 +199,7 @@ class Coordinator:
     def checkpoint(self) -> dict | None:
         """Checkpoint every shard at one batch: hold every worker after the last batch any
         of them has executed, wait until all have applied it, checkpoint, go on. Returns
-        the manifest entry, or None while no batch is applied."""
+        the manifest entry, or None while no batch is applied or once the engine is stopping."""
         self._checkpoint_requested.clear()
         latest = self.checkpoints.latest()
         if not self._started:  # the shards agree (see prepare_shards) and nothing runs
@@ -216,6 +222,12 @@ class Coordinator:
                     break
                 if self.finished:
                     raise CheckpointError(f"the workers stopped before batch {target} was applied on every shard")
+                if self._stop.is_set():
+                    return None  # stopping comes first; the workers checkpoint on their own too
+                silent = [silence for silence in self.silences() if silence.seconds >= CALL_TIMEOUT]
+                if silent:
+                    raise CheckpointError(f"{silent[0]}: no checkpoint of batch {target} could be taken; restart "
+                                          f"the engine to recover")
             entry = self.checkpoints.take(self.group, self.group.applied()[0])
             self.stats.checkpoints += 1
             self._listed_checkpoint = max(self._listed_checkpoint, target)
@@ -224,14 +236,19 @@ class Coordinator:
             self.group.hold(None)
 
     def log_lag(self) -> int | str:
-        """Log records not yet read by the slowest worker; for display only (some brokers
-        misreport watermarks)."""
+        """Log records not yet read by the slowest worker, counted from where its reader
+        stands (past transaction markers), so an idle engine at the log's end reads 0; for
+        display only (some brokers misreport watermarks)."""
         if not self._statuses:
             return "?"
         try:
-            return max(0, self.log_end(timeout=0.5) - min(s["next_offset"] for s in self._statuses))
+            return max(0, self.log_end(timeout=0.5) - self.read_position())
         except Exception:
             return "?"
+
+    def read_position(self) -> int:
+        """The log offset every worker has read up to, as the last watch saw it."""
+        return min(s["position"] for s in self._statuses)
 
     def log_end(self, timeout: float) -> int:
         """The log's end offset (its high watermark), asked of the broker; raises if it does

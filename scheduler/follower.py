@@ -115,6 +115,8 @@ class LogFollower:
             "applied_txns": self.applied_txns,
             "unapplied": len(self._unapplied),
             "next_offset": self.cursor.next_offset,
+            "position": self._reader.position(),
+            "ready": len(self._ready),
             "committed": self.counts[COMMITTED],
             "aborted": self.counts[ABORTED],
             "rejected": self.counts["rejected"],
@@ -222,6 +224,8 @@ class LogFollower:
             if not sink.delivered(batch_id):
                 if len(unapplied) <= limit:
                     return
+                # Outputs a broker that lost its data never acknowledges: say so, do not wait.
+                self._reader.check_broker()
                 sink.wait(0.002)
                 await asyncio.sleep(0)
                 continue

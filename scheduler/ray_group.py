@@ -8,12 +8,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
+import time
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from scheduler.follower import FollowOptions, LogFollower
+from scheduler.liveness import CALL_TIMEOUT, SILENT_AFTER, Silence
 from scheduler.outputs import CollectedOutputs
 from scheduler.socket_exchange import SocketExchange
 from scheduler.worker import PartitionWorker
@@ -21,6 +24,16 @@ from scheduler.worker import PartitionWorker
 
 class WorkerDied(RuntimeError):
     """A partition worker's process is gone: its shard must be recovered before going on."""
+
+
+class WorkerSilent(RuntimeError):
+    """A partition worker did not answer a call within its timeout."""
+
+# How long a status poll waits for the workers' answers before it goes on with the last
+# answers of those that have not answered yet.
+STATUS_WAIT = 1.0
+# How long stopping waits for each worker to take the stop, and to close.
+STOP_WAIT = 10.0
 
 
 @ray.remote
@@ -56,8 +69,8 @@ class PartitionActor:
         applied = marker["batch"] if marker else 0
         next_offset = marker["cursor"]["next_offset"] if marker else 0
         return {"partition": self.worker.partition, "executed": applied, "applied": applied, "applied_at": 0.0,
-                "applied_txns": 0,
-                "unapplied": 0, "next_offset": next_offset, "committed": 0, "aborted": 0, "rejected": 0,
+                "applied_txns": 0, "unapplied": 0, "next_offset": next_offset, "position": next_offset, "ready": 0,
+                "committed": 0, "aborted": 0, "rejected": 0,
                 "checkpointed": [], "running": False, "error": None}
 
     async def hold(self, batch_id: int | None) -> None:
@@ -138,14 +151,33 @@ class RayGroup:
                 sync, tuple(procedure_modules))
             for p in range(partitions)
         ]
-        addresses = dict(enumerate(self._get([actor.listen.remote(bool(address)) for actor in self.actors])))
+        self._where: list[dict[str, Any]] = []
+        self._silent: set[int] = set()  # partitions that let a call time out
+        # A worker's first call waits for its process to start, which takes Ray seconds.
+        addresses = dict(enumerate(self._get([actor.listen.remote(bool(address)) for actor in self.actors],
+                                             timeout=max(CALL_TIMEOUT, 120.0))))
         self._get([actor.connect.remote(addresses) for actor in self.actors])
+        self._where = self._get([actor.where.remote() for actor in self.actors])
         self._runs: list = []
         self._finished: set = set()
+        # The status call outstanding to each worker (None: answered), when it was sent,
+        # and each worker's last answer.
+        self._asked: list = [None] * partitions
+        self._asked_at = [0.0] * partitions
+        self._last: list[dict[str, Any] | None] = [None] * partitions
 
-    def _get(self, refs: list) -> list:
+    def _get(self, refs: list, timeout: float = CALL_TIMEOUT) -> list:
+        """The answers to one call per worker (refs in partition order), each within `timeout`."""
+        started = time.monotonic()
         try:
-            return ray.get(refs)
+            return ray.get(refs, timeout=timeout)
+        except GetTimeoutError:
+            _, waiting = ray.wait(refs, num_returns=len(refs), timeout=0)
+            silent = [p for p, ref in enumerate(refs) if ref in waiting]
+            self._silent.update(silent)
+            raise WorkerSilent("; ".join(str(self._silence(p, time.monotonic() - started)) for p in silent) +
+                               ": restart the engine to recover (the shards are restored or replayed as after "
+                               "a crash)") from None
         except RayTaskError as exc:
             cause = getattr(exc, "cause", None)
             if cause is not None and not isinstance(cause, RayActorError):
@@ -174,13 +206,56 @@ class RayGroup:
         return len(self._finished) == len(self._runs)
 
     def status(self) -> list[dict[str, Any]]:
-        return self._get([actor.status.remote() for actor in self.actors])
+        """Every worker's status: its answer to this poll, or, from a worker that has not
+        answered yet, its last answer with how long this poll has waited for it
+        (`unanswered_s`, from SILENT_AFTER on) and its `pid`. Never waits for a silent
+        worker beyond STATUS_WAIT (CALL_TIMEOUT for a first answer)."""
+        now = time.monotonic()
+        for p, actor in enumerate(self.actors):
+            if self._asked[p] is None:
+                self._asked[p], self._asked_at[p] = actor.status.remote(), now
+        first = any(last is None for last in self._last)
+        ready, _ = ray.wait(list(self._asked), num_returns=len(self._asked),
+                            timeout=CALL_TIMEOUT if first else STATUS_WAIT)
+        for p, ref in enumerate(self._asked):
+            if ref in ready:
+                self._last[p] = self._get([ref])[0]
+                self._asked[p] = None
+                self._silent.discard(p)
+        missing = [p for p, last in enumerate(self._last) if last is None]
+        if missing:
+            self._silent.update(missing)
+            raise WorkerSilent("; ".join(str(self._silence(p, time.monotonic() - self._asked_at[p]))
+                                         for p in missing) + ": restart the engine")
+        now = time.monotonic()
+        return [{**last, "pid": self._where[p]["pid"], "unanswered_s": self._unanswered(p, now)}
+                for p, last in enumerate(self._last)]
+
+    def _unanswered(self, partition: int, now: float) -> float:
+        if self._asked[partition] is None:
+            return 0.0
+        waited = now - self._asked_at[partition]
+        return waited if waited >= SILENT_AFTER else 0.0
+
+    def _silence(self, partition: int, seconds: float) -> Silence:
+        return Silence(f"partition {partition}", self._where[partition]["pid"] if self._where else None, seconds)
 
     def hold(self, batch_id: int | None) -> None:
         self._get([actor.hold.remote(batch_id) for actor in self.actors])
 
     def stop(self) -> None:
-        self._get([actor.stop.remote() for actor in self.actors])
+        """Ask every worker to stop; raises WorkerSilent for workers that do not take it."""
+        try:
+            self._get([actor.stop.remote() for actor in self.actors], timeout=STOP_WAIT)
+        except WorkerSilent:
+            now = time.monotonic()
+            silent = "; ".join(str(self._silence(p, self._silent_for(p, now))) for p in sorted(self._silent))
+            raise WorkerSilent(f"{silent}: stopped without waiting for it; restart the engine to recover (the "
+                               "shards are restored or replayed as after a crash)") from None
+
+    def _silent_for(self, partition: int, now: float) -> float:
+        """Since the oldest call this worker has not answered."""
+        return now - self._asked_at[partition] if self._asked[partition] is not None else STOP_WAIT
 
     def collected(self) -> list[CollectedOutputs]:
         return [c for c in self._get([actor.collected.remote() for actor in self.actors]) if c is not None]
@@ -189,18 +264,35 @@ class RayGroup:
         return self._get([actor.checkpoint.remote(path) for actor, path in zip(self.actors, paths)])
 
     def where(self) -> list[dict[str, Any]]:
-        return self._get([actor.where.remote() for actor in self.actors])
+        return list(self._where)
 
     def close(self) -> None:
-        # Each close awaited on its own: ray.get of the list would raise the first failure and
-        # leave the others to Ray, which prints each as an "unhandled error" traceback.
-        for closing in [actor.close.remote() for actor in self.actors]:
-            try:
-                ray.get(closing, timeout=30)
-            except Exception:
-                pass  # a dead worker has nothing left to close; a shard that failed said so already
+        """Close every worker, then end its actor. A worker that let a call time out is not
+        waited for, and with one such, neither are the others (they may be waiting for it):
+        they are killed, as in a crash, which recovery is made for."""
+        if not self._silent:
+            # Each close awaited on its own: ray.get of the list would raise the first failure
+            # and leave the others to Ray, which prints each as an "unhandled error" traceback.
+            for closing in [actor.close.remote() for actor in self.actors]:
+                try:
+                    ray.get(closing, timeout=30)
+                except Exception:
+                    pass  # a dead worker has nothing left to close; a shard that failed said so already
+        else:
+            self._kill_processes()
         for actor in self.actors:
             ray.kill(actor)
+
+    def _kill_processes(self) -> None:
+        """SIGKILL the workers' processes on this machine: a stopped process (SIGSTOP) takes
+        no other signal, and Ray ending it would leave it behind."""
+        here = ray.get_runtime_context().get_node_id()
+        for worker in self._where:
+            if worker["node"] == here:
+                try:
+                    os.kill(worker["pid"], signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
 
 def _placement(partition: int, nodes: list[str]) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """How many requests wait on <ns>.requests for the sequencer: the topic's end offsets
-minus the offsets the sequencer commits with each batch (its consumer group
-`<ns>.sequencer`), over every partition.
+minus the offsets the sequencer commits with each batch, when it starts and every few
+seconds while idle (its consumer group `<ns>.sequencer`), over every partition: offsets
+a killed sequencer did not get to commit are put right by its successor at once.
 
 For display only (the progress line, the metrics): the sequencer itself resumes from the
 log, never from these offsets. On the local broker the end offset of a partition is the

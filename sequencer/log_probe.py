@@ -60,6 +60,13 @@ class RecordProbe:
             self._absent_since = None
         return None if found is None else found == "same"
 
+    def cluster_id(self) -> str | None:
+        """The id of the Kafka cluster answering (None if it did not say)."""
+        try:
+            return self._consumer.list_topics(self.topic, timeout=2).cluster_id
+        except Exception:
+            return None
+
     def end_offset(self) -> int | None:
         """The log's end offset, records of open transactions included (a read_committed
         consumer is told the last stable offset instead); None if the broker did not say."""
@@ -104,13 +111,19 @@ class LogWatch:
     last (`lost` becomes that record's offset once it is gone for good), and where does the
     log end (`end`, as RecordProbe.end_and_error answers). A Kafka broker answers the requests of one
     connection in order, so such a question on a consumer with a fetch outstanding waits out
-    the fetch (about 50 ms); asked from the hot loop, that would stall every request behind it."""
+    the fetch (about 50 ms); asked from the hot loop, that would stall every request behind it.
+
+    It also notes the id of the Kafka cluster that answers: a broker restarted without its
+    data is a new cluster with a new id (`other_cluster` becomes it), which is evidence at
+    once, where a missing record is evidence only after ABSENT_GRACE."""
 
     def __init__(self, bootstrap: str, topic: str, group: str, every: float):
         self.topic, self.every = topic, every
         self.end: tuple[int | None, int | None] = (None, None)
         self.answered = threading.Event()  # `end` holds a first answer
         self.lost: int | None = None
+        self.cluster: str | None = None  # the id of the cluster first seen
+        self.other_cluster: str | None = None  # another cluster's id, once one answers instead
         self._noted: tuple[int, bytes | None] | None = None
         self._stop = threading.Event()
         self._probe = RecordProbe(bootstrap, topic, group)
@@ -124,6 +137,7 @@ class LogWatch:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
+                self._check_cluster()
                 self.end = self._probe.end_and_error()
                 self.answered.set()
                 noted = self._noted
@@ -132,6 +146,23 @@ class LogWatch:
                 self._stop.wait(self.every)
         finally:
             self._probe.close()
+
+    def _check_cluster(self) -> None:
+        cluster = self._probe.cluster_id()
+        if cluster is None:
+            return
+        if self.cluster is None:
+            self.cluster = cluster
+        elif cluster != self.cluster:
+            self.other_cluster = cluster
+
+    def lost_cluster(self) -> str | None:
+        """What to say when another cluster answers now, else None."""
+        if self.other_cluster is None:
+            return None
+        return (f"the Kafka cluster holding {self.topic} is another one now (cluster id {self.other_cluster}, was "
+                f"{self.cluster}): the broker lost the log (restarted without its data?); see docs/operations.md, "
+                f"'Broker lost'")
 
     def close(self) -> None:
         self._stop.set()

@@ -23,7 +23,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 
 from sequencer.kafka import consumer_config
 from sequencer.log import SKIP, STALE_LIMIT, Batch, LogCursor, LogError, Start, decode, is_batch_record
-from sequencer.log_probe import GONE, LogWatch, fingerprint
+from sequencer.log_probe import ABSENT_GRACE, GONE, LogWatch, fingerprint
 
 log = logging.getLogger("ordo.log")
 
@@ -76,6 +76,7 @@ class LogReader:
         self._bootstrap, self._group = bootstrap, group
         self._watched = 0.0
         self._stale_since: float | None = None
+        self._missing_since: float | None = None  # since when the broker says the log does not exist
         self._held_since: tuple[float, int] | None = None  # (since, position) while held back
         # (offset, fingerprint) of the newest record read; resuming, the record before the
         # cursor, known only to exist
@@ -148,17 +149,17 @@ class LogReader:
         watch = self._log_watch()
         if self._last_read is not None:
             watch.note(*self._last_read)
+        self.check_broker()
         end, error = watch.end
         if self._last_read is None:
-            if watch.answered.is_set() and end is None and error in GONE:
+            missing = watch.answered.is_set() and end is None and error in GONE
+            # A durable broker that is starting again answers "no such topic" for a while.
+            self._missing_since = (self._missing_since or now) if missing else None
+            if missing and now - self._missing_since >= ABSENT_GRACE:
                 raise LogError(f"topic {self.topic} does not exist: create the namespace's topics first "
                                f"(`ordo run` creates them)")
             self._check_held_back(now, end)
             return
-        if watch.lost is not None:
-            raise LogLost(f"{self.topic} no longer holds the record at offset {watch.lost} that this reader read: "
-                          f"the broker lost the log (restarted without its data?); see docs/operations.md, "
-                          f"'Broker lost'")
         self._check_held_back(now, end)
         cursor = self.cursor
         if cursor.stale <= STALE_LIMIT:
@@ -174,6 +175,21 @@ class LogReader:
                     f"a record on {self.topic} did not come from a sequencer; restart the sequencer (a new "
                     f"generation takes over) and keep other producers off the log")
 
+    def check_broker(self) -> None:
+        """Raise LogLost once the log's watch has found that the broker lost the log: another
+        cluster answers, or the last record read is gone. Reads only the watch's latest
+        answers, so it may be called while the reader waits on something else."""
+        watch = self._probe
+        if watch is None:
+            return
+        lost_cluster = watch.lost_cluster()
+        if lost_cluster is not None:
+            raise LogLost(lost_cluster)
+        if watch.lost is not None:
+            raise LogLost(f"{self.topic} no longer holds the record at offset {watch.lost} that this reader read: "
+                          f"the broker lost the log (restarted without its data?); see docs/operations.md, "
+                          f"'Broker lost'")
+
     def _log_watch(self) -> LogWatch:
         """Asks the broker about the log from a thread of its own (sequencer/log_probe.py)."""
         if self._probe is None:
@@ -184,9 +200,7 @@ class LogReader:
         """Records past this reader's position (more than one transaction marker) that the
         broker keeps from committed readers, with no progress, for HELD_LIMIT: a transaction
         on the log that never ends, which holds back everything after it."""
-        # The consumer's own position passes what it drops (aborted records, markers) too.
-        fetched = self._consumer.position([TopicPartition(self.topic, 0)])[0].offset
-        position = max(self.cursor.next_offset, fetched)
+        position = self.position()
         if end is None or end <= position + 1:
             self._held_since = None
             return
@@ -200,6 +214,16 @@ class LogReader:
                 f"never ended. Either a producer other than Ordo's sequencers writes to the log (end its "
                 f"transaction, keep it off the log) or the local broker lost track of one, which nothing "
                 f"ends (docs/local-broker.md, 'Transactions ending together'): start over on a new broker")
+
+    def position(self) -> int:
+        """Where this reader stands in the log: every record before this offset has been
+        read. The consumer's own position also passes what it drops (aborted records,
+        transaction markers), which the cursor never sees: at the log's end, after a
+        transaction's marker, only that position equals the end offset."""
+        if self._consumer is None:  # closed
+            return self.cursor.next_offset
+        fetched = self._consumer.position([TopicPartition(self.topic, 0)])[0].offset
+        return max(self.cursor.next_offset, fetched)
 
     def poll_raw(self, timeout: float, max_records: int = 500) -> list[tuple[int, bytes]]:
         """The next records as (offset, value), without acceptance."""

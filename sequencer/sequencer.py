@@ -145,6 +145,7 @@ class Sequencer:
             "message.max.bytes": max(config.max_bytes + 64 * 1024, 1_000_000),
         }))
         self._consumer: Consumer | None = None
+        self._owned: list[int] = []  # the request partitions this sequencer consumes
         self._cursor = LogCursor()
         self._started_at = -1  # this sequencer's start record's offset: its generation
         self._log_end = 0  # the log's end offset after this sequencer's last append, as far as known
@@ -189,12 +190,16 @@ class Sequencer:
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
             "fetch.max.bytes": 64 * 1024 * 1024,
+            # A position the requests topic no longer holds is an error (the broker lost it),
+            # never a silent jump past the requests waiting there.
+            "auto.offset.reset": "error",
         }))
         offsets = self._cursor.request_offsets
-        self._consumer.assign([
-            TopicPartition(self.topics.requests, p, offsets.get(p, OFFSET_BEGINNING))
-            for p in owned_partitions(partitions, config.index, config.sequencers)
-        ])
+        self._owned = owned_partitions(partitions, config.index, config.sequencers)
+        self._consumer.assign([TopicPartition(self.topics.requests, p, offsets.get(p, OFFSET_BEGINNING))
+                               for p in self._owned])
+        self._note_consumed()
+        self._probe = LogWatch(self.bootstrap, self.topics.log, f"{self._group}.probe", WATCH_EVERY)
         log.info("sequencer %d of %d (generation at log offset %d) resumes at its batch %d", config.index,
                  config.sequencers, self._started_at, self.next_epoch)
 
@@ -291,6 +296,11 @@ class Sequencer:
                 for message in messages:
                     error = message.error()
                     if error is not None:
+                        if error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+                            raise BrokerLost(f"{self.topics.requests} partition {message.partition()} does not reach "
+                                             f"the position this sequencer consumed up to: the broker lost the "
+                                             f"requests (restarted without its data?); see docs/operations.md, "
+                                             f"'Broker lost'")
                         if error.code() != KafkaError._PARTITION_EOF:
                             log.warning("request consumer: %s", error)
                         continue
@@ -365,6 +375,7 @@ class Sequencer:
         return max(self._last_cut_at, now - self.config.max_delay_ms / 1000.0)
 
     def _cut(self, epoch: _Epoch) -> _Epoch:
+        self._check_cluster()  # the watch's latest answer: no request to the broker here
         self._last_cut_at = time.monotonic()
         self._last_time = max(self._last_time, int(time.time() * 1000))
         number = self.next_epoch
@@ -422,7 +433,18 @@ class Sequencer:
                 self._end_transaction(producer.abort_transaction, 30)
                 # Append the same batch again; readers drop a visible aborted copy by its id.
 
+    def _note_consumed(self) -> None:
+        """Note where this sequencer stands on its request partitions (what the log says it
+        consumed), also when it has nothing to append: the positions a killed predecessor
+        was about to note, or anyone else noted, would otherwise stand as waiting requests
+        until the next batch."""
+        offsets = self._cursor.request_offsets
+        self._note_positions([TopicPartition(self.topics.requests, p, offsets[p]) for p in self._owned
+                              if p in offsets])
+
     def _note_positions(self, positions: list[TopicPartition]) -> None:
+        if not positions:
+            return
         try:
             self._consumer.commit(offsets=positions, asynchronous=True)
         except KafkaException:
@@ -457,21 +479,31 @@ class Sequencer:
             self._last_appended = (message.offset(), fingerprint(message.value()))
 
     def _watch(self) -> None:
-        """When idle, check that the broker still holds the last record this sequencer
-        appended: a broker restarted without its data would otherwise have it sequence
-        into a new, unrelated log without a word. The broker is asked in the watch's own
+        """When idle, note the consumed positions again (see _note_consumed), and check
+        that the broker still holds the last record this sequencer appended: a broker
+        restarted without its data would otherwise have it sequence into a new, unrelated
+        log without a word. The broker is asked in the watch's own
         thread; here its latest answer is only read."""
         now = time.monotonic()
-        if now - self._watched < WATCH_EVERY or self._last_appended is None:
+        if now - self._watched < WATCH_EVERY:
             return
         self._watched = now
-        if self._probe is None:
-            self._probe = LogWatch(self.bootstrap, self.topics.log, f"{self._group}.probe", WATCH_EVERY)
+        self._note_consumed()
+        self._check_cluster()
+        if self._last_appended is None or self._probe is None:
+            return
         self._probe.note(*self._last_appended)
         if self._probe.lost is not None:
             raise BrokerLost(f"{self.topics.log} no longer holds the record this sequencer appended at offset "
                              f"{self._probe.lost}: the broker lost the log (restarted without its data?); see "
                              f"docs/operations.md, 'Broker lost'")
+
+    def _check_cluster(self) -> None:
+        """Stop at once if another Kafka cluster answers for the log: appending there would
+        start a new, unrelated log without a word."""
+        lost_cluster = self._probe.lost_cluster() if self._probe is not None else None
+        if lost_cluster is not None:
+            raise BrokerLost(lost_cluster)
 
     def close(self) -> None:
         if self._consumer is not None:
