@@ -249,9 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
     _placement_options(p)
     p.add_argument("--quiet", action="store_true", help="no progress line")
     _checkpoint_options(p)
-    p.add_argument("--idle", type=_seconds(0, 86_400, above=True), default=2.0, metavar="SECONDS",
-                   help="the head of the log is reached once no batch has arrived for this long "
-                        "(broker watermarks are not trusted; default %(default)s)")
+    p.add_argument("--idle", type=_seconds(0, 86_400), default=2.0, metavar="SECONDS",
+                   help="once the log's end measured at the start is applied, wait this long for more "
+                        "batches before exiting (0: none; default %(default)s)")
     p.add_argument("--checkpoint", action="store_true", help="checkpoint the shards at the head before exiting")
 
     p = sub.add_parser("log", help="operator commands on <ns>.log")
