@@ -37,6 +37,7 @@ class PreparedTxn:
     active: tuple[int, ...]  # partitions that run RUN: those it writes (else its lowest)
     local_writes: tuple[bytes, ...] = ()  # the part of the write set this partition owns (multi-partition)
     owners: dict[bytes, int] | None = None  # carried, on the executor: each written key -> its owner
+    declared: bool = True  # False: a procedure without ANALYZE (aria batches), no sets to keep to
 
     @property
     def single(self) -> bool:
@@ -179,8 +180,10 @@ class BatchExecution:
     and the overlap; this class does the same thing for every scheduler."""
 
     def __init__(self, batch: Batch, partition: int, overlay: BatchOverlay,
-                 defaults: dict[str, Any], writes_owner, exchange: ReadExchange | None = None):
+                 defaults: dict[str, Any], writes_owner, exchange: ReadExchange | None = None,
+                 range_tables: dict[str, tuple[int, int]] | None = None):
         self.batch = batch
+        self.range_tables = range_tables or {}  # table -> (range_by, partition_by): procedures/registry.py
         self.partition = partition
         self.overlay = overlay
         self.defaults = defaults

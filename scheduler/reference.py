@@ -1,6 +1,11 @@
 """The plain serial interpretation of a log: every request, one at a time, in log order,
 over a dictionary. No overlay, no scheduler, no partitions: the yardstick every engine
-configuration is checked against."""
+configuration is checked against.
+
+A batch stamped with the aria ordering is read in its own documented serial order
+(scheduler/aria.py): its first-pass commits, chosen here by plain pairwise comparison, in
+the order read-before-write, smallest position first; then the rest in log order. Each
+request still runs once, one at a time, against the dictionary."""
 
 from __future__ import annotations
 
@@ -10,9 +15,10 @@ from procedures.ollp import restarts_of
 from procedures.registry import Registry, RequestError
 from procedures.streams import split_result
 from scheduler.execution import COMMITTED, REJECTED, execute, txn_seed
-from sequencer.log import Batch
+from sequencer.log import ARIA, Batch
 from storage.digest import digest_pairs
-from storage.keys import KeyRange, encode_key
+from scheduler.execution import ANY_KEY
+from storage.keys import KeyRange, encode_key, is_range_key
 from storage.overlay import ABSENT, RangeView
 from storage.values import encode_value
 
@@ -25,12 +31,69 @@ class SerialInterpreter:
         self.outcomes: list[dict[str, Any]] = []
         self.changes: list[tuple] = []  # (batch, txn index, table, key, value or None)
         self._ranges = _StateRanges(self.state)
+        self.aria_orders: dict[int, list[int]] = {}  # batch -> its positions in the order they ran
 
     def apply(self, batches: Iterable[Batch]) -> "SerialInterpreter":
         for batch in batches:
+            if batch.ordering == ARIA:
+                self._aria(batch)
+                continue
             for index, (request_id, proc, args) in enumerate(batch.entries):
                 self._one(batch, index, request_id, proc, args)
         return self
+
+    def _aria(self, batch: Batch) -> None:
+        entries = batch.entries
+        touched = {}  # position -> (keys read, keys written) running at the batch's start
+        for index, (_, proc, args) in enumerate(entries):
+            if proc is not None:
+                try:
+                    touched[index] = self._touched(batch, index, proc, args)
+                except RequestError:
+                    pass
+        first = []
+        for t, (read, written) in touched.items():
+            earlier = [u for u in touched if u < t]
+            waw = any(written & touched[u][1] for u in earlier)
+            raw = any(read & touched[u][1] for u in earlier)
+            war = any(written & touched[u][0] for u in earlier)
+            if not waw and not (raw and war):
+                first.append(t)
+        order = []
+        while len(order) < len(first):  # the smallest one no unplaced commit must precede
+            order.append(min(t for t in first if t not in order and not any(
+                u not in order and u != t and touched[u][0] & touched[t][1] for u in first)))
+        order += [i for i in range(len(entries)) if i not in order]
+        start = len(self.outcomes), len(self.changes)
+        for index in order:
+            self._one(batch, index, *entries[index])
+        self.aria_orders[batch.batch_id] = order
+        # Published as every engine publishes them: outcomes by position; change data as
+        # CollectedOutputs lists it, by position then key (its serial order is `aria_orders`).
+        self.outcomes[start[0]:] = sorted(self.outcomes[start[0]:], key=lambda o: o["txn"])
+        self.changes[start[1]:] = sorted(self.changes[start[1]:], key=lambda c: (c[1], encode_key(c[2], c[3])))
+
+    def _touched(self, batch: Batch, index: int, proc, args) -> tuple[set, set]:
+        """The keys a request reads and writes running at the batch's start (nothing applied)."""
+        procedure, reads, writes = self.registry.analyze(proc, args)
+        read: set[bytes] = set()
+        snapshot = _Watched(read, None if procedure.analyze is not None else self._value)
+        for table, key in reads:
+            encoded = encode_key(table, key)
+            dict.__setitem__(snapshot, encoded, RangeView(_WatchedRange(self._ranges, encoded, read), encoded)
+                             if type(key) is KeyRange else self._value(encoded))
+        write_set = {encode_key(table, key) for table, key in writes} if procedure.analyze is not None else ANY_KEY
+        _, _, _, written = execute(procedure, args, snapshot, write_set, self.defaults, batch.time_ms,
+                                   txn_seed(batch.batch_id, index))
+        keys = set(written)
+        for table, key, _ in written.values():
+            if table in self.registry.range_tables:
+                keys.add(encode_key(table, KeyRange(key[:self.registry.range_tables[table][0]])))
+        return read, keys
+
+    def _value(self, encoded: bytes):
+        """Any key, for a procedure without ANALYZE; no range (a scan needs one declared)."""
+        return ABSENT if is_range_key(encoded) else self.state.get(encoded, ABSENT)
 
     def _one(self, batch: Batch, index: int, request_id: str, proc, args) -> None:
         def outcome(status, result=None, error=None):
@@ -46,12 +109,12 @@ class SerialInterpreter:
         except RequestError as exc:
             outcome(REJECTED, error=str(exc))
             return
-        snapshot = {}
+        snapshot = {} if procedure.analyze is not None else _Watched(set(), self._value)
         for table, key in reads:
             encoded = encode_key(table, key)
             snapshot[encoded] = (RangeView(self._ranges, encoded) if type(key) is KeyRange
                                  else self.state.get(encoded, ABSENT))
-        write_set = {encode_key(table, key) for table, key in writes}
+        write_set = {encode_key(table, key) for table, key in writes} if procedure.analyze is not None else ANY_KEY
         status, result, error, written = execute(procedure, args, snapshot, write_set, self.defaults,
                                                  batch.time_ms, txn_seed(batch.batch_id, index))
         outcome(status, result, error)
@@ -80,3 +143,36 @@ class _StateRanges:
 
     def range_items(self, prefix: bytes) -> list[tuple[bytes, Any]]:
         return sorted((key, value) for key, value in self._state.items() if key.startswith(prefix))
+
+
+class _Watched(dict):
+    """A snapshot that notes each key RUN reads from it; with `fetch`, it holds every key."""
+
+    def __init__(self, read: set, fetch):
+        super().__init__()
+        self._read, self._fetch = read, fetch
+
+    def __getitem__(self, key):
+        if self._fetch is not None and not dict.__contains__(self, key):
+            dict.__setitem__(self, key, self._fetch(key))
+        value = dict.__getitem__(self, key)
+        self._read.add(key)
+        return value
+
+    def get(self, key, default=None):
+        return self[key] if self._fetch is not None or dict.__contains__(self, key) else default
+
+
+class _WatchedRange:
+    """A declared range whose every read is noted as a read of the range."""
+
+    def __init__(self, ranges: "_StateRanges", key: bytes, read: set):
+        self._ranges, self._key, self._read = ranges, key, read
+
+    def get(self, key: bytes):
+        self._read.add(self._key)
+        return self._ranges.get(key)
+
+    def range_items(self, prefix: bytes):
+        self._read.add(self._key)
+        return self._ranges.range_items(prefix)

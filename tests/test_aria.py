@@ -1,0 +1,147 @@
+"""The aria scheduler against the serial reading of its documented order
+(scheduler/aria.py): first-pass commits in read-before-write order, smallest position
+first, then the fallback in log order. The yardstick (scheduler/reference.py) picks the
+commits by plain pairwise comparison and runs every request once, serially."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from unittest import mock
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scheduler.reference import SerialInterpreter
+from sequencer.log import ARIA, Batch
+from storage.digest import digest_pairs
+from storage.keys import encode_key
+from storage.values import encode_value
+from scheduler.worker import PartitionWorker
+from tests.test_schedulers_equivalence import REGISTRY, MemoryShard, dependent, engine, request, to_batches
+
+
+def stamped(log: list[Batch]) -> list[Batch]:
+    return [Batch(b.batch_id, b.generation, b.time_ms, b.offsets, b.entries, routing=b.routing, ordering=ARIA)
+            for b in log]
+
+
+def aria_reading(log: list[Batch]):
+    """The reference's outcomes, change data and digest, in the form `engine` gives them."""
+    reference = SerialInterpreter(REGISTRY).apply(log)
+    outcomes = [(o["batch"], o["txn"], o["id"], o["status"], o["result"], o["error"]) for o in reference.outcomes]
+    changes = sorted((b, i, encode_key(t, k), v) for b, i, t, k, v in reference.changes)
+    digest = digest_pairs((k, encode_value(v)) for k, v in reference.state.items())
+    return outcomes, changes, digest, reference
+
+
+def published_changes(log: list[Batch], scheduler: str) -> list[tuple]:
+    """The change data one partition publishes, in its published order."""
+    changes = []
+    with tempfile.TemporaryDirectory() as data_dir, mock.patch("scheduler.worker.RocksShard", MemoryShard):
+        worker = PartitionWorker(data_dir, 0, 1, scheduler, REGISTRY)
+        for batch in log:
+            result = asyncio.run(worker.execute(batch))
+            changes += [(batch.batch_id, i, encode_key(t, k), v) for i, t, k, v in result.changes]
+            worker.commit({"batch": batch.batch_id, "cursor": {}})
+        worker.close()
+    return changes
+
+
+def in_serial_order(reference: SerialInterpreter) -> list[tuple]:
+    """The reference's change data in the order its requests ran."""
+    turn = {(b, i): n for b, order in reference.aria_orders.items() for n, i in enumerate(order)}
+    return [(b, i, encode_key(t, k), v) for b, i, t, k, v in
+            sorted(reference.changes, key=lambda c: (c[0], turn.get(c[:2], c[1]), encode_key(c[2], c[3])))]
+
+
+def check(log: list[Batch], schedulers=("aria", "serial", "locking")):
+    expected = aria_reading(log)
+    for name in schedulers:  # any engine runs an aria-stamped batch with aria
+        outcomes, changes, digest, _ = engine(log, name, 1, memory=True)
+        assert (outcomes, changes, digest) == expected[:3], name
+    assert published_changes(log, schedulers[0]) == in_serial_order(expected[3])
+    return expected[3]
+
+
+# Three keys, every request a read-modify-write, a guarded write or a delete: most batches
+# have WAW, RAW and WAR conflicts at once, and aborts.
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.lists(dependent, min_size=2, max_size=20), min_size=1, max_size=3))
+def test_conflict_heavy_batches_equal_their_documented_serial_order(drawn):
+    check(stamped(to_batches(drawn)), schedulers=("aria",))
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.lists(request, min_size=1, max_size=20), min_size=1, max_size=3))
+def test_every_workload_and_rejection_equals_the_documented_serial_order(drawn):
+    check(stamped(to_batches(drawn)), schedulers=("aria",))
+
+
+def test_a_read_of_a_key_written_later_in_the_batch_is_ordered_before_the_write():
+    """Position 1 reads what 0 writes and commits before it (it sees the starting value);
+    2 writes what 0 writes and goes to the fallback, after every first-pass commit; 4 reads
+    what 3 writes and comes before 3. Every engine reads the stamped batch alike."""
+    setup = Batch(1, 1, 1_000, {}, [["s0", "gs_write", {"keys": [0, 1], "value": 5}]])
+    aria = Batch(2, 1, 2_000, {}, [
+        ["a0", "gs_write", {"keys": [0], "value": 6}],
+        ["a1", "gs_read", {"keys": [0]}],
+        ["a2", "t_div", {"key": 0, "by": 2}],
+        ["a3", "gs_write", {"keys": [1], "value": 7}],
+        ["a4", "t_guarded", {"key": 2, "guard": 1, "other": 1, "value": 9}],
+    ], ordering=ARIA)
+    reference = check([setup, aria])
+    assert reference.aria_orders[2] == [1, 0, 4, 3, 2]
+    results = {o["id"]: (o["status"], o["result"]) for o in reference.outcomes}
+    assert results["a1"] == ("committed", 5) and results["a4"] == ("committed", 9)
+    assert {(k, v) for k, v in reference.state.items()} == {
+        (encode_key("gs", 0), 3), (encode_key("gs", 1), 7), (encode_key("gs", 2), 9)}
+    *_, fallbacks = engine([setup, aria], "aria", 1, memory=True)
+    assert fallbacks == 1
+
+
+def test_workload_generators_in_aria_batches():
+    """The benchmark generators' own streams (OLLP's dependent alias transactions and
+    aborting transfers among them) in batches of 150, on every engine."""
+    from tests.test_schedulers_equivalence import generated_log
+
+    knobs = {"micro": {"partitions": 1, "keys": 60, "hot": 4}, "sl": {"records": 40},
+             "gs": {"records": 40}, "ob": {"records": 40}, "tp": {"segments": 4, "vehicles": 80},
+             "alias": {"aliases": 8, "accounts": 6}}
+    log = stamped(generated_log(knobs, seed=3, batch_size=150, stride=7, prefix="g"))
+    reference = check(log, schedulers=("aria", "serial", "locking", "vll", "opchain"))
+    statuses = {o["status"] for o in reference.outcomes}
+    assert {"committed", "aborted"} <= statuses
+    *_, fallbacks = engine(log, "aria", 1, memory=True)
+    assert 0 < fallbacks < sum(map(len, log))
+
+
+def test_tpcc_in_aria_batches_keeps_the_consistency_conditions():
+    """Declared ranges conflict with the keys written inside them; dependent (OLLP)
+    payments by name re-sequence as under any scheduler."""
+    from procedures.registry import default_registry
+    from procedures.workloads import tpcc
+    from procedures.workloads.tpcc_consistency import violations
+    from tests.dependent_logs import assert_equals_serial_interpretation, assert_same_run, run_dependent
+    from tests.test_tpcc import FULL_MIX, SIZE, _records, _split
+
+    registry = default_registry()
+    loads, mix = _split(tpcc.generate(400, seed=7, **SIZE, **FULL_MIX))
+    batches = [loads] + [mix[i:i + 60] for i in range(0, len(mix), 60)]
+    run = run_dependent(batches, "aria", 1, registry, ordering=ARIA)
+    assert violations(_records(run["state"])) == []
+    assert_equals_serial_interpretation(run, registry)
+    assert_same_run(run_dependent(batches, "locking", 1, registry, ordering=ARIA), run, ("locking",))
+
+
+def test_the_ordering_stamp_travels_in_the_batch_record_and_old_records_read_as_log_order():
+    import pickle
+
+    from sequencer.log import BATCH, decode, encode_batch, encode_entry
+
+    entries = [encode_entry(["r1", "gs_read", {"keys": [1]}])]
+    kind, batch = decode(encode_batch(3, 0, 10, {0: (0, 1)}, entries, log_id="L", ordering=ARIA))
+    assert kind == BATCH and batch.ordering == ARIA and batch.entries == [["r1", "gs_read", {"keys": [1]}]]
+    assert pickle.loads(pickle.dumps(batch)).ordering == ARIA  # as it travels to a Ray worker
+    _, plain = decode(encode_batch(3, 0, 10, {0: (0, 1)}, entries, log_id="L"))
+    assert plain.ordering is None and len(plain) == 1
