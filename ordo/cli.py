@@ -9,9 +9,10 @@ import sys
 
 from confluent_kafka import KafkaException
 
+from sequencer.log import ARIA
 from sequencer.sequencer import SequencerConfig
 
-SCHEDULER_CHOICES = ("serial", "locking", "vll", "opchain")
+SCHEDULER_CHOICES = ("serial", "locking", "vll", "opchain", "aria")
 
 
 def _kafka(p: argparse.ArgumentParser, namespace: bool = True) -> None:
@@ -43,7 +44,14 @@ def _sequencer_options(p: argparse.ArgumentParser) -> None:
 
 def _sequencer_config(args) -> SequencerConfig:
     return SequencerConfig(args.max_delay_ms, args.max_txns, args.max_bytes, args.max_request_bytes,
-                           args.dedupe_window, args.partitions, args.sequencers, getattr(args, "sequencer_index", 0))
+                           args.dedupe_window, args.partitions, args.sequencers, getattr(args, "sequencer_index", 0),
+                           _ordering(args))
+
+
+def _ordering(args) -> str | None:
+    """The batches' ordering stamp: aria's for `run --scheduler aria` and `sequence --ordering aria`."""
+    chosen = getattr(args, "ordering", None) or getattr(args, "scheduler", None)
+    return ARIA if chosen == ARIA else None
 
 
 def _engine_options(p: argparse.ArgumentParser) -> None:
@@ -176,6 +184,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--partitions", type=int, default=1, metavar="N",
                    help="the engine's partition count, for which each batch records its routing (default 1; "
                         "an engine with another count places every entry itself)")
+    p.add_argument("--ordering", choices=("log", ARIA), default="log",
+                   help="the serial order of each batch: log order, or aria's (Aria's deterministic reordering, "
+                        "what `ordo run --scheduler aria` asks for; docs/architecture.md); every engine follows the "
+                        "stamp whatever its --scheduler (default %(default)s)")
     _procedure_options(p)
 
     p = sub.add_parser("execute", help="run only the engine (follows <ns>.log)")

@@ -114,6 +114,10 @@ def recover(bootstrap: str, namespace: str, data_dir: str, scheduler: str = "ser
     say = (lambda text: None) if quiet else (lambda text: print(text, file=stream, flush=True))
     for path in plan.cleaned:
         say(f"removed {path} (left behind by a crash)")
+    if scheduler == "aria":
+        from scheduler.aria import LOG_ORDER_NOTE
+
+        say(LOG_ORDER_NOTE)
     say(f"{plan.describe()}; replaying {namespace}.log from batch {coordinator.cursor.next_batch} "
         f"until no batch arrives for {idle:g}s")
     from_batch = coordinator.stats.last_batch

@@ -164,6 +164,11 @@ def serial_order(committed: list[FirstPass]) -> list[FirstPass]:
     return order
 
 
+# What an engine started with --scheduler aria says once: the stamp, not the flag, decides.
+LOG_ORDER_NOTE = ("aria: batches the sequencer stamped aria run with aria; the others keep their log order "
+                  "and run with locking")
+
+
 @register
 class AriaScheduler(Scheduler):
     name = "aria"

@@ -35,6 +35,7 @@ from sequencer.dedupe import RecentIds
 from sequencer.kafka import consumer_config, kafka_config
 from sequencer.log_probe import LogWatch, fingerprint
 from sequencer.log import (
+    ARIA,
     BATCH_OVERHEAD,
     SNAPSHOT_EVERY,
     LogCursor,
@@ -79,8 +80,11 @@ class SequencerConfig:
     partitions: int = 1  # the engine's partition count, for routing each batch
     sequencers: int = 1  # S: how many sequencers share the request partitions
     index: int = 0  # k: this one takes the request partitions p with p % S == k
+    ordering: str | None = None  # every batch's ordering stamp (sequencer/log.py): None (log order) or ARIA
 
     def __post_init__(self) -> None:
+        if self.ordering not in (None, ARIA):
+            raise ValueError(f"unknown batch ordering {self.ordering!r} (log order, or '{ARIA}')")
         if self.partitions < 1:
             raise ValueError("partitions must be >= 1")
         if self.sequencers < 1 or not 0 <= self.index < self.sequencers:
@@ -361,7 +365,7 @@ class Sequencer:
         record = encode_batch(number, self._started_at, self._last_time,
                               {p: tuple(span) for p, span in epoch.offsets.items()}, epoch.entries,
                               build_routing(self.config.partitions, epoch.placements), self._cursor.log_id,
-                              self.config.index)
+                              self.config.index, self.config.ordering)
         positions = [TopicPartition(self.topics.requests, p, span[1]) for p, span in epoch.offsets.items()]
         records = [record]
         accepted = self._accepted + sum(placement is not None for placement in epoch.placements)
