@@ -65,9 +65,11 @@ def prepare(batch: Batch, registry: Registry, partitioner: Partitioner,
             partition: int) -> tuple[list[PreparedTxn], list[Outcome]]:
     """The transactions of `batch` that involve `partition`, and the rejections this
     partition reports. With routing made for this partition count, only the entries of
-    this partition's slice are decoded and analyzed; otherwise every entry is placed here."""
+    this partition's slice are decoded and analyzed; otherwise every entry is placed here
+    (always in an aria batch: a transaction's home runs its RUN on its whole read set,
+    which a carried routing item does not give; scheduler/aria.py)."""
     routing = batch.routing
-    if routing is not None and routing[0] == partitioner.partitions:
+    if routing is not None and routing[0] == partitioner.partitions and batch.ordering is None:
         return _prepare_slice(batch, slice_of(routing, partition), registry, partitioner, partition)
     return _prepare_all(batch, registry, partitioner, partition)
 
@@ -181,8 +183,9 @@ class BatchExecution:
 
     def __init__(self, batch: Batch, partition: int, overlay: BatchOverlay,
                  defaults: dict[str, Any], writes_owner, exchange: ReadExchange | None = None,
-                 range_tables: dict[str, tuple[int, int]] | None = None):
+                 range_tables: dict[str, tuple[int, int]] | None = None, partitions: int = 1):
         self.batch = batch
+        self.partitions = partitions
         self.range_tables = range_tables or {}  # table -> (range_by, partition_by): procedures/registry.py
         self.partition = partition
         self.overlay = overlay

@@ -14,11 +14,11 @@ from typing import Any, Iterable
 from procedures.ollp import restarts_of
 from procedures.registry import Registry, RequestError
 from procedures.streams import split_result
-from scheduler.execution import COMMITTED, REJECTED, execute, txn_seed
+from scheduler.execution import ABORTED, COMMITTED, REJECTED, execute, txn_seed
 from sequencer.log import ARIA, Batch
 from storage.digest import digest_pairs
 from scheduler.execution import ANY_KEY
-from storage.keys import KeyRange, encode_key, is_range_key
+from storage.keys import KeyRange, decode_key, encode_key, is_range_key
 from storage.overlay import ABSENT, RangeView
 from storage.values import encode_value
 
@@ -32,6 +32,7 @@ class SerialInterpreter:
         self.changes: list[tuple] = []  # (batch, txn index, table, key, value or None)
         self._ranges = _StateRanges(self.state)
         self.aria_orders: dict[int, list[int]] = {}  # batch -> its positions in the order they ran
+        self.aria_commits: dict[int, list[int]] = {}  # batch -> its first-pass commits
 
     def apply(self, batches: Iterable[Batch]) -> "SerialInterpreter":
         for batch in batches:
@@ -43,8 +44,10 @@ class SerialInterpreter:
         return self
 
     def _aria(self, batch: Batch) -> None:
+        from scheduler.aria import FALLBACK_ROUNDS, kept_changing
+
         entries = batch.entries
-        touched = {}  # position -> (keys read, keys written) running at the batch's start
+        touched = {}  # position -> (keys read, keys written, declared?) running at the batch's start
         for index, (_, proc, args) in enumerate(entries):
             if proc is not None:
                 try:
@@ -52,7 +55,7 @@ class SerialInterpreter:
                 except RequestError:
                     pass
         first = []
-        for t, (read, written) in touched.items():
+        for t, (read, written, _) in touched.items():
             earlier = [u for u in touched if u < t]
             waw = any(written & touched[u][1] for u in earlier)
             raw = any(read & touched[u][1] for u in earlier)
@@ -63,11 +66,28 @@ class SerialInterpreter:
         while len(order) < len(first):  # the smallest one no unplaced commit must precede
             order.append(min(t for t in first if t not in order and not any(
                 u not in order and u != t and touched[u][0] & touched[t][1] for u in first)))
-        order += [i for i in range(len(entries)) if i not in order]
         start = len(self.outcomes), len(self.changes)
         for index in order:
             self._one(batch, index, *entries[index])
+        for index in range(len(entries)):
+            if index not in touched:  # rejected
+                self._one(batch, index, *entries[index])
+        fallback = [(t, None if declared else read | written)
+                    for t, (read, written, declared) in touched.items() if t not in first]
+        for _ in range(FALLBACK_ROUNDS):
+            going_on = []
+            for index, keys in fallback:
+                outside = self._one(batch, index, *entries[index], locked=keys)
+                order.append(index)
+                if outside is not None:
+                    going_on.append((index, keys | {outside}))
+            fallback = going_on
+        for index, _ in fallback:
+            request_id, proc, args = entries[index]
+            self.outcomes.append(self._outcome(batch, index, request_id, proc, args, ABORTED, None,
+                                               kept_changing(proc)))
         self.aria_orders[batch.batch_id] = order
+        self.aria_commits[batch.batch_id] = sorted(first)
         # Published as every engine publishes them: outcomes by position; change data as
         # CollectedOutputs lists it, by position then key (its serial order is `aria_orders`).
         self.outcomes[start[0]:] = sorted(self.outcomes[start[0]:], key=lambda o: o["txn"])
@@ -89,35 +109,43 @@ class SerialInterpreter:
         for table, key, _ in written.values():
             if table in self.registry.range_tables:
                 keys.add(encode_key(table, KeyRange(key[:self.registry.range_tables[table][0]])))
-        return read, keys
+        return read, keys, procedure.analyze is not None
 
     def _value(self, encoded: bytes):
         """Any key, for a procedure without ANALYZE; no range (a scan needs one declared)."""
         return ABSENT if is_range_key(encoded) else self.state.get(encoded, ABSENT)
 
-    def _one(self, batch: Batch, index: int, request_id: str, proc, args) -> None:
-        def outcome(status, result=None, error=None):
-            result, steps = split_result(result)
-            self.outcomes.append({"id": request_id, "status": status, "batch": batch.batch_id, "txn": index,
-                                  "restarts": restarts_of(args) if proc is not None else 0,
-                                  "result": result, "error": error, **({"steps": steps} if steps is not None else {})})
+    def _one(self, batch: Batch, index: int, request_id: str, proc, args, locked: set | None = None) -> bytes | None:
+        """Run one request at its turn. `locked`: the only keys a procedure without ANALYZE
+        may touch (an aria fallback round); the first other key it reaches is returned, and
+        the request is left undecided."""
         if proc is None:
-            outcome(REJECTED, error=args)
-            return
+            self.outcomes.append(self._outcome(batch, index, request_id, proc, args, REJECTED, None, args))
+            return None
         try:
             procedure, reads, writes = self.registry.analyze(proc, args)
         except RequestError as exc:
-            outcome(REJECTED, error=str(exc))
-            return
-        snapshot = {} if procedure.analyze is not None else _Watched(set(), self._value)
+            self.outcomes.append(self._outcome(batch, index, request_id, proc, args, REJECTED, None, str(exc)))
+            return None
+        snapshot, write_set = {}, set()
+        if procedure.analyze is None:  # an aria batch's: any key, or in a fallback round its locked keys
+            if locked is None:
+                snapshot, write_set = _Watched(set(), self._value), ANY_KEY
+            else:
+                reads = writes = [decode_key(key) for key in sorted(locked)]
+                snapshot, write_set = _Fenced(), _FencedWrites()
         for table, key in reads:
             encoded = encode_key(table, key)
             snapshot[encoded] = (RangeView(self._ranges, encoded) if type(key) is KeyRange
                                  else self.state.get(encoded, ABSENT))
-        write_set = {encode_key(table, key) for table, key in writes} if procedure.analyze is not None else ANY_KEY
-        status, result, error, written = execute(procedure, args, snapshot, write_set, self.defaults,
-                                                 batch.time_ms, txn_seed(batch.batch_id, index))
-        outcome(status, result, error)
+        if write_set is not ANY_KEY:
+            write_set.update(encode_key(table, key) for table, key in writes)
+        try:
+            status, result, error, written = execute(procedure, args, snapshot, write_set, self.defaults,
+                                                     batch.time_ms, txn_seed(batch.batch_id, index))
+        except _OutsideFence as outside:
+            return outside.key
+        self.outcomes.append(self._outcome(batch, index, request_id, proc, args, status, result, error))
         if status == COMMITTED:
             for encoded in sorted(written):
                 table, key, value = written[encoded]
@@ -126,6 +154,14 @@ class SerialInterpreter:
                 else:
                     self.state[encoded] = value
                 self.changes.append((batch.batch_id, index, table, key, None if value is ABSENT else value))
+        return None
+
+    @staticmethod
+    def _outcome(batch: Batch, index: int, request_id: str, proc, args, status, result, error) -> dict:
+        result, steps = split_result(result)
+        return {"id": request_id, "status": status, "batch": batch.batch_id, "txn": index,
+                "restarts": restarts_of(args) if proc is not None else 0,
+                "result": result, "error": error, **({"steps": steps} if steps is not None else {})}
 
     def digest(self) -> int:
         return digest_pairs((key, encode_value(value)) for key, value in self.state.items())
@@ -176,3 +212,22 @@ class _WatchedRange:
     def range_items(self, prefix: bytes):
         self._read.add(self._key)
         return self._ranges.range_items(prefix)
+
+
+class _OutsideFence(BaseException):
+    def __init__(self, key: bytes):
+        self.key = key
+
+
+class _Fenced(dict):
+    """The locked keys of a procedure without ANALYZE; any other read leaves the fence."""
+
+    def __missing__(self, key):
+        raise _OutsideFence(key)
+
+
+class _FencedWrites(set):
+    def __contains__(self, key) -> bool:
+        if set.__contains__(self, key):
+            return True
+        raise _OutsideFence(key)

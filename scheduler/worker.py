@@ -127,7 +127,7 @@ class PartitionWorker:
         overlay = BatchOverlay(self.shard, self._unapplied_values)
         overlay.prefetch(key for txn in txns for key in txn.local_reads)
         execution = BatchExecution(batch, self.partition, overlay, self.defaults, self.owner, self.exchange,
-                                   self.registry.range_tables)
+                                   self.registry.range_tables, self.partitioner.partitions)
         mailbox = None if self.exchange is None else self.exchange.mailbox
         if upcoming is not None and mailbox is not None:
             mailbox.on_wait = lambda: self._prepare_ahead(upcoming)
