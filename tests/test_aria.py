@@ -137,7 +137,9 @@ def test_tpcc_in_aria_batches_keeps_the_consistency_conditions():
     run = run_dependent(batches, "aria", 1, registry, ordering=ARIA)
     assert violations(_records(run["state"])) == []
     assert_equals_serial_interpretation(run, registry)
-    assert_same_run(run_dependent(batches, "locking", 1, registry, ordering=ARIA), run, ("locking",))
+    for scheduler, partitions in (("locking", 1), ("aria", 2), ("serial", 3)):
+        assert_same_run(run_dependent(batches, scheduler, partitions, registry, ordering=ARIA), run,
+                        (scheduler, partitions))
 
 
 def test_the_ordering_stamp_travels_in_the_batch_record_and_old_records_read_as_log_order():
