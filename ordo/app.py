@@ -15,8 +15,13 @@
 
 A procedure is a class with `analyze` and `run` (and optionally `operations`, the form the
 operation-chain scheduler uses, and `reconnoiter`, docs/procedures.md), or a RUN function
-with `analyze=` given to the decorator. Mistakes fail when the module is imported, not
-when the first request arrives.
+with `analyze=` given to the decorator. Without analyze, it names its `home` instead and
+runs only under --scheduler aria:
+
+    @app.procedure(args={"src": Int(0), "dst": Int(0)}, home=("account", "src"))
+    def transfer(ctx, args): ...
+
+Mistakes fail when the module is imported, not when the first request arrives.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from procedures.contract import Procedure, Table
 from procedures.registry import Registry
 
 FIELD_TYPES = (Int, Str, List)
-PARTS = ("analyze", "run", "operations", "reconnoiter")
+PARTS = ("analyze", "run", "operations", "reconnoiter", "home")
 
 
 class App:
@@ -77,10 +82,12 @@ class App:
 
     def procedure(self, name: str | None = None, *, args: dict | None = None,
                   analyze: Callable | None = None, operations: Callable | None = None,
-                  reconnoiter: Callable | None = None) -> Callable:
+                  reconnoiter: Callable | None = None, home: tuple | Callable | None = None) -> Callable:
         """Decorator: `@app.procedure(args={...})` over a class with `analyze` and `run`,
-        or over a RUN function with `analyze=`. The procedure's name is the class's or
-        function's unless `name` is given. Returns the registered `Procedure`."""
+        or over a RUN function with `analyze=`; without analyze, with `home=` (a (table,
+        argument name) pair or a function of the arguments giving (table, key)) for aria.
+        The procedure's name is the class's or function's unless `name` is given. Returns
+        the registered `Procedure`."""
         if callable(name):
             raise TypeError(f"app '{self.name}': write @app.procedure(args={{...}}), with the argument "
                             f"schema, not a bare @app.procedure over '{getattr(name, '__name__', name)}'")
@@ -93,11 +100,14 @@ class App:
             proc_name = name or getattr(target, "__name__", None)
             if not isinstance(proc_name, str) or not proc_name:
                 raise TypeError(f"app '{self.name}': cannot name the procedure {target!r}; give name=")
-            parts = self._parts(proc_name, target, analyze, operations, reconnoiter)
+            parts = self._parts(proc_name, target, analyze, operations, reconnoiter, home)
             if proc_name in self._procedures:
                 raise ValueError(f"app '{self.name}': procedure '{proc_name}' declared twice")
-            procedure = Procedure(proc_name, schema, parts["analyze"], parts["run"], parts.get("operations"),
-                                  parts.get("reconnoiter"))
+            try:
+                procedure = Procedure(proc_name, schema, parts.get("analyze"), parts["run"], parts.get("operations"),
+                                      parts.get("reconnoiter"), parts.get("home"))
+            except TypeError as exc:
+                raise TypeError(f"app '{self.name}', {exc}") from None
             self._procedures[proc_name] = procedure
             return procedure
 
@@ -112,10 +122,10 @@ class App:
                 raise TypeError(f"{where}: args[{arg!r}] must be Int(), Str() or List(...), got {field!r}")
         return dict(args)
 
-    def _parts(self, proc_name: str, target: Any, analyze, operations, reconnoiter) -> dict[str, Callable]:
+    def _parts(self, proc_name: str, target: Any, analyze, operations, reconnoiter, home) -> dict[str, Callable]:
         where = f"app '{self.name}', procedure '{proc_name}'"
         if isinstance(target, type):
-            given = {"analyze": analyze, "operations": operations, "reconnoiter": reconnoiter}
+            given = {"analyze": analyze, "operations": operations, "reconnoiter": reconnoiter, "home": home}
             parts = {part: vars(target)[part] for part in PARTS if part in vars(target)}
             for part, value in given.items():
                 if value is not None:
@@ -128,19 +138,22 @@ class App:
                 if close and close[0] not in vars(target):
                     raise TypeError(f"{where}: '{unknown}' is not a part of a procedure; did you mean "
                                     f"'{close[0]}'? (parts: {', '.join(PARTS)})")
-            missing = [part for part in ("analyze", "run") if part not in parts]
+            missing = [part for part in ("analyze", "run") if part not in parts
+                       and not (part == "analyze" and "home" in parts)]
             if missing:
                 raise TypeError(f"{where}: the class needs {' and '.join(missing)} "
-                                f"(def analyze(args) -> (reads, writes); def run(ctx, args))")
+                                f"(def analyze(args) -> (reads, writes), or home = (table, argument) for "
+                                f"--scheduler aria; def run(ctx, args))")
         elif callable(target):
-            if analyze is None:
-                raise TypeError(f"{where}: a RUN function needs analyze= in the decorator "
-                                f"(or decorate a class with analyze and run)")
-            parts = {"run": target, "analyze": analyze, "operations": operations, "reconnoiter": reconnoiter}
+            if analyze is None and home is None:
+                raise TypeError(f"{where}: a RUN function needs analyze= in the decorator, or home= to run "
+                                f"without analyze under --scheduler aria (or decorate a class with analyze and run)")
+            parts = {"run": target, "analyze": analyze, "operations": operations, "reconnoiter": reconnoiter,
+                     "home": home}
         else:
             raise TypeError(f"{where}: @app.procedure decorates a class or a function, not {target!r}")
         for part, value in parts.items():
-            if value is not None and not callable(value):
+            if part != "home" and value is not None and not callable(value):
                 raise TypeError(f"{where}: {part} must be a function, got {value!r}")
         return {part: value for part, value in parts.items() if value is not None}
 

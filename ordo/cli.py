@@ -105,7 +105,11 @@ def _procedure_specs(args) -> tuple[str, ...]:
         paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
         if here not in paths:
             os.environ["PYTHONPATH"] = os.pathsep.join([here, *filter(None, paths)])
-    load_registry(specs)
+    registry = load_registry(specs)
+    if args.command in ("run", "sequence"):  # the sequencer's ordering decides what it may take
+        from procedures.registry import refuse_without_analyze
+
+        refuse_without_analyze(registry, _ordering(args))
     return tuple(specs)
 
 

@@ -18,7 +18,7 @@ def _digest(text: str) -> str:
 
 def describe(registry: Registry) -> dict:
     return {
-        "procedures": {name: _digest(repr(sorted(p.args.items())))
+        "procedures": {name: _digest(repr(sorted(p.args.items())) + ("" if p.analyze is not None else " home"))
                        for name, p in sorted(registry.procedures.items())},
         "tables": {name: _digest(repr(t)) for name, t in sorted(registry.tables.items())},
     }

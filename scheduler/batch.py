@@ -129,15 +129,21 @@ def _prepare_all(batch: Batch, registry: Registry, partitioner: Partitioner,
     rejected: list[Outcome] = []
     partitions = partitioner.partitions
     single_partition = partitions == 1
+    ordering = batch.ordering
     for index, (request_id, proc, args) in enumerate(batch.entries):
         if proc is None:
             if reporter_of_rejected(index, partitions) == partition:
                 rejected.append(Outcome(index, request_id, REJECTED, None, args))
             continue
         try:
-            procedure, read_set, write_set = registry.analyze(proc, args)
+            procedure, read_set, write_set = registry.analyze(proc, args, ordering)
         except RequestError as exc:
             raise refused_entry(batch.batch_id, index, request_id, str(exc)) from None
+        if procedure.analyze is None:
+            # Known to every partition: whichever executes it in aria's fallback runs its RUN.
+            home = (partitioner.of_key(*read_set[0]),)
+            txns.append(PreparedTxn(index, request_id, procedure, args, (), {}, (), home, home, declared=False))
+            continue
         reads = tuple(encode_key(table, key) for table, key in read_set)
         writes = {encode_key(table, key): (table, key) for table, key in write_set}
         if single_partition:

@@ -95,10 +95,10 @@ class SerialInterpreter:
 
     def _touched(self, batch: Batch, index: int, proc, args) -> tuple[set, set]:
         """The keys a request reads and writes running at the batch's start (nothing applied)."""
-        procedure, reads, writes = self.registry.analyze(proc, args)
+        procedure, reads, writes = self.registry.analyze(proc, args, batch.ordering)
         read: set[bytes] = set()
         snapshot = _Watched(read, None if procedure.analyze is not None else self._value)
-        for table, key in reads:
+        for table, key in reads if procedure.analyze is not None else ():
             encoded = encode_key(table, key)
             dict.__setitem__(snapshot, encoded, RangeView(_WatchedRange(self._ranges, encoded, read), encoded)
                              if type(key) is KeyRange else self._value(encoded))
@@ -123,14 +123,14 @@ class SerialInterpreter:
             self.outcomes.append(self._outcome(batch, index, request_id, proc, args, REJECTED, None, args))
             return None
         try:
-            procedure, reads, writes = self.registry.analyze(proc, args)
+            procedure, reads, writes = self.registry.analyze(proc, args, batch.ordering)
         except RequestError as exc:
             self.outcomes.append(self._outcome(batch, index, request_id, proc, args, REJECTED, None, str(exc)))
             return None
         snapshot, write_set = {}, set()
         if procedure.analyze is None:  # an aria batch's: any key, or in a fallback round its locked keys
             if locked is None:
-                snapshot, write_set = _Watched(set(), self._value), ANY_KEY
+                snapshot, write_set, reads = _Watched(set(), self._value), ANY_KEY, ()
             else:
                 reads = writes = [decode_key(key) for key in sorted(locked)]
                 snapshot, write_set = _Fenced(), _FencedWrites()

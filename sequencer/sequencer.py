@@ -28,7 +28,7 @@ from confluent_kafka import (
 )
 
 from procedures.fingerprint import describe
-from procedures.registry import Registry
+from procedures.registry import Registry, refuse_without_analyze
 from procedures.ollp import is_resequenced, request_identity
 from sequencer.append_turn import AppendTurn, needs_turns, turn_path
 from sequencer.dedupe import RecentIds
@@ -125,6 +125,7 @@ def owned_partitions(partitions: int, index: int, sequencers: int) -> list[int]:
 class Sequencer:
     def __init__(self, bootstrap: str, namespace: str, registry: Registry,
                  config: SequencerConfig = SequencerConfig()):
+        refuse_without_analyze(registry, config.ordering)
         self.bootstrap = bootstrap
         self.topics = Topics(namespace)
         self.registry = registry
@@ -302,7 +303,7 @@ class Sequencer:
         """The log entry of one request message, validated and checked for a duplicate
         id, with its placement (None for a rejected entry)."""
         entry, sets = parse_request_sets(message.value(), message.key(), message.partition(), message.offset(),
-                                         self.registry, self.config.max_request_bytes)
+                                         self.registry, self.config.max_request_bytes, self.config.ordering)
         request_id, proc, args = entry
         placement = None
         if proc is not None:
@@ -364,8 +365,10 @@ class Sequencer:
         number = self.next_epoch
         record = encode_batch(number, self._started_at, self._last_time,
                               {p: tuple(span) for p, span in epoch.offsets.items()}, epoch.entries,
-                              build_routing(self.config.partitions, epoch.placements), self._cursor.log_id,
-                              self.config.index, self.config.ordering)
+                              # An aria batch's homes run RUN on whole read sets: no routing (scheduler/batch.py).
+                              None if self.config.ordering else build_routing(self.config.partitions,
+                                                                              epoch.placements),
+                              self._cursor.log_id, self.config.index, self.config.ordering)
         positions = [TopicPartition(self.topics.requests, p, span[1]) for p, span in epoch.offsets.items()]
         records = [record]
         accepted = self._accepted + sum(placement is not None for placement in epoch.placements)

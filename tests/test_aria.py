@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+
+import pytest
 from unittest import mock
 
 from hypothesis import HealthCheck, given, settings
@@ -26,20 +28,20 @@ def stamped(log: list[Batch]) -> list[Batch]:
             for b in log]
 
 
-def aria_reading(log: list[Batch]):
+def aria_reading(log: list[Batch], registry=REGISTRY):
     """The reference's outcomes, change data and digest, in the form `engine` gives them."""
-    reference = SerialInterpreter(REGISTRY).apply(log)
+    reference = SerialInterpreter(registry).apply(log)
     outcomes = [(o["batch"], o["txn"], o["id"], o["status"], o["result"], o["error"]) for o in reference.outcomes]
     changes = sorted((b, i, encode_key(t, k), v) for b, i, t, k, v in reference.changes)
     digest = digest_pairs((k, encode_value(v)) for k, v in reference.state.items())
     return outcomes, changes, digest, reference
 
 
-def published_changes(log: list[Batch], scheduler: str) -> list[tuple]:
+def published_changes(log: list[Batch], scheduler: str, registry=REGISTRY) -> list[tuple]:
     """The change data one partition publishes, in its published order."""
     changes = []
     with tempfile.TemporaryDirectory() as data_dir, mock.patch("scheduler.worker.RocksShard", MemoryShard):
-        worker = PartitionWorker(data_dir, 0, 1, scheduler, REGISTRY)
+        worker = PartitionWorker(data_dir, 0, 1, scheduler, registry)
         for batch in log:
             result = asyncio.run(worker.execute(batch))
             changes += [(batch.batch_id, i, encode_key(t, k), v) for i, t, k, v in result.changes]
@@ -60,13 +62,14 @@ def in_published_order(reference: SerialInterpreter) -> list[tuple]:
             sorted(reference.changes, key=lambda c: (c[0], turn.get(c[:2], c[1]), encode_key(c[2], c[3])))]
 
 
-def check(log: list[Batch], schedulers=("aria", "serial", "locking"), partitions=(1,)):
-    expected = aria_reading(log)
+def check(log: list[Batch], schedulers=("aria", "serial", "locking"), partitions=(1,), registry=REGISTRY):
+    expected = aria_reading(log, registry)
     for count in partitions:
         for name in schedulers:  # any engine runs an aria-stamped batch with aria
-            outcomes, changes, digest, _ = engine(log, name, count, holding=count > 1, memory=True)
+            outcomes, changes, digest, _ = engine(log, name, count, holding=count > 1, memory=True,
+                                                  registry=registry)
             assert (outcomes, changes, digest) == expected[:3], (name, count)
-    assert published_changes(log, schedulers[0]) == in_published_order(expected[3])
+    assert published_changes(log, schedulers[0], registry) == in_published_order(expected[3])
     return expected[3]
 
 
@@ -153,3 +156,100 @@ def test_the_ordering_stamp_travels_in_the_batch_record_and_old_records_read_as_
     assert pickle.loads(pickle.dumps(batch)).ordering == ARIA  # as it travels to a Ray worker
     _, plain = decode(encode_batch(3, 0, 10, {0: (0, 1)}, entries, log_id="L"))
     assert plain.ordering is None and len(plain) == 1
+
+
+
+# --- procedures without ANALYZE -----------------------------------------------------------
+
+def _o_transfer(ctx, args):
+    """Moves `amount` from a to b unless a has less; a and b may lie on other partitions."""
+    if ctx.read("gs", args["a"]) < args["amount"]:
+        ctx.abort("insufficient")
+    ctx.write("gs", args["a"], ctx.read("gs", args["a"]) - args["amount"])
+    ctx.write("gs", args["b"], ctx.read("gs", args["b"]) + args["amount"])
+
+
+def _o_chase(ctx, args):
+    """Which key it increments depends on a value: its keys change when that value does."""
+    target = abs(ctx.read("gs", args["key"])) % 6
+    ctx.write("gs", target, ctx.read("gs", target) + 1)
+    return target
+
+
+def _o_clear(ctx, args):
+    for k in args["keys"]:
+        if ctx.read("gs", k) % 2 == 0:
+            ctx.delete("gs", k)
+
+
+def open_registry():
+    from procedures.args import Int, List
+    from procedures.contract import Procedure
+    from tests.test_schedulers_equivalence import build_registry
+
+    registry = build_registry()
+    registry.add_procedure(Procedure("o_transfer", {"a": Int(0), "b": Int(0), "amount": Int(0, 30)}, None,
+                                     _o_transfer, home=("gs", "a")))
+    registry.add_procedure(Procedure("o_chase", {"key": Int(0)}, None, _o_chase, home=("gs", "key")))
+    registry.add_procedure(Procedure("o_clear", {"keys": List(Int(0), min_len=1, max_len=4)}, None, _o_clear,
+                                     home=lambda args: ("gs", args["keys"][-1])))
+    return registry
+
+
+OPEN = open_registry()
+few = st.integers(0, 5)
+undeclared = st.one_of(
+    st.tuples(st.just("o_transfer"), st.builds(lambda a, b, x: {"a": a, "b": b, "amount": x},
+                                               few, few, st.integers(0, 30))),
+    st.tuples(st.just("o_chase"), st.builds(lambda k: {"key": k}, few)),
+    st.tuples(st.just("o_clear"), st.builds(lambda ks: {"keys": ks}, st.lists(few, min_size=1, max_size=3))),
+)
+
+
+def aria_batches(drawn, registry=OPEN) -> list[Batch]:
+    """Batches as an aria sequencer logs them: requests its ANALYZE (or home) refuses, rejected."""
+    from procedures.registry import RequestError
+
+    log, n = [], 0
+    for b, requests in enumerate(drawn, start=1):
+        entries = []
+        for proc, args in requests:
+            try:
+                registry.analyze(proc, args, ARIA)
+                entries.append([f"r{n}", proc, args])
+            except RequestError as exc:
+                entries.append([f"r{n}", None, str(exc)])
+            n += 1
+        log.append(Batch(b, 1, 1_000 * b, {}, entries, ordering=ARIA))
+    return log
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.lists(st.one_of(undeclared, undeclared, dependent), min_size=2, max_size=20),
+                min_size=1, max_size=3))
+def test_procedures_without_analyze_equal_the_documented_serial_order(drawn):
+    """Mixed with declared ones, on 1 to 4 partitions: remote reads found by running RUN,
+    keys that change between the first pass and the fallback, data-dependent deletes."""
+    check(aria_batches(drawn), schedulers=("aria", "vll"), partitions=(1, 2, 3, 4), registry=OPEN)
+
+
+def test_a_procedure_without_analyze_is_refused_outside_aria_batches():
+    from procedures.registry import RequestError, refuse_without_analyze
+
+    with pytest.raises(RequestError, match="o_chase has no analyze: it runs only in batches ordered by aria"):
+        OPEN.analyze("o_chase", {"key": 1})
+    with pytest.raises(ValueError, match="no analyze: they run only under --scheduler aria"):
+        refuse_without_analyze(OPEN, None)
+    refuse_without_analyze(OPEN, ARIA)
+
+
+def test_a_fallback_that_reaches_a_new_key_goes_on_to_the_next_round():
+    """o_chase's first pass increments gs[0] (gs[0] was 0); a0 writes gs[0] first, so it
+    falls back, locked to gs[0]; there gs[0] is 1, so it reaches gs[1]: it writes nothing
+    in that round and runs again in the next with gs[1] locked too."""
+    log = aria_batches([[("gs_write", {"keys": [0], "value": 1}), ("o_chase", {"key": 0})]])
+    for partitions in (1, 2):
+        reference = check(log, schedulers=("aria",), partitions=(partitions,), registry=OPEN)
+    assert [(o["id"], o["status"], o["result"]) for o in reference.outcomes] == [
+        ("r0", "committed", None), ("r1", "committed", 1)]
+    assert reference.aria_orders[1] == [0, 1, 1]  # a0, then o_chase in two fallback rounds

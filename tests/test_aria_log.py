@@ -3,6 +3,8 @@ and every engine and every replay reads a stamped batch in aria's order, whateve
 --scheduler. Recovery, a fresh rebuild and a scheduler swap on the same data directory
 all reproduce the outcomes, state and change data of the serial reading of that log."""
 
+import subprocess
+
 import pytest
 
 from ordo.client import Client
@@ -93,3 +95,42 @@ def test_aria_on_two_ray_partitions_equals_its_serial_reading(broker, namespace,
                 "--scheduler", "locking", "--partitions", "1", "--from-scratch", "--quiet", "--idle", "1",
                 timeout=240)
     assert dump_state(rebuilt) == reference_state(reference)
+
+
+def test_ycsbt_without_analyze_runs_end_to_end_on_two_partitions(broker, namespace, tmp_path):
+    """examples/ycsbt.py declares only a home key; on 2 Ray partitions under aria every
+    request is answered once and the state is the serial reading's. Any other scheduler
+    refuses the app at start, in one line naming aria."""
+    from procedures.loading import load_registry
+    from procedures.workloads import ycsbt
+
+    refused = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir",
+                   str(tmp_path / "refused"), "--app", "examples.ycsbt:app", "--scheduler", "locking",
+                   stderr=subprocess.PIPE, text=True)
+    _, err = refused.communicate(timeout=60)
+    assert refused.returncode == 2
+    assert err.strip().splitlines() == [
+        "ordo run: procedure(s) ycsbt_transfer have no analyze: they run only under --scheduler aria "
+        "(ordo sequence: --ordering aria), or give them analyze"]
+
+    ensure_topics(broker, namespace, request_partitions=2)
+    data_dir = str(tmp_path / "d")
+    requests = list(ycsbt.generate(800, seed=3, records=60, partitions=2, mp=0.5))
+    client = Client(broker, namespace)
+    engine = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", data_dir,
+                  "--app", "examples.ycsbt:app", "--scheduler", "aria", "--partitions", "2", "--runtime", "ray",
+                  "--max-txns", "100", "--quiet")
+    try:
+        client.submit(requests)
+        records = read_results(broker, f"{namespace}.results", len(requests), timeout=240)
+    finally:
+        assert stop(engine, timeout=60) == 0
+        client.close()
+    assert sorted(r["id"] for r in records) == sorted(r["id"] for r in requests)
+    assert {r["status"] for r in records} == {"committed"}
+    last_batch = max(r["batch"] for r in records)
+    reference = interpret_log(broker, namespace, last_batch, load_registry(["examples.ycsbt:app"]))
+    assert {r["id"]: r for r in records} == {o["id"]: o for o in reference.outcomes}
+    state = dump_state(data_dir)
+    assert state == reference_state(reference)
+    assert sum(state.values()) == ycsbt.START * len(state)  # transfers move value, never make it
