@@ -144,6 +144,11 @@ class PartitionWorker:
         self._unapplied_values.update((key, (batch_id, value)) for key, value in overlay.written())
         return PartitionResult(self.partition, rejected + execution.outcomes, execution.changes)
 
+    def aria_counts(self) -> tuple[int, int]:
+        """(transactions homed here in aria batches, how many of them the first pass did not decide)."""
+        aria = self.scheduler if self.scheduler.name == "aria" else self._aria
+        return (aria.transactions, aria.fallbacks) if aria is not None else (0, 0)
+
     def scheduler_for(self, batch: Batch) -> Scheduler:
         """An aria-stamped batch runs under aria whatever this worker's scheduler (its serial
         order is aria's, scheduler/aria.py); any other batch under this worker's own."""

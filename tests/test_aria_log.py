@@ -134,3 +134,22 @@ def test_ycsbt_without_analyze_runs_end_to_end_on_two_partitions(broker, namespa
     state = dump_state(data_dir)
     assert state == reference_state(reference)
     assert sum(state.values()) == ycsbt.START * len(state)  # transfers move value, never make it
+
+
+def test_the_engine_benchmark_reports_aria_first_pass_conflicts(broker, tmp_path):
+    """ycsbt without ANALYZE over few keys: the log is stamped aria, the engine runs it, and
+    the figures say how many transactions the first pass sent to the fallback."""
+    from ordo.benchmarks.prefill import prefill_log
+    from ordo.benchmarks.requests import ordering_of, procedure_modules, workload_requests
+    from ordo.benchmarks.runners import engine_throughput
+
+    knobs = {"records": 50, "analyze": 0}
+    modules = procedure_modules("ycsbt", knobs)
+    assert modules == ("procedures.workloads.ycsbt_open",)
+    requests = workload_requests("ycsbt", 600, 1, knobs, 1)
+    log = prefill_log(broker, requests, 100, "aria-bench", 1, ordering_of("aria"), modules)
+    run = engine_throughput(broker, log, "aria", 1, str(tmp_path / "engine"), modules=modules)
+    assert run.aria["transactions"] == 600 and 0 < run.aria["fallbacks"] < 600
+    assert run.aria["conflict_rate"] == round(run.aria["fallbacks"] / 600, 4)
+    plain = prefill_log(broker, requests, 100, "locking-bench", 1, ordering_of("locking"))
+    assert engine_throughput(broker, plain, "locking", 1, str(tmp_path / "locking")).aria is None
