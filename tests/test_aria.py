@@ -253,3 +253,19 @@ def test_a_fallback_that_reaches_a_new_key_goes_on_to_the_next_round():
     assert [(o["id"], o["status"], o["result"]) for o in reference.outcomes] == [
         ("r0", "committed", None), ("r1", "committed", 1)]
     assert reference.aria_orders[1] == [0, 1, 1]  # a0, then o_chase in two fallback rounds
+
+
+def test_the_test_engine_runs_an_app_without_analyze_under_aria():
+    """ordo.testing.TestEngine stamps its batches as `ordo run --scheduler aria` does."""
+    from ordo.testing import TestEngine
+    from procedures.loading import load_registry
+
+    app = load_registry(["examples.ycsbt:app"])
+    requests = [{"id": f"t{i}", "proc": "ycsbt_transfer", "args": {"a": i % 5, "b": (i + 1) % 5}} for i in range(40)]
+    for partitions in (1, 2):
+        with TestEngine(app, "aria", partitions) as engine:
+            outcomes = engine.run(requests, batch_size=10)
+            assert [o["status"] for o in outcomes] == ["committed"] * 40
+            assert [engine.read("ycsbt", k) for k in range(5)] == [1_000_000] * 5  # each gave one, got one 8 times
+    with TestEngine(app, "locking") as engine:
+        assert engine.run(requests[:1])[0]["error"].startswith("ycsbt_transfer has no analyze")
