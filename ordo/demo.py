@@ -17,6 +17,7 @@ from procedures.workloads import ALL_WORKLOADS
 from scheduler.coordinator import Coordinator
 from scheduler.reference import SerialInterpreter
 from sequencer.broker import local_broker
+from sequencer.log import ARIA
 from sequencer.sequencer import SequencerConfig
 from sequencer.topics import ensure_topics
 from storage.digest import to_hex
@@ -42,7 +43,7 @@ def run_demo(workload: str, count: int, scheduler: str, partitions: int, data_di
         say(f"  data       {data_dir}")
         ensure_topics(bootstrap, namespace, request_partitions=2)
         coordinator = Coordinator(bootstrap, namespace, data_dir, scheduler, partitions)
-        sequencer = SequencerProcess(bootstrap, namespace, SequencerConfig(partitions=partitions))
+        sequencer = SequencerProcess(bootstrap, namespace, SequencerConfig(partitions=partitions, ordering=ARIA if scheduler == ARIA else None))
         sequencer.start()
         requests = list(module.generate(count, seed=7))
         requests.append(dict(requests[0]))  # a duplicate id

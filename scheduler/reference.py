@@ -55,17 +55,27 @@ class SerialInterpreter:
                 except RequestError:
                     pass
         first = []
-        for t, (read, written, _) in touched.items():
-            earlier = [u for u in touched if u < t]
-            waw = any(written & touched[u][1] for u in earlier)
-            raw = any(read & touched[u][1] for u in earlier)
-            war = any(written & touched[u][0] for u in earlier)
+        read_before: set[bytes] = set()  # every key an earlier position read, and wrote
+        written_before: set[bytes] = set()
+        for t, (read, written, _) in touched.items():  # in log order
+            waw = bool(written & written_before)
+            raw = bool(read & written_before)
+            war = bool(written & read_before)
             if not waw and not (raw and war):
                 first.append(t)
-        order = []
-        while len(order) < len(first):  # the smallest one no unplaced commit must precede
-            order.append(min(t for t in first if t not in order and not any(
-                u not in order and u != t and touched[u][0] & touched[t][1] for u in first)))
+            read_before |= read
+            written_before |= written
+        readers: dict[bytes, set[int]] = {}
+        for t in first:
+            for key in touched[t][0]:
+                readers.setdefault(key, set()).add(t)
+        # t may run once every commit that reads a key t writes has run
+        after = {t: {u for key in touched[t][1] for u in readers.get(key, ()) if u != t} for t in first}
+        order, placed = [], set()
+        while len(order) < len(first):  # the smallest ready one
+            t = min(t for t in first if t not in placed and after[t] <= placed)
+            order.append(t)
+            placed.add(t)
         start = len(self.outcomes), len(self.changes)
         for index in order:
             self._one(batch, index, *entries[index])
@@ -73,7 +83,7 @@ class SerialInterpreter:
             if index not in touched:  # rejected
                 self._one(batch, index, *entries[index])
         fallback = [(t, None if declared else read | written)
-                    for t, (read, written, declared) in touched.items() if t not in first]
+                    for t, (read, written, declared) in touched.items() if t not in placed]
         for _ in range(FALLBACK_ROUNDS):
             going_on = []
             for index, keys in fallback:
