@@ -269,3 +269,15 @@ def test_the_test_engine_runs_an_app_without_analyze_under_aria():
             assert [engine.read("ycsbt", k) for k in range(5)] == [1_000_000] * 5  # each gave one, got one 8 times
     with TestEngine(app, "locking") as engine:
         assert engine.run(requests[:1])[0]["error"].startswith("ycsbt_transfer has no analyze")
+
+
+def test_the_logged_procedure_set_tells_a_procedure_without_analyze_from_one_with_it():
+    """An engine whose ycsbt_transfer has ANALYZE must not follow a log sequenced with the
+    one without (their requests route and run differently), and the other way round."""
+    from procedures.fingerprint import describe, differences
+    from procedures.loading import load_registry
+
+    without = describe(load_registry(["procedures.workloads.ycsbt_open"]))
+    with_analyze = describe(load_registry(["procedures.workloads.ycsbt"]))
+    assert differences(without, with_analyze) == ["procedure 'ycsbt_transfer' is defined differently"]
+    assert differences(without, describe(load_registry(["examples.ycsbt:app"]))) == []

@@ -95,6 +95,9 @@ def test_aria_on_two_ray_partitions_equals_its_serial_reading(broker, namespace,
                 "--scheduler", "locking", "--partitions", "1", "--from-scratch", "--quiet", "--idle", "1",
                 timeout=240)
     assert dump_state(rebuilt) == reference_state(reference)
+    # Outcomes and change data as 3 partitions in one process publish them.
+    outputs, digest = run_engine(broker, namespace, last_batch, tmp_path / "three", "vll", 3)
+    assert_same_as_reference(outputs, digest, last_batch, reference)
 
 
 def test_ycsbt_without_analyze_runs_end_to_end_on_two_partitions(broker, namespace, tmp_path):
