@@ -156,3 +156,42 @@ def test_the_engine_benchmark_reports_aria_first_pass_conflicts(broker, tmp_path
     assert run.aria["conflict_rate"] == round(run.aria["fallbacks"] / 600, 4)
     plain = prefill_log(broker, requests, 100, "locking-bench", 1, ordering_of("locking"))
     assert engine_throughput(broker, plain, "locking", 1, str(tmp_path / "locking")).aria is None
+
+
+def test_aria_engine_sigkilled_ends_as_if_it_never_crashed(broker, namespace, tmp_path, monkeypatch):
+    """An aria-ordered log, its engine (2 partitions, local) killed again and again and
+    restarted from checkpoints and replays: every outcome and change record, re-emitted or
+    not, is the serial reading's."""
+    import signal
+    import time
+
+    from tests.test_recovery_crash import Feeder, check_against_serial_run, crash_seed, traffic
+
+    monkeypatch.setenv("ORDO_TRACE_APPLIED", "1")
+    _, rng = crash_seed()
+    ensure_topics(broker, namespace, request_partitions=2)
+    kafka = ("--bootstrap-servers", broker, "--namespace", namespace)
+    data_dir = str(tmp_path / "data")
+    engine_args = ("--data-dir", data_dir, "--partitions", "2", "--runtime", "local", "--scheduler", "aria",
+                   "--checkpoint-every", "3", "--keep-checkpoints", "2", "--quiet")
+    requests = traffic(2400, 2, 11)
+    sequencer = ordo("sequence", *kafka, "--max-txns", "40", "--ordering", "aria")
+    feeder = Feeder(broker, namespace, requests, chunk=100, pause=0.1)
+    feeder.start()
+    try:
+        for _ in range(4):
+            engine = ordo("execute", *kafka, *engine_args, stderr=subprocess.DEVNULL)
+            time.sleep(rng.uniform(1.0, 3.0))
+            assert engine.poll() is None
+            engine.send_signal(signal.SIGKILL)
+            engine.wait()
+        feeder.join()
+        engine = ordo("execute", *kafka, *engine_args, stderr=subprocess.DEVNULL)
+        try:
+            read_results(broker, f"{namespace}.results", len(requests), timeout=120)
+        finally:
+            assert stop(engine) == 0
+    finally:
+        stop(sequencer)
+    assert all(b.ordering == ARIA for b in read_log(broker, namespace, 1))
+    check_against_serial_run(broker, namespace, data_dir, requests, 2)
