@@ -151,12 +151,13 @@ class FirstPass:
 
 def written_keys(writes: dict[bytes, list], range_tables: dict[str, tuple[int, int]]) -> set[bytes]:
     """The keys a write set reserves: each key, and for a key of a range table the range it
-    lies in (as ANALYZE's implied ranges: procedures/registry.py)."""
+    lies in (as ANALYZE's implied ranges: procedures/registry.py; a key too short to lie in
+    one, which only a procedure without ANALYZE can write, lies in none)."""
     written = set(writes)
     if range_tables:
         for table, key, _ in writes.values():
             shape = range_tables.get(table)
-            if shape is not None:
+            if shape is not None and type(key) is tuple and len(key) >= shape[0]:
                 written.add(encode_key(table, KeyRange(key[:shape[0]])))
     return written
 

@@ -117,8 +117,9 @@ class SerialInterpreter:
                                    txn_seed(batch.batch_id, index))
         keys = set(written)
         for table, key, _ in written.values():
-            if table in self.registry.range_tables:
-                keys.add(encode_key(table, KeyRange(key[:self.registry.range_tables[table][0]])))
+            shape = self.registry.range_tables.get(table)
+            if shape is not None and type(key) is tuple and len(key) >= shape[0]:
+                keys.add(encode_key(table, KeyRange(key[:shape[0]])))
         return read, keys, procedure.analyze is not None
 
     def _value(self, encoded: bytes):
