@@ -3,9 +3,10 @@ over a dictionary. No overlay, no scheduler, no partitions: the yardstick every 
 configuration is checked against.
 
 A batch stamped with the aria ordering is read in its own documented serial order
-(scheduler/aria.py): its first-pass commits, chosen here by plain pairwise comparison, in
-the order read-before-write, smallest position first; then the rest in log order. Each
-request still runs once, one at a time, against the dictionary."""
+(scheduler/aria.py): its first-pass commits, chosen here from what every earlier position
+read and wrote, in the order read-before-write, smallest position first; then the rest in
+fallback rounds, each in log order. Each request runs one at a time against the
+dictionary (the first-pass commits again, not their first passes' writes)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,9 @@ from typing import Any, Iterable
 from procedures.ollp import restarts_of
 from procedures.registry import Registry, RequestError
 from procedures.streams import split_result
-from scheduler.execution import ABORTED, COMMITTED, REJECTED, execute, txn_seed
+from scheduler.execution import ABORTED, ANY_KEY, COMMITTED, REJECTED, execute, txn_seed
 from sequencer.log import ARIA, Batch
 from storage.digest import digest_pairs
-from scheduler.execution import ANY_KEY
 from storage.keys import KeyRange, decode_key, encode_key, is_range_key
 from storage.overlay import ABSENT, RangeView
 from storage.values import encode_value
@@ -103,8 +103,9 @@ class SerialInterpreter:
         self.outcomes[start[0]:] = sorted(self.outcomes[start[0]:], key=lambda o: o["txn"])
         self.changes[start[1]:] = sorted(self.changes[start[1]:], key=lambda c: (c[1], encode_key(c[2], c[3])))
 
-    def _touched(self, batch: Batch, index: int, proc, args) -> tuple[set, set]:
-        """The keys a request reads and writes running at the batch's start (nothing applied)."""
+    def _touched(self, batch: Batch, index: int, proc, args) -> tuple[set, set, bool]:
+        """The keys a request reads and writes running at the batch's start (nothing
+        applied), and whether it has ANALYZE."""
         procedure, reads, writes = self.registry.analyze(proc, args, batch.ordering)
         read: set[bytes] = set()
         snapshot = _Watched(read, None if procedure.analyze is not None else self._value)
