@@ -14,6 +14,7 @@ from unittest import mock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from procedures.streams import split_result
 from scheduler.reference import SerialInterpreter
 from sequencer.log import ARIA, Batch
 from storage.digest import digest_pairs
@@ -31,7 +32,8 @@ def stamped(log: list[Batch]) -> list[Batch]:
 def aria_reading(log: list[Batch], registry=REGISTRY):
     """The reference's outcomes, change data and digest, in the form `engine` gives them."""
     reference = SerialInterpreter(registry).apply(log)
-    outcomes = [(o["batch"], o["txn"], o["id"], o["status"], o["result"], o["error"]) for o in reference.outcomes]
+    outcomes = [(o["batch"], o["txn"], o["id"], o["status"], (o["result"], o.get("steps")), o["error"])
+                for o in reference.outcomes]
     changes = sorted((b, i, encode_key(t, k), v) for b, i, t, k, v in reference.changes)
     digest = digest_pairs((k, encode_value(v)) for k, v in reference.state.items())
     return outcomes, changes, digest, reference
@@ -68,6 +70,7 @@ def check(log: list[Batch], schedulers=("aria", "serial", "locking"), partitions
         for name in schedulers:  # any engine runs an aria-stamped batch with aria
             outcomes, changes, digest, _ = engine(log, name, count, holding=count > 1, memory=True,
                                                   registry=registry)
+            outcomes = [(*o[:4], split_result(o[4]), o[5]) for o in outcomes]  # a dataflow's steps apart
             assert (outcomes, changes, digest) == expected[:3], (name, count)
     assert published_changes(log, schedulers[0], registry) == in_published_order(expected[3])
     return expected[3]
@@ -298,3 +301,18 @@ def test_the_logged_procedure_set_tells_a_procedure_without_analyze_from_one_wit
     with_analyze = describe(load_registry(["procedures.workloads.ycsbt"]))
     assert differences(without, with_analyze) == ["procedure 'ycsbt_transfer' is defined differently"]
     assert differences(without, describe(load_registry(["examples.ycsbt:app"]))) == []
+
+
+def test_voter_leaderboards_in_aria_batches():
+    """S-Store's voter (a dataflow of triggered procedures and windows, composed into one
+    procedure per request) in aria batches of 150, on 1 and 2 partitions and under serial."""
+    from procedures.registry import default_registry
+    from tests.test_voter import vote_stream
+
+    registry = default_registry()
+    requests = vote_stream(1500, phones=900, seed=3)
+    log = aria_batches([[(r["proc"], r["args"]) for r in requests[i:i + 150]] for i in range(0, 1500, 150)],
+                       registry)
+    reference = check(log, schedulers=("aria", "serial"), partitions=(1, 2), registry=registry)
+    assert {o["status"] for o in reference.outcomes} == {"committed", "aborted", "rejected"}
+    assert any(len(order) > len(reference.aria_commits[b]) for b, order in reference.aria_orders.items())
