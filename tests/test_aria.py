@@ -316,3 +316,17 @@ def test_voter_leaderboards_in_aria_batches():
     reference = check(log, schedulers=("aria", "serial"), partitions=(1, 2), registry=registry)
     assert {o["status"] for o in reference.outcomes} == {"committed", "aborted", "rejected"}
     assert any(len(order) > len(reference.aria_commits[b]) for b, order in reference.aria_orders.items())
+
+
+def test_a_fallback_whose_keys_keep_changing_is_aborted_saying_so(monkeypatch):
+    """With one fallback round allowed, the o_chase of the test above, which needs two, is
+    aborted in its own batch with the reason, alike on every layout and in the reading."""
+    import scheduler.aria
+
+    monkeypatch.setattr(scheduler.aria, "FALLBACK_ROUNDS", 1)
+    log = aria_batches([[("gs_write", {"keys": [0], "value": 1}), ("o_chase", {"key": 0})]])
+    reference = check(log, schedulers=("aria",), partitions=(1, 2, 3), registry=OPEN)
+    assert [(o["id"], o["status"], o["error"]) for o in reference.outcomes] == [
+        ("r0", "committed", None),
+        ("r1", "aborted", "aria: o_chase reached keys outside those it had touched in each of 1 fallback rounds "
+                          "(its keys kept changing)")]
