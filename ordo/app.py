@@ -16,10 +16,16 @@
 A procedure is a class with `analyze` and `run` (and optionally `operations`, the form the
 operation-chain scheduler uses, and `reconnoiter`, docs/procedures.md), or a RUN function
 with `analyze=` given to the decorator, or with its keys given as argument paths
-(`keys=`, `reads=`, `writes=`), from which Ordo derives ANALYZE. Streams, windows and
-nested transactions (`app.stream`, `app.window`, `app.nested`, docs/streaming.md) chain
-procedures into dataflows. Mistakes fail when the module is imported (or, for names that
-may be declared later, when the app is loaded), not when the first request arrives.
+(`keys=`, `reads=`, `writes=`), from which Ordo derives ANALYZE. Without any of these, it
+names its `home` instead and runs only under --scheduler aria:
+
+    @app.procedure(args={"src": Int(0), "dst": Int(0)}, home=("account", "src"))
+    def transfer(ctx, args): ...
+
+Streams, windows and nested transactions (`app.stream`, `app.window`, `app.nested`,
+docs/streaming.md) chain procedures into dataflows. Mistakes fail when the module is
+imported (or, for names that may be declared later, when the app is loaded), not when the
+first request arrives.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from procedures.registry import Registry
 from procedures.streams import Nested, Stream, Window
 
 FIELD_TYPES = (Int, Str, List)
-PARTS = ("analyze", "run", "operations", "reconnoiter")
+PARTS = ("analyze", "run", "operations", "reconnoiter", "home")
 TABLE_SETTINGS = ("default", "partitioner", "partition_by", "range_by")
 
 
@@ -153,14 +159,15 @@ class App:
     def procedure(self, name: str | None = None, *, args: dict | None = None,
                   analyze: Callable | None = None, operations: Callable | None = None,
                   reconnoiter: Callable | None = None, keys: list | None = None, reads: list | None = None,
-                  writes: list | None = None) -> Callable:
+                  writes: list | None = None, home: tuple | Callable | None = None) -> Callable:
         """Decorator: `@app.procedure(args={...})` over a class with `analyze` and `run`,
         or over a RUN function with `analyze=`, or with its keys as argument paths —
         `keys=` (read and written), `reads=`, `writes=`: lists of `(table, path)` where
         path is an argument's name (a List argument: each of its items) or a tuple of
-        names (a composite key) — from which ANALYZE is derived. The procedure's name is
-        the class's or function's unless `name` is given. Returns the registered
-        `Procedure`."""
+        names (a composite key) — from which ANALYZE is derived; or, without analyze, with
+        `home=` (a (table, argument name) pair or a function of the arguments giving
+        (table, key)) for aria. The procedure's name is the class's or function's unless
+        `name` is given. Returns the registered `Procedure`."""
         if callable(name):
             raise TypeError(f"app '{self.name}': write @app.procedure(args={{...}}), with the argument "
                             f"schema, not a bare @app.procedure over '{getattr(name, '__name__', name)}'")
@@ -177,15 +184,18 @@ class App:
             derived = None
             if any(p is not None for p in paths):
                 where = f"app '{self.name}', procedure '{proc_name}'"
-                if analyze is not None or reconnoiter is not None:
+                if analyze is not None or reconnoiter is not None or home is not None:
                     raise TypeError(f"{where}: give its keys either as argument paths (keys=, reads=, writes=) "
-                                    f"or as analyze=, not both")
+                                    f"or as analyze=, not both (nor home=)")
                 derived = derived_analyze(where, schema, *paths)
-            parts = self._parts(proc_name, target, derived or analyze, operations, reconnoiter)
+            parts = self._parts(proc_name, target, derived or analyze, operations, reconnoiter, home)
             if proc_name in self._procedures:
                 raise ValueError(f"app '{self.name}': procedure '{proc_name}' declared twice")
-            procedure = Procedure(proc_name, schema, parts["analyze"], parts["run"], parts.get("operations"),
-                                  parts.get("reconnoiter"))
+            try:
+                procedure = Procedure(proc_name, schema, parts.get("analyze"), parts["run"], parts.get("operations"),
+                                      parts.get("reconnoiter"), home=parts.get("home"))
+            except TypeError as exc:
+                raise TypeError(f"app '{self.name}', {exc}") from None
             self._procedures[proc_name] = procedure
             return procedure
 
@@ -200,10 +210,10 @@ class App:
                 raise TypeError(f"{where}: args[{arg!r}] must be Int(), Str() or List(...), got {field!r}")
         return dict(args)
 
-    def _parts(self, proc_name: str, target: Any, analyze, operations, reconnoiter) -> dict[str, Callable]:
+    def _parts(self, proc_name: str, target: Any, analyze, operations, reconnoiter, home) -> dict[str, Callable]:
         where = f"app '{self.name}', procedure '{proc_name}'"
         if isinstance(target, type):
-            given = {"analyze": analyze, "operations": operations, "reconnoiter": reconnoiter}
+            given = {"analyze": analyze, "operations": operations, "reconnoiter": reconnoiter, "home": home}
             parts = {part: vars(target)[part] for part in PARTS if part in vars(target)}
             for part, value in given.items():
                 if value is not None:
@@ -216,19 +226,22 @@ class App:
                 if close and close[0] not in vars(target):
                     raise TypeError(f"{where}: '{unknown}' is not a part of a procedure; did you mean "
                                     f"'{close[0]}'? (parts: {', '.join(PARTS)})")
-            missing = [part for part in ("analyze", "run") if part not in parts]
+            missing = [part for part in ("analyze", "run") if part not in parts
+                       and not (part == "analyze" and "home" in parts)]
             if missing:
                 raise TypeError(f"{where}: the class needs {' and '.join(missing)} "
-                                f"(def analyze(args) -> (reads, writes); def run(ctx, args))")
+                                f"(def analyze(args) -> (reads, writes), or home = (table, argument) for "
+                                f"--scheduler aria; def run(ctx, args))")
         elif callable(target):
-            if analyze is None:
-                raise TypeError(f"{where}: a RUN function needs analyze= in the decorator "
-                                f"(or decorate a class with analyze and run)")
-            parts = {"run": target, "analyze": analyze, "operations": operations, "reconnoiter": reconnoiter}
+            if analyze is None and home is None:
+                raise TypeError(f"{where}: a RUN function needs analyze= in the decorator, or home= to run "
+                                f"without analyze under --scheduler aria (or decorate a class with analyze and run)")
+            parts = {"run": target, "analyze": analyze, "operations": operations, "reconnoiter": reconnoiter,
+                     "home": home}
         else:
             raise TypeError(f"{where}: @app.procedure decorates a class or a function, not {target!r}")
         for part, value in parts.items():
-            if value is not None and not callable(value):
+            if part != "home" and value is not None and not callable(value):
                 raise TypeError(f"{where}: {part} must be a function, got {value!r}")
         return {part: value for part, value in parts.items() if value is not None}
 

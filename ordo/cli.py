@@ -11,13 +11,14 @@ import sys
 from confluent_kafka import KafkaException
 
 from ordo.errors import OrdoError
+from sequencer.log import ARIA
 from sequencer.sequencer import SequencerConfig
 
 # The built-in workloads (procedures/workloads), named here so that building the parser
 # imports none of them; a test keeps the two lists equal.
-WORKLOAD_NAMES = ("micro", "sl", "gs", "ob", "tp", "alias", "tpcc", "voter")
+WORKLOAD_NAMES = ("micro", "sl", "gs", "ob", "tp", "alias", "tpcc", "voter", "ycsbt")
 
-SCHEDULER_CHOICES = ("serial", "locking", "vll", "opchain")
+SCHEDULER_CHOICES = ("serial", "locking", "vll", "opchain", "aria")
 
 
 def _integer(low: int, high: int | None = None):
@@ -94,7 +95,14 @@ def _sequencer_options(p: argparse.ArgumentParser) -> None:
 
 def _sequencer_config(args) -> SequencerConfig:
     return SequencerConfig(args.max_delay_ms, args.max_txns, args.max_bytes, args.max_request_bytes,
-                           args.dedupe_window, args.partitions, args.sequencers, getattr(args, "sequencer_index", 0))
+                           args.dedupe_window, args.partitions, args.sequencers, getattr(args, "sequencer_index", 0),
+                           _ordering(args))
+
+
+def _ordering(args) -> str | None:
+    """The batches' ordering stamp: aria's for `run --scheduler aria` and `sequence --ordering aria`."""
+    chosen = getattr(args, "ordering", None) or getattr(args, "scheduler", None)
+    return ARIA if chosen == ARIA else None
 
 
 def _engine_options(p: argparse.ArgumentParser) -> None:
@@ -150,7 +158,12 @@ def _procedure_specs(args) -> tuple[str, ...]:
             os.environ["PYTHONPATH"] = os.pathsep.join([here, *filter(None, paths)])
     from procedures.fingerprint import describe
 
-    describe(load_registry(specs))  # the set every process must describe alike
+    registry = load_registry(specs)
+    describe(registry)  # the set every process must describe alike
+    if args.command in ("run", "sequence"):  # the sequencer's ordering decides what it may take
+        from procedures.registry import refuse_without_analyze
+
+        refuse_without_analyze(registry, _ordering(args))
     return tuple(specs)
 
 
@@ -230,6 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the engine's partition count, for which each batch records its routing (default 1; "
                         "an engine with another count places every entry itself)")
     p.add_argument("--quiet", action="store_true", help="no start line (errors are still said)")
+    p.add_argument("--ordering", choices=("log", ARIA), default="log",
+                   help="the serial order of each batch: log order, or aria's (Aria's deterministic reordering, "
+                        "what `ordo run --scheduler aria` asks for; docs/architecture.md); every engine follows the "
+                        "stamp whatever its --scheduler (default %(default)s)")
     _procedure_options(p)
 
     p = sub.add_parser("execute", help="run only the engine (follows <ns>.log)")

@@ -20,6 +20,7 @@ from procedures.workloads import ALL_WORKLOADS, summary
 from scheduler.coordinator import Coordinator
 from scheduler.reference import SerialInterpreter
 from sequencer.broker import local_broker
+from sequencer.log import ARIA
 from sequencer.sequencer import SequencerConfig
 from sequencer.topics import ensure_topics
 from storage.digest import to_hex
@@ -84,7 +85,9 @@ def _run(module, workload: str, count: int, scheduler: str, partitions: int, dat
     ensure_topics(bootstrap, namespace, request_partitions=2)
     coordinator = Coordinator(bootstrap, namespace, data_dir, scheduler, partitions)
     interrupt = _Interrupt(coordinator)
-    sequencer = SequencerProcess(bootstrap, namespace, SequencerConfig(partitions=partitions), quiet=True)
+    ordering = ARIA if scheduler == ARIA else None  # aria's order is stamped in the log by the sequencer
+    sequencer = SequencerProcess(bootstrap, namespace, SequencerConfig(partitions=partitions, ordering=ordering),
+                                 quiet=True)
     client = Client(bootstrap, namespace)
     try:
         sequencer.start()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 import time
 
-from procedures.registry import default_registry
 from sequencer.log import Batch, LogCursor
 from sequencer.reader import LogReader
 from sequencer.sequencer import Sequencer, SequencerConfig
@@ -17,8 +16,11 @@ class SequencerThread:
     """A sequencer on a thread of this process, for tools that sequence a known set of
     requests and stop."""
 
-    def __init__(self, bootstrap: str, namespace: str, config: SequencerConfig = SequencerConfig()):
-        self.sequencer = Sequencer(bootstrap, namespace, default_registry(), config)
+    def __init__(self, bootstrap: str, namespace: str, config: SequencerConfig = SequencerConfig(),
+                 procedure_modules: tuple[str, ...] = ()):
+        from procedures.loading import load_registry
+
+        self.sequencer = Sequencer(bootstrap, namespace, load_registry(procedure_modules), config)
         self._thread = threading.Thread(target=self.sequencer.run, daemon=True)
 
     def start(self) -> "SequencerThread":

@@ -117,12 +117,20 @@ def serve_engine(bootstrap: str, namespace: str, data_dir: str, scheduler: str, 
     announce_start(coordinator)
     print(f"engine ({scheduler}, {partitions} partition(s)) resumes after batch {coordinator.stats.last_batch}",
           file=sys.stderr, flush=True)
+    say_log_order(scheduler)
     progress, close_observer = engine_observer(coordinator, bootstrap, namespace, quiet, metrics_port)
     try:
         coordinator.run(progress=progress)
     finally:
         close_observer()
     return 0
+
+
+def say_log_order(scheduler: str) -> None:
+    if scheduler == "aria":
+        from scheduler.aria import LOG_ORDER_NOTE
+
+        print(LOG_ORDER_NOTE, file=sys.stderr, flush=True)
 
 
 # Set by a parent for the child it starts: the parent's pid, which the child then dies with.
@@ -190,6 +198,7 @@ def sequencer_command(bootstrap: str, namespace: str, config: SequencerConfig,
         "--max-bytes", str(config.max_bytes), "--max-request-bytes", str(config.max_request_bytes),
         "--dedupe-window", str(config.dedupe_window), "--partitions", str(config.partitions),
         "--sequencers", str(config.sequencers), "--sequencer-index", str(config.index),
+        "--ordering", config.ordering or "log",
         *(arg for module in procedure_modules for arg in ("--procedures", module)),
         "--log-level", _log_level(), *(["--quiet"] if quiet else []),
     ]
@@ -388,6 +397,7 @@ def serve_all(bootstrap: str, namespace: str, data_dir: str, scheduler: str, par
     sequencers = f"{config.sequencers} sequencers, " if config.sequencers > 1 else ""
     print(f"ordo running: namespace {namespace}, {sequencers}{scheduler} scheduler, {partitions} partition(s), "
           f"data in {data_dir}; Ctrl-C stops", file=sys.stderr, flush=True)
+    say_log_order(scheduler)
     progress, close_observer = engine_observer(coordinator, bootstrap, namespace, quiet, metrics_port, sequencer,
                                                readiness=readiness)
 

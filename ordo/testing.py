@@ -27,7 +27,7 @@ from procedures.registry import Registry
 from procedures.streams import split_result
 from scheduler.exchange import LocalExchange
 from scheduler.worker import PartitionWorker, check_layout
-from sequencer.log import Batch
+from sequencer.log import ARIA, Batch
 from sequencer.sequencer import SequencerConfig
 from sequencer.wire import parse_request
 from storage.keys import decode_key, encode_key
@@ -79,6 +79,9 @@ class TestEngine:
         # describe itself the same way in every process fails here, not in production.
         self.fingerprint = describe(self.registry)
         self.scheduler = scheduler
+        # Under aria, batches are stamped as `ordo run --scheduler aria` stamps them (its own
+        # serial order; procedures without analyze accepted).
+        self.ordering = ARIA if scheduler == ARIA else None
         self.partitions = partitions
         self.max_request_bytes = max_request_bytes
         self._own_dir = data_dir is None
@@ -111,7 +114,7 @@ class TestEngine:
         """One batch: each request (a dict, or a raw message body) checked as the sequencer
         checks it, then executed and applied on every partition."""
         entries = [self._entry(request) for request in requests]
-        batch = Batch(self.next_batch, 1, START_MS + 10 * self.next_batch, {}, entries)
+        batch = Batch(self.next_batch, 1, START_MS + 10 * self.next_batch, {}, entries, ordering=self.ordering)
 
         async def every_partition():
             return await asyncio.gather(*(worker.execute(batch) for worker in self.workers))
@@ -141,7 +144,7 @@ class TestEngine:
         raw = request if isinstance(request, bytes) else json.dumps(request).encode()
         key = request.get("id") if isinstance(request, dict) else None
         entry = parse_request(raw, key.encode() if isinstance(key, str) else None, 0, self._position,
-                              self.registry, self.max_request_bytes)
+                              self.registry, self.max_request_bytes, self.ordering)
         self._position += 1
         if entry[1] is not None:
             identity = request_identity(entry[0], entry[2])  # as the sequencer remembers it: a step is new

@@ -93,7 +93,9 @@ def Prefix(table: str, prefix) -> Key:  # noqa: N802  (reads as a declaration in
 class Procedure:
     """A registered stored procedure.
 
-    analyze(args) -> (read set, write set) of logical keys.
+    analyze(args) -> (read set, write set) of logical keys; or None, with `home` given: a
+        procedure that runs only in batches ordered by aria (scheduler/aria.py), which
+        finds the keys RUN touches by running it.
     run(ctx, args) -> result (any msgpack/JSON-serialisable value).
     operations: the optional per-key operation form used by the operation-chain scheduler.
     reconnoiter: for sets that depend on stored values (Calvin's OLLP, procedures/ollp.py):
@@ -101,12 +103,38 @@ class Procedure:
     dataflow: the streams, windows and nested transactions composed into a procedure that
         starts a dataflow (procedures/streams.py), described by value for the procedure-set
         fingerprint (procedures/fingerprint.py).
+    home: without analyze, where a request is routed: the partition owning this key, a
+        (table, argument name) pair (the key is that argument's value) or a function
+        args -> (table, key). That partition runs its RUN and reports its outcome.
     """
 
     name: str
     args: dict[str, Field]
-    analyze: Callable[[dict], KeySets]
+    analyze: Callable[[dict], KeySets] | None
     run: Callable[[TxnContext, dict], Any]
     operations: Callable[[dict], Any] | None = field(default=None)
     reconnoiter: Callable[[dict], Iterable[Key]] | None = field(default=None)
     dataflow: str | None = field(default=None)
+    home: tuple[str, str] | Callable[[dict], Key] | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        if self.analyze is not None:
+            return
+        if self.home is None:
+            raise TypeError(f"procedure '{self.name}': without analyze it needs home= (the key that routes "
+                            "it, e.g. home=('account', 'src')), and runs only under --scheduler aria")
+        if self.operations is not None or self.reconnoiter is not None:
+            raise TypeError(f"procedure '{self.name}': operations and reconnoiter need analyze")
+        if not callable(self.home) and not (type(self.home) is tuple and len(self.home) == 2
+                                            and all(type(part) is str for part in self.home)):
+            raise TypeError(f"procedure '{self.name}': home must be a (table, argument name) pair or a "
+                            f"function of the arguments returning (table, key), got {self.home!r}")
+
+
+def home_key(procedure: Procedure, args: dict) -> Key:
+    """The key a procedure without analyze is routed by, for these arguments."""
+    home = procedure.home
+    if callable(home):
+        return home(args)
+    table, argument = home
+    return table, args[argument]

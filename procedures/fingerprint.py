@@ -46,8 +46,9 @@ def by_value(value: Any) -> str:
 
 
 def describe(registry: Registry) -> dict:
-    """Every procedure's argument schema (and the dataflow composed into it) and every
-    table's settings, each as a digest of its description by value."""
+    """Every procedure's argument schema (and the dataflow composed into it, and whether
+    its sets are declared or found by running it) and every table's settings, each as a
+    digest of its description by value."""
     procedures = {}
     for name, procedure in sorted(registry.procedures.items()):
         try:
@@ -57,7 +58,7 @@ def describe(registry: Registry) -> dict:
         except ValueError as exc:
             raise ValueError(f"procedure '{name}': its argument schema cannot be compared across processes: "
                              f"{exc}") from None
-        procedures[name] = _digest(text)
+        procedures[name] = _digest(text + ("" if procedure.analyze is not None else " home"))
     return {"procedures": procedures,
             "tables": {name: _digest(by_value(t)) for name, t in sorted(registry.tables.items())}}
 

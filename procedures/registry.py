@@ -7,8 +7,9 @@ import difflib
 from typing import Any, Iterable
 
 from procedures.args import ArgumentError, check_args
-from procedures.contract import Key, Procedure, Table
+from procedures.contract import Key, Procedure, Table, home_key
 from procedures.ollp import AssumptionError, assumed_values, reconnaissance_keys, split_args
+from sequencer.log import ARIA
 from storage.keys import KeyRange, normal_key
 
 
@@ -67,14 +68,18 @@ class Registry:
         except KeyError:
             raise RequestError(f"unknown procedure '{name}'{did_you_mean(name, self.procedures)}") from None
 
-    def analyze(self, name: Any, args: Any) -> tuple[Procedure, tuple[Key, ...], tuple[Key, ...]]:
+    def analyze(self, name: Any, args: Any,
+                ordering: str | None = None) -> tuple[Procedure, tuple[Key, ...], tuple[Key, ...]]:
         """Validate a request and return its procedure with its read and write sets.
 
         Sets keep first-seen order and drop repeats, so the same arguments always give
-        the same sets.
+        the same sets. A procedure without analyze runs only in a batch ordered by aria
+        (`ordering`, sequencer/log.py); its "read set" is its home key, which places it.
         """
         procedure = self.procedure(name)
-        if procedure.reconnoiter is not None:
+        if procedure.analyze is None:
+            reads, writes = self._home(procedure, args, ordering), ()
+        elif procedure.reconnoiter is not None:
             reads, writes = self._analyze_dependent(procedure, args)
         else:
             try:
@@ -142,6 +147,25 @@ class Registry:
                                    f"(component {home!r}); {table}{key!r} does not")
 
 
+    def without_analyze(self) -> list[str]:
+        """The procedures that run only in batches ordered by aria."""
+        return sorted(name for name, p in self.procedures.items() if p.analyze is None)
+
+    @staticmethod
+    def _home(procedure: Procedure, args: Any, ordering: str | None) -> tuple[Key]:
+        if ordering != ARIA:
+            raise RequestError(f"{procedure.name} has no analyze: it runs only in batches ordered by aria "
+                               "(ordo run --scheduler aria)")
+        try:
+            check_args(procedure.args, args)
+        except ArgumentError as exc:
+            raise RequestError(f"{procedure.name}: {exc}") from None
+        try:
+            table, key = home_key(procedure, args)
+            return ((table, normal_key(key)),)
+        except Exception as exc:
+            raise RequestError(f"{procedure.name}: its home key failed: {type(exc).__name__}: {exc}") from None
+
     @staticmethod
     def _analyze_dependent(procedure: Procedure, args: Any) -> tuple[tuple[Key, ...], tuple[Key, ...]]:
         """ANALYZE of a procedure with a reconnaissance (procedures/ollp.py): without assumed
@@ -198,3 +222,12 @@ def default_registry(extra_modules: Iterable[str] = ()) -> Registry:
         registry.add_workload(getattr(module, "TABLES", ()), getattr(module, "PROCEDURES", ()),
                               getattr(module, "STREAMS", ()))
     return registry
+
+
+def refuse_without_analyze(registry: Registry, ordering: str | None) -> None:
+    """A sequencer in log order cannot take a procedure without analyze: say so at start."""
+    names = registry.without_analyze()
+    if names and ordering != ARIA:
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        raise ValueError(f"procedure(s) {shown} have no analyze: they run only under --scheduler aria "
+                         "(ordo sequence: --ordering aria), or give them analyze")

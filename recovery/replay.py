@@ -150,6 +150,10 @@ def recover(bootstrap: str, namespace: str, data_dir: str, scheduler: str = "ser
     for path in plan.cleaned:
         say(f"removed {path} (left behind by a crash)")
     head = log_head(coordinator)
+    if scheduler == "aria":
+        from scheduler.aria import LOG_ORDER_NOTE
+
+        say(LOG_ORDER_NOTE)
     say(f"{plan.describe()}; replaying {namespace}.log from batch {coordinator.cursor.next_batch} to its end "
         f"at offset {head}, then until no batch arrives for {idle:g}s")
     from_batch = coordinator.stats.last_batch

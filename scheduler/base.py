@@ -29,6 +29,7 @@ def register(cls: type[Scheduler]) -> type[Scheduler]:
 
 def make_scheduler(name: str) -> Scheduler:
     # Each module registers itself on import.
+    import scheduler.aria  # noqa: F401
     import scheduler.locking  # noqa: F401
     import scheduler.opchain  # noqa: F401
     import scheduler.serial  # noqa: F401

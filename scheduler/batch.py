@@ -37,6 +37,7 @@ class PreparedTxn:
     active: tuple[int, ...]  # partitions that run RUN: those it writes (else its lowest)
     local_writes: tuple[bytes, ...] = ()  # the part of the write set this partition owns (multi-partition)
     owners: dict[bytes, int] | None = None  # carried, on the executor: each written key -> its owner
+    declared: bool = True  # False: a procedure without ANALYZE (aria batches), no sets to keep to
 
     @property
     def single(self) -> bool:
@@ -64,9 +65,11 @@ def prepare(batch: Batch, registry: Registry, partitioner: Partitioner,
             partition: int) -> tuple[list[PreparedTxn], list[Outcome]]:
     """The transactions of `batch` that involve `partition`, and the rejections this
     partition reports. With routing made for this partition count, only the entries of
-    this partition's slice are decoded and analyzed; otherwise every entry is placed here."""
+    this partition's slice are decoded and analyzed; otherwise every entry is placed here
+    (always in an aria batch: a transaction's home runs its RUN on its whole read set,
+    which a carried routing item does not give; scheduler/aria.py)."""
     routing = batch.routing
-    if routing is not None and routing[0] == partitioner.partitions:
+    if routing is not None and routing[0] == partitioner.partitions and batch.ordering is None:
         return _prepare_slice(batch, slice_of(routing, partition), registry, partitioner, partition)
     return _prepare_all(batch, registry, partitioner, partition)
 
@@ -126,15 +129,21 @@ def _prepare_all(batch: Batch, registry: Registry, partitioner: Partitioner,
     rejected: list[Outcome] = []
     partitions = partitioner.partitions
     single_partition = partitions == 1
+    ordering = batch.ordering
     for index, (request_id, proc, args) in enumerate(batch.entries):
         if proc is None:
             if reporter_of_rejected(index, partitions) == partition:
                 rejected.append(Outcome(index, request_id, REJECTED, None, args))
             continue
         try:
-            procedure, read_set, write_set = registry.analyze(proc, args)
+            procedure, read_set, write_set = registry.analyze(proc, args, ordering)
         except RequestError as exc:
             raise refused_entry(batch.batch_id, index, request_id, str(exc)) from None
+        if procedure.analyze is None:
+            # Known to every partition: whichever executes it in aria's fallback runs its RUN.
+            home = (partitioner.of_key(*read_set[0]),)
+            txns.append(PreparedTxn(index, request_id, procedure, args, (), {}, (), home, home, declared=False))
+            continue
         reads = tuple(encode_key(table, key) for table, key in read_set)
         writes = {encode_key(table, key): (table, key) for table, key in write_set}
         if single_partition:
@@ -179,8 +188,11 @@ class BatchExecution:
     and the overlap; this class does the same thing for every scheduler."""
 
     def __init__(self, batch: Batch, partition: int, overlay: BatchOverlay,
-                 defaults: dict[str, Any], writes_owner, exchange: ReadExchange | None = None):
+                 defaults: dict[str, Any], writes_owner, exchange: ReadExchange | None = None,
+                 range_tables: dict[str, tuple[int, int]] | None = None, partitions: int = 1):
         self.batch = batch
+        self.partitions = partitions
+        self.range_tables = range_tables or {}  # table -> (range_by, partition_by): procedures/registry.py
         self.partition = partition
         self.overlay = overlay
         self.defaults = defaults

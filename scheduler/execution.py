@@ -43,6 +43,21 @@ _result_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow
 _value_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
+class _AnyKey:
+    """The write set of a procedure without ANALYZE (aria batches only): every key."""
+
+    __slots__ = ()
+
+    def __contains__(self, key: bytes) -> bool:
+        return True
+
+    def __iter__(self):
+        return iter(())
+
+
+ANY_KEY = _AnyKey()
+
+
 class BadValue(Exception):
     """RUN wrote a value that a shard or the change data cannot hold."""
 

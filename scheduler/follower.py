@@ -130,6 +130,7 @@ class LogFollower:
             "running": self.running,
             "error": self.error,
             "memory": self.worker.memory(),
+            "aria": self.worker.aria_counts(),
         }
 
     # -- the loop -----------------------------------------------------------------------

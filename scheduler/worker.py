@@ -13,9 +13,9 @@ from typing import Any
 from procedures.ollp import restarts_of
 from procedures.loading import load_registry
 from procedures.registry import Registry
-from scheduler.base import make_scheduler
+from scheduler.base import Scheduler, make_scheduler
 from scheduler.batch import BatchExecution, Outcome, ReadExchange, prepare
-from sequencer.log import Batch
+from sequencer.log import ARIA, Batch
 from storage.overlay import BatchOverlay
 from storage.partitioning import Partitioner
 from storage.rocks import RocksShard
@@ -124,6 +124,7 @@ class PartitionWorker:
         self.partitioner = Partitioner.for_tables(partitions, {t.name: t.partitioner for t in tables})
         self.defaults = {t.name: t.default for t in tables}
         self.scheduler = make_scheduler(scheduler)
+        self._aria: Scheduler | None = None  # for aria-stamped batches under another scheduler
         self.exchange = exchange
         self.shard = RocksShard(shard_path(data_dir, partition), sync=sync)
         # Executed batches not yet applied, oldest first: (batch id, encoded writes); and the
@@ -154,12 +155,13 @@ class PartitionWorker:
         self._prepared_ahead = None
         overlay = BatchOverlay(self.shard, self._unapplied_values)
         overlay.prefetch(key for txn in txns for key in txn.local_reads)
-        execution = BatchExecution(batch, self.partition, overlay, self.defaults, self.owner, self.exchange)
+        execution = BatchExecution(batch, self.partition, overlay, self.defaults, self.owner, self.exchange,
+                                   self.registry.range_tables, self.partitioner.partitions)
         mailbox = None if self.exchange is None else self.exchange.mailbox
         if upcoming is not None and mailbox is not None:
             mailbox.on_wait = lambda: self._prepare_ahead(upcoming)
         try:
-            await self.scheduler.run_batch(txns, execution)
+            await self.scheduler_for(batch).run_batch(txns, execution)
         finally:
             if mailbox is not None:
                 mailbox.on_wait = None
@@ -170,6 +172,25 @@ class PartitionWorker:
         self._unapplied.append((batch_id, overlay.encoded_writes()))
         self._unapplied_values.update((key, (batch_id, value)) for key, value in overlay.written())
         return PartitionResult(self.partition, rejected + execution.outcomes, execution.changes)
+
+    def aria_counts(self) -> tuple[int, int]:
+        """(transactions homed here in aria batches, how many of them the first pass did not decide)."""
+        aria = self.scheduler if self.scheduler.name == "aria" else self._aria
+        return (aria.transactions, aria.fallbacks) if aria is not None else (0, 0)
+
+    def scheduler_for(self, batch: Batch) -> Scheduler:
+        """An aria-stamped batch runs under aria whatever this worker's scheduler (its serial
+        order is aria's, scheduler/aria.py); any other batch under this worker's own."""
+        if batch.ordering is None:
+            return self.scheduler
+        if batch.ordering != ARIA:
+            raise RuntimeError(f"batch {batch.batch_id} asks for ordering {batch.ordering!r}, which this engine "
+                               "does not know: run a version of Ordo that does")
+        if self.scheduler.name == "aria":
+            return self.scheduler
+        if self._aria is None:
+            self._aria = make_scheduler("aria")
+        return self._aria
 
     def _prepare_ahead(self, batch: Batch) -> None:
         """Decode and ANALYZE the next batch while this one waits for its peers' reads

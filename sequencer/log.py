@@ -18,7 +18,7 @@ Record kinds:
         engine can refuse a log it would interpret differently. A start record whose S
         differs from the one before closes every lane: the sequencers were reconfigured,
         and only those that start under the new S are followed.
-    batch:  [BATCH, epoch, generation, time_ms, offsets, routing, log_id, sequencer, entry, entry, ...]
+    batch:  [BATCH, epoch, generation, time_ms, offsets, routing, log_id, sequencer, (ordering,) entry, ...]
         an epoch of sequencer `sequencer`, numbered 1, 2, 3, … per lane across its
         generations; `generation` is the offset of the start record of the sequencer that
         wrote it; `offsets` maps request partition -> [start, end) consumed; each entry is
@@ -28,7 +28,10 @@ Record kinds:
         (a bin) lists what partition p takes part in, each item either an entry index (a
         single-partition or rejected entry that p alone handles) or [index, participants,
         active, …] (a multi-partition one, with the keys p needs for it);
-        see `sequencer/routing.py`; `log_id` names the log the batch belongs to.
+        see `sequencer/routing.py`; `log_id` names the log the batch belongs to;
+        `ordering`, present only where the batch is not in log order, is a string (never
+        a bin like the entries): ARIA for a batch whose serial order Aria's rule decides
+        (scheduler/aria.py), which every engine and replay then runs with aria.
     snapshot: [SNAPSHOT, cursor, accepted, time_ms, sequencer, sequencers]
         a sequencer's own state right after the record before it (a cursor as
         `LogCursor.to_dict` gives it, holding its own lane only, the number of entries it
@@ -77,6 +80,7 @@ START = 0
 BATCH = 1
 SNAPSHOT = 2
 SKIP = 3
+ARIA = "aria"  # a batch's ordering: Aria's deterministic reordering (scheduler/aria.py)
 _ARRAY32 = struct.Struct(">BI")
 
 
@@ -127,10 +131,13 @@ def encode_entry(entry: list) -> bytes:
 
 def encode_batch(epoch: int, generation: int, time_ms: int,
                  offsets: dict[int, tuple[int, int]], encoded_entries: list[bytes],
-                 routing: list | None = None, log_id: str | None = None, sequencer: int = 0) -> bytes:
+                 routing: list | None = None, log_id: str | None = None, sequencer: int = 0,
+                 ordering: str | None = None) -> bytes:
     """Entries are encoded one by one as they arrive (so an epoch's size is known exactly
     before it is cut) and concatenated here, each as a bin, under one array header."""
     head = [BATCH, epoch, generation, time_ms, {p: list(r) for p, r in offsets.items()}, routing, log_id, sequencer]
+    if ordering is not None:
+        head.append(ordering)
     return seal(
         _ARRAY32.pack(0xDD, len(head) + len(encoded_entries))
         + b"".join(msgpack.packb(item) for item in head)
@@ -162,13 +169,14 @@ class Batch:
     that accepts it (until then, its epoch)."""
 
     __slots__ = ("batch_id", "generation", "time_ms", "offsets", "routing", "log_id", "log_offset",
-                 "sequencer", "epoch", "_raw", "_entries")
+                 "sequencer", "epoch", "ordering", "_raw", "_entries")
 
     def __init__(self, batch_id: int, generation: int, time_ms: int, offsets: dict[int, list[int]],
                  entries: list[list] | None = None, *, raw: list[bytes] | None = None,
                  routing: list | None = None, log_id: str | None = None, log_offset: int = -1,
-                 sequencer: int = 0, epoch: int | None = None):
+                 sequencer: int = 0, epoch: int | None = None, ordering: str | None = None):
         self.batch_id = batch_id
+        self.ordering = ordering  # None: log order
         self.epoch = batch_id if epoch is None else epoch
         self.sequencer = sequencer
         self.log_id = log_id
@@ -197,15 +205,17 @@ class Batch:
 
     def __getstate__(self):
         return (self.batch_id, self.generation, self.time_ms, self.offsets, self.routing, self.log_id,
-                self.log_offset, self.sequencer, self.epoch, self._raw, self._entries if self._raw is None else None)
+                self.log_offset, self.sequencer, self.epoch, self.ordering, self._raw,
+                self._entries if self._raw is None else None)
 
     def __setstate__(self, state) -> None:
         (self.batch_id, self.generation, self.time_ms, self.offsets, self.routing, self.log_id,
-         self.log_offset, self.sequencer, self.epoch, self._raw, self._entries) = state
+         self.log_offset, self.sequencer, self.epoch, self.ordering, self._raw, self._entries) = state
 
     def __repr__(self) -> str:
+        ordering = "" if self.ordering is None else f", {self.ordering} ordering"
         return (f"Batch({self.batch_id}, sequencer {self.sequencer} epoch {self.epoch}, generation "
-                f"{self.generation}, {len(self)} entries)")
+                f"{self.generation}, {len(self)} entries{ordering})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,13 +265,14 @@ def decode(value: bytes) -> tuple[int, Any]:
             return SNAPSHOT, Snapshot(LogCursor.from_dict(record[1]), record[2], record[3],
                                       *(record[4:6] if len(record) >= 6 else (0, 1)))
         if kind == BATCH:
-            raw = record[8:]
+            ordering = record[8] if len(record) > 8 and type(record[8]) is str else None
+            raw = record[9:] if ordering is not None else record[8:]
             if type(record[7]) is not int:
                 raise ValueError("a batch's sequencer must be an index")
             if any(type(item) is not bytes for item in raw):
                 raise ValueError("batch entries must be encoded entries")
             return BATCH, Batch(record[1], record[2], record[3], record[4], raw=raw, routing=record[5],
-                                log_id=record[6], sequencer=record[7])
+                                log_id=record[6], sequencer=record[7], ordering=ordering)
         if kind == SKIP:
             if type(record[1]) is not int:
                 raise ValueError("a skip record's offset must be an integer")

@@ -28,13 +28,14 @@ from confluent_kafka import (
 )
 
 from procedures.fingerprint import describe
-from procedures.registry import Registry
+from procedures.registry import Registry, refuse_without_analyze
 from procedures.ollp import is_resequenced, request_identity
 from sequencer.append_turn import AppendTurn, needs_turns, turn_path
 from sequencer.dedupe import RecentIds
 from sequencer.kafka import consumer_config, kafka_config
 from sequencer.log_probe import LogWatch, fingerprint
 from sequencer.log import (
+    ARIA,
     BATCH_OVERHEAD,
     SNAPSHOT_EVERY,
     LogCursor,
@@ -84,8 +85,11 @@ class SequencerConfig:
     partitions: int = 1  # the engine's partition count, for routing each batch
     sequencers: int = 1  # S: how many sequencers share the request partitions
     index: int = 0  # k: this one takes the request partitions p with p % S == k
+    ordering: str | None = None  # every batch's ordering stamp (sequencer/log.py): None (log order) or ARIA
 
     def __post_init__(self) -> None:
+        if self.ordering not in (None, ARIA):
+            raise ValueError(f"unknown batch ordering {self.ordering!r} (log order, or '{ARIA}')")
         if self.partitions < 1:
             raise ValueError("partitions must be >= 1")
         if self.sequencers < 1 or not 0 <= self.index < self.sequencers:
@@ -126,6 +130,7 @@ def owned_partitions(partitions: int, index: int, sequencers: int) -> list[int]:
 class Sequencer:
     def __init__(self, bootstrap: str, namespace: str, registry: Registry,
                  config: SequencerConfig = SequencerConfig()):
+        refuse_without_analyze(registry, config.ordering)
         self.bootstrap = bootstrap
         self.topics = Topics(namespace)
         self.registry = registry
@@ -318,7 +323,7 @@ class Sequencer:
         """The log entry of one request message, validated and checked for a duplicate
         id, with its placement (None for a rejected entry)."""
         entry, sets = parse_request_sets(message.value(), message.key(), message.partition(), message.offset(),
-                                         self.registry, self.config.max_request_bytes)
+                                         self.registry, self.config.max_request_bytes, self.config.ordering)
         request_id, proc, args = entry
         placement = None
         if proc is not None:
@@ -381,8 +386,10 @@ class Sequencer:
         number = self.next_epoch
         record = encode_batch(number, self._started_at, self._last_time,
                               {p: tuple(span) for p, span in epoch.offsets.items()}, epoch.entries,
-                              build_routing(self.config.partitions, epoch.placements), self._cursor.log_id,
-                              self.config.index)
+                              # An aria batch's homes run RUN on whole read sets: no routing (scheduler/batch.py).
+                              None if self.config.ordering else build_routing(self.config.partitions,
+                                                                              epoch.placements),
+                              self._cursor.log_id, self.config.index, self.config.ordering)
         positions = [TopicPartition(self.topics.requests, p, span[1]) for p, span in epoch.offsets.items()]
         records = [record]
         accepted = self._accepted + sum(placement is not None for placement in epoch.placements)

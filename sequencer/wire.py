@@ -103,12 +103,12 @@ def fields_problem(body: dict) -> str | None:
 
 
 def parse_request(value: bytes | None, key: bytes | None, partition: int, offset: int,
-                  registry: Registry, max_bytes: int) -> list:
-    return parse_request_sets(value, key, partition, offset, registry, max_bytes)[0]
+                  registry: Registry, max_bytes: int, ordering: str | None = None) -> list:
+    return parse_request_sets(value, key, partition, offset, registry, max_bytes, ordering)[0]
 
 
 def parse_request_sets(value: bytes | None, key: bytes | None, partition: int, offset: int,
-                       registry: Registry, max_bytes: int) -> tuple[list, tuple | None]:
+                       registry: Registry, max_bytes: int, ordering: str | None = None) -> tuple[list, tuple | None]:
     """`parse_request`, with the read and write sets ANALYZE gave an accepted request
     (None for a rejected one), so that placing it needs no second ANALYZE. The message's
     Kafka key names nothing: only a readable body does."""
@@ -142,7 +142,7 @@ def parse_request_sets(value: bytes | None, key: bytes | None, partition: int, o
     if problem is not None:
         return [position_id(partition, offset), None, problem], None
     try:
-        procedure, read_set, write_set = registry.analyze(body["proc"], body["args"])
+        procedure, read_set, write_set = registry.analyze(body["proc"], body["args"], ordering)
     except RequestError as exc:
         return [request_id, None, _safe(str(exc))], None
     args = body["args"]

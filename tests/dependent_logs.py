@@ -29,11 +29,13 @@ def _entry(message: bytes, registry: Registry) -> list:
 
 
 def run_dependent(batches: list[list[dict]], scheduler: str, partitions: int, registry: Registry,
-                  max_batches: int = 200, restarts_first: bool = True, ms_per_batch: int = 1_000) -> dict:
+                  max_batches: int = 200, restarts_first: bool = True, ms_per_batch: int = 1_000,
+                  ordering: str | None = None) -> dict:
     """Execute `batches` of request dicts (then the restarts they cause, each batch's
     restarts opening the next batch) on `partitions` workers, batch k at log time
     k * `ms_per_batch`; return the outcomes, change data, restart messages, the final log,
-    digest and state."""
+    digest and state. `ordering`: the stamp of every batch (sequencer/log.py), None for
+    log order."""
     pending = [list(b) for b in batches]
     with tempfile.TemporaryDirectory() as data_dir:
         exchange = LocalExchange()
@@ -50,7 +52,7 @@ def run_dependent(batches: list[list[dict]], scheduler: str, partitions: int, re
                 assert batch_id <= max_batches, "restarts did not settle"
                 fresh = [_entry(json.dumps(r).encode(), registry) for r in (pending.pop(0) if pending else [])]
                 entries = carried + fresh if restarts_first else fresh + carried
-                batch = Batch(batch_id, 1, ms_per_batch * batch_id, {}, entries)
+                batch = Batch(batch_id, 1, ms_per_batch * batch_id, {}, entries, ordering=ordering)
                 log.append(entries)
                 step = CollectedOutputs()
 
@@ -73,7 +75,7 @@ def run_dependent(batches: list[list[dict]], scheduler: str, partitions: int, re
             for worker in workers:
                 worker.close()
     return {"outcomes": outputs.outcomes, "positioned": outputs.positioned, "changes": outputs.changes, "restarts": restarts,
-            "log": log, "digest": digest, "state": state}
+            "log": log, "digest": digest, "state": state, "ordering": ordering}
 
 
 def serial_interpretation(run: dict, registry: Registry) -> dict:
@@ -81,7 +83,8 @@ def serial_interpretation(run: dict, registry: Registry) -> dict:
     what it publishes (a re-sequencing publishes no outcome), its change data and digest."""
     from scheduler.reference import SerialInterpreter
 
-    batches = [Batch(b, 1, 1_000 * b, {}, entries) for b, entries in enumerate(run["log"], start=1)]
+    batches = [Batch(b, 1, 1_000 * b, {}, entries, ordering=run["ordering"])
+               for b, entries in enumerate(run["log"], start=1)]
     interpreter = SerialInterpreter(registry).apply(batches)
     return {"outcomes": [o for o in interpreter.outcomes if o["status"] != "restarted"],
             "changes": interpreter.changes, "digest": interpreter.digest()}

@@ -17,7 +17,6 @@ from ordo.testing import TestEngine
 from procedures.args import Int
 from procedures.contract import Procedure
 from procedures.fingerprint import by_value, describe
-from procedures.loading import load_registry
 from procedures.registry import Registry
 from procedures.streams import BatchField, Stream, Window
 from sequencer.topics import ensure_topics

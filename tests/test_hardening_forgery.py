@@ -13,7 +13,6 @@ import msgpack
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from sequencer.kafka import kafka_config
 from sequencer.log import encode_batch, encode_entry
 from sequencer.topics import ensure_topics
 from tests.helpers import dump_state, ordo, read_results, stop

@@ -300,17 +300,18 @@ class MemoryShard:
         pass
 
 
-def engine(log: list[Batch], scheduler: str, partitions: int, make=None, holding=False, memory=False):
+def engine(log: list[Batch], scheduler: str, partitions: int, make=None, holding=False, memory=False,
+           registry=None):
     """Outcomes, change data and digest of `log` run by `partitions` workers."""
     if memory:
         with mock.patch("scheduler.worker.RocksShard", MemoryShard):
-            return engine(log, scheduler, partitions, make, holding)
+            return engine(log, scheduler, partitions, make, holding, registry=registry)
     with tempfile.TemporaryDirectory() as data_dir:
         exchange = LocalExchange()
         endpoints = [exchange.endpoint(p) for p in range(partitions)]
         if holding:
             endpoints = [HoldingEndpoint(e) for e in endpoints]
-        workers = [PartitionWorker(data_dir, p, partitions, scheduler, REGISTRY, endpoints[p])
+        workers = [PartitionWorker(data_dir, p, partitions, scheduler, registry or REGISTRY, endpoints[p])
                    for p in range(partitions)]
         if make is not None:
             for worker in workers:

@@ -11,7 +11,7 @@ from typing import Any
 from ordo.benchmarks.baseline import measure_baseline
 from ordo.benchmarks.machine import machine
 from ordo.benchmarks.prefill import prefill_log
-from ordo.benchmarks.requests import multi_partition_share, workload_requests
+from ordo.benchmarks.requests import multi_partition_share, ordering_of, procedure_modules, workload_requests
 from ordo.benchmarks.runners import end_to_end, engine_throughput, replay_throughput, rounded, shutdown_ray
 from ordo.benchmarks.storage_limit import storage_limit
 
@@ -32,11 +32,14 @@ def run_bench(workload: str, scheduler: str, partitions: int, txns: int, seed: i
         limit = storage_limit(requests, max_txns, os.path.join(root, "limit"))
         with local_broker() as broker:
             bootstrap = broker.bootstrap_servers
-            log = prefill_log(bootstrap, requests, max_txns, "engine", partitions)
-            engine = engine_throughput(bootstrap, log, scheduler, partitions, os.path.join(root, "engine"))
-            replay, recovery = replay_throughput(bootstrap, log, scheduler, partitions, os.path.join(root, "replay"))
+            modules = procedure_modules(workload, knobs)
+            log = prefill_log(bootstrap, requests, max_txns, "engine", partitions, ordering_of(scheduler), modules)
+            engine = engine_throughput(bootstrap, log, scheduler, partitions, os.path.join(root, "engine"),
+                                       modules=modules)
+            replay, recovery = replay_throughput(bootstrap, log, scheduler, partitions, os.path.join(root, "replay"),
+                                                 modules)
             e2e = end_to_end(bootstrap, workload, knobs, requests, scheduler, partitions, max_txns,
-                             os.path.join(root, "e2e"))
+                             os.path.join(root, "e2e"), modules=modules)
             if baseline:
                 result["baseline"] = measure_baseline(bootstrap, log, workload, engine.txns,
                                                       os.path.join(root, "engine"), install=True)
@@ -56,6 +59,8 @@ def run_bench(workload: str, scheduler: str, partitions: int, txns: int, seed: i
         "latency_ms": rounded(e2e["latency_ms"]),
         "memory_mb": e2e["memory_mb"],
     })
+    if engine.aria is not None:
+        result["aria"] = engine.aria
     if result.get("baseline", {}).get("requests_per_s"):
         result["end_to_end_over_baseline"] = round(e2e["end_to_end_tps"] / result["baseline"]["requests_per_s"], 3)
     lat = result["latency_ms"]
@@ -68,6 +73,9 @@ def run_bench(workload: str, scheduler: str, partitions: int, txns: int, seed: i
           f"{e2e['end_to_end_tps'] / engine.tps:6.2f} x engine")
     print(f"  {'latency at half load':<22}{lat['p50']:>9.1f} ms p50 {lat['p99']:8.1f} ms p99  "
           f"({lat['rate_rps']:,.0f} req/s)")
+    if engine.aria is not None:
+        print(f"  {'aria first pass':<22}{engine.aria['conflict_rate']:>12.1%} conflicts   "
+              f"{engine.aria['fallbacks']:,} of {engine.aria['transactions']:,} txns to the fallback")
     print(f"  {'peak memory':<22}" + ", ".join(f"{k} {v:,.0f} MB" for k, v in result["memory_mb"].items() if v))
     if "baseline" in result:
         b = result["baseline"]

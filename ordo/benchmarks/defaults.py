@@ -1,6 +1,6 @@
 """Settings shared by every benchmark: seeds, batch size, latency load."""
 
-SCHEDULERS = ("serial", "locking", "vll", "opchain")
+SCHEDULERS = ("serial", "locking", "vll", "opchain", "aria")
 SEED = 1
 WARMUP_SEED, PACED_SEED = 1001, 1002
 # Requests per batch at most: Calvin's sequencer cap (200 txns per 10 ms epoch).

@@ -29,6 +29,7 @@ class Pipeline:
         from ordo.client import Client
         from ordo.services import SequencerProcess
         from scheduler.coordinator import Coordinator
+        from ordo.benchmarks.requests import ordering_of
         from sequencer.sequencer import SequencerConfig
         from sequencer.topics import ensure_topics
 
@@ -36,7 +37,8 @@ class Pipeline:
         ensure_topics(bootstrap, self.namespace, request_partitions=1)
         self.coordinator = Coordinator(bootstrap, self.namespace, directory, scheduler, partitions)
         self.sequencer = SequencerProcess(bootstrap, self.namespace,
-                                          SequencerConfig(max_txns=max_txns, partitions=partitions))
+                                          SequencerConfig(max_txns=max_txns, partitions=partitions,
+                                                          ordering=ordering_of(scheduler)))
         self.client = Client(bootstrap, self.namespace)
         self.errors: list[BaseException] = []
         self._engine = threading.Thread(target=self._serve, daemon=True)

@@ -37,7 +37,7 @@ from ordo.benchmarks.defaults import WARMUP_SEED
 from ordo.benchmarks.load_client import percentile
 from ordo.benchmarks.machine import finish_report, machine
 from ordo.benchmarks.report import cell
-from ordo.benchmarks.requests import encode_requests, workload_requests
+from ordo.benchmarks.requests import encode_requests, ordering_of, workload_requests
 
 HOPS = ("send", "sequencing", "execution", "delivery")
 WARMUP_REQUESTS = 20
@@ -257,7 +257,8 @@ def measure_rate(bootstrap: str, workload: str, knobs: dict, rate: float, second
     warmup = encode_requests(workload_requests(workload, WARMUP_REQUESTS, WARMUP_SEED, knobs, partitions))
     requests = encode_requests(workload_requests(workload, max(1, round(rate * seconds)), seed, knobs, partitions))
     coordinator = Coordinator(bootstrap, namespace, directory, scheduler, partitions, runtime=runtime)
-    sequencer = SequencerProcess(bootstrap, namespace, SequencerConfig(max_txns=max_txns, partitions=partitions))
+    sequencer = SequencerProcess(bootstrap, namespace, SequencerConfig(max_txns=max_txns, partitions=partitions,
+                                                                       ordering=ordering_of(scheduler)))
     engine_error: list[BaseException] = []
 
     def run_engine() -> None:

@@ -45,9 +45,12 @@ def produce(bootstrap: str, namespace: str, encoded: list[tuple[str, bytes]]) ->
     client.close()
 
 
-def prefill_log(bootstrap: str, requests: list[dict], batch_size: int, kind: str, partitions: int = 1) -> Log:
+def prefill_log(bootstrap: str, requests: list[dict], batch_size: int, kind: str, partitions: int = 1,
+                ordering: str | None = None, modules: tuple[str, ...] = ()) -> Log:
     """Requests produced to <ns>.requests (one partition), sequenced into <ns>.log with
-    routing for `partitions`, and the log's records read back."""
+    routing for `partitions` (or stamped with `ordering`: ordering_of in
+    ordo/benchmarks/requests.py), with the procedures of `modules` (default: the built-in
+    workloads), and the log's records read back."""
     from ordo.embedded import SequencerThread
     from sequencer.log import LogCursor
     from sequencer.reader import LogReader
@@ -59,7 +62,7 @@ def prefill_log(bootstrap: str, requests: list[dict], batch_size: int, kind: str
     produce(bootstrap, namespace, encode_requests(requests))
     sequencer = SequencerThread(bootstrap, namespace,
                                 SequencerConfig(max_delay_ms=PREFILL_DELAY_MS, max_txns=batch_size,
-                                                partitions=partitions)).start()
+                                                partitions=partitions, ordering=ordering), modules).start()
     try:
         sequencer.wait_for(len(requests))
     finally:

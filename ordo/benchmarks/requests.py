@@ -36,3 +36,19 @@ def multi_partition_share(requests: list[dict], partitions: int) -> float:
         owners = {partitioner.of(t, k, encode_key(t, k)) for t, k in reads + writes}
         multi += len(owners) > 1
     return multi / len(requests)
+
+
+def ordering_of(scheduler: str) -> str | None:
+    """The batches' ordering a benchmark of `scheduler` sequences its log with: aria's for
+    aria (sequencer/log.py), log order for the others."""
+    from sequencer.log import ARIA
+
+    return ARIA if scheduler == ARIA else None
+
+
+def procedure_modules(workload: str, knobs: dict) -> tuple[str, ...]:
+    """The procedure set a benchmark runs with: the built-in workloads, or for ycsbt with
+    analyze=0 the same procedure without ANALYZE."""
+    if workload == "ycsbt" and not knobs.get("analyze", 1):
+        return ("procedures.workloads.ycsbt_open",)
+    return ()

@@ -13,7 +13,7 @@ from ordo.benchmarks.defaults import LATENCY_LOAD, PACED_MAX_RATE, PACED_SEED, W
 from ordo.benchmarks.load_client import client_main
 from ordo.benchmarks.memory import MemoryWatch, reset_own_peak
 from ordo.benchmarks.prefill import Log, new_namespace
-from ordo.benchmarks.requests import encode_requests, workload_requests
+from ordo.benchmarks.requests import encode_requests, ordering_of, workload_requests
 
 
 @dataclass
@@ -25,6 +25,8 @@ class EngineRun:
     # CPU seconds each process spent while the clock ran: "broker", "driver" (this process:
     # the coordinator, and the worker itself with one in-process partition), "workers".
     cpu: dict[str, float] | None = None
+    # aria batches: transactions run, and the share the first pass did not decide (the fallback)
+    aria: dict[str, float] | None = None
 
 
 class CpuWatch:
@@ -60,7 +62,8 @@ class CpuWatch:
 
 
 def engine_throughput(bootstrap: str, log: Log, scheduler: str, partitions: int, directory: str,
-                      seconds: float | None = None, broker_pid: int | None = None) -> EngineRun:
+                      seconds: float | None = None, broker_pid: int | None = None,
+                      modules: tuple[str, ...] = ()) -> EngineRun:
     """Transactions/s of the engine over a pre-filled log: the partition workers follow it
     as they always do (read their slices from Kafka, execute, publish the outputs, apply).
     Every worker first applies batch 1 and is held there: that batch pays for connecting
@@ -74,7 +77,7 @@ def engine_throughput(bootstrap: str, log: Log, scheduler: str, partitions: int,
     sizes = {batch.batch_id: len(batch) for batch, _ in log.batches()}
     if len(sizes) < 2:
         raise ValueError("the engine's clock needs a log of at least two batches (more txns or a smaller --max-txns)")
-    coordinator = Coordinator(bootstrap, log.namespace, directory, scheduler, partitions)
+    coordinator = Coordinator(bootstrap, log.namespace, directory, scheduler, partitions, procedure_modules=modules)
     try:
         coordinator.start(hold_at=1)
         _wait_until_applied(coordinator, 1)
@@ -93,12 +96,23 @@ def engine_throughput(bootstrap: str, log: Log, scheduler: str, partitions: int,
                 coordinator.group.hold(last)
                 _wait_until_applied(coordinator, last)
                 break
-        elapsed = max(s["applied_at"] for s in coordinator.watch(0)) - started
+        statuses = coordinator.watch(0)
+        elapsed = max(s["applied_at"] for s in statuses) - started
         cpu = watch.stop() if watch is not None else None
     finally:
         coordinator.close()
     timed = sum(sizes[b] for b in range(2, last + 1))
-    return EngineRun(timed / elapsed, timed + sizes[1], last, elapsed, cpu)
+    return EngineRun(timed / elapsed, timed + sizes[1], last, elapsed, cpu, aria_figures(statuses))
+
+
+def aria_figures(statuses: list[dict]) -> dict[str, float] | None:
+    """Over every batch the workers ran with aria: how many transactions, how many went to
+    the fallback, and that share (the first pass's conflict rate)."""
+    transactions = sum(s.get("aria", (0, 0))[0] for s in statuses)
+    if not transactions:
+        return None
+    fallbacks = sum(s["aria"][1] for s in statuses)
+    return {"transactions": transactions, "fallbacks": fallbacks, "conflict_rate": round(fallbacks / transactions, 4)}
 
 
 def _wait_until_applied(coordinator, batch_id: int, timeout: float = 300) -> None:
@@ -109,7 +123,7 @@ def _wait_until_applied(coordinator, batch_id: int, timeout: float = 300) -> Non
 
 
 def replay_throughput(bootstrap: str, log: Log, scheduler: str, partitions: int,
-                      directory: str) -> tuple[float, float]:
+                      directory: str, modules: tuple[str, ...] = ()) -> tuple[float, float]:
     """`recovery.replay.recover` rebuilding a fresh data directory from the whole log (as
     `ordo recover --from-scratch` does): (transactions/s from the first replayed batch to
     the last, transactions/s as recovery reports it, which also counts starting the
@@ -117,7 +131,7 @@ def replay_throughput(bootstrap: str, log: Log, scheduler: str, partitions: int,
     from recovery.replay import recover
 
     report = recover(bootstrap, log.namespace, directory, scheduler, partitions, mode="scratch", idle=1.0,
-                     quiet=True)
+                     quiet=True, procedure_modules=modules)
     if report.to_batch < log.last_batch:
         raise RuntimeError(f"replay stopped at batch {report.to_batch} of {log.last_batch}")
     return report.steady_txns_per_s, report.txns_per_s
@@ -125,7 +139,8 @@ def replay_throughput(bootstrap: str, log: Log, scheduler: str, partitions: int,
 
 def end_to_end(bootstrap: str, workload: str, knobs: dict, requests: list[dict], scheduler: str,
                partitions: int, batch_size: int, directory: str,
-               phases: list[tuple[str, float, float]] = (("latency_ms", LATENCY_LOAD, 3.0),)) -> dict:
+               phases: list[tuple[str, float, float]] = (("latency_ms", LATENCY_LOAD, 3.0),),
+               modules: tuple[str, ...] = ()) -> dict:
     """Sequencer (child process), engine (this process; Ray workers with 2+ partitions) and
     a client process on a fresh namespace: end-to-end throughput, latency at half of it,
     and peak memory per process."""
@@ -143,8 +158,9 @@ def end_to_end(bootstrap: str, workload: str, knobs: dict, requests: list[dict],
     paced_count = int(sum(load * seconds for _, load, seconds in phases) * PACED_MAX_RATE) + 100
     paced = encode_requests(workload_requests(workload, paced_count, PACED_SEED, knobs, partitions))
     reset = reset_own_peak()
-    coordinator = Coordinator(bootstrap, namespace, directory, scheduler, partitions)
-    sequencer = SequencerProcess(bootstrap, namespace, SequencerConfig(max_txns=batch_size, partitions=partitions))
+    coordinator = Coordinator(bootstrap, namespace, directory, scheduler, partitions, procedure_modules=modules)
+    sequencer = SequencerProcess(bootstrap, namespace, SequencerConfig(max_txns=batch_size, partitions=partitions,
+                                                                       ordering=ordering_of(scheduler)), modules)
     engine_error: list[BaseException] = []
 
     def run_engine() -> None:

@@ -18,7 +18,7 @@ from typing import Any
 from ordo.benchmarks.machine import finish_report, machine
 from ordo.benchmarks.prefill import prefill_log
 from ordo.benchmarks.report import cell
-from ordo.benchmarks.requests import multi_partition_share, workload_requests
+from ordo.benchmarks.requests import multi_partition_share, ordering_of, procedure_modules, workload_requests
 from ordo.benchmarks.runners import end_to_end, engine_throughput, shutdown_ray
 
 # Published per-core figures of the closest peer (Styx, SIGMOD'25: YCSB-T on 1-CPU workers,
@@ -61,6 +61,7 @@ def run_scale(workload: str, partition_counts: list[int], scheduler: str, txns: 
     say(f"ordo bench scale {workload} ({scheduler}): {txns:,} txns, partitions {counts}"
         + (f", multi-partition shares {shares}" if mp_shares else "") + f", {cores} cores"
         + (f", {rounds} rounds" if rounds > 1 else ""))
+    modules = procedure_modules(workload, knobs)
     try:
         with local_broker() as broker:
             bootstrap = broker.bootstrap_servers
@@ -69,13 +70,15 @@ def run_scale(workload: str, partition_counts: list[int], scheduler: str, txns: 
                 share_knobs = knobs if share is None else {**knobs, "mp": share}
                 requests = workload_requests(workload, txns, seed, share_knobs, widest)
                 for partitions in counts:
-                    log = prefill_log(bootstrap, requests, max_txns, "scale", partitions)
+                    log = prefill_log(bootstrap, requests, max_txns, "scale", partitions, ordering_of(scheduler),
+                                      modules)
                     configurations.append((share, share_knobs, requests, partitions, log))
             measured: list[list] = [[] for _ in configurations]
             for round_ in range(rounds):
                 for i, (share, _, _, partitions, log) in enumerate(configurations):
                     engine = engine_throughput(bootstrap, log, scheduler, partitions,
-                                               os.path.join(root, f"engine-{i}-{round_}"), broker_pid=broker.pid)
+                                               os.path.join(root, f"engine-{i}-{round_}"), broker_pid=broker.pid,
+                                               modules=modules)
                     measured[i].append(engine)
                     if rounds > 1:
                         say(f"    round {round_ + 1}: {partitions} partition(s)"
@@ -95,11 +98,13 @@ def run_scale(workload: str, partition_counts: list[int], scheduler: str, txns: 
                 }
                 if mp_shares:
                     run["mp"] = share
+                if engine.aria is not None:
+                    run["aria"] = engine.aria
                 if rounds > 1:
                     run["engine_tps_rounds"] = [round(e.tps) for e in measured[i]]
                 if end_to_end_too:
                     e2e = end_to_end(bootstrap, workload, share_knobs, requests, scheduler, partitions, max_txns,
-                                     os.path.join(root, f"e2e-{i}"), phases=[])
+                                     os.path.join(root, f"e2e-{i}"), phases=[], modules=modules)
                     run["end_to_end_tps"] = round(e2e["end_to_end_tps"])
                 report["runs"].append(run)
                 say(format_run(run))
@@ -151,6 +156,8 @@ def format_run(run: dict[str, Any]) -> str:
     cpu = run.get("cpu_ms_per_ktxn")
     if cpu:
         line += "; CPU ms per 1,000 txns: " + ", ".join(f"{name} {ms:,.0f}" for name, ms in cpu.items())
+    if "aria" in run:
+        line += f"; aria: {run['aria']['conflict_rate']:.1%} of txns to the fallback"
     return line
 
 

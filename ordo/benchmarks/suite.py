@@ -18,7 +18,7 @@ from ordo.benchmarks.machine import machine
 from ordo.benchmarks.plot import plot
 from ordo.benchmarks.prefill import prefill_log
 from ordo.benchmarks.report import format_report, format_run, ratios, targets
-from ordo.benchmarks.requests import multi_partition_share, workload_requests
+from ordo.benchmarks.requests import multi_partition_share, ordering_of, workload_requests
 from ordo.benchmarks.runners import end_to_end, engine_throughput, replay_throughput, rounded, shutdown_ray
 from ordo.benchmarks.scale import run_scale
 from ordo.benchmarks.storage_limit import storage_limit
@@ -160,6 +160,14 @@ def _run_spec(bootstrap: str, spec: Spec, plan: Plan, schedulers, root: str, ser
     limit = storage_limit(requests, spec.batch_size, os.path.join(root, f"limit-{number}"))
     shutil.rmtree(os.path.join(root, f"limit-{number}"), ignore_errors=True)
     log = prefill_log(bootstrap, requests, spec.batch_size, "engine", spec.partitions)
+    # aria runs its own log: the same requests, its batches stamped with aria's ordering.
+    logs = {None: log}
+
+    def log_for(scheduler: str, kind: str, chosen: list[dict], cache: dict):
+        ordering = ordering_of(scheduler)
+        if ordering not in cache:
+            cache[ordering] = prefill_log(bootstrap, chosen, spec.batch_size, kind, spec.partitions, ordering)
+        return cache[ordering]
     label = describe_knobs(spec)
     entry = {"log": number, "workload": spec.workload, "knobs": spec.knobs, "label": label,
              "partitions": spec.partitions, "txns": count, "batch_size": spec.batch_size,
@@ -177,9 +185,12 @@ def _run_spec(bootstrap: str, spec: Spec, plan: Plan, schedulers, root: str, ser
         report["runs"].append(run)
         directory = os.path.join(root, f"{number}-{scheduler}-engine")
         try:
-            engine = engine_throughput(bootstrap, log, scheduler, spec.partitions, directory, plan.engine_seconds)
+            engine = engine_throughput(bootstrap, log_for(scheduler, "engine", requests, logs), scheduler,
+                                       spec.partitions, directory, plan.engine_seconds)
             run.update({"engine_tps": round(engine.tps), "engine_txns": engine.txns,
                         "engine_over_limit": round(engine.tps / limit, 3)})
+            if engine.aria is not None:
+                run["aria"] = engine.aria
             if spec.baseline and scheduler == "serial" and server is not None:
                 report["baseline"][spec.workload] = measure_baseline(bootstrap, log, spec.workload, engine.txns,
                                                                      directory, server=server)
@@ -191,13 +202,14 @@ def _run_spec(bootstrap: str, spec: Spec, plan: Plan, schedulers, root: str, ser
         rates = [run["engine_tps"] for run in runs.values() if run.get("engine_tps")]
         size = round(statistics.median(rates) * plan.replay_seconds) if rates else count
         size = min(count, max(spec.batch_size * 3, size - size % spec.batch_size))
-        replay_log = prefill_log(bootstrap, requests[:size], spec.batch_size, "replay", spec.partitions)
+        replay_logs: dict = {}
         for scheduler, run in runs.items():
             if "engine_tps" not in run:
                 continue
             directory = os.path.join(root, f"{number}-{scheduler}-replay")
             try:
-                replay, recovery = replay_throughput(bootstrap, replay_log, scheduler, spec.partitions, directory)
+                replay, recovery = replay_throughput(bootstrap, log_for(scheduler, "replay", requests[:size], replay_logs),
+                                                     scheduler, spec.partitions, directory)
                 run.update({"replay_txns": size, "replay_tps": round(replay), "recovery_tps": round(recovery),
                             "replay_over_engine": round(replay / run["engine_tps"], 3)})
             except Exception as exc:

@@ -20,6 +20,7 @@ from typing import Any
 
 from ordo.benchmarks.machine import finish_report, machine
 from ordo.benchmarks.prefill import prefill_log
+from ordo.benchmarks.requests import ordering_of
 from ordo.benchmarks.runners import _wait_until_applied, shutdown_ray
 
 # Styx (SIGMOD'25, Python on Kafka): about 3,000 TPC-C txn/s with sub-second p99.
@@ -63,7 +64,7 @@ def measure_tpcc(bootstrap: str, partition_counts: list[int], scheduler: str, tx
     try:
         for partitions in sorted(set(partition_counts)):
             started = time.monotonic()
-            log = prefill_log(bootstrap, requests, max_txns, "tpcc", partitions)
+            log = prefill_log(bootstrap, requests, max_txns, "tpcc", partitions, ordering_of(scheduler))
             prefill_s = time.monotonic() - started
             directory = os.path.join(root, f"p{partitions}")
             run = _measure(bootstrap, log, scheduler, partitions, directory, loads)

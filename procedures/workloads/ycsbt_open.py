@@ -1,0 +1,9 @@
+"""YCSB-T's transfer without ANALYZE, in the module form (examples/ycsbt.py is the App
+form): it names its home key, the account it takes from, and runs only in batches ordered
+by aria (--scheduler aria). `ordo bench ycsbt --knob analyze=0` runs it."""
+
+from procedures.contract import Procedure
+from procedures.workloads.ycsbt import ARGS, TABLES, transfer
+
+PROCEDURES = [Procedure("ycsbt_transfer", ARGS, None, transfer, home=("ycsbt", "a"))]
+__all__ = ["TABLES", "PROCEDURES"]
