@@ -1,7 +1,7 @@
 """A bank: accounts, deposits and transfers. Run it with `ordo run --app bank:app`."""
 
 import ordo
-from procedures.args import Int
+from ordo import Int
 
 app = ordo.App("bank")
 app.table("account", default=0)

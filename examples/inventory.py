@@ -10,7 +10,7 @@ last five and announced on an output stream. Run it with `ordo run --app invento
 """
 
 import ordo
-from procedures.args import Int, Str
+from ordo import Int, Str
 
 app = ordo.App("inventory")
 

@@ -4,7 +4,7 @@ keys RUN touches by running it. procedures/workloads/ycsbt.py is the same proced
 ANALYZE (docs/procedures.md compares the two)."""
 
 import ordo
-from procedures.workloads.ycsbt import ARGS, START, transfer
+from ordo.procedures.workloads.ycsbt import ARGS, START, transfer
 
 app = ordo.App("ycsbt")
 app.table("ycsbt", default=START, partitioner="modulo")

@@ -33,10 +33,10 @@ from __future__ import annotations
 import difflib
 from typing import Any, Callable
 
-from procedures.args import Int, List, Str
-from procedures.contract import Procedure, Table
-from procedures.registry import Registry
-from procedures.streams import Nested, Stream, Window
+from ordo.procedures.args import Int, List, Str
+from ordo.procedures.contract import Procedure, Table
+from ordo.procedures.registry import Registry
+from ordo.procedures.streams import Nested, Stream, Window
 
 FIELD_TYPES = (Int, Str, List)
 PARTS = ("analyze", "run", "operations", "reconnoiter", "home")
@@ -68,7 +68,7 @@ class App:
 
     def registry(self, *workloads: str) -> Registry:
         """This app's procedures, plus the named built-in workloads (`"sl"`, …) if any."""
-        from procedures.loading import load_spec, workload_spec
+        from ordo.procedures.loading import load_spec, workload_spec
 
         registry = Registry()
         try:

@@ -11,8 +11,8 @@ import sys
 from confluent_kafka import KafkaException
 
 from ordo.errors import OrdoError
-from sequencer.log import ARIA
-from sequencer.sequencer import SequencerConfig
+from ordo.sequencer.log import ARIA
+from ordo.sequencer.sequencer import SequencerConfig
 
 # The built-in workloads (procedures/workloads), named here so that building the parser
 # imports none of them; a test keeps the two lists equal.
@@ -142,7 +142,7 @@ def _procedure_specs(args) -> tuple[str, ...]:
     sequencer child and Ray workers, which import the same specs."""
     import os
 
-    from procedures.loading import load_registry, workload_specs
+    from ordo.procedures.loading import load_registry, workload_specs
 
     for app in args.app:
         if ":" not in app:
@@ -156,12 +156,12 @@ def _procedure_specs(args) -> tuple[str, ...]:
         paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
         if here not in paths:
             os.environ["PYTHONPATH"] = os.pathsep.join([here, *filter(None, paths)])
-    from procedures.fingerprint import describe
+    from ordo.procedures.fingerprint import describe
 
     registry = load_registry(specs)
     describe(registry)  # the set every process must describe alike
     if args.command in ("run", "sequence"):  # the sequencer's ordering decides what it may take
-        from procedures.registry import refuse_without_analyze
+        from ordo.procedures.registry import refuse_without_analyze
 
         refuse_without_analyze(registry, _ordering(args))
     return tuple(specs)
@@ -361,7 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="bench-results", metavar="DIR",
                    help="suite: where bench.json and bench-plot.png go (default %(default)s)")
 
-    from spark_jobs.cli import add_spark_commands  # lazy: pyspark loads only when a spark job runs
+    from ordo.spark_jobs.cli import add_spark_commands  # lazy: pyspark loads only when a spark job runs
     add_spark_commands(sub)
     return parser
 
@@ -383,8 +383,8 @@ def main(argv: list[str] | None = None) -> int:
         if hasattr(args, "app"):
             _procedure_specs(args)  # a mistake in the user's own code first: finding it needs no broker
         if getattr(args, "bootstrap_servers", None):
-            from sequencer.kafka_settings import FILE_ENV, user_kafka_settings
-            from sequencer.reachability import check_reachable
+            from ordo.sequencer.kafka_settings import FILE_ENV, user_kafka_settings
+            from ordo.sequencer.reachability import check_reachable
 
             if getattr(args, "kafka_config", None):
                 os.environ[FILE_ENV] = os.path.abspath(args.kafka_config)  # child processes read it too
@@ -415,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
 def _use_log_secret(path: str | None) -> None:
     """Find the log secret once, before anything starts; the processes this one starts
     read the same file."""
-    from sequencer.log_secret import SECRET_FILE_ENV, forget_key, log_key
+    from ordo.sequencer.log_secret import SECRET_FILE_ENV, forget_key, log_key
 
     if path:
         os.environ[SECRET_FILE_ENV] = os.path.abspath(path)
@@ -424,7 +424,7 @@ def _use_log_secret(path: str | None) -> None:
 
 
 def cmd_broker(args) -> int:
-    from sequencer.broker import run_broker_foreground
+    from ordo.sequencer.broker import run_broker_foreground
 
     data_dir = None if (args.engine or os.environ.get("ORDO_BROKER_ENGINE")) == "tansu" else args.data_dir
     return run_broker_foreground(args.port, args.engine, args.nodes, data_dir)
@@ -455,7 +455,7 @@ def cmd_execute(args) -> int:
 
 
 def cmd_recover(args) -> int:
-    from recovery.replay import recover
+    from ordo.recovery.replay import recover
 
     options = _checkpointing(args)
     mode = options.pop("restore")
@@ -465,7 +465,7 @@ def cmd_recover(args) -> int:
 
 
 def cmd_log(args) -> int:
-    from sequencer.log_skip import skip_record
+    from ordo.sequencer.log_skip import skip_record
 
     why, at = skip_record(args.bootstrap_servers, args.namespace, args.offset)
     print(f"the record at offset {args.offset} stopped the log's readers ({why}); the skip record at offset {at} "
@@ -541,10 +541,10 @@ def _read_lines(path: str):
 
 
 def cmd_gen(args) -> int:
-    from procedures.workloads import ALL_WORKLOADS
+    from ordo.procedures.workloads import ALL_WORKLOADS
 
     if args.list:
-        from procedures.workloads import summary
+        from ordo.procedures.workloads import summary
 
         for name, module in ALL_WORKLOADS.items():
             print(f"{name}: {summary(module)}")
@@ -561,7 +561,7 @@ def cmd_gen(args) -> int:
 
 
 def _workload(name: str):
-    from procedures.workloads import ALL_WORKLOADS
+    from ordo.procedures.workloads import ALL_WORKLOADS
 
     try:
         return ALL_WORKLOADS[name]
@@ -590,7 +590,7 @@ def cmd_dump(args) -> int:
 
 def cmd_digest(args) -> int:
     from ordo.state import digest
-    from storage.digest import to_hex
+    from ordo.storage.digest import to_hex
 
     value, batch = digest(args.data_dir)
     print(to_hex(value))

@@ -22,9 +22,9 @@ from typing import Any, AsyncIterator, Callable, Iterable, Iterator
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from ordo.errors import BrokerUnavailable, NotSent, OrdoError, OutcomeTimeout, Timeout, TopicMissing
-from sequencer.kafka import REQUEST_BATCHING, consumer_config, kafka_config
-from sequencer.topics import Topics
-from sequencer.wire import fields_problem, id_problem
+from ordo.sequencer.kafka import REQUEST_BATCHING, consumer_config, kafka_config
+from ordo.sequencer.topics import Topics
+from ordo.sequencer.wire import fields_problem, id_problem
 
 Request = dict[str, Any] | bytes | tuple[str, bytes]
 

@@ -15,15 +15,15 @@ from ordo.client import Client
 from ordo.embedded import read_log
 from ordo.services import SequencerProcess
 from ordo.state import digest, records
-from procedures.registry import default_registry
-from procedures.workloads import ALL_WORKLOADS, summary
-from scheduler.coordinator import Coordinator
-from scheduler.reference import SerialInterpreter
-from sequencer.broker import local_broker
-from sequencer.log import ARIA
-from sequencer.sequencer import SequencerConfig
-from sequencer.topics import ensure_topics
-from storage.digest import to_hex
+from ordo.procedures.registry import default_registry
+from ordo.procedures.workloads import ALL_WORKLOADS, summary
+from ordo.scheduler.coordinator import Coordinator
+from ordo.scheduler.reference import SerialInterpreter
+from ordo.sequencer.broker import local_broker
+from ordo.sequencer.log import ARIA
+from ordo.sequencer.sequencer import SequencerConfig
+from ordo.sequencer.topics import ensure_topics
+from ordo.storage.digest import to_hex
 
 BAD_REQUESTS = [
     ("demo-bad-json", b'{"id": "demo-bad-json", "proc": "sl_deposit", "args": {'),

@@ -6,10 +6,10 @@ from __future__ import annotations
 import threading
 import time
 
-from sequencer.log import Batch, LogCursor
-from sequencer.reader import LogReader
-from sequencer.sequencer import Sequencer, SequencerConfig
-from sequencer.topics import Topics
+from ordo.sequencer.log import Batch, LogCursor
+from ordo.sequencer.reader import LogReader
+from ordo.sequencer.sequencer import Sequencer, SequencerConfig
+from ordo.sequencer.topics import Topics
 
 
 class SequencerThread:
@@ -18,7 +18,7 @@ class SequencerThread:
 
     def __init__(self, bootstrap: str, namespace: str, config: SequencerConfig = SequencerConfig(),
                  procedure_modules: tuple[str, ...] = ()):
-        from procedures.loading import load_registry
+        from ordo.procedures.loading import load_registry
 
         self.sequencer = Sequencer(bootstrap, namespace, load_registry(procedure_modules), config)
         self._thread = threading.Thread(target=self.sequencer.run, daemon=True)

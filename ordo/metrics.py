@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import start_http_server
 
-from scheduler.follower import BATCH_LATENCY_BUCKETS
-from scheduler.liveness import SILENT_AFTER
+from ordo.scheduler.follower import BATCH_LATENCY_BUCKETS
+from ordo.scheduler.liveness import SILENT_AFTER
 
 # A request's outcome is one of these, once: the series add up to the requests decided.
 STATUSES = ("committed", "aborted", "rejected")
@@ -29,15 +29,15 @@ class RequestsLag:
     def __init__(self, bootstrap: str, namespace: str):
         from confluent_kafka import Consumer
 
-        from sequencer.kafka import kafka_config
-        from sequencer.lag import sequencer_group
+        from ordo.sequencer.kafka import kafka_config
+        from ordo.sequencer.lag import sequencer_group
 
         self.namespace = namespace
         self.group = sequencer_group(namespace)
         self._consumer = Consumer(kafka_config(bootstrap, {"group.id": self.group, "enable.auto.commit": False}))
 
     def __call__(self) -> int | None:
-        from sequencer.lag import requests_lag
+        from ordo.sequencer.lag import requests_lag
 
         return requests_lag(self._consumer, self.namespace, self.group)
 

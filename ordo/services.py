@@ -13,12 +13,12 @@ import time
 from dataclasses import replace
 from typing import Callable
 
-from procedures.loading import load_registry
-from scheduler.coordinator import Coordinator, EngineStats
-from scheduler.liveness import SILENT_AFTER, Silence
-from scheduler.worker import check_layout
-from sequencer.sequencer import Sequencer, SequencerConfig
-from sequencer.topics import Topics, ensure_topics, request_partitions_for
+from ordo.procedures.loading import load_registry
+from ordo.scheduler.coordinator import Coordinator, EngineStats
+from ordo.scheduler.liveness import SILENT_AFTER, Silence
+from ordo.scheduler.worker import check_layout
+from ordo.sequencer.sequencer import Sequencer, SequencerConfig
+from ordo.sequencer.topics import Topics, ensure_topics, request_partitions_for
 
 
 def on_termination(stop: Callable[[], None]) -> None:
@@ -128,7 +128,7 @@ def serve_engine(bootstrap: str, namespace: str, data_dir: str, scheduler: str, 
 
 def say_log_order(scheduler: str) -> None:
     if scheduler == "aria":
-        from scheduler.aria import LOG_ORDER_NOTE
+        from ordo.scheduler.aria import LOG_ORDER_NOTE
 
         print(LOG_ORDER_NOTE, file=sys.stderr, flush=True)
 

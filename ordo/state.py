@@ -8,11 +8,11 @@ from __future__ import annotations
 import heapq
 from typing import Any, Iterator
 
-from scheduler.worker import layout_partitions, shard_path
-from storage.digest import combine
-from storage.keys import decode_key
-from storage.rocks import RocksShard, ShardCorrupt
-from storage.values import decode_value
+from ordo.scheduler.worker import layout_partitions, shard_path
+from ordo.storage.digest import combine
+from ordo.storage.keys import decode_key
+from ordo.storage.rocks import RocksShard, ShardCorrupt
+from ordo.storage.values import decode_value
 
 
 class CorruptShardError(RuntimeError):

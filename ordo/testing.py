@@ -21,17 +21,17 @@ import shutil
 import tempfile
 from typing import Any, Iterable, NamedTuple
 
-from procedures.fingerprint import describe
-from procedures.ollp import RESTARTED, request_identity, restart_request
-from procedures.registry import Registry
-from procedures.streams import split_result
-from scheduler.exchange import LocalExchange
-from scheduler.worker import PartitionWorker, check_layout
-from sequencer.log import ARIA, Batch
-from sequencer.sequencer import SequencerConfig
-from sequencer.wire import parse_request
-from storage.keys import decode_key, encode_key
-from storage.values import decode_value
+from ordo.procedures.fingerprint import describe
+from ordo.procedures.ollp import RESTARTED, request_identity, restart_request
+from ordo.procedures.registry import Registry
+from ordo.procedures.streams import split_result
+from ordo.scheduler.exchange import LocalExchange
+from ordo.scheduler.worker import PartitionWorker, check_layout
+from ordo.sequencer.log import ARIA, Batch
+from ordo.sequencer.sequencer import SequencerConfig
+from ordo.sequencer.wire import parse_request
+from ordo.storage.keys import decode_key, encode_key
+from ordo.storage.values import decode_value
 
 SCHEDULERS = ("serial", "locking", "vll", "opchain")
 START_MS = 1_700_000_000_000  # the batches' clock: `ctx.now` of batch b is START_MS + 10 * b
@@ -40,7 +40,7 @@ START_MS = 1_700_000_000_000  # the batches' clock: `ctx.now` of batch b is STAR
 def as_registry(procedures: Any, workloads: Iterable[str] = ()) -> Registry:
     """A Registry from an `ordo.App`, a module with PROCEDURES/TABLES, a spec string
     ("module" or "module:app") or a Registry."""
-    from procedures.loading import load_registry, load_spec, workload_spec
+    from ordo.procedures.loading import load_registry, load_spec, workload_spec
 
     if isinstance(procedures, Registry):
         registry = procedures
@@ -192,7 +192,7 @@ def check_deterministic(procedures: Any, requests: Iterable[dict], batch_size: i
     """Run `requests` under every scheduler and partition count, and through the plain
     serial interpretation of the same batches; raise AssertionError naming the first
     configuration whose outcomes, change data or final state differ. Returns the outcomes."""
-    from scheduler.reference import SerialInterpreter
+    from ordo.scheduler.reference import SerialInterpreter
 
     requests = list(requests)
     registry = as_registry(procedures)

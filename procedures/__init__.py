@@ -1,7 +1,7 @@
 """Stored procedures: the ANALYZE + RUN contract, the registry and the built-in workloads."""
 
-from procedures.contract import Abort, Procedure, Table, TxnContext, UndeclaredAccess
-from procedures.registry import Registry, default_registry
+from ordo.procedures.contract import Abort, Procedure, Table, TxnContext, UndeclaredAccess
+from ordo.procedures.registry import Registry, default_registry
 
 __all__ = [
     "Abort",

@@ -10,8 +10,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol
 
-from procedures.args import Field
-from storage.keys import KeyRange
+from ordo.procedures.args import Field
+from ordo.storage.keys import KeyRange
 
 # A logical key: (table name, key). Keys are integers, strings, or tuples of them
 # (composite keys, docs/keys.md).

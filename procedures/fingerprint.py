@@ -11,7 +11,7 @@ import dataclasses
 import hashlib
 from typing import Any
 
-from procedures.registry import Registry
+from ordo.procedures.registry import Registry
 
 _SCALARS = (int, str, float, bool, bytes, type(None))
 

@@ -17,15 +17,15 @@ import os
 import sys
 from typing import Any, Iterable
 
-from procedures.contract import Procedure, Table
-from procedures.registry import Registry, default_registry, did_you_mean
+from ordo.procedures.contract import Procedure, Table
+from ordo.procedures.registry import Registry, default_registry, did_you_mean
 
-WORKLOADS_PACKAGE = "procedures.workloads"
+WORKLOADS_PACKAGE = "ordo.procedures.workloads"
 
 
 def workload_spec(name: str) -> str:
     """The spec of a built-in workload, checked against the known ones."""
-    from procedures.workloads import ALL_WORKLOADS
+    from ordo.procedures.workloads import ALL_WORKLOADS
 
     if name not in ALL_WORKLOADS:
         raise ValueError(f"unknown workload '{name}' (choose from {', '.join(ALL_WORKLOADS)})")
@@ -34,7 +34,7 @@ def workload_spec(name: str) -> str:
 
 def workload_specs(text: str) -> list[str]:
     """`sl,micro` or `all`: the specs of those built-in workloads."""
-    from procedures.workloads import ALL_WORKLOADS
+    from ordo.procedures.workloads import ALL_WORKLOADS
 
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:

@@ -37,10 +37,10 @@ import hmac
 import json
 from typing import Any
 
-from storage.keys import encode_key, normal_key
-from storage.overlay import ABSENT
-from storage.values import encode_value
-from sequencer.log_secret import tag
+from ordo.storage.keys import encode_key, normal_key
+from ordo.storage.overlay import ABSENT
+from ordo.storage.values import encode_value
+from ordo.sequencer.log_secret import tag
 
 OLLP_FIELD = "@ollp"
 SIGNATURE = "sig"  # in the OLLP record of a step the engine re-sequenced

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
-from procedures.contract import Key
+from ordo.procedures.contract import Key
 
 # An operation is a plain tuple, cheap to build by the thousands per batch:
 #   (kind, table, key, value for WRITE or fn for READ_MODIFY, deps, condition)

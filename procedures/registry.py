@@ -6,11 +6,11 @@ from __future__ import annotations
 import difflib
 from typing import Any, Iterable
 
-from procedures.args import ArgumentError, check_args
-from procedures.contract import Key, Procedure, Table, home_key
-from procedures.ollp import AssumptionError, assumed_values, reconnaissance_keys, split_args
-from sequencer.log import ARIA
-from storage.keys import KeyRange, normal_key
+from ordo.procedures.args import ArgumentError, check_args
+from ordo.procedures.contract import Key, Procedure, Table, home_key
+from ordo.procedures.ollp import AssumptionError, assumed_values, reconnaissance_keys, split_args
+from ordo.sequencer.log import ARIA
+from ordo.storage.keys import KeyRange, normal_key
 
 
 def did_you_mean(word: str, candidates: Iterable[str]) -> str:
@@ -53,7 +53,7 @@ class Registry:
             self.add_procedure(procedure)
         streams = list(streams)
         if streams:
-            from procedures.streams import compose
+            from ordo.procedures.streams import compose
 
             window_tables, composed = compose({p.name: p for p in procedures}, streams)
             for table in window_tables:
@@ -209,7 +209,7 @@ def default_registry(extra_modules: Iterable[str] = ()) -> Registry:
     modules that define TABLES and PROCEDURES, as the built-in workload modules do."""
     import importlib
 
-    from procedures.workloads import ALL_WORKLOADS
+    from ordo.procedures.workloads import ALL_WORKLOADS
 
     registry = Registry()
     for workload in ALL_WORKLOADS.values():

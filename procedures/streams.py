@@ -28,8 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from procedures.args import ArgumentError, _kind, check_args
-from procedures.contract import Abort, Key, Procedure, Table, UndeclaredAccess
+from ordo.procedures.args import ArgumentError, _kind, check_args
+from ordo.procedures.contract import Abort, Key, Procedure, Table, UndeclaredAccess
 
 WINDOW_TABLE_PREFIX = "window."
 # An output stream (consumed by nobody) keeps, under key 0, the tuples the last transaction
@@ -256,7 +256,7 @@ class Dataflow:
         """What this dataflow runs, by value (procedures/fingerprint.py): its input stream,
         its steps in order with their argument schemas, the streams, windows and nested
         transactions, triggers by their import paths."""
-        from procedures.fingerprint import by_value
+        from ordo.procedures.fingerprint import by_value
 
         return by_value({"input_stream": self.input_stream, "steps": [(s.name, sorted(s.args.items()))
                                                                        for s in self.steps],

@@ -25,12 +25,12 @@ import time
 
 from ordo.client import Client
 from ordo.embedded import SequencerThread
-from procedures.workloads import micro
-from recovery.replay import ReplayReport, recover
-from scheduler.coordinator import Coordinator
-from sequencer.broker import local_broker
-from sequencer.sequencer import SequencerConfig
-from sequencer.topics import ensure_topics
+from ordo.procedures.workloads import micro
+from ordo.recovery.replay import ReplayReport, recover
+from ordo.scheduler.coordinator import Coordinator
+from ordo.sequencer.broker import local_broker
+from ordo.sequencer.sequencer import SequencerConfig
+from ordo.sequencer.topics import ensure_topics
 
 
 def _sequence(bootstrap: str, namespace: str, txns: int, max_txns: int) -> int:

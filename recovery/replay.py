@@ -17,8 +17,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from scheduler.coordinator import Coordinator, EngineStats
-from scheduler.worker import LAYOUT_FILE, layout_partitions
+from ordo.scheduler.coordinator import Coordinator, EngineStats
+from ordo.scheduler.worker import LAYOUT_FILE, layout_partitions
 
 # Seconds a replay may go without a new batch applied before reaching the head it
 # measured: far longer than starting Ray workers on a loaded machine takes.
@@ -151,7 +151,7 @@ def recover(bootstrap: str, namespace: str, data_dir: str, scheduler: str = "ser
         say(f"removed {path} (left behind by a crash)")
     head = log_head(coordinator)
     if scheduler == "aria":
-        from scheduler.aria import LOG_ORDER_NOTE
+        from ordo.scheduler.aria import LOG_ORDER_NOTE
 
         say(LOG_ORDER_NOTE)
     say(f"{plan.describe()}; replaying {namespace}.log from batch {coordinator.cursor.next_batch} to its end "

@@ -35,11 +35,11 @@ from typing import Any, Callable
 
 from confluent_kafka import TopicPartition
 
-from recovery.checkpoints import CheckpointError, CheckpointStore, copy_checkpoint, fsync_dir
-from scheduler.worker import shard_path
-from sequencer.log import LogCursor
-from sequencer.reader import log_consumer
-from storage.rocks import RocksShard, ShardCorrupt
+from ordo.recovery.checkpoints import CheckpointError, CheckpointStore, copy_checkpoint, fsync_dir
+from ordo.scheduler.worker import shard_path
+from ordo.sequencer.log import LogCursor
+from ordo.sequencer.reader import log_consumer
+from ordo.storage.rocks import RocksShard, ShardCorrupt
 
 AUTO = "auto"  # continue if the shards agree, else restore (or rebuild)
 CHECKPOINT = "checkpoint"  # restore from the newest checkpoint whatever the shards say
@@ -304,7 +304,7 @@ def log_head_problem(bootstrap: str, topic: str, timeout: float = 10.0) -> str |
     """What keeps the log from rebuilding state from its beginning, or None: its first
     record must be a sequencer's start record at offset 0. Read, not inferred from
     watermarks."""
-    from sequencer.log import START, LogError, Unauthenticated, decode
+    from ordo.sequencer.log import START, LogError, Unauthenticated, decode
 
     consumer = log_consumer(bootstrap, f"{topic}.head-check")
     try:

@@ -55,14 +55,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable
 
-from scheduler.base import Scheduler, _by_txn, register
-from scheduler.batch import BatchExecution, Outcome, PreparedTxn, exchange_failed
-from scheduler.execution import ABORTED, ANY_KEY, COMMITTED, execute, txn_seed
-from scheduler.locking import LockingScheduler, _LockTable
-from sequencer.log import ARIA
-from storage.keys import KeyRange, decode_key, encode_key, is_range_key
-from storage.overlay import ABSENT, RangeView
-from storage.partitioning import executor_of
+from ordo.scheduler.base import Scheduler, _by_txn, register
+from ordo.scheduler.batch import BatchExecution, Outcome, PreparedTxn, exchange_failed
+from ordo.scheduler.execution import ABORTED, ANY_KEY, COMMITTED, execute, txn_seed
+from ordo.scheduler.locking import LockingScheduler, _LockTable
+from ordo.sequencer.log import ARIA
+from ordo.storage.keys import KeyRange, decode_key, encode_key, is_range_key
+from ordo.storage.overlay import ABSENT, RangeView
+from ordo.storage.partitioning import executor_of
 
 FALLBACK_ROUNDS = 3  # locking rounds of the fallback before a transaction whose keys keep changing aborts
 RETRY = "retry"  # a fallback outcome that is no outcome: the transaction goes to the next round

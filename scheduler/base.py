@@ -7,7 +7,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from operator import attrgetter, itemgetter
 
-from scheduler.batch import BatchExecution, PreparedTxn
+from ordo.scheduler.batch import BatchExecution, PreparedTxn
 
 
 class Scheduler(ABC):
@@ -29,11 +29,11 @@ def register(cls: type[Scheduler]) -> type[Scheduler]:
 
 def make_scheduler(name: str) -> Scheduler:
     # Each module registers itself on import.
-    import scheduler.aria  # noqa: F401
-    import scheduler.locking  # noqa: F401
-    import scheduler.opchain  # noqa: F401
-    import scheduler.serial  # noqa: F401
-    import scheduler.vll  # noqa: F401
+    import ordo.scheduler.aria  # noqa: F401
+    import ordo.scheduler.locking  # noqa: F401
+    import ordo.scheduler.opchain  # noqa: F401
+    import ordo.scheduler.serial  # noqa: F401
+    import ordo.scheduler.vll  # noqa: F401
 
     try:
         return SCHEDULERS[name]()

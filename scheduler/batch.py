@@ -8,14 +8,14 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-from procedures.fingerprint import refused_entry
-from procedures.registry import Registry, RequestError
-from scheduler.execution import COMMITTED, REJECTED, execute, txn_seed
-from sequencer.log import Batch
-from storage.keys import encode_key
-from storage.overlay import ABSENT, BatchOverlay
-from sequencer.routing import own_part, reporter_of_rejected, slice_of, writers
-from storage.partitioning import Partitioner, executor_of, place
+from ordo.procedures.fingerprint import refused_entry
+from ordo.procedures.registry import Registry, RequestError
+from ordo.scheduler.execution import COMMITTED, REJECTED, execute, txn_seed
+from ordo.sequencer.log import Batch
+from ordo.storage.keys import encode_key
+from ordo.storage.overlay import ABSENT, BatchOverlay
+from ordo.sequencer.routing import own_part, reporter_of_rejected, slice_of, writers
+from ordo.storage.partitioning import Partitioner, executor_of, place
 
 
 @dataclass(slots=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-from scheduler.batch import BatchExecution
+from ordo.scheduler.batch import BatchExecution
 
 
 class ConcurrentBatch:

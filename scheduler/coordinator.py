@@ -16,17 +16,17 @@ import threading
 import time
 from dataclasses import dataclass, replace
 
-from procedures.registry import Registry
-from recovery.checkpoints import CheckpointError, CheckpointStore
-from recovery.restore import AUTO, DataDirLock, check_log_holds, log_head_problem, prepare_shards
-from scheduler.follower import FollowOptions
-from scheduler.group import LocalGroup, WorkerGroup
-from scheduler.liveness import CALL_TIMEOUT, Silence
-from scheduler.outputs import CollectedOutputs
-from scheduler.worker import check_layout
-from sequencer.log import LogCursor
-from sequencer.log_secret import log_key
-from sequencer.topics import Topics
+from ordo.procedures.registry import Registry
+from ordo.recovery.checkpoints import CheckpointError, CheckpointStore
+from ordo.recovery.restore import AUTO, DataDirLock, check_log_holds, log_head_problem, prepare_shards
+from ordo.scheduler.follower import FollowOptions
+from ordo.scheduler.group import LocalGroup, WorkerGroup
+from ordo.scheduler.liveness import CALL_TIMEOUT, Silence
+from ordo.scheduler.outputs import CollectedOutputs
+from ordo.scheduler.worker import check_layout
+from ordo.sequencer.log import LogCursor
+from ordo.sequencer.log_secret import log_key
+from ordo.sequencer.topics import Topics
 
 log = logging.getLogger("ordo.engine")
 
@@ -257,7 +257,7 @@ class Coordinator:
         only after that fetch)."""
         from confluent_kafka import Consumer, TopicPartition
 
-        from sequencer.kafka import kafka_config
+        from ordo.sequencer.kafka import kafka_config
 
         if self._lag_consumer is None:
             self._lag_consumer = Consumer(kafka_config(self.bootstrap, {"group.id": f"{self.topics.namespace}.lag",
@@ -305,7 +305,7 @@ def make_group(data_dir: str, partitions: int, scheduler: str, registry: Registr
     if runtime == "ray":
         if registry is not None:
             raise ValueError("Ray workers build their registry from procedure modules, not a Registry object")
-        from scheduler.ray_group import RayGroup
+        from ordo.scheduler.ray_group import RayGroup
 
         return RayGroup(data_dir, partitions, scheduler, sync, procedure_modules, ray_address, cores)
     raise ValueError(f"unknown runtime '{runtime}' (local, ray or auto)")

@@ -13,13 +13,13 @@ from typing import Any
 
 import msgpack
 
-from procedures.args import WIRE_INT_MAX, WIRE_INT_MIN, list_fields, text_problem, value_problem
-from procedures.contract import Abort, Procedure, UndeclaredAccess
-from procedures.ollp import check_turn
-from procedures.streams import DataflowResult
-from storage.keys import KeyRange, decode_key, encode_key, is_range_key, range_scan_prefix
-from storage.overlay import ABSENT, RangeView
-from storage.values import decode_value, encode_value
+from ordo.procedures.args import WIRE_INT_MAX, WIRE_INT_MIN, list_fields, text_problem, value_problem
+from ordo.procedures.contract import Abort, Procedure, UndeclaredAccess
+from ordo.procedures.ollp import check_turn
+from ordo.procedures.streams import DataflowResult
+from ordo.storage.keys import KeyRange, decode_key, encode_key, is_range_key, range_scan_prefix
+from ordo.storage.overlay import ABSENT, RangeView
+from ordo.storage.values import decode_value, encode_value
 
 COMMITTED = "committed"
 ABORTED = "aborted"

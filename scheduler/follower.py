@@ -27,16 +27,16 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from procedures.ollp import RESTARTED
-from procedures.fingerprint import describe, differences, refused_start
-from recovery.checkpoints import shard_checkpoint_path
-from scheduler.execution import ABORTED, COMMITTED
-from scheduler.outputs import CollectedOutputs, KafkaOutputs, OutputSink
-from scheduler.worker import PartitionWorker
-from sequencer.log import Batch, LogCursor, LogError, Start
-from sequencer.log_secret import use_key
-from sequencer.reader import LogReader
-from sequencer.topics import Topics
+from ordo.procedures.ollp import RESTARTED
+from ordo.procedures.fingerprint import describe, differences, refused_start
+from ordo.recovery.checkpoints import shard_checkpoint_path
+from ordo.scheduler.execution import ABORTED, COMMITTED
+from ordo.scheduler.outputs import CollectedOutputs, KafkaOutputs, OutputSink
+from ordo.scheduler.worker import PartitionWorker
+from ordo.sequencer.log import Batch, LogCursor, LogError, Start
+from ordo.sequencer.log_secret import use_key
+from ordo.sequencer.reader import LogReader
+from ordo.sequencer.topics import Topics
 
 KEPT_CHECKPOINT_REPORTS = 16
 KEPT_DROPPED_REPORTS = 16  # passed-over log records a status names; the coordinator asks many times a second

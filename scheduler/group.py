@@ -11,10 +11,10 @@ import asyncio
 from dataclasses import replace
 from typing import Any, Protocol
 
-from scheduler.exchange import LocalExchange
-from scheduler.follower import FollowOptions, LogFollower
-from scheduler.outputs import CollectedOutputs
-from scheduler.worker import PartitionWorker
+from ordo.scheduler.exchange import LocalExchange
+from ordo.scheduler.follower import FollowOptions, LogFollower
+from ordo.scheduler.outputs import CollectedOutputs
+from ordo.scheduler.worker import PartitionWorker
 
 
 class WorkerGroup(Protocol):

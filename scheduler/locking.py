@@ -31,9 +31,9 @@ from __future__ import annotations
 
 from collections import deque
 
-from scheduler.base import Scheduler, in_log_order, register
-from scheduler.batch import BatchExecution, PreparedTxn
-from scheduler.concurrent import ConcurrentBatch
+from ordo.scheduler.base import Scheduler, in_log_order, register
+from ordo.scheduler.batch import BatchExecution, PreparedTxn
+from ordo.scheduler.concurrent import ConcurrentBatch
 
 
 def local_keys(txn: PreparedTxn) -> tuple[tuple, tuple]:

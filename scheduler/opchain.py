@@ -58,13 +58,13 @@ import copy
 import random
 from typing import Any
 
-from procedures.args import WIRE_INT_MAX, WIRE_INT_MIN
-from procedures.operations import OP_MODIFY, OP_READ, OP_WRITE, as_operations
-from scheduler.base import Scheduler, in_log_order, register
-from scheduler.batch import BatchExecution, Outcome, PreparedTxn
-from scheduler.execution import ABORTED, COMMITTED, execute, result_problem, stored_value, txn_seed
-from storage.keys import KeyRange, encode_key, is_range_key, ranges_seen
-from storage.overlay import ABSENT
+from ordo.procedures.args import WIRE_INT_MAX, WIRE_INT_MIN
+from ordo.procedures.operations import OP_MODIFY, OP_READ, OP_WRITE, as_operations
+from ordo.scheduler.base import Scheduler, in_log_order, register
+from ordo.scheduler.batch import BatchExecution, Outcome, PreparedTxn
+from ordo.scheduler.execution import ABORTED, COMMITTED, execute, result_problem, stored_value, txn_seed
+from ordo.storage.keys import KeyRange, encode_key, is_range_key, ranges_seen
+from ordo.storage.overlay import ABSENT
 
 _SCALARS = (int, str, float, bool, type(None), bytes)
 

@@ -27,14 +27,14 @@ from typing import Any, Protocol
 
 from confluent_kafka import KafkaException, Producer
 
-from procedures.ollp import RESTARTED, restart_request
-from procedures.streams import split_result
-from scheduler.batch import Outcome
-from scheduler.stream_outputs import StreamTopics, stream_records
-from sequencer.kafka import kafka_config
-from sequencer.kafka_settings import user_kafka_settings
-from sequencer.topics import Topics
-from storage.keys import encode_key
+from ordo.procedures.ollp import RESTARTED, restart_request
+from ordo.procedures.streams import split_result
+from ordo.scheduler.batch import Outcome
+from ordo.scheduler.stream_outputs import StreamTopics, stream_records
+from ordo.sequencer.kafka import kafka_config
+from ordo.sequencer.kafka_settings import user_kafka_settings
+from ordo.sequencer.topics import Topics
+from ordo.storage.keys import encode_key
 
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 

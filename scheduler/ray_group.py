@@ -15,11 +15,11 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
-from scheduler.follower import FollowOptions, LogFollower
-from scheduler.liveness import CALL_TIMEOUT, SILENT_AFTER, Silence
-from scheduler.outputs import CollectedOutputs
-from scheduler.socket_exchange import SocketExchange
-from scheduler.worker import PartitionWorker
+from ordo.scheduler.follower import FollowOptions, LogFollower
+from ordo.scheduler.liveness import CALL_TIMEOUT, SILENT_AFTER, Silence
+from ordo.scheduler.outputs import CollectedOutputs
+from ordo.scheduler.socket_exchange import SocketExchange
+from ordo.scheduler.worker import PartitionWorker
 
 
 class WorkerDied(RuntimeError):
@@ -117,7 +117,7 @@ def start_ray(address: str | None = None) -> None:
     if address:
         ray.init(address=address, logging_level="WARNING")
     else:
-        from scheduler.loopback import LOOPBACK, check_node_address, keep_node_address_on_loopback
+        from ordo.scheduler.loopback import LOOPBACK, check_node_address, keep_node_address_on_loopback
 
         keep_node_address_on_loopback()
         # Ray announces that it turned on token authentication, its default for a new local

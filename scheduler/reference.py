@@ -12,15 +12,15 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from procedures.ollp import restarts_of
-from procedures.registry import Registry, RequestError
-from procedures.streams import split_result
-from scheduler.execution import ABORTED, ANY_KEY, COMMITTED, REJECTED, execute, txn_seed
-from sequencer.log import ARIA, Batch
-from storage.digest import digest_pairs
-from storage.keys import KeyRange, decode_key, encode_key, is_range_key
-from storage.overlay import ABSENT, RangeView
-from storage.values import encode_value
+from ordo.procedures.ollp import restarts_of
+from ordo.procedures.registry import Registry, RequestError
+from ordo.procedures.streams import split_result
+from ordo.scheduler.execution import ABORTED, ANY_KEY, COMMITTED, REJECTED, execute, txn_seed
+from ordo.sequencer.log import ARIA, Batch
+from ordo.storage.digest import digest_pairs
+from ordo.storage.keys import KeyRange, decode_key, encode_key, is_range_key
+from ordo.storage.overlay import ABSENT, RangeView
+from ordo.storage.values import encode_value
 
 
 class SerialInterpreter:
@@ -44,7 +44,7 @@ class SerialInterpreter:
         return self
 
     def _aria(self, batch: Batch) -> None:
-        from scheduler.aria import FALLBACK_ROUNDS, kept_changing
+        from ordo.scheduler.aria import FALLBACK_ROUNDS, kept_changing
 
         entries = batch.entries
         touched = {}  # position -> (keys read, keys written, declared?) running at the batch's start

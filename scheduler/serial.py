@@ -3,8 +3,8 @@ transaction holds the whole partition while it waits for remote reads."""
 
 from __future__ import annotations
 
-from scheduler.base import Scheduler, register
-from scheduler.batch import BatchExecution, PreparedTxn
+from ordo.scheduler.base import Scheduler, register
+from ordo.scheduler.batch import BatchExecution, PreparedTxn
 
 
 @register

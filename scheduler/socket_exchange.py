@@ -18,7 +18,7 @@ import socket
 import struct
 from typing import Any
 
-from scheduler.exchange import Mailbox
+from ordo.scheduler.exchange import Mailbox
 
 _LENGTH = struct.Struct(">I")
 

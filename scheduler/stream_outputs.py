@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Iterable
 
-from procedures.streams import OUTPUT_TABLE_PREFIX
+from ordo.procedures.streams import OUTPUT_TABLE_PREFIX
 
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
@@ -47,7 +47,7 @@ class StreamTopics:
             return
         from confluent_kafka.admin import AdminClient, NewTopic
 
-        from sequencer.kafka import kafka_config
+        from ordo.sequencer.kafka import kafka_config
 
         admin = AdminClient(kafka_config(self._bootstrap, self._extra))
         existing = admin.list_topics(timeout=timeout).topics

@@ -28,10 +28,10 @@ from __future__ import annotations
 
 from collections import deque
 
-from scheduler.base import Scheduler, in_log_order, register
-from scheduler.batch import BatchExecution, PreparedTxn
-from scheduler.concurrent import ConcurrentBatch
-from scheduler.locking import local_keys
+from ordo.scheduler.base import Scheduler, in_log_order, register
+from ordo.scheduler.batch import BatchExecution, PreparedTxn
+from ordo.scheduler.concurrent import ConcurrentBatch
+from ordo.scheduler.locking import local_keys
 
 DEFAULT_SCA_THRESHOLD = 8
 SCA_AMORTIZE = 4  # walk again once a quarter of the queue's length has finished

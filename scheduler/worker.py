@@ -10,15 +10,15 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from procedures.ollp import restarts_of
-from procedures.loading import load_registry
-from procedures.registry import Registry
-from scheduler.base import Scheduler, make_scheduler
-from scheduler.batch import BatchExecution, Outcome, ReadExchange, prepare
-from sequencer.log import ARIA, Batch
-from storage.overlay import BatchOverlay
-from storage.partitioning import Partitioner
-from storage.rocks import RocksShard
+from ordo.procedures.ollp import restarts_of
+from ordo.procedures.loading import load_registry
+from ordo.procedures.registry import Registry
+from ordo.scheduler.base import Scheduler, make_scheduler
+from ordo.scheduler.batch import BatchExecution, Outcome, ReadExchange, prepare
+from ordo.sequencer.log import ARIA, Batch
+from ordo.storage.overlay import BatchOverlay
+from ordo.storage.partitioning import Partitioner
+from ordo.storage.rocks import RocksShard
 
 LAYOUT_FILE = "ordo.json"
 

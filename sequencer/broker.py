@@ -13,8 +13,8 @@ import socket
 import threading
 
 from ordo.maven import MissingTool
-from sequencer.kafka_broker import KAFKA_VERSION, KafkaCluster
-from sequencer.tansu_broker import TansuBroker, free_port
+from ordo.sequencer.kafka_broker import KAFKA_VERSION, KafkaCluster
+from ordo.sequencer.tansu_broker import TansuBroker, free_port
 
 ENGINES = ("kafka", "tansu")
 

@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.bootstrap_servers:
         run(args.bootstrap_servers)
         return 0
-    from sequencer.broker import local_broker
+    from ordo.sequencer.broker import local_broker
 
     with local_broker() as broker:
         run(broker.bootstrap_servers)

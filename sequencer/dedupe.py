@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from procedures.ollp import request_identity
+from ordo.procedures.ollp import request_identity
 
 
 class RecentIds:

@@ -8,7 +8,7 @@ import threading
 import time
 from typing import Any
 
-from sequencer.kafka_settings import user_kafka_settings
+from ordo.sequencer.kafka_settings import user_kafka_settings
 
 # librdkafka's own log lines (connection FAIL lines repeated while a broker is away) go
 # through Python logging under this name, shown only with --log-level info or debug: Ordo

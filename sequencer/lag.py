@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from sequencer.topics import Topics
+from ordo.sequencer.topics import Topics
 
 
 def sequencer_group(namespace: str) -> str:
@@ -34,7 +34,7 @@ def requests_lag(consumer_or_bootstrap, namespace: str, group: str | None = None
     `<ns>.sequencer`) and which never subscribes, so it never joins that group."""
     from confluent_kafka import Consumer, TopicPartition
 
-    from sequencer.kafka import kafka_config
+    from ordo.sequencer.kafka import kafka_config
 
     group = group or sequencer_group(namespace)
     own = isinstance(consumer_or_bootstrap, str)

@@ -74,7 +74,7 @@ from typing import Any
 
 import msgpack
 
-from sequencer.log_secret import seal, unseal
+from ordo.sequencer.log_secret import seal, unseal
 
 START = 0
 BATCH = 1

@@ -19,7 +19,7 @@ import time
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from sequencer.kafka import consumer_config
+from ordo.sequencer.kafka import consumer_config
 
 ABSENT_GRACE = 30.0
 

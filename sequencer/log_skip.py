@@ -13,10 +13,10 @@ import time
 
 from confluent_kafka import Producer, TopicPartition
 
-from sequencer.kafka import kafka_config
-from sequencer.log import LogCursor, LogError, encode_skip
-from sequencer.reader import LogReader, is_skip_for, log_consumer
-from sequencer.topics import Topics
+from ordo.sequencer.kafka import kafka_config
+from ordo.sequencer.log import LogCursor, LogError, encode_skip
+from ordo.sequencer.reader import LogReader, is_skip_for, log_consumer
+from ordo.sequencer.topics import Topics
 
 
 def skip_record(bootstrap: str, namespace: str, offset: int, timeout: float = 60.0) -> tuple[str, int]:

@@ -9,7 +9,7 @@ import time
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from sequencer.kafka import kafka_config
+from ordo.sequencer.kafka import kafka_config
 
 TIMEOUT = 5.0
 

@@ -21,9 +21,9 @@ from typing import Callable
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
-from sequencer.kafka import consumer_config
-from sequencer.log import SKIP, STALE_LIMIT, Batch, LogCursor, LogError, Start, decode, is_batch_record
-from sequencer.log_probe import ABSENT_GRACE, GONE, LogWatch, fingerprint
+from ordo.sequencer.kafka import consumer_config
+from ordo.sequencer.log import SKIP, STALE_LIMIT, Batch, LogCursor, LogError, Start, decode, is_batch_record
+from ordo.sequencer.log_probe import ABSENT_GRACE, GONE, LogWatch, fingerprint
 
 log = logging.getLogger("ordo.log")
 

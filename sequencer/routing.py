@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import msgpack
 
-from storage.partitioning import Partitioner, executor_of, owned_keys, place
+from ordo.storage.partitioning import Partitioner, executor_of, owned_keys, place
 
 # Bytes of encoded keys one entry may carry in the routing: past this, its participants
 # ANALYZE it themselves, and a batch's routing stays small beside its entries.

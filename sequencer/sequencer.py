@@ -27,14 +27,14 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from procedures.fingerprint import describe
-from procedures.registry import Registry, refuse_without_analyze
-from procedures.ollp import is_resequenced, request_identity
-from sequencer.append_turn import AppendTurn, needs_turns, turn_path
-from sequencer.dedupe import RecentIds
-from sequencer.kafka import consumer_config, kafka_config
-from sequencer.log_probe import LogWatch, fingerprint
-from sequencer.log import (
+from ordo.procedures.fingerprint import describe
+from ordo.procedures.registry import Registry, refuse_without_analyze
+from ordo.procedures.ollp import is_resequenced, request_identity
+from ordo.sequencer.append_turn import AppendTurn, needs_turns, turn_path
+from ordo.sequencer.dedupe import RecentIds
+from ordo.sequencer.kafka import consumer_config, kafka_config
+from ordo.sequencer.log_probe import LogWatch, fingerprint
+from ordo.sequencer.log import (
     ARIA,
     BATCH_OVERHEAD,
     SNAPSHOT_EVERY,
@@ -45,14 +45,14 @@ from sequencer.log import (
     encode_snapshot,
     encode_start,
 )
-from sequencer.reader import LogReader
-from sequencer.routing import (
+from ordo.sequencer.reader import LogReader
+from ordo.sequencer.routing import (
     SINGLE_ITEM_BYTES, build_routing, item_bytes, max_item_bytes, placement_of, routing_bytes,
 )
-from sequencer.startup import find_seed
-from sequencer.topics import Topics, check_topics, request_partitions_for
-from sequencer.wire import parse_request_sets
-from storage.partitioning import Partitioner
+from ordo.sequencer.startup import find_seed
+from ordo.sequencer.topics import Topics, check_topics, request_partitions_for
+from ordo.sequencer.wire import parse_request_sets
+from ordo.storage.partitioning import Partitioner
 
 log = logging.getLogger("ordo.sequencer")
 

@@ -15,8 +15,8 @@ import time
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from sequencer.kafka import consumer_config
-from sequencer.log import SNAPSHOT, SNAPSHOT_EVERY, START, LogCursor, Snapshot, Start, decode, is_batch_record
+from ordo.sequencer.kafka import consumer_config
+from ordo.sequencer.log import SNAPSHOT, SNAPSHOT_EVERY, START, LogCursor, Snapshot, Start, decode, is_batch_record
 
 # Records read back per step: a little more than the distance between two snapshots
 # (each batch is followed by its transaction marker).

@@ -23,9 +23,9 @@ import math
 import re
 from typing import Any
 
-from procedures.args import MAX_DEPTH, list_fields, text_problem, value_problem
-from procedures.ollp import step_problem
-from procedures.registry import Registry, RequestError
+from ordo.procedures.args import MAX_DEPTH, list_fields, text_problem, value_problem
+from ordo.procedures.ollp import step_problem
+from ordo.procedures.registry import Registry, RequestError
 
 MAX_ID_LENGTH = 256
 

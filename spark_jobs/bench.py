@@ -25,9 +25,9 @@ if __package__ in (None, ""):
 
 def _engine(bootstrap: str, namespace: str, data_dir: str, partitions: int):
     from ordo.embedded import SequencerThread
-    from scheduler.coordinator import Coordinator
-    from sequencer.sequencer import SequencerConfig
-    from sequencer.topics import ensure_topics
+    from ordo.scheduler.coordinator import Coordinator
+    from ordo.sequencer.sequencer import SequencerConfig
+    from ordo.sequencer.topics import ensure_topics
 
     ensure_topics(bootstrap, namespace, request_partitions=2)
     coordinator = Coordinator(bootstrap, namespace, data_dir, "serial", partitions, runtime="local")
@@ -39,10 +39,10 @@ def _engine(bootstrap: str, namespace: str, data_dir: str, partitions: int):
 
 def run_bench(rows: int, master: str, partitions: int) -> dict:
     from ordo.client import Client
-    from sequencer.broker import local_broker
-    from spark_jobs import changes_job, producer_job
-    from spark_jobs.samples import sl_requests, write_csv
-    from spark_jobs.session import build_session
+    from ordo.sequencer.broker import local_broker
+    from ordo.spark_jobs import changes_job, producer_job
+    from ordo.spark_jobs.samples import sl_requests, write_csv
+    from ordo.spark_jobs.session import build_session
 
     work = tempfile.mkdtemp(prefix="ordo-spark-bench-")
     dataset = os.path.join(work, "sl.csv")

@@ -123,7 +123,7 @@ class ChangesWriter:
     def _write(self, df, epoch_id: int) -> None:
         from pyspark.sql import functions as F
 
-        from spark_jobs.changelog_files import write_records
+        from ordo.spark_jobs.changelog_files import write_records
 
         started = time.monotonic()
         spark = df.sparkSession
@@ -191,7 +191,7 @@ def source_options(bootstrap: str, namespace: str, topic: str = "changes", max_r
     every partition (new ones too) from the log start, committed records only (the engine writes
     its outputs in Kafka transactions), data lost to retention failing the query; the user's
     Kafka settings translated for the Java client, then `kafka` (Java client settings)."""
-    from spark_jobs.kafka_connector import kafka_options
+    from ordo.spark_jobs.kafka_connector import kafka_options
 
     if topic not in ("changes", "results"):
         raise ValueError(f"an engine output topic is 'changes' or 'results', not {topic!r}")
@@ -210,7 +210,7 @@ def check_topic(bootstrap: str, topic: str, timeout: float = 30.0) -> None:
     namespace, is an error, not a stream that waits forever."""
     from confluent_kafka.admin import AdminClient
 
-    from sequencer.kafka_settings import user_kafka_settings
+    from ordo.sequencer.kafka_settings import user_kafka_settings
 
     admin = AdminClient({**user_kafka_settings(), "bootstrap.servers": bootstrap})
     metadata = admin.list_topics(topic, timeout=timeout).topics.get(topic)
@@ -226,7 +226,7 @@ def read_outputs(spark, bootstrap: str, namespace: str, topic: str = "changes", 
     """The engine's `<ns>.changes` or `<ns>.results` through Spark's Kafka source, decoded
     (records.CHANGES_SCHEMA / RESULTS_SCHEMA); a stream, or (stream=False) what it holds now.
     `options`: more options of the Kafka source (they win)."""
-    from spark_jobs.records import decode_outputs
+    from ordo.spark_jobs.records import decode_outputs
 
     check_topic(bootstrap, f"{namespace}.{topic}")
     settings = {**source_options(bootstrap, namespace, topic, max_records_per_batch if stream else None, kafka),
@@ -274,7 +274,7 @@ def run_consumer(spark, bootstrap: str, namespace: str, output: str, checkpoint:
                  timeout: float | None = None, progress: float = 0.0, **kwargs) -> ConsumerStats:
     """Run until done (--once: everything on the topic now), the timeout, or Ctrl-C.
     `progress`: print a progress line every that many seconds (0: none)."""
-    from spark_jobs.progress import Progress, StreamCounter
+    from ordo.spark_jobs.progress import Progress, StreamCounter
 
     query, stats = start_consumer(spark, bootstrap, namespace, output, checkpoint, once=once, **kwargs)
     counter = StreamCounter()
@@ -357,7 +357,7 @@ def format_report(report: dict) -> str:
 def add_arguments(p: argparse.ArgumentParser, kafka: bool = True) -> None:
     if kafka:
         p.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT", help="Kafka bootstrap servers")
-        from spark_jobs.producer_job import add_kafka_arguments
+        from ordo.spark_jobs.producer_job import add_kafka_arguments
 
         add_kafka_arguments(p)
     p.add_argument("--output", required=True, metavar="DIR", help="where the Parquet change log and tables go")
@@ -377,9 +377,9 @@ def add_arguments(p: argparse.ArgumentParser, kafka: bool = True) -> None:
 
 def run(args, out=sys.stdout) -> int:
     """`ordo spark changes` and `spark-submit spark_jobs/changes_job.py`."""
-    from spark_jobs.session import build_session
+    from ordo.spark_jobs.session import build_session
 
-    from spark_jobs.producer_job import key_values
+    from ordo.spark_jobs.producer_job import key_values
 
     kafka = key_values(getattr(args, "kafka_option", []), "--kafka-option")
     spark = build_session("ordo-changes", args.master)
@@ -396,7 +396,7 @@ def run(args, out=sys.stdout) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from spark_jobs.session import job_main
+    from ordo.spark_jobs.session import job_main
 
     return job_main("changes_job.py", __doc__, add_arguments, run, argv)
 

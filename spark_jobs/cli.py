@@ -18,7 +18,7 @@ import argparse
 def add_spark_commands(subparsers) -> argparse.ArgumentParser:
     """Add `spark` with its sub-commands to the `ordo` parser's subparsers. Each parsed
     command carries its handler as `args.spark_handler`."""
-    from spark_jobs import changes_job, producer_job
+    from ordo.spark_jobs import changes_job, producer_job
 
     spark = subparsers.add_parser("spark", help="PySpark border jobs: datasets to requests, changes to Parquet")
     sub = spark.add_subparsers(dest="spark_command", required=True, metavar="JOB")
@@ -41,19 +41,19 @@ def add_spark_commands(subparsers) -> argparse.ArgumentParser:
 
 
 def cmd_produce(args) -> int:
-    from spark_jobs import producer_job
+    from ordo.spark_jobs import producer_job
 
     return producer_job.run(args)
 
 
 def cmd_changes(args) -> int:
-    from spark_jobs import changes_job
+    from ordo.spark_jobs import changes_job
 
     return changes_job.run(args)
 
 
 def cmd_samples(args) -> int:
-    from spark_jobs import samples
+    from ordo.spark_jobs import samples
 
     for path in samples.write_samples(args.out or samples.SAMPLES_DIR, args.count):
         print(path)

@@ -287,7 +287,7 @@ def kafka_options(bootstrap: str, extra: Mapping[str, Any] | None = None,
     user_kafka_settings()), then `extra` (Java client settings, `kafka.` prefix optional),
     then the bootstrap servers."""
     if user is None:
-        from sequencer.kafka_settings import user_kafka_settings
+        from ordo.sequencer.kafka_settings import user_kafka_settings
 
         user = user_kafka_settings()
     java, dropped = java_client_settings(user)

@@ -135,8 +135,8 @@ def sink_options(bootstrap: str, namespace: str, kafka: dict | None = None) -> d
     """Options of Spark's Kafka sink: the topic, the user's Kafka settings (translated for
     the Java client), then the producer settings of Ordo's request producers (idempotent,
     acks=all, REQUEST_BATCHING's linger and batch size), then `kafka` (Java client settings)."""
-    from sequencer.kafka import REQUEST_BATCHING
-    from spark_jobs.kafka_connector import kafka_options
+    from ordo.sequencer.kafka import REQUEST_BATCHING
+    from ordo.spark_jobs.kafka_connector import kafka_options
 
     own = {"enable.idempotence": "true", "acks": "all",
            **{k: v for k, v in REQUEST_BATCHING.items() if k in ("linger.ms", "batch.size")}}
@@ -175,8 +175,8 @@ def produce(spark, bootstrap: str, namespace: str, path: str, fmt: str, mapping:
             schema=None, kafka: dict | None = None, progress: float = 0.0) -> ProduceStats:
     """Batch mode: publish every row of the dataset; returns how many and how fast.
     `progress`: print a progress line every that many seconds (0: none)."""
-    from spark_jobs.progress import Progress
-    from spark_jobs.records import encode_requests
+    from ordo.spark_jobs.progress import Progress
+    from ordo.spark_jobs.records import encode_requests
 
     mapping = mapping or Mapping()
     requests = to_requests(read_input(spark, path, fmt, mapping, schema=schema), mapping)
@@ -195,7 +195,7 @@ def produce_stream(spark, bootstrap: str, namespace: str, path: str, fmt: str, c
     """Stream mode: publish the files arriving in the folder `path` (Structured Streaming
     file source, exactly once per file through the checkpoint; see docs/spark.md).
     Returns the started StreamingQuery."""
-    from spark_jobs.records import encode_requests
+    from ordo.spark_jobs.records import encode_requests
 
     mapping = mapping or Mapping()
     if "://" not in path:
@@ -281,9 +281,9 @@ def mapping_from(args) -> Mapping:
 
 def run(args, out=sys.stdout) -> int:
     """`ordo spark produce` and `spark-submit spark_jobs/producer_job.py`."""
-    from spark_jobs.session import build_session
+    from ordo.spark_jobs.session import build_session
 
-    from spark_jobs.progress import Progress, StreamCounter
+    from ordo.spark_jobs.progress import Progress, StreamCounter
 
     mapping = mapping_from(args)
     kafka = key_values(getattr(args, "kafka_option", []), "--kafka-option")
@@ -332,7 +332,7 @@ def run(args, out=sys.stdout) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from spark_jobs.session import job_main
+    from ordo.spark_jobs.session import job_main
 
     return job_main("producer_job.py", __doc__, add_arguments, run, argv)
 

@@ -20,7 +20,7 @@ import json
 import os
 from collections.abc import Iterable
 
-from procedures.workloads import micro, sl
+from ordo.procedures.workloads import micro, sl
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SAMPLES_DIR = os.path.join(HERE, "samples")

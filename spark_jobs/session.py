@@ -31,7 +31,7 @@ def build_session(app_name: str = "ordo-spark", master: str | None = None,
     already exists and its static settings (master, driver host) are those of spark-submit."""
     from pyspark.sql import SparkSession
 
-    from spark_jobs.kafka_connector import connector_jars, ensure_connector
+    from ordo.spark_jobs.kafka_connector import connector_jars, ensure_connector
 
     master = master or os.environ.get("ORDO_SPARK_MASTER") or DEFAULT_MASTER
     # Python workers must run the interpreter of the driver (its packages: pyarrow).
@@ -75,7 +75,7 @@ def register_executor_modules() -> None:
     not Ordo."""
     from pyspark import cloudpickle
 
-    from spark_jobs import changelog_files, records
+    from ordo.spark_jobs import changelog_files, records
 
     for module in (records, changelog_files):
         cloudpickle.register_pickle_by_value(module)
@@ -98,7 +98,7 @@ def job_main(prog: str, doc: str | None, add_arguments, run, argv: list[str] | N
     args = parser.parse_args(argv)
     try:
         if getattr(args, "kafka_config", None):  # for the executors too: they inherit the environment
-            from sequencer.kafka_settings import FILE_ENV, user_kafka_settings
+            from ordo.sequencer.kafka_settings import FILE_ENV, user_kafka_settings
 
             os.environ[FILE_ENV] = os.path.abspath(args.kafka_config)
             user_kafka_settings()

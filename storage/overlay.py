@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from storage.backend import StorageBackend
-from storage.keys import is_range_key, range_scan_prefix
-from storage.values import decode_value, encode_value
+from ordo.storage.backend import StorageBackend
+from ordo.storage.keys import is_range_key, range_scan_prefix
+from ordo.storage.values import decode_value, encode_value
 
 
 class _Absent:

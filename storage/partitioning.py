@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Mapping
 from zlib import crc32
 
-from storage.keys import KeyRange, encode_key
+from ordo.storage.keys import KeyRange, encode_key
 
 
 class Partitioner:

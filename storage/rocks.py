@@ -8,8 +8,8 @@ from typing import Any, Iterator
 import msgpack
 from rocksdict import AccessType, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
-from storage.digest import digest_pairs
-from storage.keys import META_PREFIX, meta_key, table_prefix
+from ordo.storage.digest import digest_pairs
+from ordo.storage.keys import META_PREFIX, meta_key, table_prefix
 
 APPLIED = meta_key("applied")
 # Debug hook for crash tests (ORDO_TRACE_APPLIED=1): each applied batch also bumps a

@@ -11,15 +11,15 @@ import tempfile
 
 import msgpack
 
-from procedures.registry import Registry
-from scheduler.exchange import LocalExchange
-from scheduler.outputs import CollectedOutputs
-from scheduler.worker import PartitionWorker
-from sequencer.log import Batch
-from sequencer.wire import parse_request
-from storage.digest import combine
-from storage.keys import decode_key
-from storage.values import decode_value
+from ordo.procedures.registry import Registry
+from ordo.scheduler.exchange import LocalExchange
+from ordo.scheduler.outputs import CollectedOutputs
+from ordo.scheduler.worker import PartitionWorker
+from ordo.sequencer.log import Batch
+from ordo.sequencer.wire import parse_request
+from ordo.storage.digest import combine
+from ordo.storage.keys import decode_key
+from ordo.storage.values import decode_value
 
 
 def _entry(message: bytes, registry: Registry) -> list:
@@ -81,7 +81,7 @@ def run_dependent(batches: list[list[dict]], scheduler: str, partitions: int, re
 def serial_interpretation(run: dict, registry: Registry) -> dict:
     """The plain serial interpretation (scheduler/reference.py) of the log a run built:
     what it publishes (a re-sequencing publishes no outcome), its change data and digest."""
-    from scheduler.reference import SerialInterpreter
+    from ordo.scheduler.reference import SerialInterpreter
 
     batches = [Batch(b, 1, 1_000 * b, {}, entries, ordering=run["ordering"])
                for b, entries in enumerate(run["log"], start=1)]

@@ -2,9 +2,9 @@
 transaction may do: write a value too large for one change-data message, declare no
 keys at all."""
 
-from procedures.args import Int, Str
-from procedures.contract import Procedure, Table
-from procedures.operations import WRITE, Operations
+from ordo.procedures.args import Int, Str
+from ordo.procedures.contract import Procedure, Table
+from ordo.procedures.operations import WRITE, Operations
 
 TABLES = [Table("edge", partitioner="modulo")]
 

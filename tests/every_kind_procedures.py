@@ -3,9 +3,9 @@ processes (their procedure sets must describe themselves identically): a plain o
 dependent one (OLLP), an input stream with atomic batches feeding a dataflow with an EE
 trigger, a nested transaction, a tuple-based and a time-based window and an output stream."""
 
-from procedures.args import Int, Str
-from procedures.contract import Procedure, Table
-from procedures.streams import Nested, Stream, Window
+from ordo.procedures.args import Int, Str
+from ordo.procedures.contract import Procedure, Table
+from ordo.procedures.streams import Nested, Stream, Window
 
 TABLES = [Table("kind_stock", default=0), Table("kind_name", default=None), Table("kind_seen", default=0)]
 

@@ -1,8 +1,8 @@
 """A user procedures module (loaded with `--procedures tests.faulty_procedures`) whose
 procedure fails at RUN time for some arguments."""
 
-from procedures.args import Int
-from procedures.contract import Procedure, Table
+from ordo.procedures.args import Int
+from ordo.procedures.contract import Procedure, Table
 
 TABLES = [Table("ratio")]
 

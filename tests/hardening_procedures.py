@@ -3,9 +3,9 @@ procedures hand back what no output or shard can hold, or change their own argum
 Each has the operation form where the operation-chain scheduler would otherwise take a
 path of its own."""
 
-from procedures.args import Int, List
-from procedures.contract import Procedure, Table
-from procedures.operations import READ_MODIFY, WRITE, Operations
+from ordo.procedures.args import Int, List
+from ordo.procedures.contract import Procedure, Table
+from ordo.procedures.operations import READ_MODIFY, WRITE, Operations
 
 TABLES = [Table("h", partitioner="modulo")]
 

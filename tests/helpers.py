@@ -10,8 +10,8 @@ import sys
 import time
 
 from ordo.embedded import read_log
-from procedures.registry import default_registry
-from scheduler.reference import SerialInterpreter
+from ordo.procedures.registry import default_registry
+from ordo.scheduler.reference import SerialInterpreter
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -89,7 +89,7 @@ def dump_state(data_dir: str) -> dict:
 
 
 def reference_state(interpreter: SerialInterpreter) -> dict:
-    from storage.keys import decode_key
+    from ordo.storage.keys import decode_key
 
     return {decode_key(k): v for k, v in interpreter.state.items()}
 
@@ -100,8 +100,8 @@ def sequence_requests(bootstrap: str, namespace: str, requests: list, max_txns: 
     `partitions`; return the last batch id and the plain serial interpretation of that log."""
     from ordo.client import Client
     from ordo.embedded import SequencerThread
-    from sequencer.sequencer import SequencerConfig
-    from sequencer.topics import ensure_topics
+    from ordo.sequencer.sequencer import SequencerConfig
+    from ordo.sequencer.topics import ensure_topics
 
     ensure_topics(bootstrap, namespace, request_partitions=request_partitions)
     client = Client(bootstrap, namespace)
@@ -119,8 +119,8 @@ def run_engine(bootstrap: str, namespace: str, last_batch: int, data_dir, schedu
     """Execute a namespace's log through `last_batch` with outputs kept in memory; return
     (outputs, (digest, applied batch))."""
     from ordo.state import digest
-    from scheduler.coordinator import Coordinator
-    from scheduler.outputs import CollectedOutputs
+    from ordo.scheduler.coordinator import Coordinator
+    from ordo.scheduler.outputs import CollectedOutputs
 
     outputs = CollectedOutputs()
     coordinator = Coordinator(bootstrap, namespace, str(data_dir), scheduler, partitions, runtime=runtime,
@@ -139,7 +139,7 @@ def mixed_log(bootstrap: str, namespace: str, count: int, seed: int, partitions:
               **sl_knobs) -> tuple[int, SerialInterpreter]:
     """Multi-partition micro traffic interleaved with sl (whose transfers abort), sequenced
     into a fresh namespace's log: the last batch id and the serial interpretation."""
-    from procedures.workloads import micro, sl
+    from ordo.procedures.workloads import micro, sl
 
     requests = []
     for a, b in zip(micro.generate(count, seed=seed, partitions=partitions, keys=100, hot=4, mp=0.5),

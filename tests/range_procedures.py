@@ -2,8 +2,8 @@
 prefix (a write range), totals scanned over it (a read range), and point updates of
 single lines (which lock the range they lie in), within one group or across two."""
 
-from procedures.args import Int
-from procedures.contract import Prefix, Procedure, Table
+from ordo.procedures.args import Int
+from ordo.procedures.contract import Prefix, Procedure, Table
 
 TABLES = [Table("rline", partition_by=0, range_by=2, default=None), Table("rhead", partition_by=0),
           Table("rtotal", partition_by=0)]

@@ -5,8 +5,8 @@ fails at every start."""
 import os
 
 from ordo.services import PARENT_ENV
-from procedures.args import Int
-from procedures.contract import Procedure, Table
+from ordo.procedures.args import Int
+from ordo.procedures.contract import Procedure, Table
 
 if os.environ.get(PARENT_ENV):  # set only in a child that `ordo run` started
     raise ImportError("tests.sequencer_only_failing_procedures cannot be imported in the sequencer process")

@@ -3,9 +3,9 @@ is stored and checked; readings over the limit raise an alert on the output stre
 `alerts`, counted per sensor; a sensor named "bad" makes the check abort (its reading
 stays stored, no alert)."""
 
-from procedures.args import Int, Str
-from procedures.contract import Procedure, Table
-from procedures.streams import Stream
+from ordo.procedures.args import Int, Str
+from ordo.procedures.contract import Procedure, Table
+from ordo.procedures.streams import Stream
 
 TABLES = [Table("sensor_last", default=None), Table("sensor_alerts", default=0)]
 

@@ -14,17 +14,17 @@ import pytest
 import ordo
 from ordo.app import App
 from ordo.testing import TestEngine
-from procedures.args import Int, List
-from procedures.contract import Table
-from procedures.loading import load_registry, workload_spec
-from procedures.registry import RequestError
-from scheduler.reference import SerialInterpreter
-from sequencer.log import Batch
+from ordo.procedures.args import Int, List
+from ordo.procedures.contract import Table
+from ordo.procedures.loading import load_registry, workload_spec
+from ordo.procedures.registry import RequestError
+from ordo.scheduler.reference import SerialInterpreter
+from ordo.sequencer.log import Batch
 from tests.helpers import ROOT, read_results, stop
 
 BANK = textwrap.dedent("""
     import ordo
-    from procedures.args import Int
+    from ordo.procedures.args import Int
 
     app = ordo.App("bank")
     app.table("account", default=100)
@@ -170,7 +170,7 @@ def user_dir(tmp_path, monkeypatch):
     """A directory holding user modules, as the current directory."""
     (tmp_path / "bank.py").write_text(BANK)
     (tmp_path / "empty_app.py").write_text("import ordo\napp = ordo.App('empty')\n")
-    (tmp_path / "no_procs.py").write_text("from procedures.contract import Table\nTABLES = [Table('t')]\n"
+    (tmp_path / "no_procs.py").write_text("from ordo.procedures.contract import Table\nTABLES = [Table('t')]\n"
                                           "PROCEDURE = []\n")
     monkeypatch.chdir(tmp_path)
     yield tmp_path
@@ -239,8 +239,8 @@ def test_ordo_run_app_serves_the_app_from_the_current_directory(broker, namespac
 
 def test_the_operation_form_is_declared_beside_run_and_agrees_with_it():
     from ordo.testing import check_deterministic
-    from procedures.args import Int
-    from procedures.operations import READ_MODIFY, Operations, adder
+    from ordo.procedures.args import Int
+    from ordo.procedures.operations import READ_MODIFY, Operations, adder
 
     app = App("counters")
     app.table("counter")

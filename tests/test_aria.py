@@ -14,13 +14,13 @@ from unittest import mock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from procedures.streams import split_result
-from scheduler.reference import SerialInterpreter
-from sequencer.log import ARIA, Batch
-from storage.digest import digest_pairs
-from storage.keys import encode_key
-from storage.values import encode_value
-from scheduler.worker import PartitionWorker
+from ordo.procedures.streams import split_result
+from ordo.scheduler.reference import SerialInterpreter
+from ordo.sequencer.log import ARIA, Batch
+from ordo.storage.digest import digest_pairs
+from ordo.storage.keys import encode_key
+from ordo.storage.values import encode_value
+from ordo.scheduler.worker import PartitionWorker
 from tests.test_schedulers_equivalence import REGISTRY, MemoryShard, dependent, engine, request, to_batches
 
 
@@ -42,7 +42,7 @@ def aria_reading(log: list[Batch], registry=REGISTRY):
 def published_changes(log: list[Batch], scheduler: str, registry=REGISTRY) -> list[tuple]:
     """The change data one partition publishes, in its published order."""
     changes = []
-    with tempfile.TemporaryDirectory() as data_dir, mock.patch("scheduler.worker.RocksShard", MemoryShard):
+    with tempfile.TemporaryDirectory() as data_dir, mock.patch("ordo.scheduler.worker.RocksShard", MemoryShard):
         worker = PartitionWorker(data_dir, 0, 1, scheduler, registry)
         for batch in log:
             result = asyncio.run(worker.execute(batch))
@@ -125,9 +125,9 @@ def test_workload_generators_in_aria_batches():
 def test_tpcc_in_aria_batches_keeps_the_consistency_conditions():
     """Declared ranges conflict with the keys written inside them; dependent (OLLP)
     payments by name re-sequence as under any scheduler."""
-    from procedures.registry import default_registry
-    from procedures.workloads import tpcc
-    from procedures.workloads.tpcc_consistency import violations
+    from ordo.procedures.registry import default_registry
+    from ordo.procedures.workloads import tpcc
+    from ordo.procedures.workloads.tpcc_consistency import violations
     from tests.dependent_logs import assert_equals_serial_interpretation, assert_same_run, run_dependent
     from tests.test_tpcc import FULL_MIX, SIZE, _records, _split
 
@@ -145,7 +145,7 @@ def test_tpcc_in_aria_batches_keeps_the_consistency_conditions():
 def test_the_ordering_stamp_travels_in_the_batch_record_and_old_records_read_as_log_order():
     import pickle
 
-    from sequencer.log import BATCH, decode, encode_batch, encode_entry
+    from ordo.sequencer.log import BATCH, decode, encode_batch, encode_entry
 
     entries = [encode_entry(["r1", "gs_read", {"keys": [1]}])]
     kind, batch = decode(encode_batch(3, 0, 10, {0: (0, 1)}, entries, log_id="L", ordering=ARIA))
@@ -190,8 +190,8 @@ def _copy(ctx, args):
 
 
 def open_registry():
-    from procedures.args import Int, List
-    from procedures.contract import Procedure
+    from ordo.procedures.args import Int, List
+    from ordo.procedures.contract import Procedure
     from tests.test_schedulers_equivalence import build_registry
 
     registry = build_registry()
@@ -228,7 +228,7 @@ def test_conflict_heavy_batches_equal_their_documented_serial_order(drawn):
 
 def aria_batches(drawn, registry=OPEN) -> list[Batch]:
     """Batches as an aria sequencer logs them: requests its ANALYZE (or home) refuses, rejected."""
-    from procedures.registry import RequestError
+    from ordo.procedures.registry import RequestError
 
     log, n = [], 0
     for b, requests in enumerate(drawn, start=1):
@@ -254,7 +254,7 @@ def test_procedures_without_analyze_equal_the_documented_serial_order(drawn):
 
 
 def test_a_procedure_without_analyze_is_refused_outside_aria_batches():
-    from procedures.registry import RequestError, refuse_without_analyze
+    from ordo.procedures.registry import RequestError, refuse_without_analyze
 
     with pytest.raises(RequestError, match="o_chase has no analyze: it runs only in batches ordered by aria"):
         OPEN.analyze("o_chase", {"key": 1})
@@ -278,7 +278,7 @@ def test_a_fallback_that_reaches_a_new_key_goes_on_to_the_next_round():
 def test_the_test_engine_runs_an_app_without_analyze_under_aria():
     """ordo.testing.TestEngine stamps its batches as `ordo run --scheduler aria` does."""
     from ordo.testing import TestEngine
-    from procedures.loading import load_registry
+    from ordo.procedures.loading import load_registry
 
     app = load_registry(["examples.ycsbt:app"])
     requests = [{"id": f"t{i}", "proc": "ycsbt_transfer", "args": {"a": i % 5, "b": (i + 1) % 5}} for i in range(40)]
@@ -294,11 +294,11 @@ def test_the_test_engine_runs_an_app_without_analyze_under_aria():
 def test_the_logged_procedure_set_tells_a_procedure_without_analyze_from_one_with_it():
     """An engine whose ycsbt_transfer has ANALYZE must not follow a log sequenced with the
     one without (their requests route and run differently), and the other way round."""
-    from procedures.fingerprint import describe, differences
-    from procedures.loading import load_registry
+    from ordo.procedures.fingerprint import describe, differences
+    from ordo.procedures.loading import load_registry
 
-    without = describe(load_registry(["procedures.workloads.ycsbt_open"]))
-    with_analyze = describe(load_registry(["procedures.workloads.ycsbt"]))
+    without = describe(load_registry(["ordo.procedures.workloads.ycsbt_open"]))
+    with_analyze = describe(load_registry(["ordo.procedures.workloads.ycsbt"]))
     assert differences(without, with_analyze) == ["procedure 'ycsbt_transfer' is defined differently"]
     assert differences(without, describe(load_registry(["examples.ycsbt:app"]))) == []
 
@@ -306,7 +306,7 @@ def test_the_logged_procedure_set_tells_a_procedure_without_analyze_from_one_wit
 def test_voter_leaderboards_in_aria_batches():
     """S-Store's voter (a dataflow of triggered procedures and windows, composed into one
     procedure per request) in aria batches of 150, on 1 and 2 partitions and under serial."""
-    from procedures.registry import default_registry
+    from ordo.procedures.registry import default_registry
     from tests.test_voter import vote_stream
 
     registry = default_registry()
@@ -321,9 +321,9 @@ def test_voter_leaderboards_in_aria_batches():
 def test_a_fallback_whose_keys_keep_changing_is_aborted_saying_so(monkeypatch):
     """With one fallback round allowed, the o_chase of the test above, which needs two, is
     aborted in its own batch with the reason, alike on every layout and in the reading."""
-    import scheduler.aria
+    import ordo.scheduler.aria
 
-    monkeypatch.setattr(scheduler.aria, "FALLBACK_ROUNDS", 1)
+    monkeypatch.setattr(ordo.scheduler.aria, "FALLBACK_ROUNDS", 1)
     log = aria_batches([[("gs_write", {"keys": [0], "value": 1}), ("o_chase", {"key": 0})]])
     reference = check(log, schedulers=("aria",), partitions=(1, 2, 3), registry=OPEN)
     assert [(o["id"], o["status"], o["error"]) for o in reference.outcomes] == [

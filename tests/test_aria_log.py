@@ -9,11 +9,11 @@ import pytest
 
 from ordo.client import Client
 from ordo.embedded import read_log
-from procedures.registry import default_registry
-from procedures.workloads import micro, sl
-from scheduler.reference import SerialInterpreter
-from sequencer.log import ARIA, Batch
-from sequencer.topics import ensure_topics
+from ordo.procedures.registry import default_registry
+from ordo.procedures.workloads import micro, sl
+from ordo.scheduler.reference import SerialInterpreter
+from ordo.sequencer.log import ARIA, Batch
+from ordo.sequencer.topics import ensure_topics
 from tests.helpers import (assert_same_as_reference, dump_state, interpret_log, ordo, ordo_output, read_results,
                            reference_state, run_engine, stop)
 
@@ -104,8 +104,8 @@ def test_ycsbt_without_analyze_runs_end_to_end_on_two_partitions(broker, namespa
     """examples/ycsbt.py declares only a home key; on 2 Ray partitions under aria every
     request is answered once and the state is the serial reading's. Any other scheduler
     refuses the app at start, in one line naming aria."""
-    from procedures.loading import load_registry
-    from procedures.workloads import ycsbt
+    from ordo.procedures.loading import load_registry
+    from ordo.procedures.workloads import ycsbt
 
     refused = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir",
                    str(tmp_path / "refused"), "--app", "examples.ycsbt:app", "--scheduler", "locking",
@@ -148,7 +148,7 @@ def test_the_engine_benchmark_reports_aria_first_pass_conflicts(broker, tmp_path
 
     knobs = {"records": 50, "analyze": 0}
     modules = procedure_modules("ycsbt", knobs)
-    assert modules == ("procedures.workloads.ycsbt_open",)
+    assert modules == ("ordo.procedures.workloads.ycsbt_open",)
     requests = workload_requests("ycsbt", 600, 1, knobs, 1)
     log = prefill_log(broker, requests, 100, "aria-bench", 1, ordering_of("aria"), modules)
     run = engine_throughput(broker, log, "aria", 1, str(tmp_path / "engine"), modules=modules)

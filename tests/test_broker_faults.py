@@ -16,8 +16,8 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 
 from ordo.client import Client
 from ordo.embedded import read_log
-from procedures.workloads import sl
-from sequencer.kafka_broker import KafkaCluster
+from ordo.procedures.workloads import sl
+from ordo.sequencer.kafka_broker import KafkaCluster
 from tests.helpers import dump_state, interpret_log, ordo, read_results, reference_state, stop
 
 pytestmark = pytest.mark.slow

@@ -108,7 +108,7 @@ def test_a_data_directory_of_another_namespace_is_refused_before_any_topic_is_ma
 
 def test_gen_names_and_describes_every_workload():
     from ordo.cli import WORKLOAD_NAMES
-    from procedures.workloads import ALL_WORKLOADS
+    from ordo.procedures.workloads import ALL_WORKLOADS
 
     assert list(WORKLOAD_NAMES) == list(ALL_WORKLOADS)
     described = shell(f"{ORDO} gen --list").stdout.splitlines()
@@ -122,7 +122,7 @@ def test_librdkafka_repeating_one_failure_is_one_line_per_cause_and_interval():
     code = """
 import logging, time
 from confluent_kafka import Consumer
-from sequencer.kafka import LIBRDKAFKA_LOGGER, kafka_config
+from ordo.sequencer.kafka import LIBRDKAFKA_LOGGER, kafka_config
 logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
 LIBRDKAFKA_LOGGER.setLevel(logging.DEBUG)   # as --log-level info sets it
 consumer = Consumer(kafka_config("127.0.0.1:1", {"group.id": "g", "reconnect.backoff.ms": 10,

@@ -4,9 +4,9 @@ tuples; tables partitioned on one component; lists from msgpack/JSON taken as tu
 import pytest
 from hypothesis import given, strategies as st
 
-from procedures.contract import Table
-from storage.keys import decode_key, encode_key, normal_key, prefix_bytes
-from storage.partitioning import Partitioner, place
+from ordo.procedures.contract import Table
+from ordo.storage.keys import decode_key, encode_key, normal_key, prefix_bytes
+from ordo.storage.partitioning import Partitioner, place
 
 int64 = st.integers(-(2**63), 2**63 - 1)
 component = st.one_of(int64, st.text(max_size=6))

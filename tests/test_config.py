@@ -11,7 +11,7 @@ import pytest
 
 from ordo import config
 from ordo.cli import build_parser
-from sequencer.sequencer import SequencerConfig
+from ordo.sequencer.sequencer import SequencerConfig
 from tests.helpers import ROOT
 
 

@@ -8,7 +8,7 @@ import tomllib
 import pytest
 import yaml
 
-from sequencer.kafka_broker import KAFKA_VERSION, KafkaCluster, broker_settings
+from ordo.sequencer.kafka_broker import KAFKA_VERSION, KafkaCluster, broker_settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -89,7 +89,7 @@ def test_the_compose_broker_configuration_runs_ordo_here(kafka_env, tmp_path):
     """Docker does not run here: the same configuration (its cluster id and settings, with
     loopback addresses for the node's own) serves a real sequencer and engine."""
     from tests.helpers import assert_same_as_reference, run_engine, sequence_requests
-    from procedures.workloads import sl
+    from ordo.procedures.workloads import sl
 
     settings = {k: v for k, v in server_properties(kafka_env).items() if k not in NODE_SETTINGS}
     with KafkaCluster(data_dir=str(tmp_path / "kafka"), settings=settings, cluster_id=kafka_env["CLUSTER_ID"]) as kafka:

@@ -14,20 +14,20 @@ from dataclasses import dataclass
 import pytest
 
 from ordo.testing import TestEngine
-from procedures.args import Int
-from procedures.contract import Procedure
-from procedures.fingerprint import by_value, describe
-from procedures.registry import Registry
-from procedures.streams import BatchField, Stream, Window
-from sequencer.topics import ensure_topics
+from ordo.procedures.args import Int
+from ordo.procedures.contract import Procedure
+from ordo.procedures.fingerprint import by_value, describe
+from ordo.procedures.registry import Registry
+from ordo.procedures.streams import BatchField, Stream, Window
+from ordo.sequencer.topics import ensure_topics
 from tests.helpers import ROOT, ordo, read_results, stop
 
 MODULES = ("tests.every_kind_procedures", "tests.stream_procedures")
 
 
 def _described_in_a_fresh_process(hash_seed: str) -> dict:
-    code = ("import json, sys; from procedures.fingerprint import describe; "
-            "from procedures.loading import load_registry; from procedures.registry import default_registry; "
+    code = ("import json, sys; from ordo.procedures.fingerprint import describe; "
+            "from ordo.procedures.loading import load_registry; from ordo.procedures.registry import default_registry; "
             f"print(json.dumps([describe(load_registry({MODULES!r})), describe(default_registry())]))")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                             env={**os.environ, "PYTHONPATH": ROOT, "PYTHONHASHSEED": hash_seed})
@@ -124,7 +124,7 @@ def test_a_sequencer_and_an_engine_in_separate_processes_run_every_kind_of_proce
 
 def test_ordo_run_refuses_such_a_schema_in_one_line_before_it_starts(tmp_path):
     (tmp_path / "opaque_app.py").write_text(
-        "from procedures.contract import Procedure\n"
+        "from ordo.procedures.contract import Procedure\n"
         "class Odd:\n"
         "    def check(self, name, value):\n"
         "        return value\n"

@@ -12,11 +12,11 @@ import shutil
 import pytest
 
 from ordo.state import digest
-from recovery.checkpoints import CheckpointStore
-from recovery.checks import applied_markers, check_applied_once
-from recovery.restore import CHECKPOINT, RecoveryError, prepare_shards
-from scheduler.coordinator import Coordinator
-from scheduler.outputs import CollectedOutputs
+from ordo.recovery.checkpoints import CheckpointStore
+from ordo.recovery.checks import applied_markers, check_applied_once
+from ordo.recovery.restore import CHECKPOINT, RecoveryError, prepare_shards
+from ordo.scheduler.coordinator import Coordinator
+from ordo.scheduler.outputs import CollectedOutputs
 from tests.helpers import assert_same_as_reference, mixed_log
 
 pytestmark = pytest.mark.slow

@@ -13,8 +13,8 @@ import time
 import psutil
 import pytest
 
-from sequencer.kafka import TAIL_FETCH_WAIT_MS, consumer_config, kafka_config
-from sequencer.kafka_settings import (
+from ordo.sequencer.kafka import TAIL_FETCH_WAIT_MS, consumer_config, kafka_config
+from ordo.sequencer.kafka_settings import (
     KafkaSettingsError,
     env_name_for,
     merge_kafka_settings,
@@ -23,7 +23,7 @@ from sequencer.kafka_settings import (
     settings_from_env,
     user_kafka_settings,
 )
-from sequencer.topics import ensure_topics
+from ordo.sequencer.topics import ensure_topics
 from tests.helpers import ROOT, stop
 
 
@@ -198,7 +198,7 @@ def _environs(engine_pid: int, worker_pids: list[int]) -> dict[str, dict]:
 
 
 def test_outputs_are_lz4_unless_the_user_names_a_codec():
-    from scheduler.outputs import output_compression
+    from ordo.scheduler.outputs import output_compression
 
     assert output_compression({}) == {"compression.type": "lz4"}
     assert output_compression({"compression.type": "zstd"}) == {}

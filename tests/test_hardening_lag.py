@@ -13,9 +13,9 @@ import pytest
 
 from ordo.client import Client
 from ordo.embedded import SequencerThread
-from sequencer.lag import lag, requests_lag
-from sequencer.sequencer import SequencerConfig
-from sequencer.topics import ensure_topics
+from ordo.sequencer.lag import lag, requests_lag
+from ordo.sequencer.sequencer import SequencerConfig
+from ordo.sequencer.topics import ensure_topics
 from tests.helpers import ROOT, stop
 
 

@@ -13,10 +13,10 @@ import time
 import pytest
 from confluent_kafka import Producer
 
-from sequencer.broker import free_port, local_broker
-from sequencer.kafka import kafka_config
-from sequencer.log import encode_start
-from sequencer.topics import ensure_topics
+from ordo.sequencer.broker import free_port, local_broker
+from ordo.sequencer.kafka import kafka_config
+from ordo.sequencer.log import encode_start
+from ordo.sequencer.topics import ensure_topics
 from tests.helpers import ROOT, dump_state, ordo, read_results, stop
 
 pytestmark = pytest.mark.slow
@@ -165,9 +165,9 @@ def test_shards_holding_state_are_not_wiped_for_a_log_that_cannot_rebuild_them(b
 
 
 def test_a_transaction_on_the_log_that_never_ends_stops_a_reader_with_one_line(broker, namespace, monkeypatch):
-    from sequencer import reader as reader_module
-    from sequencer.log import LogCursor, LogError
-    from sequencer.reader import LogReader
+    from ordo.sequencer import reader as reader_module
+    from ordo.sequencer.log import LogCursor, LogError
+    from ordo.sequencer.reader import LogReader
 
     monkeypatch.setattr(reader_module, "WATCH_EVERY", 0.2)
     monkeypatch.setattr(reader_module, "HELD_LIMIT", 2.0)

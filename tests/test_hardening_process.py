@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from sequencer.topics import ensure_topics
+from ordo.sequencer.topics import ensure_topics
 from tests.helpers import ordo, stop
 
 pytestmark = pytest.mark.slow

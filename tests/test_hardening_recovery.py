@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from procedures.workloads import micro
-from storage.digest import to_hex
+from ordo.procedures.workloads import micro
+from ordo.storage.digest import to_hex
 from tests.helpers import ROOT, run_engine, sequence_requests
 
 pytestmark = pytest.mark.slow

@@ -9,14 +9,14 @@ import asyncio
 
 import pytest
 
-from procedures.registry import default_registry
-from scheduler.exchange import LocalExchange
-from scheduler.execution import ABORTED, COMMITTED
-from scheduler.worker import PartitionWorker
-from sequencer.log import Batch
-from storage.digest import combine
-from storage.keys import encode_key
-from storage.values import decode_value
+from ordo.procedures.registry import default_registry
+from ordo.scheduler.exchange import LocalExchange
+from ordo.scheduler.execution import ABORTED, COMMITTED
+from ordo.scheduler.worker import PartitionWorker
+from ordo.sequencer.log import Batch
+from ordo.storage.digest import combine
+from ordo.storage.keys import encode_key
+from ordo.storage.values import decode_value
 
 REGISTRY = default_registry(["tests.hardening_procedures"])
 SCHEDULERS = ["serial", "locking", "vll", "opchain"]
@@ -108,7 +108,7 @@ def test_every_scheduler_gives_the_same_clear_outcome(tmp_path, partitions):
 
 
 def test_values_are_stored_as_the_shard_gives_them_back():
-    from scheduler.execution import BadValue, result_problem, stored_value
+    from ordo.scheduler.execution import BadValue, result_problem, stored_value
 
     original = {"b": (1, [2]), "a": "é"}
     stored = stored_value(original)

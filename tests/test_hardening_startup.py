@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from sequencer.topics import ensure_topics
+from ordo.sequencer.topics import ensure_topics
 from tests.helpers import ROOT, ordo, stop
 
 

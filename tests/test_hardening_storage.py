@@ -9,10 +9,10 @@ import json
 import os
 import subprocess
 
-from scheduler.worker import check_layout, shard_path
-from storage.keys import encode_key
-from storage.rocks import RocksShard
-from storage.values import encode_value
+from ordo.scheduler.worker import check_layout, shard_path
+from ordo.storage.keys import encode_key
+from ordo.storage.rocks import RocksShard
+from ordo.storage.values import encode_value
 from tests.helpers import ordo
 
 KEYS = 20_000

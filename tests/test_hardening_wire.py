@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from procedures.args import Int, Str, value_problem
-from procedures.contract import Procedure, Table
-from procedures.registry import default_registry
-from sequencer.wire import MAX_DEPTH, parse_request
+from ordo.procedures.args import Int, Str, value_problem
+from ordo.procedures.contract import Procedure, Table
+from ordo.procedures.registry import default_registry
+from ordo.sequencer.wire import MAX_DEPTH, parse_request
 
 registry = default_registry()
 DEPOSIT = {"account": 1, "asset": 2, "account_amount": 3, "asset_amount": 4}
@@ -186,8 +186,8 @@ def test_hostile_messages_are_rejected_in_the_log_and_later_requests_sequenced(b
     from kafka import KafkaProducer
 
     from ordo.embedded import SequencerThread, read_log
-    from sequencer.sequencer import SequencerConfig
-    from sequencer.topics import ensure_topics
+    from ordo.sequencer.sequencer import SequencerConfig
+    from ordo.sequencer.topics import ensure_topics
 
     ensure_topics(broker, namespace, request_partitions=1)
     # The sequencer knows the built-in procedures only; every other check comes first.

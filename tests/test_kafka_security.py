@@ -81,7 +81,7 @@ def make_certificates(folder) -> dict[str, str]:
 
 def broker_security(certificates: dict[str, str]):
     """The node settings of the recipe, and its SASL_SSL listener."""
-    from sequencer.kafka_broker import Listener
+    from ordo.sequencer.kafka_broker import Listener
 
     settings = {
         # CONTROLLER is TLS with client certificates; PLAINTEXT is the launcher's own.
@@ -163,8 +163,8 @@ def kafka(tmp_path_factory):
                                        ResourceType, UserScramCredentialUpsertion, ScramCredentialInfo,
                                        ScramMechanism)
 
-    from sequencer.kafka_broker import KafkaCluster
-    from sequencer.topics import ensure_topics
+    from ordo.sequencer.kafka_broker import KafkaCluster
+    from ordo.sequencer.topics import ensure_topics
 
     folder = tmp_path_factory.mktemp("kafka-security")
     certificates = make_certificates(folder)

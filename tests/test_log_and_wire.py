@@ -5,11 +5,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from procedures.registry import default_registry
-from sequencer.dedupe import RecentIds
-from sequencer.log import BATCH, LogCursor, LogError, LogMismatch, decode, encode_batch, encode_entry, encode_start
-from sequencer.log_secret import seal, tag
-from sequencer.wire import parse_request
+from ordo.procedures.registry import default_registry
+from ordo.sequencer.dedupe import RecentIds
+from ordo.sequencer.log import BATCH, LogCursor, LogError, LogMismatch, decode, encode_batch, encode_entry, encode_start
+from ordo.sequencer.log_secret import seal, tag
+from ordo.sequencer.wire import parse_request
 
 registry = default_registry()
 GOOD = {"id": "r-1", "proc": "sl_deposit",
@@ -216,7 +216,7 @@ def test_recent_ids_forget_the_oldest_beyond_capacity():
 
 @pytest.mark.parametrize("namespace", ["", "a b", "slθ", "x" * 201, ".hidden"])
 def test_namespaces_that_kafka_cannot_name_are_refused(namespace):
-    from sequencer.topics import Topics
+    from ordo.sequencer.topics import Topics
 
     with pytest.raises(ValueError, match="invalid namespace"):
         Topics(namespace)

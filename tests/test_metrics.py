@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ordo.client import Client
-from sequencer.topics import ensure_topics
+from ordo.sequencer.topics import ensure_topics
 from tests.helpers import ROOT, stop
 
 pytestmark = pytest.mark.slow

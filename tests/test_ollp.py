@@ -8,9 +8,9 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from procedures.ollp import LATE_MS, MAX_LATE_RESTARTS, MAX_RESTARTS, OLLP_FIELD
-from procedures.registry import default_registry
-from procedures.workloads import alias
+from ordo.procedures.ollp import LATE_MS, MAX_LATE_RESTARTS, MAX_RESTARTS, OLLP_FIELD
+from ordo.procedures.registry import default_registry
+from ordo.procedures.workloads import alias
 from tests.dependent_logs import assert_equals_serial_interpretation, assert_same_run, run_dependent
 
 REGISTRY = default_registry()
@@ -153,7 +153,7 @@ def test_restarts_after_a_long_wait_do_not_count_toward_the_limit_but_are_bounde
 
 
 def test_assumptions_a_client_gives_are_checked_and_bad_ones_rejected():
-    from procedures.registry import RequestError
+    from ordo.procedures.registry import RequestError
     import pytest
 
     with pytest.raises(RequestError, match="one value per reconnaissance key"):

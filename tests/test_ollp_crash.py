@@ -12,8 +12,8 @@ import pytest
 from kafka import KafkaProducer
 
 from ordo.embedded import read_log
-from procedures.ollp import OLLP_FIELD, request_identity
-from sequencer.topics import ensure_topics
+from ordo.procedures.ollp import OLLP_FIELD, request_identity
+from ordo.sequencer.topics import ensure_topics
 from tests.helpers import ordo, ordo_output, read_results, stop
 from tests.test_alias_pipeline import _requests
 from tests.test_ollp import model

@@ -8,10 +8,10 @@ import json
 
 from ordo.client import Client
 from ordo.embedded import SequencerThread, read_log
-from procedures.ollp import OLLP_FIELD, restart_request
-from sequencer.dedupe import RecentIds
-from sequencer.sequencer import SequencerConfig
-from sequencer.topics import ensure_topics
+from ordo.procedures.ollp import OLLP_FIELD, restart_request
+from ordo.sequencer.dedupe import RecentIds
+from ordo.sequencer.sequencer import SequencerConfig
+from ordo.sequencer.topics import ensure_topics
 
 
 def _step(restarts: int, assumed: list) -> dict:

@@ -1,9 +1,9 @@
 import json
 import time
 
-from scheduler.batch import Outcome
-from scheduler.outputs import KafkaOutputs, change_records, outcome_record
-from sequencer.topics import ensure_topics
+from ordo.scheduler.batch import Outcome
+from ordo.scheduler.outputs import KafkaOutputs, change_records, outcome_record
+from ordo.sequencer.topics import ensure_topics
 
 
 def test_outcome_record_is_the_documented_json():

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from procedures.workloads import micro, sl
-from scheduler.base import available_schedulers
+from ordo.procedures.workloads import micro, sl
+from ordo.scheduler.base import available_schedulers
 from tests.helpers import assert_same_as_reference, run_engine, sequence_requests
 
 pytestmark = pytest.mark.slow
@@ -43,7 +43,7 @@ def test_every_layout_and_scheduler_gives_the_serial_result(broker, shared_log, 
 def local_ray():
     import ray
 
-    from scheduler.ray_group import start_ray
+    from ordo.scheduler.ray_group import start_ray
 
     start_ray()
     yield
@@ -58,8 +58,8 @@ def test_ray_workers_give_the_serial_result(broker, shared_log, tmp_path, local_
 
 
 def test_each_ray_worker_runs_in_its_own_process_on_its_core(tmp_path, local_ray):
-    from scheduler.ray_group import RayGroup
-    from scheduler.worker import check_layout
+    from ordo.scheduler.ray_group import RayGroup
+    from ordo.scheduler.worker import check_layout
 
     cores = sorted(os.sched_getaffinity(0))
     check_layout(str(tmp_path), 3)

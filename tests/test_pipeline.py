@@ -8,8 +8,8 @@ import time
 import pytest
 from kafka import KafkaProducer
 
-from procedures.workloads import micro, sl
-from sequencer.topics import ensure_topics
+from ordo.procedures.workloads import micro, sl
+from ordo.sequencer.topics import ensure_topics
 from tests.helpers import dump_state, interpret_log, ordo, ordo_output, read_results, reference_state, stop
 
 pytestmark = pytest.mark.slow

@@ -1,10 +1,10 @@
 import pytest
 
-from procedures.registry import RequestError, default_registry
-from procedures.workloads import micro, sl
-from scheduler.execution import ABORTED, COMMITTED, execute, txn_seed
-from storage.keys import encode_key
-from storage.overlay import ABSENT
+from ordo.procedures.registry import RequestError, default_registry
+from ordo.procedures.workloads import micro, sl
+from ordo.scheduler.execution import ABORTED, COMMITTED, execute, txn_seed
+from ordo.storage.keys import encode_key
+from ordo.storage.overlay import ABSENT
 
 registry = default_registry()
 DEFAULTS = {t.name: t.default for t in registry.tables.values()}
@@ -71,8 +71,8 @@ def test_sl_transfer_to_itself_keeps_the_balance():
 
 
 def _custom(run_fn, analyze=lambda a: ([("t", 1)], [("t", 1)])):
-    from procedures.contract import Procedure, Table
-    from procedures.registry import Registry
+    from ordo.procedures.contract import Procedure, Table
+    from ordo.procedures.registry import Registry
 
     reg = Registry()
     reg.add_table(Table("t"))
@@ -113,7 +113,7 @@ def test_reads_are_copies_so_stored_values_stay_immutable():
     def mutate(ctx, a):
         ctx.read("t", 1)["x"] = 99
         return ctx.read("t", 1)
-    from procedures.contract import Procedure
+    from ordo.procedures.contract import Procedure
     procedure = Procedure("p", {}, lambda a: ([("t", 1)], []), mutate)
     stored = {"x": 1}
     status, result, _, _ = execute(procedure, {}, {encode_key("t", 1): stored}, set(), {}, 0, 0)

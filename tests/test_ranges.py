@@ -6,8 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from procedures.contract import Prefix
-from procedures.registry import Registry, RequestError
+from ordo.procedures.contract import Prefix
+from ordo.procedures.registry import Registry, RequestError
 from tests import range_procedures
 from tests.dependent_logs import run_dependent, serial_interpretation
 

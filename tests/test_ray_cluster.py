@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from procedures.workloads import micro
+from ordo.procedures.workloads import micro
 from tests.helpers import assert_same_as_reference, run_engine, sequence_requests
 
 pytestmark = pytest.mark.slow
@@ -14,8 +14,8 @@ def test_workers_on_two_nodes_give_the_serial_result(broker, tmp_path):
     import ray
     from ray.cluster_utils import Cluster
 
-    from scheduler.ray_group import RayGroup
-    from scheduler.worker import check_layout
+    from ordo.scheduler.ray_group import RayGroup
+    from ordo.scheduler.worker import check_layout
 
     namespace = f"cluster-{os.getpid()}"
     requests = list(micro.generate(800, seed=31, partitions=2, keys=100, hot=3, mp=0.5))

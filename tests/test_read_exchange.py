@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import struct
 
-from scheduler.socket_exchange import SocketExchange
+from ordo.scheduler.socket_exchange import SocketExchange
 
 
 async def _pair() -> tuple[SocketExchange, SocketExchange]:
@@ -93,11 +93,11 @@ def test_a_peer_sending_garbage_fails_every_waiting_transaction():
 def test_a_failed_exchange_fails_the_transaction_waiting_on_it():
     """What a scheduler sees: the batch's multi-partition transaction raises, naming the
     exchange, instead of waiting for ever."""
-    from scheduler.batch import BatchExecution, prepare
-    from sequencer.log import Batch
-    from storage.overlay import BatchOverlay
-    from storage.partitioning import Partitioner
-    from procedures.registry import default_registry
+    from ordo.scheduler.batch import BatchExecution, prepare
+    from ordo.sequencer.log import Batch
+    from ordo.storage.overlay import BatchOverlay
+    from ordo.storage.partitioning import Partitioner
+    from ordo.procedures.registry import default_registry
 
     registry = default_registry()
     partitioner = Partitioner.for_tables(2, {t.name: t.partitioner for t in registry.tables.values()})

@@ -13,16 +13,16 @@ import pytest
 from confluent_kafka import Producer
 
 from ordo.state import digest
-from recovery.checkpoints import MANIFEST, CheckpointStore, checkpoint_name
-from recovery.checks import applied_markers, check_applied_once
-from recovery.replay import recover
-from recovery.restore import RecoveryError
-from scheduler.coordinator import Coordinator
-from scheduler.outputs import CollectedOutputs
-from sequencer.kafka import kafka_config
-from sequencer.log import LogCursor, encode_batch, encode_entry, encode_start
-from sequencer.topics import ensure_topics
-from storage.rocks import RocksShard
+from ordo.recovery.checkpoints import MANIFEST, CheckpointStore, checkpoint_name
+from ordo.recovery.checks import applied_markers, check_applied_once
+from ordo.recovery.replay import recover
+from ordo.recovery.restore import RecoveryError
+from ordo.scheduler.coordinator import Coordinator
+from ordo.scheduler.outputs import CollectedOutputs
+from ordo.sequencer.kafka import kafka_config
+from ordo.sequencer.log import LogCursor, encode_batch, encode_entry, encode_start
+from ordo.sequencer.topics import ensure_topics
+from ordo.storage.rocks import RocksShard
 from tests.helpers import ROOT, assert_same_as_reference, mixed_log, ordo, run_engine, stop
 
 pytestmark = pytest.mark.slow

@@ -19,11 +19,11 @@ import pytest
 
 from ordo.client import Client
 from ordo.state import digest
-from procedures.workloads import micro, sl
-from recovery.checkpoints import CheckpointStore
-from recovery.checks import check_applied_once
-from sequencer.topics import ensure_topics
-from storage.keys import encode_key
+from ordo.procedures.workloads import micro, sl
+from ordo.recovery.checkpoints import CheckpointStore
+from ordo.recovery.checks import check_applied_once
+from ordo.sequencer.topics import ensure_topics
+from ordo.storage.keys import encode_key
 from tests.helpers import ROOT, interpret_log, ordo, read_results, stop, topic_reader
 
 pytestmark = pytest.mark.slow

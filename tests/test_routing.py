@@ -9,14 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from procedures.registry import default_registry
-from procedures.workloads import ALL_WORKLOADS
-from scheduler.batch import prepare
-from sequencer.log import Batch
-from sequencer.routing import (
+from ordo.procedures.registry import default_registry
+from ordo.procedures.workloads import ALL_WORKLOADS
+from ordo.scheduler.batch import prepare
+from ordo.sequencer.log import Batch
+from ordo.sequencer.routing import (
     CARRIED_KEYS_MAX, build_routing, item_bytes, max_item_bytes, placement_of, routing_bytes, slice_of,
 )
-from storage.partitioning import Partitioner, executor_of
+from ordo.storage.partitioning import Partitioner, executor_of
 
 REGISTRY = default_registry()
 WORKLOAD_KNOBS = {

@@ -8,19 +8,19 @@ import tempfile
 
 import pytest
 
-from procedures.registry import default_registry
-from scheduler.base import make_scheduler
-from scheduler.batch import BatchExecution, PreparedTxn, prepare
-from scheduler.execution import ABORTED, COMMITTED
-from scheduler.locking import _LockTable
-from scheduler.opchain import OpChainScheduler
-from scheduler.vll import _Counters
-from scheduler.worker import PartitionWorker
-from sequencer.log import Batch
-from storage.keys import decode_key, encode_key
-from storage.overlay import BatchOverlay
-from storage.partitioning import Partitioner
-from storage.values import decode_value
+from ordo.procedures.registry import default_registry
+from ordo.scheduler.base import make_scheduler
+from ordo.scheduler.batch import BatchExecution, PreparedTxn, prepare
+from ordo.scheduler.execution import ABORTED, COMMITTED
+from ordo.scheduler.locking import _LockTable
+from ordo.scheduler.opchain import OpChainScheduler
+from ordo.scheduler.vll import _Counters
+from ordo.scheduler.worker import PartitionWorker
+from ordo.sequencer.log import Batch
+from ordo.storage.keys import decode_key, encode_key
+from ordo.storage.overlay import BatchOverlay
+from ordo.storage.partitioning import Partitioner
+from ordo.storage.values import decode_value
 
 REGISTRY = default_registry()
 DEFAULTS = {t.name: t.default for t in REGISTRY.tables.values()}
@@ -335,7 +335,7 @@ def test_ob_bids_alters_and_tops(scheduler):
 
 @pytest.mark.parametrize("scheduler", ["serial", "locking", "vll", "opchain"])
 def test_tp_tolls_congested_busy_segments(scheduler):
-    from procedures.workloads.tp import seen_key
+    from ordo.procedures.workloads.tp import seen_key
 
     reports = [("tp_report", {"vehicle": v, "segment": 3, "speed": 30}) for v in range(51)]
     reports += [
@@ -352,7 +352,7 @@ def test_tp_tolls_congested_busy_segments(scheduler):
 
 
 def test_generators_are_seeded_and_obey_their_knobs():
-    from procedures.workloads import gs, ob, tp
+    from ordo.procedures.workloads import gs, ob, tp
 
     assert list(gs.generate(20, seed=4)) == list(gs.generate(20, seed=4))
     reads = [r["proc"] for r in gs.generate(400, seed=1, read=0.8)]

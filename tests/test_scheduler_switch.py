@@ -4,8 +4,8 @@ scheduler: it continues the log and ends in the state of one uninterrupted run."
 import pytest
 
 from ordo.client import Client
-from procedures.workloads import micro, sl
-from sequencer.topics import ensure_topics
+from ordo.procedures.workloads import micro, sl
+from ordo.sequencer.topics import ensure_topics
 from tests.helpers import dump_state, interpret_log, ordo, read_results, reference_state, stop
 
 pytestmark = pytest.mark.slow

@@ -19,22 +19,22 @@ from unittest import mock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from procedures.args import Int, List
-from procedures.contract import Procedure
-from procedures.operations import READ_MODIFY, WRITE, Condition, Operations
-from procedures.registry import RequestError, default_registry
-from scheduler.exchange import LocalExchange
-from scheduler.execution import COMMITTED, REJECTED, execute, txn_seed
-from scheduler.opchain import OpChainScheduler
-from scheduler.vll import VLLScheduler
-from scheduler.worker import PartitionWorker
-from sequencer.log import Batch
-from sequencer.routing import build_routing, placement_of, slice_of
-from storage.partitioning import Partitioner
-from storage.digest import combine, digest_pairs
-from storage.keys import encode_key
-from storage.overlay import ABSENT
-from storage.values import encode_value
+from ordo.procedures.args import Int, List
+from ordo.procedures.contract import Procedure
+from ordo.procedures.operations import READ_MODIFY, WRITE, Condition, Operations
+from ordo.procedures.registry import RequestError, default_registry
+from ordo.scheduler.exchange import LocalExchange
+from ordo.scheduler.execution import COMMITTED, REJECTED, execute, txn_seed
+from ordo.scheduler.opchain import OpChainScheduler
+from ordo.scheduler.vll import VLLScheduler
+from ordo.scheduler.worker import PartitionWorker
+from ordo.sequencer.log import Batch
+from ordo.sequencer.routing import build_routing, placement_of, slice_of
+from ordo.storage.partitioning import Partitioner
+from ordo.storage.digest import combine, digest_pairs
+from ordo.storage.keys import encode_key
+from ordo.storage.overlay import ABSENT
+from ordo.storage.values import encode_value
 
 # --- test-only procedures ---------------------------------------------------------------
 
@@ -304,7 +304,7 @@ def engine(log: list[Batch], scheduler: str, partitions: int, make=None, holding
            registry=None):
     """Outcomes, change data and digest of `log` run by `partitions` workers."""
     if memory:
-        with mock.patch("scheduler.worker.RocksShard", MemoryShard):
+        with mock.patch("ordo.scheduler.worker.RocksShard", MemoryShard):
             return engine(log, scheduler, partitions, make, holding, registry=registry)
     with tempfile.TemporaryDirectory() as data_dir:
         exchange = LocalExchange()
@@ -372,7 +372,7 @@ def test_every_scheduler_equals_serial_interpretation(drawn):
 
 def generated_log(knobs: dict, seed: int, batch_size: int, stride: int, prefix: str) -> list[Batch]:
     """Three batches mixing every workload generator's own stream."""
-    from procedures.workloads import ALL_WORKLOADS
+    from ordo.procedures.workloads import ALL_WORKLOADS
 
     streams = {name: ALL_WORKLOADS[name].generate(10_000, seed=seed, **knobs[name]) for name in knobs}
     names = list(streams)

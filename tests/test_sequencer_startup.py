@@ -12,12 +12,12 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from ordo.client import Client
 from ordo.embedded import SequencerThread, read_log
-from procedures.ollp import request_identity
-from procedures.registry import default_registry
-from sequencer.kafka import kafka_config
-from sequencer.log import SNAPSHOT_EVERY
-from sequencer.sequencer import Sequencer, SequencerConfig
-from sequencer.topics import Topics, check_topics, ensure_topics
+from ordo.procedures.ollp import request_identity
+from ordo.procedures.registry import default_registry
+from ordo.sequencer.kafka import kafka_config
+from ordo.sequencer.log import SNAPSHOT_EVERY
+from ordo.sequencer.sequencer import Sequencer, SequencerConfig
+from ordo.sequencer.topics import Topics, check_topics, ensure_topics
 
 pytestmark = pytest.mark.slow
 

@@ -12,10 +12,10 @@ import pytest
 
 from ordo.client import Client
 from ordo.embedded import SequencerThread, read_log
-from procedures.workloads import micro, sl
-from sequencer.tansu_broker import TansuBroker
-from sequencer.sequencer import SequencerConfig
-from sequencer.topics import ensure_topics
+from ordo.procedures.workloads import micro, sl
+from ordo.sequencer.tansu_broker import TansuBroker
+from ordo.sequencer.sequencer import SequencerConfig
+from ordo.sequencer.topics import ensure_topics
 from tests.helpers import (assert_same_as_reference, dump_state, interpret_log, ordo, read_results,
                            reference_state, run_engine, stop)
 

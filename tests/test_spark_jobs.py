@@ -19,13 +19,13 @@ import pytest
 from ordo.client import Client
 from ordo.embedded import SequencerThread
 from ordo.state import records
-from scheduler.coordinator import Coordinator
-from sequencer.sequencer import SequencerConfig
-from sequencer.topics import ensure_topics
-from spark_jobs import changes_job, producer_job
-from spark_jobs import records as records_codec
-from spark_jobs.records import request_message
-from spark_jobs.samples import BAD_ROWS, SAMPLES_DIR
+from ordo.scheduler.coordinator import Coordinator
+from ordo.sequencer.sequencer import SequencerConfig
+from ordo.sequencer.topics import ensure_topics
+from ordo.spark_jobs import changes_job, producer_job
+from ordo.spark_jobs import records as records_codec
+from ordo.spark_jobs.records import request_message
+from ordo.spark_jobs.samples import BAD_ROWS, SAMPLES_DIR
 from tests.helpers import ordo_output, topic_reader
 
 pytestmark = [pytest.mark.slow,
@@ -36,7 +36,7 @@ PARTITIONS = 2
 
 @pytest.fixture(scope="module")
 def spark():
-    from spark_jobs.session import build_session
+    from ordo.spark_jobs.session import build_session
 
     session = build_session("ordo-tests", master="local[2]", shuffle_partitions=2)
     yield session
@@ -317,7 +317,7 @@ def test_the_jobs_run_on_sparks_kafka_connector_from_maven_central(spark):
     """The session carries the connector's jars (fetched through ordo/maven.py, not Ivy) and
     the jobs' reads plan Spark's Kafka relation, not a Python data source."""
     from ordo.maven import cache_dir
-    from spark_jobs.kafka_connector import PROVIDER_CLASS, connector_jars, connector_loaded
+    from ordo.spark_jobs.kafka_connector import PROVIDER_CLASS, connector_jars, connector_loaded
 
     jars = spark.sparkContext.getConf().get("spark.jars").split(",")
     assert any(os.path.basename(j).startswith("spark-sql-kafka-0-10_") for j in jars), jars
@@ -331,7 +331,7 @@ def test_the_jobs_run_on_sparks_kafka_connector_from_maven_central(spark):
         PROVIDER_CLASS, False, spark.sparkContext._jvm.java.lang.Thread.currentThread().getContextClassLoader())
     assert "spark-sql-kafka" in provider.getProtectionDomain().getCodeSource().getLocation().toString()
     # What the changes job reads (decoded by records.py) is a plan over Spark's Kafka relation.
-    from spark_jobs.records import decode_outputs
+    from ordo.spark_jobs.records import decode_outputs
 
     raw = spark.read.format("kafka").options(**changes_job.source_options("127.0.0.1:1", "x")).load()
     plan = decode_outputs(raw, "changes")._jdf.queryExecution().analyzed().toString()
@@ -341,7 +341,7 @@ def test_the_jobs_run_on_sparks_kafka_connector_from_maven_central(spark):
 
 def test_kafka_settings_become_the_java_clients():
     """The user's librdkafka settings as options of the connector's Java client."""
-    from spark_jobs.kafka_connector import java_client_settings, kafka_options
+    from ordo.spark_jobs.kafka_connector import java_client_settings, kafka_options
 
     java, dropped = java_client_settings({
         "security.protocol": "SASL_SSL", "sasl.mechanisms": "SCRAM-SHA-512", "sasl.username": "u",
@@ -369,7 +369,7 @@ def test_kafka_settings_become_the_java_clients():
 @pytest.fixture(scope="module")
 def sasl_broker():
     """A Kafka node with a SASL_PLAINTEXT listener (PLAIN; user `spark`, password `s3cret`)."""
-    from sequencer.kafka_broker import KafkaCluster, Listener
+    from ordo.sequencer.kafka_broker import KafkaCluster, Listener
 
     listener = Listener("SASL_PLAINTEXT", "SASL_PLAINTEXT", {
         "listener.name.sasl_plaintext.sasl.enabled.mechanisms": "PLAIN",
@@ -384,7 +384,7 @@ def test_the_users_sasl_settings_reach_the_connector(spark, sasl_broker, namespa
     reads and writes authenticate; a wrong password fails the job."""
     from kafka import KafkaProducer
 
-    from sequencer.kafka_settings import FILE_ENV
+    from ordo.sequencer.kafka_settings import FILE_ENV
 
     plain = sasl_broker.bootstrap_servers
     secure = sasl_broker.listener_servers("SASL_PLAINTEXT")

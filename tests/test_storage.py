@@ -1,11 +1,11 @@
 from hypothesis import given, strategies as st
 
-from storage.digest import combine, digest_pairs
-from storage.keys import decode_key, encode_key
-from storage.overlay import ABSENT, BatchOverlay
-from storage.partitioning import Partitioner
-from storage.rocks import RocksShard
-from storage.values import decode_value, encode_value
+from ordo.storage.digest import combine, digest_pairs
+from ordo.storage.keys import decode_key, encode_key
+from ordo.storage.overlay import ABSENT, BatchOverlay
+from ordo.storage.partitioning import Partitioner
+from ordo.storage.rocks import RocksShard
+from ordo.storage.values import decode_value, encode_value
 
 int64 = st.integers(-(2**63), 2**63 - 1)
 keys = st.one_of(int64, st.text(max_size=20))

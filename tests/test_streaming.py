@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ordo.testing import START_MS, TestEngine, check_deterministic
-from procedures.args import Int, List
-from procedures.contract import Abort, Procedure, Table
-from procedures.registry import Registry
-from procedures.streams import Nested, Stream, Window
+from ordo.procedures.args import Int, List
+from ordo.procedures.contract import Abort, Procedure, Table
+from ordo.procedures.registry import Registry
+from ordo.procedures.streams import Nested, Stream, Window
 
 KEYS = 6
 MOD = 1_000_003
@@ -377,7 +377,7 @@ def _stream_topic(bootstrap: str, topic: str) -> list[tuple[str, dict]]:
 def test_output_streams_are_published_in_log_order_and_a_replay_only_duplicates(broker, namespace, tmp_path):
     from kafka import KafkaProducer
 
-    from sequencer.topics import ensure_topics
+    from ordo.sequencer.topics import ensure_topics
     from tests.helpers import ordo, read_results, stop
 
     rng = random.Random(5)

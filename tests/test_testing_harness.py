@@ -10,7 +10,7 @@ import pytest
 
 import ordo
 from ordo.testing import TestEngine, check_deterministic
-from procedures.args import Int
+from ordo.procedures.args import Int
 
 
 def bank() -> ordo.App:

@@ -8,10 +8,10 @@ import json
 import pytest
 from kafka import KafkaProducer
 
-from procedures.registry import default_registry
-from procedures.workloads import tpcc
-from procedures.workloads.tpcc_consistency import violations
-from sequencer.topics import ensure_topics
+from ordo.procedures.registry import default_registry
+from ordo.procedures.workloads import tpcc
+from ordo.procedures.workloads.tpcc_consistency import violations
+from ordo.sequencer.topics import ensure_topics
 from tests.dependent_logs import assert_equals_serial_interpretation, assert_same_run, run_dependent
 from tests.helpers import ordo, ordo_output, read_results, run_engine, stop
 

@@ -14,8 +14,8 @@ import time
 import pytest
 
 from ordo.testing import TestEngine
-from procedures.registry import default_registry
-from sequencer.topics import ensure_topics
+from ordo.procedures.registry import default_registry
+from ordo.sequencer.topics import ensure_topics
 from tests.helpers import dump_state, ordo, ordo_output, read_results, stop, topic_reader
 
 VOTER_TABLES = ("voter_count", "voter_phone", "voter_contestant", "voter_board")

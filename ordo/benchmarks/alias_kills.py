@@ -56,8 +56,8 @@ def measure(bootstrap: str, rate: float, seconds: float, kills: int, seed: int, 
             down: float = 0.0) -> dict:
     """`down`: seconds the engine stays down after each kill before it is started again."""
     from ordo.client import Client
-    from procedures.workloads import alias
-    from sequencer.topics import ensure_topics
+    from ordo.procedures.workloads import alias
+    from ordo.sequencer.topics import ensure_topics
 
     namespace = f"alias-kills-{uuid.uuid4().hex[:8]}"
     ensure_topics(bootstrap, namespace)

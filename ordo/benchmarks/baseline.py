@@ -277,8 +277,8 @@ def requests_consumer(bootstrap: str, topic: str):
     requests the engine got."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-    from sequencer.kafka import kafka_config
-    from sequencer.topics import partition_count
+    from ordo.sequencer.kafka import kafka_config
+    from ordo.sequencer.topics import partition_count
 
     consumer = Consumer(kafka_config(bootstrap, {
         "group.id": f"ordo-baseline-{uuid.uuid4().hex}", "enable.auto.commit": False,
@@ -317,7 +317,7 @@ def run_baseline(bootstrap: str, namespace: str, workload: str, count: int, serv
     fsync on the path); True is PostgreSQL's default (an fsync per commit)."""
     import psycopg
 
-    from sequencer.topics import Topics
+    from ordo.sequencer.topics import Topics
 
     topic = Topics(namespace).requests
     conn = server.connect()
@@ -354,10 +354,10 @@ def run_baseline(bootstrap: str, namespace: str, workload: str, count: int, serv
 
 def serial_state(order: list[list], workload: str) -> dict[tuple[str, int], Any]:
     """The state the plain serial interpretation reaches over `order`."""
-    from procedures.registry import default_registry
-    from scheduler.reference import SerialInterpreter
-    from sequencer.log import Batch
-    from storage.keys import decode_key
+    from ordo.procedures.registry import default_registry
+    from ordo.scheduler.reference import SerialInterpreter
+    from ordo.sequencer.log import Batch
+    from ordo.storage.keys import decode_key
 
     interpreter = SerialInterpreter(default_registry()).apply([Batch(1, 0, 0, {}, [list(e) for e in order])])
     tables = set(TABLES[workload])

@@ -20,7 +20,7 @@ def run_bench(workload: str, scheduler: str, partitions: int, txns: int, seed: i
               max_txns: int, json_path: str | None, baseline: bool = False) -> int:
     """`ordo bench WORKLOAD`: one configuration, everything measured in one run over the
     same `txns` requests (the engine and the replay over all of them, no time box)."""
-    from sequencer.broker import local_broker
+    from ordo.sequencer.broker import local_broker
 
     requests = workload_requests(workload, txns, seed, knobs, partitions)
     root = tempfile.mkdtemp(prefix="ordo-bench-")

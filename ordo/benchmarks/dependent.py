@@ -28,10 +28,10 @@ class Pipeline:
     def __init__(self, bootstrap: str, kind: str, scheduler: str, partitions: int, max_txns: int, directory: str):
         from ordo.client import Client
         from ordo.services import SequencerProcess
-        from scheduler.coordinator import Coordinator
+        from ordo.scheduler.coordinator import Coordinator
         from ordo.benchmarks.requests import ordering_of
-        from sequencer.sequencer import SequencerConfig
-        from sequencer.topics import ensure_topics
+        from ordo.sequencer.sequencer import SequencerConfig
+        from ordo.sequencer.topics import ensure_topics
 
         self.namespace = new_namespace(kind)
         ensure_topics(bootstrap, self.namespace, request_partitions=1)
@@ -75,7 +75,7 @@ class Pipeline:
 
 def restart_figures(requests: list[dict], outcomes: dict) -> dict[str, Any]:
     """How often the dependent requests among `requests` were restarted."""
-    from procedures.registry import default_registry
+    from ordo.procedures.registry import default_registry
 
     procedures = default_registry().procedures
     dependent = [outcomes[r["id"]] for r in requests if procedures[r["proc"]].reconnoiter is not None]
@@ -91,7 +91,7 @@ def run_alias(scheduler: str, partitions: int, txns: int, seed: int, knobs: dict
     """`rate`: requests/s the client sends at (None: all at once). Restarts depend on how
     many rebinds fall between a transaction's reconnaissance and its turn, so on how long
     that is: in a burst the reconnaissance result waits behind the whole backlog."""
-    from sequencer.broker import local_broker
+    from ordo.sequencer.broker import local_broker
 
     requests = workload_requests("alias", txns, seed, knobs, partitions)
     root = tempfile.mkdtemp(prefix="ordo-alias-")

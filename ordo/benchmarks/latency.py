@@ -73,8 +73,8 @@ def latency_client_main(bootstrap: str, namespace: str, warmup: list, requests: 
 def _client(bootstrap: str, namespace: str, warmup: list, requests: list, rate: float, drain_s: float) -> dict:
     from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
-    from sequencer.kafka import consumer_config, kafka_config
-    from sequencer.topics import Topics, partition_count
+    from ordo.sequencer.kafka import consumer_config, kafka_config
+    from ordo.sequencer.topics import Topics, partition_count
 
     topics = Topics(namespace)
     producer = Producer(kafka_config(bootstrap, {
@@ -141,7 +141,7 @@ def _client(bootstrap: str, namespace: str, warmup: list, requests: list, rate: 
 
 def request_times(bootstrap: str, namespace: str, ids: set[str], timeout: float = 60.0) -> dict[str, int]:
     """CreateTime (ms) of each request record of `ids` on <ns>.requests."""
-    from sequencer.topics import Topics, partition_count
+    from ordo.sequencer.topics import Topics, partition_count
 
     topic = Topics(namespace).requests
     found: dict[str, int] = {}
@@ -157,8 +157,8 @@ def request_times(bootstrap: str, namespace: str, ids: set[str], timeout: float 
 
 def log_times(bootstrap: str, namespace: str, ids: set[str], timeout: float = 60.0) -> dict[str, int]:
     """CreateTime (ms) of the <ns>.log record holding the accepted batch of each request of `ids`."""
-    from sequencer.log import LogCursor
-    from sequencer.topics import Topics
+    from ordo.sequencer.log import LogCursor
+    from ordo.sequencer.topics import Topics
 
     cursor = LogCursor()
     found: dict[str, int] = {}
@@ -178,7 +178,7 @@ def log_times(bootstrap: str, namespace: str, ids: set[str], timeout: float = 60
 def _read_all(bootstrap: str, topic: str, partitions: int, take, done: Callable[[], bool], timeout: float) -> None:
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-    from sequencer.kafka import consumer_config
+    from ordo.sequencer.kafka import consumer_config
 
     consumer = Consumer(consumer_config(bootstrap, {
         "group.id": f"bench-latency-{uuid.uuid4().hex}", "enable.auto.commit": False,
@@ -248,9 +248,9 @@ def measure_rate(bootstrap: str, workload: str, knobs: dict, rate: float, second
 
     from ordo.benchmarks.prefill import new_namespace
     from ordo.services import SequencerProcess
-    from scheduler.coordinator import Coordinator
-    from sequencer.sequencer import SequencerConfig
-    from sequencer.topics import ensure_topics
+    from ordo.scheduler.coordinator import Coordinator
+    from ordo.sequencer.sequencer import SequencerConfig
+    from ordo.sequencer.topics import ensure_topics
 
     namespace = new_namespace("latency")
     ensure_topics(bootstrap, namespace, request_partitions=1)
@@ -311,7 +311,7 @@ def measure_rate(bootstrap: str, workload: str, knobs: dict, rate: float, second
 def run_latency(workload: str, rates: list[float], partitions: int, scheduler: str, seconds: float, seed: int,
                 knobs: dict, max_txns: int, runtime: str = "auto", json_path: str | None = None) -> dict[str, Any]:
     from ordo.benchmarks.runners import shutdown_ray
-    from sequencer.broker import local_broker
+    from ordo.sequencer.broker import local_broker
 
     if not rates or any(r <= 0 for r in rates):
         raise ValueError("--rate takes a comma-separated list of request rates > 0, e.g. 500,1000")

@@ -34,8 +34,8 @@ def _client(bootstrap: str, namespace: str, warmup: list, burst: list, paced: li
             phases: list[tuple[str, float, float]]) -> dict:
     from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
-    from sequencer.kafka import kafka_config
-    from sequencer.topics import Topics, partition_count
+    from ordo.sequencer.kafka import kafka_config
+    from ordo.sequencer.topics import Topics, partition_count
 
     topics = Topics(namespace)
     producer = Producer(kafka_config(bootstrap, {

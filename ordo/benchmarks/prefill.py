@@ -23,7 +23,7 @@ class Log:
     def batches(self) -> list[tuple[Any, dict]]:
         """The accepted batches, each with the cursor after it, decoded afresh (runs never
         share Batch objects)."""
-        from sequencer.log import LogCursor
+        from ordo.sequencer.log import LogCursor
 
         cursor, out = LogCursor(), []
         for offset, value in self.records:
@@ -52,10 +52,10 @@ def prefill_log(bootstrap: str, requests: list[dict], batch_size: int, kind: str
     ordo/benchmarks/requests.py), with the procedures of `modules` (default: the built-in
     workloads), and the log's records read back."""
     from ordo.embedded import SequencerThread
-    from sequencer.log import LogCursor
-    from sequencer.reader import LogReader
-    from sequencer.sequencer import SequencerConfig
-    from sequencer.topics import Topics, ensure_topics
+    from ordo.sequencer.log import LogCursor
+    from ordo.sequencer.reader import LogReader
+    from ordo.sequencer.sequencer import SequencerConfig
+    from ordo.sequencer.topics import Topics, ensure_topics
 
     namespace = new_namespace(kind)
     ensure_topics(bootstrap, namespace, request_partitions=1)

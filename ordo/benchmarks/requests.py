@@ -6,7 +6,7 @@ import json
 
 
 def workload_requests(workload: str, count: int, seed: int, knobs: dict, partitions: int) -> list[dict]:
-    from procedures.workloads import ALL_WORKLOADS
+    from ordo.procedures.workloads import ALL_WORKLOADS
 
     module = ALL_WORKLOADS[workload]
     knobs = dict(knobs)
@@ -24,9 +24,9 @@ def multi_partition_share(requests: list[dict], partitions: int) -> float:
     """Share of the requests whose keys live on more than one partition."""
     if partitions == 1 or not requests:
         return 0.0
-    from procedures.registry import default_registry
-    from storage.keys import encode_key
-    from storage.partitioning import Partitioner
+    from ordo.procedures.registry import default_registry
+    from ordo.storage.keys import encode_key
+    from ordo.storage.partitioning import Partitioner
 
     registry = default_registry()
     partitioner = Partitioner.for_tables(partitions, {t.name: t.partitioner for t in registry.tables.values()})
@@ -41,7 +41,7 @@ def multi_partition_share(requests: list[dict], partitions: int) -> float:
 def ordering_of(scheduler: str) -> str | None:
     """The batches' ordering a benchmark of `scheduler` sequences its log with: aria's for
     aria (sequencer/log.py), log order for the others."""
-    from sequencer.log import ARIA
+    from ordo.sequencer.log import ARIA
 
     return ARIA if scheduler == ARIA else None
 
@@ -50,5 +50,5 @@ def procedure_modules(workload: str, knobs: dict) -> tuple[str, ...]:
     """The procedure set a benchmark runs with: the built-in workloads, or for ycsbt with
     analyze=0 the same procedure without ANALYZE."""
     if workload == "ycsbt" and not knobs.get("analyze", 1):
-        return ("procedures.workloads.ycsbt_open",)
+        return ("ordo.procedures.workloads.ycsbt_open",)
     return ()

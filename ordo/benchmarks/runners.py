@@ -72,7 +72,7 @@ def engine_throughput(bootstrap: str, log: Log, scheduler: str, partitions: int,
     `seconds`, the batch every worker is held at once that much time has passed.
     `txns` counts every applied batch, the first included. With `broker_pid`, the CPU time
     of the broker, the workers and this process over the timed stretch is measured too."""
-    from scheduler.coordinator import Coordinator
+    from ordo.scheduler.coordinator import Coordinator
 
     sizes = {batch.batch_id: len(batch) for batch, _ in log.batches()}
     if len(sizes) < 2:
@@ -128,7 +128,7 @@ def replay_throughput(bootstrap: str, log: Log, scheduler: str, partitions: int,
     `ordo recover --from-scratch` does): (transactions/s from the first replayed batch to
     the last, transactions/s as recovery reports it, which also counts starting the
     workers, connecting and the first fetch)."""
-    from recovery.replay import recover
+    from ordo.recovery.replay import recover
 
     report = recover(bootstrap, log.namespace, directory, scheduler, partitions, mode="scratch", idle=1.0,
                      quiet=True, procedure_modules=modules)
@@ -148,9 +148,9 @@ def end_to_end(bootstrap: str, workload: str, knobs: dict, requests: list[dict],
     import queue
 
     from ordo.services import SequencerProcess
-    from scheduler.coordinator import Coordinator
-    from sequencer.sequencer import SequencerConfig
-    from sequencer.topics import ensure_topics
+    from ordo.scheduler.coordinator import Coordinator
+    from ordo.sequencer.sequencer import SequencerConfig
+    from ordo.sequencer.topics import ensure_topics
 
     namespace = new_namespace("e2e")
     ensure_topics(bootstrap, namespace, request_partitions=1)

@@ -41,10 +41,10 @@ def sequencing_rate(batches: list) -> float:
 def sequence_once(bootstrap: str, encoded: list, request_partitions: int, sequencers: int, partitions: int,
                   max_txns: int, timeout: float = 600.0) -> float:
     from ordo.services import SequencerProcesses
-    from sequencer.log import SNAPSHOT, LogCursor, decode, is_batch_record
-    from sequencer.reader import LogReader
-    from sequencer.sequencer import SequencerConfig
-    from sequencer.topics import Topics, ensure_topics
+    from ordo.sequencer.log import SNAPSHOT, LogCursor, decode, is_batch_record
+    from ordo.sequencer.reader import LogReader
+    from ordo.sequencer.sequencer import SequencerConfig
+    from ordo.sequencer.topics import Topics, ensure_topics
 
     namespace = new_namespace("sequence")
     ensure_topics(bootstrap, namespace, request_partitions=request_partitions)
@@ -79,7 +79,7 @@ def sequence_once(bootstrap: str, encoded: list, request_partitions: int, sequen
 
 def run_sequencing(workload: str, counts: list[int], txns: int, seed: int, knobs: dict, partitions: int,
                    max_txns: int, json_path: str | None = None, rounds: int = 1) -> dict[str, Any]:
-    from sequencer.broker import local_broker
+    from ordo.sequencer.broker import local_broker
 
     if not counts or any(s < 1 for s in counts):
         raise ValueError("--sequencers takes a comma-separated list of counts >= 1, e.g. 1,2")

@@ -136,9 +136,9 @@ def run_soak(workload: str, rate: float, seconds: float, partitions: int, schedu
              seed: int, knobs: dict, json_path: str | None) -> dict[str, Any]:
     from confluent_kafka import Producer
 
-    from sequencer.broker import local_broker
-    from sequencer.kafka import kafka_config
-    from sequencer.topics import Topics
+    from ordo.sequencer.broker import local_broker
+    from ordo.sequencer.kafka import kafka_config
+    from ordo.sequencer.topics import Topics
 
     count = int(rate * seconds)
     report: dict[str, Any] = {"bench": "soak", "workload": workload, "rate": rate, "seconds": seconds,

@@ -15,9 +15,9 @@ def storage_limit(requests: list[dict], batch_size: int, directory: str, repeats
     import msgpack
     from rocksdict import WriteBatch
 
-    from procedures.registry import default_registry
-    from storage.keys import encode_key
-    from storage.rocks import RocksShard
+    from ordo.procedures.registry import default_registry
+    from ordo.storage.keys import encode_key
+    from ordo.storage.rocks import RocksShard
 
     registry = default_registry()
     batches = []

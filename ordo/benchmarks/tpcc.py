@@ -33,7 +33,7 @@ def run_tpcc(partition_counts: list[int], scheduler: str, txns: int, seed: int, 
     """`ordo bench tpcc` on a broker of its own. `baseline`: also the PostgreSQL baseline
     over the same requests (ordo/benchmarks/tpcc_baseline.py). `end_to_end`: also the
     whole pipeline, where lookups by last name make their reconnaissance pass through the log."""
-    from sequencer.broker import local_broker
+    from ordo.sequencer.broker import local_broker
 
     try:
         with local_broker() as broker:
@@ -48,7 +48,7 @@ def measure_tpcc(bootstrap: str, partition_counts: list[int], scheduler: str, tx
                  max_txns: int, baseline: bool = False, end_to_end: bool = True,
                  say=lambda text="": print(text, flush=True)) -> dict[str, Any]:
     """The measurements of `ordo bench tpcc` on a running broker (also part of the suite)."""
-    from procedures.workloads import tpcc
+    from ordo.procedures.workloads import tpcc
 
     knobs = {**DEFAULT_KNOBS, **knobs, "assume": 1}
     requests = list(tpcc.generate(txns, seed, **knobs))
@@ -88,7 +88,7 @@ def measure_tpcc(bootstrap: str, partition_counts: list[int], scheduler: str, tx
 
 def _measure(bootstrap: str, log, scheduler: str, partitions: int, directory: str, loads: int) -> dict[str, Any]:
     """Release the workers held after the last batch holding a load request; time the rest."""
-    from scheduler.coordinator import Coordinator
+    from ordo.scheduler.coordinator import Coordinator
 
     batches = [batch for batch, _ in log.batches()]
     seen, load_batch = 0, batches[0].batch_id
@@ -165,7 +165,7 @@ def format_baseline(result: dict[str, Any]) -> str:
 
 def _conditions(directory: str) -> list[str]:
     from ordo.state import records
-    from procedures.workloads.tpcc_consistency import violations
+    from ordo.procedures.workloads.tpcc_consistency import violations
 
     return violations(records(directory))
 

@@ -22,10 +22,10 @@ import time
 from collections import Counter
 from typing import Any, Iterator
 
-from procedures.contract import Abort
-from procedures.ollp import split_args
-from storage.keys import decode_key, encode_key, normal_key
-from storage.values import decode_value, encode_value
+from ordo.procedures.contract import Abort
+from ordo.procedures.ollp import split_args
+from ordo.storage.keys import decode_key, encode_key, normal_key
+from ordo.storage.values import decode_value, encode_value
 
 _UPSERT = "INSERT INTO kv (k, v) VALUES (%s, %s) ON CONFLICT (k) DO UPDATE SET v = excluded.v"
 
@@ -111,7 +111,7 @@ def kv_baseline_requests(conn, bootstrap: str, namespace: str, count: int) -> It
     import psycopg
 
     from ordo.benchmarks.baseline import each_request, requests_consumer
-    from sequencer.topics import Topics
+    from ordo.sequencer.topics import Topics
 
     with conn.transaction():
         conn.execute("DROP TABLE IF EXISTS kv")
@@ -127,8 +127,8 @@ def kv_baseline_requests(conn, bootstrap: str, namespace: str, count: int) -> It
 def run_tpcc_baseline(bootstrap: str, namespace: str, requests: list[dict], loads: int, server) -> dict[str, Any]:
     """Apply every request of `<namespace>.requests` (the load, then the mix); the clock
     runs over the mix only. Returns the figures and the consistency conditions found."""
-    from procedures.registry import default_registry
-    from procedures.workloads.tpcc_consistency import violations
+    from ordo.procedures.registry import default_registry
+    from ordo.procedures.workloads.tpcc_consistency import violations
 
     registry = default_registry()
     conn = server.connect()

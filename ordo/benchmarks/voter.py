@@ -26,8 +26,8 @@ def run_voter(scheduler: str, partitions: int, votes: int, seed: int, max_txns: 
               say=lambda text="": print(text, flush=True)) -> dict[str, Any]:
     from ordo.benchmarks.dependent import Pipeline
     from ordo.benchmarks.runners import shutdown_ray
-    from procedures.workloads import voter
-    from sequencer.broker import local_broker
+    from ordo.procedures.workloads import voter
+    from ordo.sequencer.broker import local_broker
 
     requests = list(voter.generate(votes, seed, **(knobs or {})))
     report: dict[str, Any] = {"workload": "voter", "scheduler": scheduler, "partitions": partitions,
@@ -101,7 +101,7 @@ def run_voter_baseline(bootstrap: str, namespace: str, count: int, server) -> di
     """Consume `<namespace>.requests` from the start; each vote is the dataflow's three
     procedures, each its own SERIALIZABLE transaction committed before the next begins."""
     from ordo.benchmarks.tpcc_baseline import kv_baseline_requests
-    from procedures.registry import default_registry
+    from ordo.procedures.registry import default_registry
 
     registry = default_registry()
     flow = registry.procedures["voter_vote"].run.__self__  # the composed dataflow (procedures/streams.py)
@@ -124,7 +124,7 @@ def run_voter_baseline(bootstrap: str, namespace: str, count: int, server) -> di
 
 
 def _vote(conn, registry, flow, body: dict, index: int) -> tuple[str, int]:
-    from procedures.args import ArgumentError, check_args
+    from ordo.procedures.args import ArgumentError, check_args
 
     vote = registry.procedures["voter_vote"]
     try:
@@ -144,7 +144,7 @@ def _vote(conn, registry, flow, body: dict, index: int) -> tuple[str, int]:
 def _step(conn, registry, flow, emitted: dict, name: str, args, index: int) -> tuple[str, int]:
     """One procedure of the dataflow as one SERIALIZABLE transaction: (status, retries)."""
     from ordo.benchmarks.tpcc_baseline import _Context, serializable
-    from procedures.streams import StreamContext
+    from ordo.procedures.streams import StreamContext
 
     procedure = next(p for p in (flow.input, *flow.steps) if p.name == name)
     defaults = {t.name: t.default for t in registry.tables.values()}

@@ -9,9 +9,9 @@ from __future__ import annotations
 import random
 from typing import Iterator
 
-from procedures.args import Int, Str
-from procedures.contract import Procedure, Table
-from procedures.workloads.sampling import request
+from ordo.procedures.args import Int, Str
+from ordo.procedures.contract import Procedure, Table
+from ordo.procedures.workloads.sampling import request
 
 ALIASES = 100
 ACCOUNTS = 50

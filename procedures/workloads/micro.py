@@ -10,10 +10,10 @@ from __future__ import annotations
 import random
 from typing import Iterator
 
-from procedures.args import Int, List
-from procedures.contract import Procedure, Table
-from procedures.operations import increment_ops
-from procedures.workloads.sampling import request
+from ordo.procedures.args import Int, List
+from ordo.procedures.contract import Procedure, Table
+from ordo.procedures.operations import increment_ops
+from ordo.procedures.workloads.sampling import request
 
 TABLES = [Table("micro", default=0, partitioner="modulo")]
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 import random
 from typing import Iterator
 
-from procedures.args import Int, List
-from procedures.contract import Procedure, Table
-from procedures.operations import READ_MODIFY, Condition, Operations
-from procedures.workloads.sampling import Zipf, request
+from ordo.procedures.args import Int, List
+from ordo.procedures.contract import Procedure, Table
+from ordo.procedures.operations import READ_MODIFY, Condition, Operations
+from ordo.procedures.workloads.sampling import Zipf, request
 
 RECORDS = 10_000
 ITEMS_PER_TXN = 20

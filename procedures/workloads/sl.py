@@ -7,10 +7,10 @@ from __future__ import annotations
 import random
 from typing import Iterator
 
-from procedures.args import Int
-from procedures.contract import Procedure, Table
-from procedures.operations import READ_MODIFY, Condition, Operations, adder
-from procedures.workloads.sampling import Zipf, request
+from ordo.procedures.args import Int
+from ordo.procedures.contract import Procedure, Table
+from ordo.procedures.operations import READ_MODIFY, Condition, Operations, adder
+from ordo.procedures.workloads.sampling import Zipf, request
 
 RECORDS = 10_000
 AMOUNT = Int(0, 10**12)

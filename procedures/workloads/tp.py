@@ -23,10 +23,10 @@ from __future__ import annotations
 import random
 from typing import Iterator
 
-from procedures.args import Int
-from procedures.contract import Procedure, Table
-from procedures.operations import READ_MODIFY, WRITE, Operations
-from procedures.workloads.sampling import Zipf, request
+from ordo.procedures.args import Int
+from ordo.procedures.contract import Procedure, Table
+from ordo.procedures.operations import READ_MODIFY, WRITE, Operations
+from ordo.procedures.workloads.sampling import Zipf, request
 
 SEGMENTS = 100
 VEHICLES = 1_000

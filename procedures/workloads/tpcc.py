@@ -39,10 +39,10 @@ import string
 from functools import lru_cache
 from typing import Iterator
 
-from procedures.args import Int, List, Str
-from procedures.contract import Prefix, Procedure, Table
-from procedures.ollp import OLLP_FIELD
-from procedures.workloads.ob import DEFAULT as OB_ITEM_DEFAULT
+from ordo.procedures.args import Int, List, Str
+from ordo.procedures.contract import Prefix, Procedure, Table
+from ordo.procedures.ollp import OLLP_FIELD
+from ordo.procedures.workloads.ob import DEFAULT as OB_ITEM_DEFAULT
 
 DISTRICTS = 10
 WAREHOUSES, CUSTOMERS, ITEMS = 1, 3000, 100_000

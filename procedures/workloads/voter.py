@@ -15,10 +15,10 @@ from __future__ import annotations
 import random
 from typing import Iterator
 
-from procedures.args import Int
-from procedures.contract import Procedure, Table
-from procedures.streams import Stream, Window
-from procedures.workloads.sampling import request
+from ordo.procedures.args import Int
+from ordo.procedures.contract import Procedure, Table
+from ordo.procedures.streams import Stream, Window
+from ordo.procedures.workloads.sampling import request
 
 CONTESTANTS = 25
 REMOVE_EVERY = 1000

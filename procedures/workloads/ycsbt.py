@@ -13,9 +13,9 @@ from __future__ import annotations
 import random
 from typing import Iterator
 
-from procedures.args import Int
-from procedures.contract import Procedure, Table
-from procedures.workloads.sampling import request
+from ordo.procedures.args import Int
+from ordo.procedures.contract import Procedure, Table
+from ordo.procedures.workloads.sampling import request
 
 START = 1_000_000
 TABLES = [Table("ycsbt", default=START, partitioner="modulo")]

@@ -2,8 +2,8 @@
 form): it names its home key, the account it takes from, and runs only in batches ordered
 by aria (--scheduler aria). `ordo bench ycsbt --knob analyze=0` runs it."""
 
-from procedures.contract import Procedure
-from procedures.workloads.ycsbt import ARGS, TABLES, transfer
+from ordo.procedures.contract import Procedure
+from ordo.procedures.workloads.ycsbt import ARGS, TABLES, transfer
 
 PROCEDURES = [Procedure("ycsbt_transfer", ARGS, None, transfer, home=("ycsbt", "a"))]
 __all__ = ["TABLES", "PROCEDURES"]

@@ -11,17 +11,17 @@ import json
 
 import pytest
 
-from procedures.registry import default_registry
-from procedures.workloads import micro, sl
-from scheduler.base import available_schedulers, make_scheduler
-from scheduler.batch import BatchExecution, Outcome, prepare
-from scheduler.execution import COMMITTED
-from scheduler.outputs import change_records, outcome_record
-from sequencer.log import Batch
-from sequencer.wire import encode_request, parse_request
-from storage.overlay import BatchOverlay
-from storage.partitioning import Partitioner
-from storage.rocks import RocksShard
+from ordo.procedures.registry import default_registry
+from ordo.procedures.workloads import micro, sl
+from ordo.scheduler.base import available_schedulers, make_scheduler
+from ordo.scheduler.batch import BatchExecution, Outcome, prepare
+from ordo.scheduler.execution import COMMITTED
+from ordo.scheduler.outputs import change_records, outcome_record
+from ordo.sequencer.log import Batch
+from ordo.sequencer.wire import encode_request, parse_request
+from ordo.storage.overlay import BatchOverlay
+from ordo.storage.partitioning import Partitioner
+from ordo.storage.rocks import RocksShard
 
 BATCH = 200
 MAX_REQUEST_BYTES = 64 * 1024
