@@ -123,10 +123,10 @@ class ReplayProgress:
                 f"again")
 
     def _show(self, stats: EngineStats, now: float) -> None:
-        elapsed = max(self.last_new - self.started, 1e-9)
+        elapsed = self.last_new - self.started
         replayed = stats.last_batch - self.start_batch
-        line = (f"replay: batch {stats.last_batch} | {replayed} batches ({replayed / elapsed:,.0f}/s) | "
-                f"{stats.txns:,} txns ({stats.txns / elapsed:,.0f}/s) | log lag ~{self.coordinator.log_lag()}")
+        line = (f"replay: batch {stats.last_batch} | {replayed} batches ({per_second(replayed, elapsed)}) | "
+                f"{stats.txns:,} txns ({per_second(stats.txns, elapsed)}) | log lag ~{self.coordinator.log_lag()}")
         if self.tty:
             print("\r" + line.ljust(100), end="", file=self.stream, flush=True)
         else:
@@ -171,9 +171,22 @@ def recover(bootstrap: str, namespace: str, data_dir: str, scheduler: str = "ser
         report.steady_txns = progress.last_txns - first_txns
         report.steady_s = progress.last_new - first_at
     say(f"recovered: {plan.action} + replay of {report.batches} batches, {report.txns:,} txns in "
-        f"{report.replay_s:.2f}s ({report.batches_per_s:,.0f} batches/s, {report.txns_per_s:,.0f} txns/s; "
-        f"shards ready in {report.restore_s:.2f}s); applied through batch {report.to_batch}")
+        f"{report.replay_s:.2f}s ({per_second(report.batches, report.replay_s, 'batches')}, "
+        f"{per_second(report.txns, report.replay_s, 'txns')}; shards ready in {report.restore_s:.2f}s); "
+        f"applied through batch {report.to_batch}")
     return report
+
+
+MIN_TIMED_S = 0.1  # below this, a rate says more about the clock than about the replay
+
+
+def per_second(count: int, seconds: float, unit: str = "") -> str:
+    """'1,234 txns/s', or 'too fast to time' when `seconds` is too short to divide by (all
+    of it was applied by the first look)."""
+    if count and seconds < MIN_TIMED_S:
+        return "too fast to time"
+    rate = count / seconds if seconds > 0 else 0.0
+    return f"{rate:,.0f} {unit}/s" if unit else f"{rate:,.0f}/s"
 
 
 def log_head(coordinator: Coordinator, timeout: float = 30.0) -> int:

@@ -261,3 +261,23 @@ def ordo_run(*args, timeout=120):
     env = {**os.environ, "PYTHONPATH": ROOT}
     return subprocess.run([sys.executable, "-m", "ordo.cli", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout)
+
+
+def test_a_replay_applied_before_its_first_look_shows_no_made_up_rate(broker, namespace, tmp_path):
+    import io
+
+    from ordo.recovery.replay import ReplayProgress, per_second
+    from ordo.scheduler.coordinator import EngineStats
+
+    ensure_topics(broker, namespace)
+    coordinator = Coordinator(broker, namespace, str(tmp_path / "d"), "serial", 1)
+    try:
+        stream = io.StringIO()
+        progress = ReplayProgress(coordinator, idle=2.0, checkpoint_at_end=False, stream=stream)
+        progress._show(EngineStats(batches=100, txns=20_000, last_batch=100), progress.started)
+    finally:
+        coordinator.stop()
+        coordinator.run()
+    line = stream.getvalue()
+    assert "100 batches (too fast to time) | 20,000 txns (too fast to time)" in line, line
+    assert per_second(20_000, 2.0, "txns") == "10,000 txns/s"
