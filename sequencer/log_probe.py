@@ -60,6 +60,10 @@ class RecordProbe:
             self._absent_since = None
         return None if found is None else found == "same"
 
+    def forget_absence(self) -> None:
+        """Start the grace for a missing record afresh (the broker did not answer)."""
+        self._absent_since = None
+
     def cluster_id(self) -> str | None:
         """The id of the Kafka cluster answering (None if it did not say)."""
         try:
@@ -137,24 +141,30 @@ class LogWatch:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                self._check_cluster()
+                answering = self._check_cluster()
                 self.end = self._probe.end_and_error()
                 self.answered.set()
                 noted = self._noted
-                if noted is not None and self.lost is None and self._probe.holds(*noted) is False:
+                if not answering:
+                    # A broker that does not answer (stopped, unreachable) says nothing about
+                    # its records: absence counts only while a broker answers.
+                    self._probe.forget_absence()
+                elif noted is not None and self.lost is None and self._probe.holds(*noted) is False:
                     self.lost = noted[0]
                 self._stop.wait(self.every)
         finally:
             self._probe.close()
 
-    def _check_cluster(self) -> None:
+    def _check_cluster(self) -> bool:
+        """Note the id of the cluster answering; False if none answered."""
         cluster = self._probe.cluster_id()
         if cluster is None:
-            return
+            return False
         if self.cluster is None:
             self.cluster = cluster
         elif cluster != self.cluster:
             self.other_cluster = cluster
+        return True
 
     def lost_cluster(self) -> str | None:
         """What to say when another cluster answers now, else None."""

@@ -55,6 +55,9 @@ from ordo.sequencer.wire import parse_request_sets
 from ordo.storage.partitioning import Partitioner
 
 log = logging.getLogger("ordo.sequencer")
+# Errors that mean no broker answered, rather than that one answered something unexpected.
+UNANSWERED = (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT,
+              KafkaError._MSG_TIMED_OUT, KafkaError.REQUEST_TIMED_OUT)
 
 
 def _spans(offsets: dict) -> str:
@@ -476,8 +479,13 @@ class Sequencer:
             end(timeout)
 
     def _cannot_append(self, exc: KafkaException) -> str:
+        error = exc.args[0]
+        if error.code() in UNANSWERED:
+            return (f"cannot append batch {self.next_epoch} of sequencer {self.config.index} to {self.topics.log} "
+                    f"for {APPEND_DEADLINE:.0f} s ({error.str()}): the broker does not answer; start it again "
+                    f"(on its data directory, it keeps the log) and restart Ordo")
         return (f"cannot append batch {self.next_epoch} of sequencer {self.config.index} to {self.topics.log} for "
-                f"{APPEND_DEADLINE:.0f} s ({exc.args[0].str()}): the broker may have been restarted without its "
+                f"{APPEND_DEADLINE:.0f} s ({error.str()}): the broker may have been restarted without its "
                 f"data; see docs/operations.md, 'Broker lost'")
 
     def _delivered(self, error, message) -> None:

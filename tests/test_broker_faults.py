@@ -201,3 +201,34 @@ def test_a_three_node_cluster_loses_no_request_when_the_log_leader_dies_and_anot
     fault_report(f"{rounds} rounds of SIGKILL of the log's leader + SIGSTOP of another node "
                  f"({2 * rounds} faults), {len(requests)} requests checked, 0 lost, 0 duplicated; first outcome "
                  f"{', '.join(f'{s:.1f}' for s in resumed)} s after the stopped node went on and the killed one was restarted")
+
+
+def test_a_broker_stopped_for_longer_than_the_grace_is_not_called_lost(tmp_path):
+    """A stopped broker says nothing about the records it holds: the engine waits for it
+    (it never says "the broker lost the log"), and goes on when the broker is back."""
+    import subprocess
+
+    kafka = KafkaCluster(data_dir=str(tmp_path / "kafka"))
+    bootstrap = kafka.start()
+    namespace, data_dir = "stopped", str(tmp_path / "d")
+    engine = ordo("run", "--bootstrap-servers", bootstrap, "--namespace", namespace, "--data-dir", data_dir,
+                  "--quiet", "--runtime", "local", stderr=subprocess.PIPE, text=True)
+    try:
+        with Client(bootstrap, namespace) as client:
+            client.wait_for_topics(timeout=60)
+            assert client.wait_one(client.submit("sl_deposit", {"account": 1, "asset": 1, "account_amount": 5,
+                                                               "asset_amount": 5}), timeout=60)["status"] == "committed"
+        kafka.nodes[0].stop()
+        time.sleep(45)  # longer than the grace a missing record gets (log_probe.ABSENT_GRACE, 30 s)
+        assert engine.poll() is None, engine.stderr.read()
+        kafka.restart_node(0)
+        with Client(bootstrap, namespace) as client:
+            outcome = client.wait_one(client.submit("sl_deposit", {"account": 2, "asset": 2, "account_amount": 5,
+                                                                   "asset_amount": 5}), timeout=120)
+        assert outcome["status"] == "committed"
+    finally:
+        code = stop(engine)
+        kafka.stop()
+    said = engine.stderr.read()
+    assert "lost the log" not in said, said
+    assert code == 0, said
