@@ -181,6 +181,8 @@ def test_client_submits_waits_and_streams_its_outcomes(broker, namespace, engine
         one = client.submit("sl_deposit", deposit("c0")["args"], request_id="c0")
         assert one == "c0"
         assert client.wait_one("c0", timeout=60)["status"] == "committed"
+        named = client.submit(proc="sl_deposit", args=deposit("k0", 3)["args"], request_id="k0")  # as documented
+        assert client.wait_one(named, timeout=60)["status"] == "committed"
         submission = client.submit_many([deposit("c1"), deposit("c1"), b"[1, 2]"])
         assert submission.ids[:2] == ["c1", "c1"] and submission.ids[2].startswith("@")
         assert submission.duplicates() == {"c1": 2} and submission.by_position == [2]
@@ -188,7 +190,7 @@ def test_client_submits_waits_and_streams_its_outcomes(broker, namespace, engine
         assert sorted(o["status"] for o in found["c1"]) == ["committed", "rejected"]
         assert found[submission.ids[2]][0]["error"] == "request must be a JSON object"
         streamed = [o["id"] for o in client.stream(idle=2)]
-        assert sorted(streamed) == sorted(["c0", "c1", "c1", submission.ids[2]])
+        assert sorted(streamed) == sorted(["c0", "k0", "c1", "c1", submission.ids[2]])
         with pytest.raises(TimeoutError, match="no outcome for 'never'"):
             client.wait_one("never", timeout=1)
 
