@@ -155,9 +155,18 @@ def test_shards_holding_state_are_not_wiped_for_a_log_that_cannot_rebuild_them(b
     before = dump_state(data)
     assert before
 
-    emptied = f"{namespace}-e"  # what the namespace looks like on a broker that lost it
-    ensure_topics(broker, emptied)
-    done = cli("recover", "--bootstrap-servers", broker, "--namespace", emptied, "--data-dir", data,
+    # What the namespace looks like on a broker that lost it: its topics there, and empty.
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": broker})
+    topics = [t for t in admin.list_topics(timeout=10).topics if t.startswith(f"{namespace}.")]
+    for future in admin.delete_topics(topics).values():
+        future.result(30)
+    deadline = time.monotonic() + 30
+    while any(t in admin.list_topics(timeout=10).topics for t in topics) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    ensure_topics(broker, namespace)
+    done = cli("recover", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", data,
                "--from-scratch", "--idle", "2")
     assert done.returncode == 2, done.stderr
     assert "not rebuilding the shards from the log" in done.stderr and "holds no record" in done.stderr
