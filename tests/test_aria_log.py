@@ -66,6 +66,19 @@ def test_aria_batches_replay_alike_under_every_scheduler(broker, namespace, tmp_
     assert_same_as_reference(outputs, digest, last_batch, reference)
 
 
+def _answered_by_aria_on_ray(broker: str, namespace: str, data_dir: str, requests: list, *options: str) -> list:
+    """`ordo run --scheduler aria` on two Ray partitions until every request is answered."""
+    client = Client(broker, namespace)
+    engine = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", data_dir,
+                  "--scheduler", "aria", "--partitions", "2", "--runtime", "ray", "--quiet", *options)
+    try:
+        client.submit(requests)
+        return read_results(broker, f"{namespace}.results", len(requests), timeout=240)
+    finally:
+        assert stop(engine, timeout=60) == 0
+        client.close()
+
+
 def test_aria_on_two_ray_partitions_equals_its_serial_reading(broker, namespace, tmp_path):
     """Multi-partition transfers and read-modify-writes homed on one Ray partition read and
     write keys of the other; a rebuild on one partition in-process gives the same."""
@@ -73,15 +86,7 @@ def test_aria_on_two_ray_partitions_equals_its_serial_reading(broker, namespace,
     data_dir = str(tmp_path / "d")
     requests = [r for pair in zip(sl.generate(400, seed=7, records=16),
                                   micro.generate(400, seed=8, partitions=2, keys=40, hot=4, mp=0.6)) for r in pair]
-    client = Client(broker, namespace)
-    engine = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", data_dir,
-                  "--scheduler", "aria", "--partitions", "2", "--runtime", "ray", "--max-txns", "80", "--quiet")
-    try:
-        client.submit(requests)
-        records = read_results(broker, f"{namespace}.results", len(requests), timeout=240)
-    finally:
-        assert stop(engine, timeout=60) == 0
-        client.close()
+    records = _answered_by_aria_on_ray(broker, namespace, data_dir, requests, "--max-txns", "80")
     outcomes = {r["id"]: r for r in records}
     assert len(records) == len(outcomes) == len(requests)
     last_batch = max(r["batch"] for r in records)
@@ -119,16 +124,8 @@ def test_ycsbt_without_analyze_runs_end_to_end_on_two_partitions(broker, namespa
     ensure_topics(broker, namespace, request_partitions=2)
     data_dir = str(tmp_path / "d")
     requests = list(ycsbt.generate(800, seed=3, records=60, partitions=2, mp=0.5))
-    client = Client(broker, namespace)
-    engine = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", data_dir,
-                  "--app", "examples.ycsbt:app", "--scheduler", "aria", "--partitions", "2", "--runtime", "ray",
-                  "--max-txns", "100", "--quiet")
-    try:
-        client.submit(requests)
-        records = read_results(broker, f"{namespace}.results", len(requests), timeout=240)
-    finally:
-        assert stop(engine, timeout=60) == 0
-        client.close()
+    records = _answered_by_aria_on_ray(broker, namespace, data_dir, requests, "--app", "examples.ycsbt:app",
+                                       "--max-txns", "100")
     assert sorted(r["id"] for r in records) == sorted(r["id"] for r in requests)
     assert {r["status"] for r in records} == {"committed"}
     last_batch = max(r["batch"] for r in records)
