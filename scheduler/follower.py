@@ -41,6 +41,7 @@ from ordo.sequencer.topics import Topics
 KEPT_CHECKPOINT_REPORTS = 16
 KEPT_DROPPED_REPORTS = 16  # passed-over log records a status names; the coordinator asks many times a second
 log = logging.getLogger("ordo.engine")
+MEMORY_EVERY = 1.0  # seconds between two reads of a worker's memory for its status
 
 # Upper bounds (seconds) of the batch latency histogram in the status (ordo/metrics.py).
 BATCH_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -99,6 +100,7 @@ class LogFollower:
         # Sequencer's batch time -> executed here: counts per bucket (the last: beyond them), sum.
         self.latency_counts = [0] * (len(BATCH_LATENCY_BUCKETS) + 1)
         self.latency_sum = 0.0
+        self._memory_at, self._memory_seen = float("-inf"), {}
 
     # -- control, from the coordinator ------------------------------------------------
 
