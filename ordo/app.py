@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 from ordo.procedures.args import Int, List, Str
 from ordo.procedures.contract import Procedure, Table
-from ordo.procedures.registry import Registry
+from ordo.procedures.registry import Registry, did_you_mean
 from ordo.procedures.streams import Nested, Stream, Window
 
 FIELD_TYPES = (Int, Str, List)
@@ -249,11 +249,6 @@ class App:
         return f"App({self.name!r}: {len(self._tables)} tables, {len(self._procedures)} procedures)"
 
 
-def _did_you_mean(word: str, candidates) -> str:
-    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""
-
-
 def derived_analyze(where: str, schema: dict, keys: list | None, reads: list | None,
                     writes: list | None) -> Callable:
     """ANALYZE from keys given as argument paths: a pure function of the arguments by
@@ -273,7 +268,7 @@ def derived_analyze(where: str, schema: dict, keys: list | None, reads: list | N
             for arg in names:
                 if arg not in schema:
                     raise TypeError(f"{where}: {what}= names argument '{arg}', which is not in args"
-                                    f"{_did_you_mean(str(arg), schema)}")
+                                    f"{did_you_mean(str(arg), schema)}")
                 if isinstance(schema[arg], List) and isinstance(path, tuple):
                     raise TypeError(f"{where}: {what}=: list argument '{arg}' cannot be part of a composite key")
             resolved.append((table, path))
