@@ -31,7 +31,8 @@ first request arrives.
 from __future__ import annotations
 
 import difflib
-from typing import Any, Callable
+import sys
+from typing import Any, Callable, Iterable
 
 from ordo.procedures.args import Int, List, Str
 from ordo.procedures.contract import Procedure, Table
@@ -44,10 +45,19 @@ TABLE_SETTINGS = ("default", "partitioner", "partition_by", "range_by")
 
 
 class App:
-    def __init__(self, name: str):
+    def __init__(self, name: str, *, code: Iterable[Any] = ()):
+        """`code`: modules (or their import paths) whose source is part of this app's
+        procedures beside the app's own module, e.g. a module of helpers that RUN calls:
+        an edit there then needs an upgrade too (docs/operations.md, "Upgrading procedures")."""
         if not isinstance(name, str) or not name:
             raise TypeError("App needs a name, e.g. ordo.App('bank')")
         self.name = name
+        defined_in = sys._getframe(1).f_globals.get("__name__")
+        self._code = [*([defined_in] if isinstance(defined_in, str) else []),
+                      *(m if isinstance(m, str) else getattr(m, "__name__", m) for m in code)]
+        for item in self._code:
+            if not isinstance(item, str):
+                raise TypeError(f"App code= takes modules or import paths, got {item!r}")
         self._tables: dict[str, Table] = {}
         self._procedures: dict[str, Procedure] = {}
         self._flows: dict[str, Stream | Window | Nested] = {}  # streams, windows, nested, by name
@@ -66,13 +76,17 @@ class App:
     def STREAMS(self) -> list[Stream | Window | Nested]:  # noqa: N802
         return list(self._flows.values())
 
+    @property
+    def CODE(self) -> list[str]:  # noqa: N802
+        return list(self._code)
+
     def registry(self, *workloads: str) -> Registry:
         """This app's procedures, plus the named built-in workloads (`"sl"`, …) if any."""
         from ordo.procedures.loading import load_spec, workload_spec
 
         registry = Registry()
         try:
-            registry.add_workload(self.TABLES, self.PROCEDURES, self.STREAMS)
+            registry.add_workload(self.TABLES, self.PROCEDURES, self.STREAMS, self.CODE)
         except ValueError as exc:
             raise ValueError(f"app '{self.name}': {exc}") from None
         for name in workloads:

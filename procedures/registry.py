@@ -28,6 +28,8 @@ class Registry:
         self.procedures: dict[str, Procedure] = {}
         self.tables: dict[str, Table] = {}
         self.range_tables: dict[str, tuple[int, int]] = {}  # table -> (range_by, partition_by)
+        # procedure -> the modules whose source is its code (procedures/fingerprint.py)
+        self.code: dict[str, tuple[str, ...]] = {}
 
     def add_table(self, table: Table) -> None:
         existing = self.tables.get(table.name)
@@ -41,17 +43,29 @@ class Registry:
         if procedure.name in self.procedures:
             raise ValueError(f"procedure '{procedure.name}' registered twice")
         self.procedures[procedure.name] = procedure
+        if procedure.name not in self.code:
+            from ordo.procedures.fingerprint import modules_of
 
-    def add_workload(self, tables: Iterable[Table], procedures: Iterable[Procedure], streams: Iterable = ()) -> None:
+            self.code[procedure.name] = tuple(sorted(modules_of(_callables(procedure))))
+
+    def add_workload(self, tables: Iterable[Table], procedures: Iterable[Procedure], streams: Iterable = (),
+                     code: Iterable[Any] = ()) -> None:
         """`streams`: the module's STREAMS (procedures/streams.py); a procedure that starts a
         dataflow is registered with the dataflow composed in, so every scheduler runs it
-        as one transaction."""
+        as one transaction. Every procedure of a workload has the same code: the modules of
+        everything it declares, and `code` (modules, or their names) beside them."""
+        from ordo.procedures.fingerprint import modules_of
+
         procedures = list(procedures)
+        streams = list(streams)
+        modules = modules_of(c for item in [*procedures, *streams] for c in _callables(item))
+        modules.update(m if isinstance(m, str) else m.__name__ for m in code)
+        for procedure in procedures:
+            self.code[procedure.name] = tuple(sorted(modules))
         for table in tables:
             self.add_table(table)
         for procedure in procedures:
             self.add_procedure(procedure)
-        streams = list(streams)
         if streams:
             from ordo.procedures.streams import compose
 
@@ -59,6 +73,7 @@ class Registry:
             for table in window_tables:
                 self.add_table(table)
             self.procedures.update(composed)
+            self.code.update((name, tuple(sorted(modules))) for name in composed)
 
     def procedure(self, name: Any) -> Procedure:
         if type(name) is not str:
@@ -189,6 +204,15 @@ class Registry:
             return _ordered_set(keys + tuple(reads)), _ordered_set(writes)
         except Exception as exc:
             raise RequestError(f"{procedure.name}: ANALYZE failed: {type(exc).__name__}: {exc}") from None
+
+
+def _callables(item: Any) -> list:
+    """The functions a procedure or a streaming declaration is made of."""
+    import dataclasses
+
+    if not dataclasses.is_dataclass(item):
+        return []
+    return [value for value in (getattr(item, f.name) for f in dataclasses.fields(item)) if callable(value)]
 
 
 def _ordered_set(keys: Iterable[Key]) -> tuple[Key, ...]:
