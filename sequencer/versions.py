@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from confluent_kafka import Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from ordo.procedures.fingerprint import (
     ProcedureSetChanged, changes, describe, is_versioned, set_id, short, shown,
@@ -68,7 +68,7 @@ def current_set(bootstrap: str, topic: str, timeout: float = 30.0) -> Current | 
     """The set the log runs now, or None for a log that names none yet (empty)."""
     consumer = log_consumer(bootstrap, f"{topic}.versions")
     try:
-        low_water, end = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=timeout, cached=False)
+        low_water, end = _watermarks(consumer, topic, timeout)
         newer_starts: list[tuple[int, Start]] = []  # newest first
         sequencers = None
         high = end
@@ -98,6 +98,22 @@ def current_set(bootstrap: str, topic: str, timeout: float = 30.0) -> Current | 
                       sequencers or 1, first.token, timeout, first.procedures)
     finally:
         consumer.close()
+
+
+# What a partition answers while it is being created or its leadership moves.
+_NOT_YET = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
+            KafkaError._TIMED_OUT, KafkaError.REQUEST_TIMED_OUT)
+
+
+def _watermarks(consumer, topic: str, timeout: float) -> tuple[int, int]:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=5, cached=False)
+        except KafkaException as exc:
+            if exc.args[0].code() not in _NOT_YET or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def _after(consumer, topic: str, named: list, newer_starts: list[tuple[int, Start]], sequencers: int,

@@ -64,10 +64,26 @@ def _registry(folder, spec: str, fresh: bool = True):
         sys.path.remove(str(folder))
 
 
+_started: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_process_left():
+    """Every ordo process a test starts is gone when the test ends, failed or not."""
+    yield
+    while _started:
+        process = _started.pop()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
 def _ordo(folder, *args, **kwargs) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join([str(folder), ROOT])}
-    return subprocess.Popen([sys.executable, "-m", "ordo.cli", *args], cwd=folder, env=env, text=True,
-                            stderr=subprocess.PIPE, **kwargs)
+    process = subprocess.Popen([sys.executable, "-m", "ordo.cli", *args], cwd=folder, env=env, text=True,
+                               stderr=subprocess.PIPE, **kwargs)
+    _started.append(process)
+    return process
 
 
 def _finish(process: subprocess.Popen, timeout: float = 120) -> tuple[int, str]:
@@ -260,7 +276,10 @@ def test_an_upgrade_under_load_stops_the_old_engine_at_its_batch_and_loses_nothi
             assert code == 2 and len(ordo_lines) == 1 and "from batch" in ordo_lines[0], err
             assert "Traceback" not in err, err
             engine = _run(tmp_path, broker, namespace, live, "bank:app")
-            time.sleep(4)
+            probe = client.submit("deposit", {"account": 10**6, "amount": 1}, request_id="probe")
+            assert client.wait_one(probe, timeout=120)["result"] == 2
+            upgrade_s = time.monotonic() - started  # from `ordo upgrade` to the first answer of v2
+            time.sleep(3)
         finally:
             done.set()
             feeder.join()
@@ -268,8 +287,8 @@ def test_an_upgrade_under_load_stops_the_old_engine_at_its_batch_and_loses_nothi
     assert stop(engine) == 0
     boundary = int(ordo_lines[0].split("from batch ")[1].split(",")[0])
     assert len(outcomes) == len(sent)
-    published = read_results(broker, f"{namespace}.results", len(sent) + 5)
-    assert len(published) == len({record["id"] for record in published}) == len(sent) + 5  # each once
+    published = read_results(broker, f"{namespace}.results", len(sent) + 6)
+    assert len(published) == len({record["id"] for record in published}) == len(sent) + 6  # each once
     by_version = {1: 0, 2: 0}
     for outcome in outcomes.values():
         assert outcome["status"] == "committed", outcome
@@ -279,4 +298,115 @@ def test_an_upgrade_under_load_stops_the_old_engine_at_its_batch_and_loses_nothi
     assert by_version[1] and by_version[2]
     fault_report(f"1 upgrade under 500 req/s at batch {boundary}: {len(sent)} requests answered once "
                  f"({by_version[1]} by v1, {by_version[2]} by v2); the v1 engine stopped {stopped_s:.1f} s after "
-                 f"the upgrade was asked")
+                 f"the upgrade was asked, v2 answered {upgrade_s:.1f} s after it")
+
+
+@pytest.mark.slow
+def test_a_namespace_another_app_broke_before_versions_has_a_way_back(broker, namespace, tmp_path, fault_report):
+    """A log written before procedure sets were versioned, where another app's sequencer took
+    over (its start record, then a batch rejecting the bank's requests): the bank refuses to
+    start in one line, `ordo upgrade` takes the namespace back, and every request is answered."""
+    from confluent_kafka import Producer
+
+    from ordo.sequencer.log import encode_batch, encode_entry, encode_start
+    from ordo.sequencer.topics import ensure_topics
+
+    _write(tmp_path, "bank", BANK.format(factor=1))
+    _write(tmp_path, "sensors", SENSORS)
+    ensure_topics(broker, namespace, request_partitions=1)
+    with Client(broker, namespace) as client:
+        early = [client.submit("deposit", {"account": a, "amount": 5}, request_id=f"early-{a}") for a in range(5)]
+    args = {"account": 0, "amount": 5}
+    records = [
+        encode_start("bank-sequencer", describe(_registry(tmp_path, "bank:app"), code=False)),
+        encode_batch(1, 0, 1000, {0: (0, 3)}, [encode_entry([f"early-{a}", "deposit", {**args, "account": a}])
+                                               for a in range(3)], log_id="bank-sequencer"),
+        encode_start("sensors-sequencer", describe(_registry(tmp_path, "sensors:app"), code=False)),
+        encode_batch(2, 2, 1001, {0: (3, 5)}, [encode_entry([f"early-{a}", None, "unknown procedure 'deposit'"])
+                                               for a in (3, 4)], log_id="bank-sequencer"),
+    ]
+    producer = Producer({"bootstrap.servers": broker})
+    for record in records:
+        producer.produce(f"{namespace}.log", record, partition=0)
+    assert producer.flush(30) == 0
+
+    data = tmp_path / "data"
+    code, err = _finish(_run(tmp_path, broker, namespace, data, "bank:app"))
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "ordo upgrade" in lines[0], err
+    code, err = _finish(_ordo(tmp_path, "upgrade", "--bootstrap-servers", broker, "--namespace", namespace,
+                              "--app", "bank:app"))
+    assert code == 0, err
+    engine = _run(tmp_path, broker, namespace, data, "bank:app")
+    try:
+        with Client(broker, namespace) as client:
+            later = _deposits(client, "later", range(0, 5))
+            answered = client.wait(early, timeout=60, from_beginning=True)
+    finally:
+        assert stop(engine) == 0
+    assert [answered[f"early-{a}"]["status"] for a in range(5)] == ["committed"] * 3 + ["rejected"] * 2
+    assert [later[f"later-{a}"]["result"] for a in range(5)] == [6, 6, 6, 1, 1]
+    fault_report("a log from before versions with another app's start record and batch: refused in one line, "
+                 "taken back by ordo upgrade, 10 requests answered")
+
+
+@pytest.mark.slow
+def test_a_streaming_app_s_window_trigger_and_dependent_procedure_upgrade_and_replay(broker, namespace, tmp_path,
+                                                                                     fault_report):
+    """examples/inventory.py (an input stream, a triggered procedure with a window, an OLLP
+    procedure) upgraded to a version whose window is shorter, whose trigger counts twice and
+    whose dependent restock adds one more: each version answers its own requests, and a
+    rebuild from scratch at 1 and 2 partitions with both versions gives the live state."""
+    from tests.test_inventory_example import STEPS
+
+    with open(os.path.join(ROOT, "examples", "inventory.py")) as f:
+        v1 = f.read()
+    v2 = (v1.replace('app.window("recent", owner="tally", rows=5, slide=1)',
+                     'app.window("recent", owner="tally", rows=2, slide=1)')
+            .replace('ctx.write("delivered", warehouse, ctx.read("delivered", warehouse) + qty)',
+                     'ctx.write("delivered", warehouse, ctx.read("delivered", warehouse) + 2 * qty)')
+            .replace('ctx.write("stock", key, ctx.read("stock", key) + args["qty"])\n        return',
+                     'ctx.write("stock", key, ctx.read("stock", key) + args["qty"] + 1)\n        return'))
+    assert v2.count("2 * qty") == 1 and v2.count('args["qty"] + 1') == 1 and "rows=2" in v2
+    _write(tmp_path, "inventory", v1)
+    live = tmp_path / "live"
+
+    def run_steps(prefix: str) -> dict:
+        engine = _run(tmp_path, broker, namespace, live, "inventory:app", "--partitions", "2")
+        outcomes = {}
+        try:
+            with Client(broker, namespace) as client:
+                client.wait_for_topics()
+                for step in STEPS:
+                    ids = [client.submit(proc, args, request_id=f"{prefix}-{request_id}")
+                           for request_id, (proc, args) in step.items()]
+                    outcomes.update(client.wait(ids, timeout=120))
+        finally:
+            assert stop(engine) == 0
+        assert len(outcomes) == sum(map(len, STEPS))
+        return outcomes
+
+    first = run_steps("v1")
+    assert first["v1-restock-bolt"]["result"] == 15
+    _write(tmp_path, "inventory_v1", v1)
+    _write(tmp_path, "inventory", v2)
+    code, err = _finish(_run(tmp_path, broker, namespace, live, "inventory:app", "--partitions", "2"))
+    assert code == 2 and "ordo upgrade" in err and len(err.strip().splitlines()) == 1, err
+    code, err = _finish(_ordo(tmp_path, "upgrade", "--bootstrap-servers", broker, "--namespace", namespace,
+                              "--app", "inventory:app"))
+    assert code == 0, err
+    second = run_steps("v2")
+    # v1 left 15 bolts; v2 delivers 40, ships 35 (the second 35 aborts), and its restock adds 10 + 1.
+    assert second["v2-restock-bolt"]["result"] == 15 + 40 - 35 + 11
+    assert second["v2-ship-2"]["status"] == "aborted"
+    live_digest = _digest(tmp_path, live)
+    for partitions, scheduler in (("1", "serial"), ("2", "vll")):
+        rebuilt = tmp_path / f"rebuilt-{partitions}"
+        code, err = _finish(_ordo(tmp_path, "recover", "--bootstrap-servers", broker, "--namespace", namespace,
+                                  "--data-dir", str(rebuilt), "--app", "inventory:app", "--app-version",
+                                  "inventory_v1:app", "--from-scratch", "--partitions", partitions, "--scheduler",
+                                  scheduler, "--runtime", "local", "--idle", "0"), timeout=300)
+        assert code == 0, err
+        assert _digest(tmp_path, rebuilt) == live_digest, err
+    fault_report(f"a window, a trigger and a dependent procedure changed: plain restart refused, upgrade, "
+                 f"{len(first) + len(second)} requests by version, 2 rebuilds (1P serial, 2P vll) equal to the live state")
