@@ -28,7 +28,7 @@ from confluent_kafka import (
 )
 
 from ordo.procedures.fingerprint import describe
-from ordo.procedures.registry import Registry, refuse_without_analyze
+from ordo.procedures.registry import Registry
 from ordo.procedures.ollp import is_resequenced, request_identity
 from ordo.sequencer.append_turn import AppendTurn, needs_turns, turn_path
 from ordo.sequencer.dedupe import RecentIds
@@ -133,7 +133,6 @@ def owned_partitions(partitions: int, index: int, sequencers: int) -> list[int]:
 class Sequencer:
     def __init__(self, bootstrap: str, namespace: str, registry: Registry,
                  config: SequencerConfig = SequencerConfig()):
-        refuse_without_analyze(registry, config.ordering)
         self.bootstrap = bootstrap
         self.topics = Topics(namespace)
         self.registry = registry
