@@ -188,9 +188,14 @@ def found_step(procedure, plain: dict, record: dict | None, read: Iterable[bytes
     sets = []
     for name, touched in (("reads", read), ("writes", written)):
         known = [encode_key(table, normal_key(key)) for table, key in record[name]] if record is not None else []
-        sets.append([wire_normal(list(decode_key(key))) for key in dict.fromkeys([*known, *touched])])
+        sets.append([_as_json(*decode_key(key)) for key in dict.fromkeys([*known, *touched])])
     return _next_step(procedure, plain, record, {"reads": sets[0], "writes": sets[1]}, now,
                       "its run reached keys outside those found for it")
+
+
+def _as_json(table: str, key: Any) -> list:
+    """A (table, key) pair as JSON carries it: a composite key (a flat tuple) as a list."""
+    return [table, list(key) if type(key) is tuple else key]
 
 
 def _next_step(procedure, plain: dict, record: dict | None, found: dict, now: int,
