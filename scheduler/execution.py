@@ -44,7 +44,7 @@ _value_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 class _AnyKey:
-    """The write set of a procedure without ANALYZE (aria batches only): every key."""
+    """The write set of a procedure without ANALYZE in an aria pass: every key."""
 
     __slots__ = ()
 
