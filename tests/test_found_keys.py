@@ -21,6 +21,7 @@ from ordo.embedded import read_log
 from ordo.procedures.contract import Abort
 from ordo.procedures.ollp import MAX_RESTARTS, OLLP_FIELD, request_identity
 from ordo.scheduler.reference import SerialInterpreter
+from ordo.sequencer.log import ARIA
 from ordo.sequencer.topics import ensure_topics
 from tests.found_keys_app import KEYS, app
 from tests.dependent_logs import _entry, assert_equals_serial_interpretation, assert_same_run, run_dependent
@@ -186,6 +187,18 @@ def test_sets_a_client_gives_are_checked_and_bad_ones_rejected():
         message = json.dumps({"id": "m", "proc": "move", "args": {"a": 1, "b": 2, "amount": 0, OLLP_FIELD: record}})
         request_id, proc, error = _entry(message.encode(), REGISTRY)
         assert proc is None and error.startswith("move: ") and reason in error, error
+
+
+def test_a_step_found_in_log_order_is_still_decided_in_an_aria_batch():
+    """A request re-sequenced before the namespace moved to --scheduler aria lands in an
+    aria batch: its record is set aside and aria runs it within the batch."""
+    [step] = run_dependent([[{"id": "m", "proc": "move", "args": {"a": 1, "b": 2, "amount": 0}}]], "serial", 1,
+                           REGISTRY)["restarts"][:1]
+    for partitions in (1, 2):
+        run = run_dependent([[json.loads(step)]], "aria", partitions, REGISTRY, ordering=ARIA)
+        assert [(r["id"], r["status"], r["restarts"]) for r in run["outcomes"]] == [("m", "committed", 0)]
+        assert run["restarts"] == []
+        assert_equals_serial_interpretation(run, REGISTRY)
 
 
 @pytest.mark.slow
