@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import tempfile
 
-import pytest
 from unittest import mock
 
 from hypothesis import HealthCheck, given, settings
