@@ -17,7 +17,8 @@ A procedure is a class with `analyze` and `run` (and optionally `operations`, th
 operation-chain scheduler uses, and `reconnoiter`, docs/procedures.md), or a RUN function
 with `analyze=` given to the decorator, or with its keys given as argument paths
 (`keys=`, `reads=`, `writes=`), from which Ordo derives ANALYZE. Without any of these, it
-names its `home` instead and runs only under --scheduler aria:
+names its `home` instead, and Ordo finds its keys by running it (docs/procedures.md,
+"Without ANALYZE"):
 
     @app.procedure(args={"src": Int(0), "dst": Int(0)}, home=("account", "src"))
     def transfer(ctx, args): ...
@@ -180,7 +181,7 @@ class App:
         path is an argument's name (a List argument: each of its items) or a tuple of
         names (a composite key) — from which ANALYZE is derived; or, without analyze, with
         `home=` (a (table, argument name) pair or a function of the arguments giving
-        (table, key)) for aria. The procedure's name is the class's or function's unless
+        (table, key)), whose keys are found by running it. The procedure's name is the class's or function's unless
         `name` is given. Returns the registered `Procedure`."""
         if callable(name):
             raise TypeError(f"app '{self.name}': write @app.procedure(args={{...}}), with the argument "
@@ -244,12 +245,12 @@ class App:
                        and not (part == "analyze" and "home" in parts)]
             if missing:
                 raise TypeError(f"{where}: the class needs {' and '.join(missing)} "
-                                f"(def analyze(args) -> (reads, writes), or home = (table, argument) for "
-                                f"--scheduler aria; def run(ctx, args))")
+                                f"(def analyze(args) -> (reads, writes), or home = (table, argument) to have "
+                                f"its keys found by running it; def run(ctx, args))")
         elif callable(target):
             if analyze is None and home is None:
-                raise TypeError(f"{where}: a RUN function needs analyze= in the decorator, or home= to run "
-                                f"without analyze under --scheduler aria (or decorate a class with analyze and run)")
+                raise TypeError(f"{where}: a RUN function needs analyze= in the decorator, or home= to have "
+                                f"its keys found by running it (or decorate a class with analyze and run)")
             parts = {"run": target, "analyze": analyze, "operations": operations, "reconnoiter": reconnoiter,
                      "home": home}
         else:

@@ -161,10 +161,6 @@ def _procedure_specs(args) -> tuple[str, ...]:
 
     registry = load_registry(specs)
     describe(registry)  # the set every process must describe alike
-    if args.command in ("run", "sequence"):  # the sequencer's ordering decides what it may take
-        from ordo.procedures.registry import refuse_without_analyze
-
-        refuse_without_analyze(registry, _ordering(args))
     return tuple(specs)
 
 

@@ -8,7 +8,7 @@ from typing import Any, Iterable
 
 from ordo.procedures.args import ArgumentError, check_args
 from ordo.procedures.contract import Key, Procedure, Table, home_key
-from ordo.procedures.ollp import AssumptionError, assumed_values, reconnaissance_keys, split_args
+from ordo.procedures.ollp import AssumptionError, assumed_values, found_sets, reconnaissance_keys, split_args
 from ordo.sequencer.log import ARIA
 from ordo.storage.keys import KeyRange, normal_key
 
@@ -88,12 +88,14 @@ class Registry:
         """Validate a request and return its procedure with its read and write sets.
 
         Sets keep first-seen order and drop repeats, so the same arguments always give
-        the same sets. A procedure without analyze runs only in a batch ordered by aria
-        (`ordering`, sequencer/log.py); its "read set" is its home key, which places it.
+        the same sets. A procedure without analyze has the sets its runs found (its
+        record, procedures/ollp.py), or before its first run its home key as its read set,
+        which places it; in a batch ordered by aria (`ordering`, sequencer/log.py) always
+        the home key: aria finds its keys by running it within the batch.
         """
         procedure = self.procedure(name)
         if procedure.analyze is None:
-            reads, writes = self._home(procedure, args, ordering), ()
+            reads, writes = self._without_analyze(procedure, args, ordering)
         elif procedure.reconnoiter is not None:
             reads, writes = self._analyze_dependent(procedure, args)
         else:
@@ -162,22 +164,21 @@ class Registry:
                                    f"(component {home!r}); {table}{key!r} does not")
 
 
-    def without_analyze(self) -> list[str]:
-        """The procedures that run only in batches ordered by aria."""
-        return sorted(name for name, p in self.procedures.items() if p.analyze is None)
-
     @staticmethod
-    def _home(procedure: Procedure, args: Any, ordering: str | None) -> tuple[Key]:
-        if ordering != ARIA:
-            raise RequestError(f"{procedure.name} has no analyze: it runs only in batches ordered by aria "
-                               "(ordo run --scheduler aria)")
+    def _without_analyze(procedure: Procedure, args: Any, ordering: str | None) -> tuple[tuple, tuple]:
+        plain, record = split_args(args)
         try:
-            check_args(procedure.args, args)
+            check_args(procedure.args, plain)
         except ArgumentError as exc:
             raise RequestError(f"{procedure.name}: {exc}") from None
+        if record is not None and ordering != ARIA:
+            try:
+                return found_sets(record)
+            except AssumptionError as exc:
+                raise RequestError(f"{procedure.name}: {exc}") from None
         try:
-            table, key = home_key(procedure, args)
-            return ((table, normal_key(key)),)
+            table, key = home_key(procedure, plain)
+            return ((table, normal_key(key)),), ()
         except Exception as exc:
             raise RequestError(f"{procedure.name}: its home key failed: {type(exc).__name__}: {exc}") from None
 
@@ -246,12 +247,3 @@ def default_registry(extra_modules: Iterable[str] = ()) -> Registry:
         registry.add_workload(getattr(module, "TABLES", ()), getattr(module, "PROCEDURES", ()),
                               getattr(module, "STREAMS", ()))
     return registry
-
-
-def refuse_without_analyze(registry: Registry, ordering: str | None) -> None:
-    """A sequencer in log order cannot take a procedure without analyze: say so at start."""
-    names = registry.without_analyze()
-    if names and ordering != ARIA:
-        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-        raise ValueError(f"procedure(s) {shown} have no analyze: they run only under --scheduler aria "
-                         "(ordo sequence: --ordering aria), or give them analyze")

@@ -28,7 +28,7 @@ from confluent_kafka import (
 )
 
 from ordo.procedures.fingerprint import describe, set_id
-from ordo.procedures.registry import Registry, refuse_without_analyze
+from ordo.procedures.registry import Registry
 from ordo.procedures.ollp import is_resequenced, request_identity
 from ordo.sequencer.append_turn import AppendTurn, needs_turns, turn_path
 from ordo.sequencer.dedupe import RecentIds
@@ -142,7 +142,6 @@ class Sequencer:
                  config: SequencerConfig = SequencerConfig(), procedure_specs: tuple[str, ...] = ()):
         """`procedure_specs`: how `registry` was named (procedures/loading.py), for the
         upgrade command a refusal names."""
-        refuse_without_analyze(registry, config.ordering)
         self.bootstrap = bootstrap
         self.topics = Topics(namespace)
         self.registry = registry
