@@ -301,7 +301,11 @@ def test_the_logged_procedure_set_tells_a_procedure_without_analyze_from_one_wit
     without = describe(load_registry(["ordo.procedures.workloads.ycsbt_open"]))
     with_analyze = describe(load_registry(["ordo.procedures.workloads.ycsbt"]))
     assert differences(without, with_analyze) == ["procedure 'ycsbt_transfer' is defined differently"]
-    assert differences(without, describe(load_registry(["examples.ycsbt:app"]))) == []
+    # The example app declares the same procedure by its arguments, in code of its own.
+    example = load_registry(["examples.ycsbt:app"])
+    open_workload = load_registry(["ordo.procedures.workloads.ycsbt_open"])
+    assert differences(describe(open_workload, code=False), describe(example, code=False)) == []
+    assert differences(without, describe(example)) == ["procedure 'ycsbt_transfer' is defined differently"]
 
 
 def test_voter_leaderboards_in_aria_batches():
