@@ -12,8 +12,8 @@ module of a user's own named `storage` or `procedures` shadows nothing of Ordo's
 
 __version__ = "0.1.0"
 
-__all__ = ["App", "Client", "Int", "Str", "List", "__version__"]
-_FIELDS = ("Int", "Str", "List")  # an argument schema's field types (procedures/args.py)
+__all__ = ["App", "Client", "Int", "Str", "Float", "Bool", "Object", "Optional", "List", "__version__"]
+_FIELDS = ("Int", "Str", "Float", "Bool", "Object", "Optional", "List")  # an argument schema's field types (procedures/args.py)
 
 
 def __getattr__(name: str):

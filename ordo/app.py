@@ -35,12 +35,11 @@ import difflib
 import sys
 from typing import Any, Callable, Iterable
 
-from ordo.procedures.args import Int, List, Str
+from ordo.procedures.args import FIELD_TYPES, List
 from ordo.procedures.contract import Procedure, Table
 from ordo.procedures.registry import Registry, did_you_mean
 from ordo.procedures.streams import Nested, Stream, Window
 
-FIELD_TYPES = (Int, Str, List)
 PARTS = ("analyze", "run", "operations", "reconnoiter", "home")
 TABLE_SETTINGS = ("default", "partitioner", "partition_by", "range_by")
 
@@ -219,10 +218,12 @@ class App:
     def _schema(self, name: str | None, args: Any) -> dict:
         where = f"app '{self.name}', procedure '{name}'" if name else f"app '{self.name}'"
         if not isinstance(args, dict):
-            raise TypeError(f"{where}: args must be a dict of argument name to Int(), Str() or List(...)")
+            raise TypeError(f"{where}: args must be a dict of argument name to a field: Int(), Str(), Float(), "
+                            f"Bool(), Object(), Optional(...) or List(...)")
         for arg, field in args.items():
             if not isinstance(arg, str) or not isinstance(field, FIELD_TYPES):
-                raise TypeError(f"{where}: args[{arg!r}] must be Int(), Str() or List(...), got {field!r}")
+                raise TypeError(f"{where}: args[{arg!r}] must be Int(), Str(), Float(), Bool(), Object(), "
+                                f"Optional(...) or List(...), got {field!r}")
         return dict(args)
 
     def _parts(self, proc_name: str, target: Any, analyze, operations, reconnoiter, home) -> dict[str, Callable]:

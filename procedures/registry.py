@@ -171,6 +171,8 @@ class Registry:
             check_args(procedure.args, plain)
         except ArgumentError as exc:
             raise RequestError(f"{procedure.name}: {exc}") from None
+        if plain is not args:
+            args.update(plain)  # in their logged form, as check_args leaves them
         if record is not None and ordering != ARIA:
             try:
                 return found_sets(record)
@@ -191,6 +193,8 @@ class Registry:
             check_args(procedure.args, plain)
         except ArgumentError as exc:
             raise RequestError(f"{procedure.name}: {exc}") from None
+        if plain is not args:
+            args.update(plain)  # in their logged form, as check_args leaves them
         try:
             keys = reconnaissance_keys(procedure, plain)
             if record is None:
