@@ -331,9 +331,10 @@ def build_parser() -> argparse.ArgumentParser:
                                     "latency WORKLOAD: open-loop latency at fixed rates (--rate 500,1000), "
                                     "with the share of each hop (sequencing, execution, delivery); "
                                     "soak WORKLOAD: memory of every process under a steady rate "
-                                    "(--rate 500 --seconds 1800), warm-up told from a leak")
+                                    "(--rate 500 --seconds 1800), warm-up told from a leak; "
+                                    "compression WORKLOAD: bytes and CPU of each output codec (--rounds 3)")
     p.add_argument("scaled", nargs="?", metavar="WORKLOAD",
-                   help="scale, sequence, latency and soak: the workload to measure")
+                   help="scale, sequence, latency, soak and compression: the workload to measure")
     p.add_argument("--sequencers", default="1,2", metavar="S[,S…]",
                    help="sequence: the sequencer counts, comma-separated (default %(default)s)")
     p.add_argument("--scheduler", choices=SCHEDULER_CHOICES, default="serial")
@@ -679,6 +680,14 @@ def cmd_bench(args) -> int:
         run_latency(args.scaled, [float(r) for r in args.rate.split(",")], int(args.partitions or 1),
                     args.scheduler, args.seconds, args.seed, parse_knobs(_workload(args.scaled), args.knob),
                     args.max_txns, args.runtime, args.json)
+        return 0
+    if args.workload == "compression":
+        from ordo.benchmarks.compression import run_compression
+
+        if args.scaled is None:
+            raise ValueError("ordo bench compression needs a workload: ordo bench compression sl")
+        run_compression(args.scaled, args.txns, args.seed, parse_knobs(_workload(args.scaled), args.knob),
+                        max(args.rounds, 1), args.json)
         return 0
     if args.workload == "soak":
         from ordo.benchmarks.soak import run_soak
