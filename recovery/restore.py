@@ -305,6 +305,7 @@ def log_head_problem(bootstrap: str, topic: str, timeout: float = 10.0) -> str |
     record must be a sequencer's start record at offset 0. Read, not inferred from
     watermarks."""
     from ordo.sequencer.log import START, LogError, Unauthenticated, decode
+    from ordo.sequencer.topics import Topics
 
     consumer = log_consumer(bootstrap, f"{topic}.head-check")
     try:
@@ -320,7 +321,7 @@ def log_head_problem(bootstrap: str, topic: str, timeout: float = 10.0) -> str |
     if message is None:
         return f"{topic} holds no record"
     try:
-        kind, _ = decode(message.value())
+        kind, _ = decode(message.value(), Topics.namespace_of_log(topic), None)
     except Unauthenticated:
         return (f"{topic} begins with a record not signed with this engine's log secret: sequencers and engines "
                 f"must share one (docs/operations.md, 'Security')")
