@@ -25,7 +25,7 @@ from ordo.scheduler.liveness import CALL_TIMEOUT, Silence
 from ordo.scheduler.outputs import CollectedOutputs
 from ordo.scheduler.worker import check_layout
 from ordo.sequencer.log import LogCursor
-from ordo.sequencer.log_secret import log_keys
+from ordo.sequencer.log_secret import log_keys, secret_source
 from ordo.sequencer.topics import Topics
 
 log = logging.getLogger("ordo.engine")
@@ -80,7 +80,8 @@ class Coordinator:
         self.outputs = outputs
         self._options = FollowOptions(bootstrap, namespace, collect=outputs is not None,
                                       checkpoint_every=checkpoint_every, checkpoint_root=self.checkpoints.root,
-                                      depth=pipeline_depth, log_keys=log_keys())
+                                      depth=pipeline_depth, log_keys=log_keys(),
+                                      log_secret_source=secret_source())
         self._started = False
         self._finished = False
         self._seen_batch = -1

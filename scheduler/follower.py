@@ -60,7 +60,8 @@ class FollowOptions:
     idle_wait: float = 0.05  # how long one log poll may block when nothing is ready
     stop_after: int | None = None  # stop once this batch is applied
     hold_at: int | None = None  # execute nothing after this batch until released
-    log_keys: tuple[bytes, ...] | None = None  # the driver's log secrets (sequencer/log_secret.py), for workers elsewhere
+    log_keys: tuple[bytes, ...] | None = None  # the driver's log secrets (sequencer/log_secret.py), for workers
+    log_secret_source: str = ""  # where the driver found them
 
 
 class LogFollower:
@@ -73,7 +74,7 @@ class LogFollower:
             sink = CollectedOutputs() if options.collect else KafkaOutputs(options.bootstrap, topics)
         self.sink = sink
         if options.log_keys is not None:
-            use_keys(options.log_keys)
+            use_keys(options.log_keys, options.log_secret_source)
         marker = worker.applied()
         self.cursor = LogCursor.from_dict(marker["cursor"], options.namespace) if marker else LogCursor()
         self.applied = self.executed = self.cursor.next_batch - 1

@@ -30,6 +30,7 @@ import hmac
 import os
 import secrets
 import tempfile
+import time
 
 SECRET_ENV = "ORDO_LOG_SECRET"
 SECRET_FILE_ENV = "ORDO_LOG_SECRET_FILE"
@@ -38,7 +39,7 @@ MIN_SECRET = 16
 TAG_BYTES = 32
 
 _keys: tuple[bytes, ...] | None = None  # the current key first, then earlier ones (reading only)
-_source = "a key handed over by the driver"
+_source = ""
 
 
 class SecretError(RuntimeError):
@@ -58,10 +59,11 @@ def log_keys() -> tuple[bytes, ...]:
     return _keys
 
 
-def use_keys(keys: tuple[bytes, ...]) -> None:
-    """Take the keys a driver found (a partition worker in another process)."""
+def use_keys(keys: tuple[bytes, ...], source: str) -> None:
+    """Take the keys a driver found, and where it found them (a partition worker in
+    another process)."""
     global _keys, _source
-    _keys, _source = tuple(keys), "the keys its driver handed over"
+    _keys, _source = tuple(keys), source
 
 
 def forget_key() -> None:
@@ -88,10 +90,13 @@ def _find_keys() -> tuple[bytes, ...]:
         _source = f"the file {path} ({SECRET_FILE_ENV} / --log-secret-file)"
         return (*_read(path, f"{SECRET_FILE_ENV} / --log-secret-file"), *previous)
     path = default_secret_path()
-    made = _user_secret(path)
-    _source = (f"the file {path} (this user's; none of {SECRET_ENV}, {SECRET_FILE_ENV} or --log-secret-file set)"
-               + (", made just now as none was there" if made else ""))
-    return (*_read(path, "this user's log secret"), *previous)
+    _user_secret(path)
+    keys = _read(path, "this user's log secret")
+    # When it was made tells a file made by mistake (none was where this process looked) at once.
+    made = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(os.stat(path).st_mtime))
+    _source = (f"the file {path} (this user's, made {made}, as none of {SECRET_ENV}, {SECRET_FILE_ENV} or "
+               f"--log-secret-file is set)")
+    return (*keys, *previous)
 
 
 def default_secret_path() -> str:
@@ -116,12 +121,11 @@ def _checked(secret: bytes, source: str) -> bytes:
     return secret
 
 
-def _user_secret(path: str) -> bool:
-    """Make the user's secret file if missing (whether this process made it); two processes
-    making it at once agree, since a file is put in place only where none is (a hard link
-    never replaces one)."""
+def _user_secret(path: str) -> None:
+    """Make the user's secret file if missing; two processes making it at once agree, since
+    a file is put in place only where none is (a hard link never replaces one)."""
     if os.path.exists(path):
-        return False
+        return
     try:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         fd, temporary = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".log-secret.")
@@ -131,13 +135,12 @@ def _user_secret(path: str) -> bool:
             try:
                 os.link(temporary, path)
             except FileExistsError:
-                return False  # another process made it first: its secret counts
+                pass  # another process made it first: its secret counts
         finally:
             os.unlink(temporary)
     except OSError as exc:
         raise SecretError(f"cannot make the log secret file {path} ({exc.strerror}): set {SECRET_ENV} or "
                           f"--log-secret-file") from None
-    return True
 
 
 def tag(purpose: bytes, body: bytes | memoryview, key: bytes | None = None) -> bytes:

@@ -31,7 +31,7 @@ from ordo.sequencer.log import (
     SKIP, STALE_LIMIT, START, Batch, LogCursor, LogError, SecretMismatch, Start, batch_of_log, decode, is_batch_record,
 )
 from ordo.sequencer.log_probe import ABSENT_GRACE, GONE, LogWatch, fingerprint
-from ordo.sequencer.log_secret import SECRET_ENV, SECRET_FILE_ENV, secret_source
+from ordo.sequencer.log_secret import PREVIOUS_ENV, SECRET_ENV, SECRET_FILE_ENV, secret_source
 from ordo.sequencer.topics import Topics
 
 log = logging.getLogger("ordo.log")
@@ -90,8 +90,15 @@ def log_identity(bootstrap: str, topic: str, timeout: float = 30.0) -> str | Non
                 deadline, seen = time.monotonic() + timeout, seen + 1
                 value = message.value()
                 claimed = batch_of_log(value, namespace)
+                if claimed is not None and seen > 1:
+                    raise SecretMismatch(
+                        f"the first {seen - 1} record(s) of {topic} are not signed for namespace {namespace} with "
+                        f"the log secret from {secret_source()}, and a batch after them (offset "
+                        f"{message.offset()}) is: the log began under an earlier secret; keep it for reading "
+                        f"({PREVIOUS_ENV}, or a line after the first of the secret file; docs/operations.md, "
+                        f"'Rotating the log secret'). Nothing was written")
                 if claimed is not None:
-                    return claimed
+                    return claimed  # a log whose head was deleted: its readers say so
                 try:
                     kind, record = decode(value, namespace, None)
                 except LogError:

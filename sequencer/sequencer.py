@@ -249,7 +249,8 @@ class Sequencer:
         return own
 
     def _snapshot(self, cursor: dict, accepted: int) -> bytes:
-        return encode_snapshot(self.topics.namespace, cursor, accepted, self._last_time, self.config.index, self.config.sequencers)
+        return encode_snapshot(self.topics.namespace, cursor, accepted, self._last_time, self.config.index,
+                               self.config.sequencers)
 
     def _catch_up(self, token: str, timeout: float) -> bool:
         """Read from the cursor to this sequencer's start record (False if the log passes

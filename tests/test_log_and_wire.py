@@ -121,7 +121,8 @@ def test_a_new_sequencer_count_closes_every_lane():
 
 def test_a_start_record_names_a_sequencer_within_its_count():
     cursor = LogCursor(namespace=NS)
-    assert cursor.accept(seal(msgpack.packb([0, "t", None, 2, 2]), record_context(NS, None)), 0) is None and cursor.foreign == 1
+    assert cursor.accept(seal(msgpack.packb([0, "t", None, 2, 2]), record_context(NS, None)), 0) is None
+    assert cursor.foreign == 1
 
 
 def test_cursor_refuses_to_skip_a_missing_batch():
@@ -135,7 +136,8 @@ def test_unreadable_record_is_skipped_alike_by_every_reader_and_a_lost_batch_sti
     cursor = LogCursor(namespace=NS)
     cursor.accept(first(), 0)
     assert cursor.accept(seal(b"\xc1garbage", record_context(NS, "s1")), 1) is None and cursor.foreign == 1
-    assert cursor.accept(seal(msgpack.packb([0, 7]), record_context(NS, "s1")), 2) is None and cursor.foreign == 2  # a start without a token
+    no_token = seal(msgpack.packb([0, 7]), record_context(NS, "s1"))  # a start without a token
+    assert cursor.accept(no_token, 2) is None and cursor.foreign == 2
     assert [offset for offset, _ in cursor.unreported] == [1, 2]  # each one reported
     assert cursor.accept(batch_record(1, 0), 3).batch_id == 1
     with pytest.raises(LogError, match="expected batch 2 of sequencer 0, found batch 3"):
@@ -148,8 +150,19 @@ def test_a_batch_of_another_log_is_refused():
     cursor.accept(batch_record(1, 0), 1)
     restored = LogCursor.from_dict(cursor.to_dict(), NS)
     restored.accept(first("t9"), 2)  # what a restarted, empty broker's new log shows
-    with pytest.raises(LogMismatch, match="belongs to log t9, not to log s1"):
+    with pytest.raises(LogMismatch, match=r"belongs to log t9, not to log s1.*`ordo log skip --offset 3`"):
         restored.accept(batch_record(1, 2, log_id="t9"), 3)
+
+
+def test_a_genuine_record_of_another_namespace_or_a_copy_of_the_first_start_is_passed_over_like_a_forgery():
+    cursor = LogCursor(namespace=NS)
+    cursor.accept(first(), 0)
+    assert cursor.accept(first("o1", 1, 2, namespace="other"), 1) is None  # another namespace's start, S=2
+    assert cursor.accept(batch_record(1, 0, log_id="s1", namespace="other"), 2) is None  # same log id, even
+    assert cursor.accept(first(), 3) is None  # a copy of this log's first start record
+    assert cursor.lanes == {0: [0, 1]} and cursor.sequencers == 1 and cursor.stale == 0
+    assert [offset for offset, _ in cursor.unreported] == [1, 2, 3] and cursor.dropped == 3
+    assert cursor.accept(batch_record(1, 0), 4).batch_id == 1
 
 
 def test_a_log_without_its_head_is_refused():

@@ -218,7 +218,8 @@ def test_a_log_that_lost_batches_stops_recovery_with_the_missing_batch(broker, n
     producer.produce(f"{namespace}.log", encode_start(namespace, None, "s1"))
     for batch_id in (4, 5):  # batches 1..3 gone, as if the log had been truncated
         entry = encode_entry([f"r{batch_id}", "micro_rmw", {"keys": [batch_id]}])
-        producer.produce(f"{namespace}.log", encode_batch(batch_id, 0, 0, {}, [entry], log_id="s1", namespace=namespace))
+        producer.produce(f"{namespace}.log",
+                         encode_batch(batch_id, 0, 0, {}, [entry], log_id="s1", namespace=namespace))
     producer.flush(10)
     done = ordo_run("recover", "--bootstrap-servers", broker, "--namespace", namespace,
                     "--data-dir", str(tmp_path), "--idle", "5")
