@@ -436,7 +436,12 @@ class LogCursor:
     def _batch(self, batch: Batch, offset: int) -> Batch | None:
         lane = self.lanes.get(batch.sequencer)
         if lane is None or batch.generation != lane[0] or batch.epoch < lane[1]:
-            if lane is not None and batch.generation < lane[0] and batch.epoch >= lane[1]:
+            # Stale: a batch of a generation a later start record of its lane ended, or of a
+            # lane that a start record of another sequencer count closed (a stray sequencer
+            # of the earlier count, or a copied start record), unless this reader follows
+            # one lane only.
+            closed = lane is None and self.only is None
+            if closed or (lane is not None and batch.generation < lane[0] and batch.epoch >= lane[1]):
                 self.stale_by_lane[batch.sequencer] = self.stale_by_lane.get(batch.sequencer, 0) + 1
             return None  # a fenced sequencer's record, or a repeat
         if batch.epoch > lane[1]:

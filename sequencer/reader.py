@@ -240,6 +240,13 @@ class LogReader:
             self._stale_since = self._stale_since or now
             if now - self._stale_since >= STALE_GRACE:
                 lane = max(cursor.stale_by_lane, key=cursor.stale_by_lane.get)
+                if lane not in cursor.lanes:
+                    raise LogError(
+                        f"{cursor.stale} batches of sequencer {lane} came after a start record for "
+                        f"{cursor.sequencers} sequencer(s), which closed that sequencer's lane: a sequencer started "
+                        f"under the earlier count still appends to {self.topic}, or that start record did not come "
+                        f"from a sequencer; stop the stray sequencer or restart the sequencers (a new generation "
+                        f"takes over), and keep other producers off the log")
                 raise LogError(
                     f"{cursor.stale} batches of sequencer {lane} belong to its previous generation, after a "
                     f"start record of that sequencer (offset {cursor.lanes[lane][0]}) that no batch followed: "
