@@ -17,7 +17,9 @@ Record kinds:
         the sequencer validates with (`procedures.registry.Registry.describe`), so an
         engine can refuse a log it would interpret differently. A start record whose S
         differs from the one before closes every lane: the sequencers were reconfigured,
-        and only those that start under the new S are followed.
+        and only those that start under the new S are followed (a batch of a closed lane
+        counts as stale). A start record is sealed for the log it continues; the log's
+        first for "first" (`record_context`).
     batch:  [BATCH, epoch, generation, time_ms, offsets, routing, log_id, sequencer, (ordering,) entry, ...]
         an epoch of sequencer `sequencer`, numbered 1, 2, 3, … per lane across its
         generations; `generation` is the offset of the start record of the sequencer that
@@ -365,7 +367,6 @@ class LogCursor:
     only: int | None = field(default=None, compare=False)
     # The namespace whose log this is: every record's tag is checked for it (record_context).
     namespace: str = field(default="", compare=False)
-    verified: int = field(default=0, compare=False)  # records whose tag checked
 
     @property
     def stale(self) -> int:
@@ -386,7 +387,6 @@ class LogCursor:
             self.foreign += 1
             self._drop(offset, str(exc))
             return None
-        self.verified += 1
         if kind in (SNAPSHOT, SKIP):  # a skip took effect when a reader met the record it names
             return None
         if kind == START:

@@ -26,7 +26,7 @@ from typing import Callable
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
-from ordo.sequencer.kafka import consumer_config
+from ordo.sequencer.kafka import consumer_config, watermarks
 from ordo.sequencer.log import (
     SKIP, STALE_LIMIT, START, Batch, LogCursor, LogError, SecretMismatch, Start, batch_of_log, decode, is_batch_record,
 )
@@ -73,7 +73,7 @@ def log_identity(bootstrap: str, topic: str, timeout: float = 30.0) -> str | Non
     consumer = log_consumer(bootstrap, f"{topic}.identity")
     part = TopicPartition(topic, 0)
     try:
-        low, end = consumer.get_watermark_offsets(part, timeout=timeout, cached=False)
+        low, end = watermarks(consumer, part, timeout)
         consumer.assign([TopicPartition(topic, 0, low)])
         seen = 0
         deadline = time.monotonic() + timeout
@@ -307,7 +307,7 @@ class LogReader:
         """The next records as (offset, value), without acceptance."""
         if not self._secret_checked:
             try:
-                log_identity(self._bootstrap, self.topic, 10.0)
+                log_identity(self._bootstrap, self.topic, max(timeout, 2.0))
             except (KafkaException, TimeoutError):
                 return []  # no answer yet: asked again on the next poll, nothing read before
             self._secret_checked = True
