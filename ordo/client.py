@@ -22,7 +22,7 @@ from typing import Any, AsyncIterator, Callable, Iterable, Iterator
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from ordo.errors import BrokerUnavailable, NotSent, OrdoError, OutcomeTimeout, Timeout, TopicMissing
-from ordo.sequencer.kafka import REQUEST_BATCHING, consumer_config, kafka_config
+from ordo.sequencer.kafka import REQUEST_BATCHING, consumer_config, kafka_config, watermarks
 from ordo.sequencer.topics import Topics
 from ordo.sequencer.wire import fields_problem, id_problem
 
@@ -192,7 +192,7 @@ class Client:
         timeout = min(timeout, 10.0)
         try:
             try:
-                ends = {p: max(0, _end_offset(consumer, TopicPartition(topic, p), timeout=timeout))
+                ends = {p: max(0, watermarks(consumer, TopicPartition(topic, p), timeout)[1])
                         for p in self._partitions(consumer, timeout)}
             except KafkaException as exc:
                 raise self._unavailable(exc, timeout) from None
@@ -367,21 +367,3 @@ def _outcome(raw: bytes | None) -> dict:
     except (TypeError, ValueError, RecursionError):  # anyone can write to <ns>.results: never crash on it
         return {"unreadable": raw}
     return outcome if isinstance(outcome, dict) else {"unreadable": raw}
-
-
-_MOVING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
-           KafkaError._TRANSPORT, KafkaError._TIMED_OUT}
-
-
-def _end_offset(consumer: Consumer, partition: TopicPartition, timeout: float) -> int:
-    """A partition's end offset, asked again while its leader is moving or starting (a
-    broker restarted a moment ago answers "not leader" until it has loaded the partition)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return consumer.get_watermark_offsets(partition, timeout=max(0.5, deadline - time.monotonic()))[1]
-        except KafkaException as exc:
-            code = exc.args[0].code() if exc.args and hasattr(exc.args[0], "code") else None
-            if code not in _MOVING or time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)

@@ -304,7 +304,9 @@ def log_head_problem(bootstrap: str, topic: str, timeout: float = 10.0) -> str |
     """What keeps the log from rebuilding state from its beginning, or None: its first
     record must be a sequencer's start record at offset 0. Read, not inferred from
     watermarks."""
-    from ordo.sequencer.log import START, LogError, Unauthenticated, decode
+    from ordo.sequencer.log import START, LogError, SecretMismatch, Unauthenticated, decode
+    from ordo.sequencer.reader import log_identity
+    from ordo.sequencer.topics import Topics
 
     consumer = log_consumer(bootstrap, f"{topic}.head-check")
     try:
@@ -320,10 +322,14 @@ def log_head_problem(bootstrap: str, topic: str, timeout: float = 10.0) -> str |
     if message is None:
         return f"{topic} holds no record"
     try:
-        kind, _ = decode(message.value())
+        kind, _ = decode(message.value(), Topics.namespace_of_log(topic), None)
     except Unauthenticated:
+        try:
+            log_identity(bootstrap, topic, timeout)
+        except SecretMismatch as exc:
+            return str(exc)
         return (f"{topic} begins with a record not signed with this engine's log secret: sequencers and engines "
-                f"must share one (docs/operations.md, 'Security')")
+                f"must share one (docs/operations.md, 'The log secret')")
     except LogError:
         kind = None
     if message.offset() != 0 or kind != START:

@@ -26,7 +26,7 @@ from ordo.scheduler.liveness import CALL_TIMEOUT, Silence
 from ordo.scheduler.outputs import CollectedOutputs
 from ordo.scheduler.worker import check_layout
 from ordo.sequencer.log import LogCursor
-from ordo.sequencer.log_secret import log_key
+from ordo.sequencer.log_secret import log_keys, secret_source
 from ordo.sequencer.topics import Topics
 
 log = logging.getLogger("ordo.engine")
@@ -81,7 +81,8 @@ class Coordinator:
         self.outputs = outputs
         self._options = FollowOptions(bootstrap, namespace, collect=outputs is not None,
                                       checkpoint_every=checkpoint_every, checkpoint_root=self.checkpoints.root,
-                                      depth=pipeline_depth, log_key=log_key())
+                                      depth=pipeline_depth, log_keys=log_keys(),
+                                      log_secret_source=secret_source())
         self._started = False
         self._finished = False
         self._seen_batch = -1
@@ -99,7 +100,7 @@ class Coordinator:
         batches = {m["batch"] if m else 0 for m in markers}
         if len(batches) != 1:  # prepare_shards made them agree; a worker must have moved on since
             raise RuntimeError(f"shards stopped at different batches {sorted(batches)}")
-        return LogCursor.from_dict(markers[0]["cursor"])
+        return LogCursor.from_dict(markers[0]["cursor"], self.topics.namespace)
 
     def stop(self) -> None:
         self._stop.set()

@@ -34,7 +34,7 @@ from ordo.scheduler.execution import ABORTED, COMMITTED
 from ordo.scheduler.outputs import CollectedOutputs, KafkaOutputs, OutputSink
 from ordo.scheduler.worker import PartitionWorker
 from ordo.sequencer.log import Batch, LogCursor, LogError, Start
-from ordo.sequencer.log_secret import use_key
+from ordo.sequencer.log_secret import use_keys
 from ordo.sequencer.reader import LogReader
 from ordo.sequencer.topics import Topics
 
@@ -60,7 +60,8 @@ class FollowOptions:
     idle_wait: float = 0.05  # how long one log poll may block when nothing is ready
     stop_after: int | None = None  # stop once this batch is applied
     hold_at: int | None = None  # execute nothing after this batch until released
-    log_key: bytes | None = None  # the driver's log secret (sequencer/log_secret.py), for workers elsewhere
+    log_keys: tuple[bytes, ...] | None = None  # the driver's log secrets (sequencer/log_secret.py), for workers
+    log_secret_source: str = ""  # where the driver found them
 
 
 class LogFollower:
@@ -72,10 +73,10 @@ class LogFollower:
         if sink is None:
             sink = CollectedOutputs() if options.collect else KafkaOutputs(options.bootstrap, topics)
         self.sink = sink
-        if options.log_key is not None:
-            use_key(options.log_key)
+        if options.log_keys is not None:
+            use_keys(options.log_keys, options.log_secret_source)
         marker = worker.applied()
-        self.cursor = LogCursor.from_dict(marker["cursor"]) if marker else LogCursor()
+        self.cursor = LogCursor.from_dict(marker["cursor"], options.namespace) if marker else LogCursor()
         self.procedure_set = set_id(describe(worker.registry))  # the only set this worker runs batches with
         # Generations (start record offsets) of a log from before versions whose start record
         # names procedures this worker lacks: one of their batches that needs them stops it.

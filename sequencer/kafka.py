@@ -8,6 +8,8 @@ import threading
 import time
 from typing import Any
 
+from confluent_kafka import KafkaError, KafkaException
+
 from ordo.sequencer.kafka_settings import user_kafka_settings
 
 # librdkafka's own log lines (connection FAIL lines repeated while a broker is away) go
@@ -83,3 +85,24 @@ def consumer_config(bootstrap: str, settings: dict[str, Any] | None = None) -> d
         "enable.partition.eof": False,
         **(settings or {}),
     })
+
+
+# Errors of a partition whose leader is moving or starting, asked again.
+_MOVING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
+           KafkaError._TRANSPORT, KafkaError._TIMED_OUT}
+
+
+def watermarks(consumer, partition, timeout: float) -> tuple[int, int]:
+    """A partition's (low, end) offsets, asked again while its leader is moving or starting
+    (a broker restarted a moment ago, or a topic made a moment ago, answers "not leader"
+    until it has loaded the partition)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return consumer.get_watermark_offsets(partition, timeout=max(0.5, deadline - time.monotonic()),
+                                                  cached=False)
+        except KafkaException as exc:
+            code = exc.args[0].code() if exc.args and hasattr(exc.args[0], "code") else None
+            if code not in _MOVING or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)

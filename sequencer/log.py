@@ -17,7 +17,9 @@ Record kinds:
         the sequencer validates with (`procedures.registry.Registry.describe`), so an
         engine can refuse a log it would interpret differently. A start record whose S
         differs from the one before closes every lane: the sequencers were reconfigured,
-        and only those that start under the new S are followed.
+        and only those that start under the new S are followed (a batch of a closed lane
+        counts as stale). A start record is sealed for the log it continues; the log's
+        first for "first" (`record_context`).
     batch:  [BATCH, epoch, generation, time_ms, offsets, routing, log_id, sequencer, (ordering,) (procedure set,)
              entry, ...]
         an epoch of sequencer `sequencer`, numbered 1, 2, 3, … per lane across its
@@ -57,12 +59,21 @@ Record kinds:
         other way: the skip changes nothing a reader already did, and every replay agrees.
 
 Every record ends with an HMAC tag under the namespace's log secret (sequencer/log_secret.py),
-which sequencers and engines share and clients do not. A reader drops a record whose tag
-does not check, whatever it holds, and counts and reports it: a client that can write to
-the log can neither inject a batch (its forgery is dropped, and the sequencer's own batch
-of that epoch is accepted as usual) nor stop the readers with one. The same tag is what
-lets each sequencer trust that the batch of its lane at an epoch is its own: no other
-writer can make a record that a reader accepts, so no conflicting batch can exist.
+which sequencers and engines share and clients do not. The tag covers where the record
+belongs as well as its body (`record_context`): the namespace and the log's identity (a
+log's first start record, which names it, is bound to the namespace and to "first"), and
+the body holds the record's place in the log (a batch's lane, generation and epoch, a
+snapshot's lane, generation and next epoch, a skip's offset). A reader drops a record
+whose tag does not check, whatever it holds, and counts and reports it with its offset: a
+client that can write to the log can neither inject a batch (its forgery is dropped, and
+the sequencer's own batch of that epoch is accepted as usual) nor stop the readers with
+one, nor bring a genuine record of another namespace or another log (a byte copy fails
+like a forgery). A copy of a record of this log is where the body's place decides: a
+batch out of place is a repeat or a stale batch, and a restarting sequencer seeds only
+from a snapshot that sits right after the record of its lane it describes
+(sequencer/startup.py). The same tag is what lets each sequencer trust that the batch of
+its lane at an epoch is its own: no other writer can make a record that a reader accepts,
+so no conflicting batch can exist.
 
 Every reader applies the same acceptance rule (`LogCursor.accept`), so the log means one
 thing to the sequencers, the engine and a replay, whatever the broker does: a batch is
@@ -71,9 +82,10 @@ Records of a fenced or aborted sequencer transaction, should a broker deliver th
 therefore either consistently accepted by every reader or consistently ignored.
 
 A log is recognised by its identity, kept in every batch and in every cursor (so in every
-applied marker and checkpoint): a reader refuses a batch of another log (`LogMismatch`),
-which is what a broker restarted without its data presents, and a log whose first record
-is not a start record (its head deleted by retention) is refused too.
+applied marker and checkpoint): a reader refuses a genuine batch of another log of its
+namespace (`LogMismatch`), which is what a broker restarted without its data presents,
+and a log whose first record is not a start record (its head deleted by retention) is
+refused too.
 """
 
 from __future__ import annotations
@@ -84,7 +96,7 @@ from typing import Any
 
 import msgpack
 
-from ordo.sequencer.log_secret import seal, unseal
+from ordo.sequencer.log_secret import TAG_BYTES, seal, unseal
 
 START = 0
 BATCH = 1
@@ -108,6 +120,11 @@ class LogMismatch(LogError):
     topic was deleted and made again."""
 
 
+class SecretMismatch(LogError):
+    """The log holds records, and none is signed with this process's log secret for this
+    namespace: the secret is not the one the log was written with."""
+
+
 # Batches of an older generation of a lane that continued its sequence after a newer start
 # record of that lane, with no batch of the newer generation yet: a fenced sequencer leaves
 # at most the one transaction it had in flight, so more than this means the start record
@@ -115,23 +132,34 @@ class LogMismatch(LogError):
 STALE_LIMIT = 4
 
 
-def encode_start(token: str, procedures: dict | None = None, sequencer: int = 0, sequencers: int = 1) -> bytes:
-    return seal(msgpack.packb([START, token, procedures, sequencer, sequencers]))
+def record_context(namespace: str, log_id: str | None) -> bytes:
+    """What every record's tag covers besides its body: the namespace and the log the
+    record belongs to (None: "first", the log's first start record, which gives the log
+    its identity). Every record kind is sealed and checked through this one function."""
+    return msgpack.packb([namespace, "first" if log_id is None else ["log", log_id]])
+
+
+def encode_start(namespace: str, log_id: str | None, token: str, procedures: dict | None = None,
+                 sequencer: int = 0, sequencers: int = 1) -> bytes:
+    """`log_id` None: the log's first start record, whose token becomes the log's identity."""
+    return seal(msgpack.packb([START, token, procedures, sequencer, sequencers]), record_context(namespace, log_id))
 
 
 SNAPSHOT_EVERY = 100
 
 
-def encode_snapshot(cursor: dict, accepted: int, time_ms: int, sequencer: int = 0, sequencers: int = 1) -> bytes:
-    return seal(msgpack.packb([SNAPSHOT, cursor, accepted, time_ms, sequencer, sequencers]))
+def encode_snapshot(namespace: str, cursor: dict, accepted: int, time_ms: int, sequencer: int = 0,
+                    sequencers: int = 1) -> bytes:
+    return seal(msgpack.packb([SNAPSHOT, cursor, accepted, time_ms, sequencer, sequencers]),
+                record_context(namespace, cursor["log_id"]))
 
 
-def encode_skip(offset: int, log_id: str | None) -> bytes:
-    return seal(msgpack.packb([SKIP, offset, log_id]))
+def encode_skip(namespace: str, offset: int, log_id: str | None) -> bytes:
+    return seal(msgpack.packb([SKIP, offset, log_id]), record_context(namespace, log_id))
 
 
-def encode_upgrade(procedures: dict, version: int, log_id: str | None) -> bytes:
-    return seal(msgpack.packb([UPGRADE, procedures, version, log_id]))
+def encode_upgrade(namespace: str, procedures: dict, version: int, log_id: str) -> bytes:
+    return seal(msgpack.packb([UPGRADE, procedures, version, log_id]), record_context(namespace, log_id))
 
 
 def is_batch_record(value: bytes) -> bool:
@@ -147,7 +175,7 @@ def encode_entry(entry: list) -> bytes:
 def encode_batch(epoch: int, generation: int, time_ms: int,
                  offsets: dict[int, tuple[int, int]], encoded_entries: list[bytes],
                  routing: list | None = None, log_id: str | None = None, sequencer: int = 0,
-                 ordering: str | None = None, procedures: int | None = None) -> bytes:
+                 ordering: str | None = None, procedures: int | None = None, *, namespace: str) -> bytes:
     """Entries are encoded one by one as they arrive (so an epoch's size is known exactly
     before it is cut) and concatenated here, each as a bin, under one array header."""
     head = [BATCH, epoch, generation, time_ms, {p: list(r) for p, r in offsets.items()}, routing, log_id, sequencer]
@@ -158,7 +186,8 @@ def encode_batch(epoch: int, generation: int, time_ms: int,
     return seal(
         _ARRAY32.pack(0xDD, len(head) + len(encoded_entries))
         + b"".join(msgpack.packb(item) for item in head)
-        + b"".join(map(_bin, encoded_entries))
+        + b"".join(map(_bin, encoded_entries)),
+        record_context(namespace, log_id),
     )
 
 
@@ -272,12 +301,13 @@ def _unpack(raw: bytes) -> list:
     return msgpack.unpackb(raw, strict_map_key=False, use_list=True)
 
 
-def decode(value: bytes) -> tuple[int, Any]:
-    """A record's kind and content; Unauthenticated if its tag does not check, LogError if
-    it cannot be read."""
-    body = unseal(value)
+def decode(value: bytes, namespace: str, log_id: str | None) -> tuple[int, Any]:
+    """A record's kind and content, for a reader of `namespace`'s log `log_id` (None: one
+    that has not met the log's first start record yet); Unauthenticated if its tag does
+    not check there, LogError if it cannot be read."""
+    body = unseal(value, record_context(namespace, log_id))
     if body is None:
-        raise Unauthenticated("not signed with this namespace's log secret")
+        raise Unauthenticated(f"not signed with this namespace's log secret for {_where(log_id)}")
     try:
         record = msgpack.unpackb(body, strict_map_key=False, use_list=True)
         kind = record[0]
@@ -289,7 +319,7 @@ def decode(value: bytes) -> tuple[int, Any]:
                 raise ValueError("a start record's sequencer must be k of S, 0 <= k < S")
             return START, Start(record[1], record[2] if len(record) > 2 else None, sequencer, sequencers)
         if kind == SNAPSHOT:
-            return SNAPSHOT, Snapshot(LogCursor.from_dict(record[1]), record[2], record[3],
+            return SNAPSHOT, Snapshot(LogCursor.from_dict(record[1], namespace), record[2], record[3],
                                       *(record[4:6] if len(record) >= 6 else (0, 1)))
         if kind == BATCH:
             at = 8
@@ -317,6 +347,35 @@ def decode(value: bytes) -> tuple[int, Any]:
     raise LogError(f"unknown log record kind {kind!r}")
 
 
+def _where(log_id: str | None) -> str:
+    return "the start of a log" if log_id is None else f"log {log_id}"
+
+
+def batch_head(value: bytes) -> list | None:
+    """A batch record's head as it claims, unchecked: [BATCH, epoch, generation, time_ms,
+    offsets, routing, log_id, sequencer]; None if it is no batch record. Only to pick which
+    records to check in full."""
+    if not is_batch_record(value) or len(value) <= TAG_BYTES:
+        return None
+    try:
+        unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+        unpacker.feed(memoryview(value)[_ARRAY32.size:-TAG_BYTES])
+        return [unpacker.unpack() for _ in range(8)]
+    except Exception:
+        return None
+
+
+def batch_of_log(value: bytes, namespace: str) -> str | None:
+    """The log a batch record that failed its check belongs to, where it is a genuine batch
+    of another log of this namespace (what a broker that lost the log presents), else None
+    (a forgery, or a copy from another namespace)."""
+    head = batch_head(value)
+    log_id = head[6] if head is not None else None
+    if type(log_id) is not str or unseal(value, record_context(namespace, log_id)) is None:
+        return None
+    return log_id
+
+
 @dataclass(slots=True)
 class LogCursor:
     """How far a reader has followed the log. Persisted with applied state, so a restart
@@ -332,7 +391,8 @@ class LogCursor:
     sequencers: int = 1  # S of the latest start record
     time_ms: int = 0  # the latest accepted batch's time: batch times never go back
     # The procedure set the log runs from here on: [version, identity, offset of the start or
-    # upgrade record that named it] (procedures/fingerprint.py), None before the first.
+    # upgrade record that named it, whether it covers code] (procedures/fingerprint.py), None
+    # before the first.
     procedures: list | None = None
     # Not persisted: what the reader saw since it started.
     stale_by_lane: dict[int, int] = field(default_factory=dict, compare=False)  # see STALE_LIMIT
@@ -346,6 +406,8 @@ class LogCursor:
     unreported: list[tuple[int, str]] = field(default_factory=list, compare=False)
     # A restarting sequencer seeded from its own snapshot follows its own lane only.
     only: int | None = field(default=None, compare=False)
+    # The namespace whose log this is: every record's tag is checked for it (record_context).
+    namespace: str = field(default="", compare=False)
 
     @property
     def stale(self) -> int:
@@ -355,8 +417,9 @@ class LogCursor:
         """Advance past the record at `offset`; return it if it is the next batch."""
         self.next_offset = offset + 1
         try:
-            kind, record = decode(value)
+            kind, record = decode(value, self.namespace, self.log_id)
         except Unauthenticated as exc:
+            self._refuse_other_log(value, offset)
             self._drop(offset, str(exc))
             return None
         except LogError as exc:
@@ -380,6 +443,22 @@ class LogCursor:
         self.next_offset = offset + 1
         self._drop(offset, "a skip record (`ordo log skip`) names it")
 
+    def _refuse_other_log(self, value: bytes, offset: int) -> None:
+        """Stop at a genuine batch of another log of this namespace: the log this reader
+        followed is gone, or its head is."""
+        log_id = batch_of_log(value, self.namespace)
+        if log_id is None or log_id == self.log_id:
+            return
+        if self.log_id is None:
+            raise LogError(
+                f"the log does not begin with a sequencer's start record (a batch of log {log_id} at offset "
+                f"{offset} comes first): its head was deleted, typically by topic retention")
+        raise LogMismatch(
+            f"the batch at offset {offset} belongs to log {log_id}, not to log {self.log_id} that this reader "
+            f"followed: the broker lost the log (restarted without its data?) or the topic was made again; if "
+            f"this record alone is out of place and the log goes on after it, pass over it with `ordo log skip "
+            f"--offset {offset}` (docs/operations.md, 'A record that stops the log')")
+
     def _drop(self, offset: int, why: str) -> None:
         self.dropped += 1
         self.unreported.append((offset, why))
@@ -401,8 +480,11 @@ class LogCursor:
         self.lanes[start.sequencer] = [offset, lane[1] if lane else 1]
 
     def _upgrade(self, upgrade: Upgrade, offset: int) -> None:
-        if self.log_id is None or upgrade.log_id != self.log_id:
-            self._drop(offset, f"an upgrade record of log {upgrade.log_id}, not of log {self.log_id}")
+        current = self.procedures
+        if current is not None and upgrade.version != current[0] + 1:
+            # Versions follow one another: an upgrade to any other is a copy of an earlier one.
+            self._drop(offset, f"an upgrade record to procedure set v{upgrade.version} where the log runs "
+                               f"v{current[0]}: a copy, out of place")
             return
         self.upgraded = upgrade
         self.lanes.clear()  # the sequencers of the set before go: only those started after it count
@@ -410,29 +492,28 @@ class LogCursor:
         self._name_procedures(upgrade.procedures, offset, upgrade.version)
 
     def _name_procedures(self, described: dict, offset: int, version: int | None = None) -> None:
-        from ordo.procedures.fingerprint import set_id
+        """The set a start record (`version` None) or an upgrade names from here on. In a
+        versioned log only an upgrade changes the set: a start record of another set is a
+        stray or a copy, and its batches name their own set anyway."""
+        from ordo.procedures.fingerprint import is_versioned, set_id
 
-        identity = set_id(described)
+        identity, versioned = set_id(described), is_versioned(described)
         current = self.procedures
         if current is None:
-            self.procedures = [version or 1, identity, offset]
-        elif current[1] != identity:
-            self.procedures = [version or current[0] + 1, identity, offset]
-        self.versions[identity] = self.procedures[0]
+            self.procedures = [version or 1, identity, offset, versioned]
+        elif current[1] != identity and (version is not None or not (versioned and current[3])):
+            self.procedures = [version or current[0] + 1, identity, offset, versioned]
+        self.versions.setdefault(identity, self.procedures[0])
 
     def _batch(self, batch: Batch, offset: int) -> Batch | None:
-        if self.log_id is None:
-            raise LogError(
-                f"the log does not begin with a sequencer's start record (batch {batch.epoch} at offset "
-                f"{offset} comes first): its head was deleted, typically by topic retention")
-        if batch.log_id != self.log_id:
-            raise LogMismatch(
-                f"batch {batch.epoch} at offset {offset} belongs to log {batch.log_id}, not to log "
-                f"{self.log_id} that this reader followed: the broker lost the log (restarted without its "
-                f"data?) or the topic was made again")
         lane = self.lanes.get(batch.sequencer)
         if lane is None or batch.generation != lane[0] or batch.epoch < lane[1]:
-            if lane is not None and batch.generation < lane[0] and batch.epoch >= lane[1]:
+            # Stale: a batch of a generation a later start record of its lane ended, or of a
+            # lane that a start record of another sequencer count closed (a stray sequencer
+            # of the earlier count, or a copied start record), unless this reader follows
+            # one lane only.
+            closed = lane is None and self.only is None
+            if closed or (lane is not None and batch.generation < lane[0] and batch.epoch >= lane[1]):
                 self.stale_by_lane[batch.sequencer] = self.stale_by_lane.get(batch.sequencer, 0) + 1
             return None  # a fenced sequencer's record, or a repeat
         if batch.epoch > lane[1]:
@@ -466,7 +547,7 @@ class LogCursor:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "LogCursor":
+    def from_dict(cls, data: dict[str, Any], namespace: str) -> "LogCursor":
         return cls(
             data["next_batch"],
             data["generation"],
@@ -477,4 +558,5 @@ class LogCursor:
             data.get("sequencers", 1),
             data.get("time_ms", 0),
             data.get("procedures"),
+            namespace=namespace,
         )

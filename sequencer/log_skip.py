@@ -31,7 +31,7 @@ def skip_record(bootstrap: str, namespace: str, offset: int, timeout: float = 60
     cursor, why = _follow_to(bootstrap, topic, offset, timeout)
     producer = Producer(kafka_config(bootstrap, {"enable.idempotence": True}))
     written: list = []
-    producer.produce(topic, encode_skip(offset, cursor.log_id), partition=0,
+    producer.produce(topic, encode_skip(namespace, offset, cursor.log_id), partition=0,
                      on_delivery=lambda error, message: written.append((error, message)))
     producer.flush(timeout)
     if not written or written[0][0] is not None:
@@ -67,7 +67,7 @@ def _follow_to(bootstrap: str, topic: str, offset: int, timeout: float) -> tuple
                 if at > offset:
                     raise ValueError(f"{topic} has no record at offset {offset} that readers see (a transaction "
                                      f"marker, or a record of an aborted transaction): nothing to skip")
-                if is_skip_for(value, offset, cursor.log_id):
+                if is_skip_for(value, offset, cursor.namespace, cursor.log_id):
                     raise ValueError(f"the record at offset {offset} is itself a skip record")
                 try:
                     cursor.accept(value, at)

@@ -11,7 +11,12 @@ that will never be accepted or never come.
 A record that would stop every reader (a gap in a lane's epochs, a batch of another log)
 is passed over only where a skip record (`ordo log skip`) further on names it: a reader
 that meets one looks ahead for it (`LogReader.accept`). Records dropped or skipped are
-reported, one line each, with their offset."""
+reported, one line each, with their offset.
+
+Before its first read a reader makes sure the log is one its log secret can read
+(`log_identity`): a log that holds records none of which is signed with it for this
+namespace stops the reader with one line naming the secret, rather than having every
+record passed over."""
 
 from __future__ import annotations
 
@@ -19,11 +24,15 @@ import logging
 import time
 from typing import Callable
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
-from ordo.sequencer.kafka import consumer_config
-from ordo.sequencer.log import SKIP, STALE_LIMIT, Batch, LogCursor, LogError, Start, decode, is_batch_record
+from ordo.sequencer.kafka import consumer_config, watermarks
+from ordo.sequencer.log import (
+    SKIP, STALE_LIMIT, START, Batch, LogCursor, LogError, SecretMismatch, Start, batch_of_log, decode, is_batch_record,
+)
 from ordo.sequencer.log_probe import ABSENT_GRACE, GONE, LogWatch, fingerprint
+from ordo.sequencer.log_secret import PREVIOUS_ENV, SECRET_ENV, SECRET_FILE_ENV, secret_source
+from ordo.sequencer.topics import Topics
 
 log = logging.getLogger("ordo.log")
 
@@ -32,6 +41,10 @@ STALE_GRACE = 5.0  # how long the sequence may stall behind a start record befor
 # How long the broker may hold back records past a reader's position: three times Kafka's
 # default transaction timeout, after which Kafka itself aborts a transaction left open.
 HELD_LIMIT = 180.0
+# Records read from the log's head in search of its first start record before a log none
+# of whose records verify is called one written with another secret: a log's first start
+# record is its first record, unless a writer without the secret got in before it.
+HEAD_SCAN = 1000
 
 
 class LogLost(LogError):
@@ -50,12 +63,65 @@ def log_consumer(bootstrap: str, group: str) -> Consumer:
     }))
 
 
-def is_skip_for(value: bytes, offset: int, log_id: str | None) -> bool:
-    """Whether `value` is a skip record naming `offset` of log `log_id`."""
+def log_identity(bootstrap: str, topic: str, timeout: float = 30.0) -> str | None:
+    """The identity of the log in `topic` (its first start record's token), read from its
+    head; None for a log that holds no record yet. SecretMismatch where the log holds records
+    and none of the first HEAD_SCAN is this namespace's first start record under this
+    process's log secret (nor a batch of a log of it, which a log whose head was deleted
+    begins with)."""
+    namespace = Topics.namespace_of_log(topic)
+    consumer = log_consumer(bootstrap, f"{topic}.identity")
+    part = TopicPartition(topic, 0)
+    try:
+        low, end = watermarks(consumer, part, timeout)
+        consumer.assign([TopicPartition(topic, 0, low)])
+        seen = 0
+        deadline = time.monotonic() + timeout
+        # The consumer's position passes aborted records and transaction markers too.
+        while seen < HEAD_SCAN and max(consumer.position([part])[0].offset, low) < end:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {topic} from its beginning made no progress for {timeout:.0f} s")
+            for message in consumer.consume(100, 0.5):
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise RuntimeError(f"log read failed: {error}")
+                deadline, seen = time.monotonic() + timeout, seen + 1
+                value = message.value()
+                claimed = batch_of_log(value, namespace)
+                if claimed is not None and seen > 1:
+                    raise SecretMismatch(
+                        f"the first {seen - 1} record(s) of {topic} are not signed for namespace {namespace} with "
+                        f"the log secret from {secret_source()}, and a batch after them (offset "
+                        f"{message.offset()}) is: the log began under an earlier secret; keep it for reading "
+                        f"({PREVIOUS_ENV}, or a line after the first of the secret file; docs/operations.md, "
+                        f"'Rotating the log secret'). Nothing was written")
+                if claimed is not None:
+                    return claimed  # a log whose head was deleted: its readers say so
+                try:
+                    kind, record = decode(value, namespace, None)
+                except LogError:
+                    continue
+                if kind == START:
+                    return record.token
+        if seen == 0:
+            return None  # nothing a committed reader sees (an aborted transaction's records)
+    finally:
+        consumer.close()
+    raise SecretMismatch(
+        f"none of the {seen} record(s) at the beginning of {topic} is signed for namespace {namespace} with the log "
+        f"secret from {secret_source()}: it is not the secret this log was written with (moved, or changed?); "
+        f"give Ordo that one ({SECRET_ENV}, {SECRET_FILE_ENV} or --log-secret-file; docs/operations.md, "
+        f"'The log secret'). Nothing was written")
+
+
+def is_skip_for(value: bytes, offset: int, namespace: str, log_id: str | None) -> bool:
+    """Whether `value` is a skip record naming `offset` of `namespace`'s log `log_id`."""
     if is_batch_record(value):
         return False
     try:
-        kind, record = decode(value)
+        kind, record = decode(value, namespace, log_id)
     except LogError:
         return False
     return kind == SKIP and record.offset == offset and record.log_id == log_id
@@ -64,10 +130,14 @@ def is_skip_for(value: bytes, offset: int, log_id: str | None) -> bool:
 class LogReader:
     def __init__(self, bootstrap: str, topic: str, cursor: LogCursor, group: str,
                  on_start: Callable[[Start], None] | None = None,
-                 on_dropped: Callable[[int, str], None] | None = None):
-        """`on_dropped(offset, why)` hears of each record passed over (default: a warning)."""
+                 on_dropped: Callable[[int, str], None] | None = None, check_secret: bool = True):
+        """`on_dropped(offset, why)` hears of each record passed over (default: a warning).
+        `check_secret`: make sure of the log secret before the first read (`log_identity`),
+        unless the caller has."""
         self.cursor = cursor
+        cursor.namespace = Topics.namespace_of_log(topic)
         self.topic = topic
+        self._secret_checked = not check_secret
         self._on_start = on_start
         self._on_dropped = on_dropped or self._warn
         self._consumer = log_consumer(bootstrap, group)
@@ -133,7 +203,8 @@ class LogReader:
             deadline = time.monotonic() + 60
             while offset + 1 < end and time.monotonic() < deadline:
                 for message in consumer.consume(500, 0.5):
-                    if message.error() is None and is_skip_for(message.value(), offset, self.cursor.log_id):
+                    if message.error() is None and is_skip_for(message.value(), offset, self.cursor.namespace,
+                                                               self.cursor.log_id):
                         return True
                 if consumer.position([part])[0].offset >= end:  # passes aborted records and markers too
                     break
@@ -169,6 +240,13 @@ class LogReader:
             self._stale_since = self._stale_since or now
             if now - self._stale_since >= STALE_GRACE:
                 lane = max(cursor.stale_by_lane, key=cursor.stale_by_lane.get)
+                if lane not in cursor.lanes:
+                    raise LogError(
+                        f"{cursor.stale} batches of sequencer {lane} came after a start record for "
+                        f"{cursor.sequencers} sequencer(s), which closed that sequencer's lane: a sequencer started "
+                        f"under the earlier count still appends to {self.topic}, or that start record did not come "
+                        f"from a sequencer; stop the stray sequencer or restart the sequencers (a new generation "
+                        f"takes over), and keep other producers off the log")
                 raise LogError(
                     f"{cursor.stale} batches of sequencer {lane} belong to its previous generation, after a "
                     f"start record of that sequencer (offset {cursor.lanes[lane][0]}) that no batch followed: "
@@ -227,6 +305,12 @@ class LogReader:
 
     def poll_raw(self, timeout: float, max_records: int = 500) -> list[tuple[int, bytes]]:
         """The next records as (offset, value), without acceptance."""
+        if not self._secret_checked:
+            try:
+                log_identity(self._bootstrap, self.topic, max(timeout, 2.0))
+            except (KafkaException, TimeoutError):
+                return []  # no answer yet: asked again on the next poll, nothing read before
+            self._secret_checked = True
         # Wait for the first record only, then take what is already here: consume(n, t)
         # alone would sit out all of t unless n records came.
         first = self._consumer.poll(timeout)

@@ -45,7 +45,7 @@ from ordo.sequencer.log import (
     encode_snapshot,
     encode_start,
 )
-from ordo.sequencer.reader import LogReader
+from ordo.sequencer.reader import LogReader, log_identity
 from ordo.sequencer.routing import (
     SINGLE_ITEM_BYTES, build_routing, item_bytes, max_item_bytes, placement_of, routing_bytes,
 )
@@ -194,20 +194,15 @@ class Sequencer:
         check_set(self.bootstrap, self.topics.namespace, self.registry,
                   upgrade_command(self.bootstrap, self.topics.namespace, self._procedure_specs), timeout)
         self._turn = self._append_turn(timeout)
-        token = uuid.uuid4().hex
         with self._turn:  # fencing may end the previous generation's open transaction
             self._producer.init_transactions(timeout)
-        self._producer.begin_transaction()
-        start = encode_start(token, self._described, config.index, config.sequencers)
-        self._producer.produce(self.topics.log, value=start, partition=0, on_delivery=self._delivered)
-        self._end_transaction(self._producer.commit_transaction, timeout)
-        self._started_at = self._log_end - 1
-        seed = find_seed(self.bootstrap, self.topics.log, self._started_at, config.dedupe_window,
-                         config.index, config.sequencers)
-        if seed is not None:
-            self._cursor, self._accepted, self._last_time = seed
-            self._cursor.only = config.index
-        self._catch_up(token, timeout)
+        # The start record is bound to the log it continues (sequencer/log.py), and a log none
+        # of whose records this secret can read is refused before anything is written.
+        log_id = log_identity(self.bootstrap, self.topics.log, timeout)
+        while not self._take_over(log_id, timeout):
+            # Another sequencer began the log first, so this one's start record, made as
+            # the log's first, belongs to no log: start again, in the log it began.
+            log_id = self._cursor.log_id
         self._append([self._snapshot(self._own_cursor(), self._accepted)], [])
         self._consumer = Consumer(consumer_config(self.bootstrap, {
             "group.id": self._group,
@@ -227,6 +222,31 @@ class Sequencer:
         log.info("sequencer %d of %d (generation at log offset %d) resumes at its batch %d", config.index,
                  config.sequencers, self._started_at, self.next_epoch)
 
+    def _take_over(self, log_id: str | None, timeout: float) -> bool:
+        """Append this sequencer's start record to log `log_id` (None: as the log's first)
+        and read the log up to it; False if the log had begun without it meanwhile."""
+        config = self.config
+        token = uuid.uuid4().hex
+        self._producer.begin_transaction()
+        start = encode_start(self.topics.namespace, log_id, token, self._described, config.index,
+                             config.sequencers)
+        self._producer.produce(self.topics.log, value=start, partition=0, on_delivery=self._delivered)
+        self._end_transaction(self._producer.commit_transaction, timeout)
+        self._started_at = self._log_end - 1
+        self._cursor, self._accepted, self._last_time = LogCursor(), 0, 0
+        self._recent = RecentIds(config.dedupe_window)
+        seed = find_seed(self.bootstrap, self.topics.log, self._started_at, config.dedupe_window,
+                         config.index, config.sequencers, log_id)
+        if seed is not None:
+            self._cursor, self._accepted, self._last_time = seed
+            self._cursor.only = config.index
+        if self._catch_up(token, timeout):
+            return True
+        if log_id is not None or self._cursor.log_id is None:
+            raise RuntimeError(f"this sequencer's start record at offset {self._started_at} of {self.topics.log} "
+                               f"does not verify for that log: restart the sequencer")
+        return False
+
     def _append_turn(self, timeout: float) -> AbstractContextManager:
         """Appends to the log taken in turns with the log's other sequencers where the
         broker needs it (sequencer/append_turn.py), else no turns at all."""
@@ -245,13 +265,14 @@ class Sequencer:
         return own
 
     def _snapshot(self, cursor: dict, accepted: int) -> bytes:
-        return encode_snapshot(cursor, accepted, self._last_time, self.config.index, self.config.sequencers)
+        return encode_snapshot(self.topics.namespace, cursor, accepted, self._last_time, self.config.index,
+                               self.config.sequencers)
 
-    def _catch_up(self, token: str, timeout: float) -> None:
-        """Read from the cursor to this sequencer's start record; `timeout` bounds a
-        stretch without progress, not the whole read."""
+    def _catch_up(self, token: str, timeout: float) -> bool:
+        """Read from the cursor to this sequencer's start record (False if the log passes
+        over it); `timeout` bounds a stretch without progress, not the whole read."""
         reader = LogReader(self.bootstrap, self.topics.log, self._cursor, f"{self._group}.catchup",
-                           on_dropped=self._passed_over)
+                           on_dropped=self._passed_over, check_secret=False)
         deadline = time.monotonic() + timeout
         try:
             while time.monotonic() < deadline:
@@ -268,7 +289,9 @@ class Sequencer:
                         self._last_time = max(self._last_time, batch.time_ms)
                     elif self._cursor.started is not None and self._cursor.started.token == token:
                         self._log_end = offset + 1
-                        return
+                        return True
+                    elif offset >= self._started_at:
+                        return False
             raise TimeoutError(f"this sequencer's start record did not appear in {self.topics.log} "
                                f"within {timeout:.0f} s of the last record read")
         finally:
@@ -408,7 +431,8 @@ class Sequencer:
                               # An aria batch's homes run RUN on whole read sets: no routing (scheduler/batch.py).
                               None if self.config.ordering else build_routing(self.config.partitions,
                                                                               epoch.placements),
-                              self._cursor.log_id, self.config.index, self.config.ordering, self._set_id)
+                              self._cursor.log_id, self.config.index, self.config.ordering, self._set_id,
+                              namespace=self.topics.namespace)
         positions = [TopicPartition(self.topics.requests, p, span[1]) for p, span in epoch.offsets.items()]
         records = [record]
         accepted = self._accepted + sum(placement is not None for placement in epoch.placements)

@@ -23,6 +23,11 @@ class Topics:
         if not _NAMESPACE.fullmatch(self.namespace):
             raise ValueError(f"invalid namespace {self.namespace!r}: use 1-200 of A-Z a-z 0-9 . _ -")
 
+    @staticmethod
+    def namespace_of_log(topic: str) -> str:
+        """The namespace whose log `topic` is."""
+        return topic.removesuffix(".log")
+
     @property
     def requests(self) -> str:
         return f"{self.namespace}.requests"

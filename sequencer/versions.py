@@ -14,24 +14,20 @@ after each start), an upgrade or a start record."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Producer, TopicPartition
 
 from ordo.procedures.fingerprint import (
     ProcedureSetChanged, changes, describe, is_versioned, set_id, short, shown,
 )
 from ordo.procedures.registry import Registry
-from ordo.sequencer.kafka import kafka_config
-from ordo.sequencer.log import (
-    SNAPSHOT, SNAPSHOT_EVERY, START, UPGRADE, LogError, Snapshot, Start, Upgrade, decode, encode_upgrade,
-    is_batch_record,
-)
-from ordo.sequencer.reader import log_consumer
+from ordo.sequencer.kafka import kafka_config, watermarks
+from ordo.sequencer.log import SNAPSHOT, START, UPGRADE, LogCursor, LogError, Start, Upgrade, decode, encode_upgrade
+from ordo.sequencer.reader import log_consumer, log_identity
+from ordo.sequencer.startup import OVERLAP, STEP, in_place, records_between
 from ordo.sequencer.topics import Topics
 
-STEP = 2 * SNAPSHOT_EVERY + 16  # records read back per step: more than between two snapshots of a lane
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,98 +61,72 @@ class Current:
 
 
 def current_set(bootstrap: str, topic: str, timeout: float = 30.0) -> Current | None:
-    """The set the log runs now, or None for a log that names none yet (empty)."""
+    """The set the log runs now, or None for a log that names none yet (empty). Read back
+    from the end to the newest snapshot in its place (sequencer/startup.py: a byte copy of
+    an old one is not), then forward through the upgrade and start records after it by
+    the readers' own rule (`LogCursor`: versions follow one another, and in a versioned log
+    only an upgrade changes the set)."""
+    log_id = log_identity(bootstrap, topic, timeout)
+    if log_id is None:
+        return None
+    namespace = Topics.namespace_of_log(topic)
     consumer = log_consumer(bootstrap, f"{topic}.versions")
     try:
-        low_water, end = _watermarks(consumer, topic, timeout)
-        newer_starts: list[tuple[int, Start]] = []  # newest first
-        sequencers = None
+        low_water, end = watermarks(consumer, TopicPartition(topic, 0), timeout)
+        named: list[tuple[int, Start | Upgrade]] = []  # after the anchor, newest first
+        anchor, sequencers = None, None
         high = end
-        while high > low_water:
+        while high > low_water and anchor is None:
             low = max(low_water, high - STEP)
-            for offset, record in reversed(_named_records(consumer, topic, low, high, timeout)):
-                if isinstance(record, Start):
-                    sequencers = sequencers or record.sequencers
-                    if record.procedures is not None:
-                        newer_starts.append((offset, record))
+            records = records_between(consumer, topic, max(low_water, low - OVERLAP), high, timeout)
+            for index in range(len(records) - 1, -1, -1):
+                offset, value, head = records[index]
+                if offset < low:
+                    break
+                if head is not None:
                     continue
-                if isinstance(record, Snapshot):
-                    sequencers = sequencers or record.sequencers
-                    named = record.cursor.procedures
-                    if named is None:
-                        continue  # a log from before versions: its start records name the set
-                    return _after(consumer, topic, named, newer_starts, sequencers, record.cursor.log_id, timeout)
-                if isinstance(record, Upgrade):
-                    named = [record.version, set_id(record.procedures), offset]
-                    return _after(consumer, topic, named, newer_starts, sequencers or 1, record.log_id, timeout,
-                                  record.procedures)
+                try:
+                    kind, record = _decode(value, namespace, log_id)
+                except LogError:
+                    continue  # no sequencer's record of this log: every reader passes over it
+                if kind in (START, UPGRADE):
+                    if kind == START:
+                        sequencers = sequencers or record.sequencers
+                    if record.procedures is not None:
+                        named.append((offset, record))
+                elif (kind == SNAPSHOT and record.cursor.procedures is not None
+                      and in_place(record, records[:index], namespace, log_id)):
+                    anchor, sequencers = record.cursor.procedures, sequencers or record.sequencers
+                    break
             high = low
-        if not newer_starts:
+        cursor = LogCursor(namespace=namespace)
+        cursor.log_id, cursor.procedures = log_id, anchor
+        described = {}
+        for offset, record in reversed(named):
+            described[offset] = record.procedures
+            if isinstance(record, Upgrade):
+                cursor._upgrade(record, offset)
+            else:
+                cursor._name_procedures(record.procedures, offset)
+        if cursor.procedures is None:
             return None
-        offset, first = newer_starts[-1]
-        return _after(consumer, topic, [1, set_id(first.procedures), offset], newer_starts[:-1],
-                      sequencers or 1, first.token, timeout, first.procedures)
+        version, identity, offset = cursor.procedures[:3]
+        if offset not in described:
+            found = records_between(consumer, topic, offset, offset + 1, timeout)
+            try:
+                described[offset] = _decode(found[0][1], namespace, log_id)[1].procedures if found else None
+            except (LogError, AttributeError, TypeError):
+                described[offset] = None
+        return Current(version, identity, offset, described[offset], sequencers or 1, log_id)
     finally:
         consumer.close()
 
 
-# What a partition answers while it is being created or its leadership moves.
-_NOT_YET = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
-            KafkaError._TIMED_OUT, KafkaError.REQUEST_TIMED_OUT)
-
-
-def _watermarks(consumer, topic: str, timeout: float) -> tuple[int, int]:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=5, cached=False)
-        except KafkaException as exc:
-            if exc.args[0].code() not in _NOT_YET or time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-
-
-def _after(consumer, topic: str, named: list, newer_starts: list[tuple[int, Start]], sequencers: int,
-           log_id: str | None, timeout: float, described: dict | None = None) -> Current:
-    """The set `named` ([version, identity, offset]) as the start records after it leave it
-    (a log from before versions changed its set with a start record)."""
-    version, identity, offset = named
-    for at, start in reversed(newer_starts):
-        other = set_id(start.procedures)
-        if other != identity:
-            version, identity, offset, described = version + 1, other, at, start.procedures
-    if described is None:
-        found = _named_records(consumer, topic, offset, offset + 1, timeout)
-        record = found[0][1] if found else None
-        described = getattr(record, "procedures", None)
-    return Current(version, identity, offset, described, sequencers, log_id)
-
-
-def _named_records(consumer, topic: str, low: int, high: int, timeout: float) -> list[tuple[int, object]]:
-    """Start, snapshot and upgrade records at offsets [low, high), read to the position
-    `high` (past transaction markers)."""
-    part = TopicPartition(topic, 0, low)
-    consumer.assign([part])
-    found: list[tuple[int, object]] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for message in consumer.consume(500, 0.2):
-            if message.error() is not None:
-                continue
-            offset, value = message.offset(), message.value()
-            deadline = time.monotonic() + timeout
-            if low <= offset < high and not is_batch_record(value):
-                try:
-                    kind, record = decode(value)
-                except LogError:
-                    continue  # no sequencer's record: every reader passes over it
-                if kind in (START, SNAPSHOT, UPGRADE):
-                    found.append((offset, record))
-            if offset >= high - 1:
-                return found
-        if consumer.position([TopicPartition(topic, 0)])[0].offset >= high:
-            return found
-    raise TimeoutError(f"reading {topic} back from offset {low} to {high} made no progress for {timeout:.0f} s")
+def _decode(value: bytes, namespace: str, log_id: str):
+    try:
+        return decode(value, namespace, log_id)
+    except LogError:
+        return decode(value, namespace, None)  # the log's first start record, sealed as its first
 
 
 def check_set(bootstrap: str, namespace: str, registry: Registry, upgrade_hint: str,
@@ -206,7 +176,8 @@ def upgrade(bootstrap: str, namespace: str, registry: Registry, timeout: float =
         writer = producers[0]
         written: list = []
         writer.begin_transaction()
-        writer.produce(topics.log, encode_upgrade(described, current.version + 1, current.log_id), partition=0,
+        record = encode_upgrade(namespace, described, current.version + 1, current.log_id)
+        writer.produce(topics.log, record, partition=0,
                        on_delivery=lambda error, message: written.append((error, message)))
         writer.commit_transaction(timeout)
         if not written or written[0][0] is not None:

@@ -147,10 +147,11 @@ def test_the_ordering_stamp_travels_in_the_batch_record_and_old_records_read_as_
     from ordo.sequencer.log import BATCH, decode, encode_batch, encode_entry
 
     entries = [encode_entry(["r1", "gs_read", {"keys": [1]}])]
-    kind, batch = decode(encode_batch(3, 0, 10, {0: (0, 1)}, entries, log_id="L", ordering=ARIA))
+    record = encode_batch(3, 0, 10, {0: (0, 1)}, entries, log_id="L", ordering=ARIA, namespace="n")
+    kind, batch = decode(record, "n", "L")
     assert kind == BATCH and batch.ordering == ARIA and batch.entries == [["r1", "gs_read", {"keys": [1]}]]
     assert pickle.loads(pickle.dumps(batch)).ordering == ARIA  # as it travels to a Ray worker
-    _, plain = decode(encode_batch(3, 0, 10, {0: (0, 1)}, entries, log_id="L"))
+    _, plain = decode(encode_batch(3, 0, 10, {0: (0, 1)}, entries, log_id="L", namespace="n"), "n", "L")
     assert plain.ordering is None and len(plain) == 1
 
 

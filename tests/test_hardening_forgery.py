@@ -118,7 +118,7 @@ def test_a_record_that_stops_the_log_is_passed_over_after_ordo_log_skip(broker, 
         _, epoch, generation, time_ms, _, _, log_id, sequencer = newest_batch(broker, log)[:8]
         gap = encode_batch(epoch + 5, generation, time_ms + 1, {}, [encode_entry(
             ["gap-1", "sl_deposit", {"account": 0, "asset": 0, "account_amount": 1000, "asset_amount": 1000}])],
-            log_id=log_id, sequencer=sequencer)
+            log_id=log_id, sequencer=sequencer, namespace=namespace)
         gap_at = append(broker, log, gap)
         submit(broker, namespace, deposits(100, 10))
         code = ended(engine, 90)

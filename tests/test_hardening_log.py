@@ -16,7 +16,8 @@ from confluent_kafka import Producer
 from ordo.sequencer.broker import free_port, local_broker
 from ordo.sequencer.kafka import kafka_config
 from ordo.sequencer.log import encode_start
-from ordo.sequencer.topics import ensure_topics
+from ordo.sequencer.reader import log_identity
+from ordo.sequencer.topics import Topics, ensure_topics
 from tests.helpers import ROOT, dump_state, ordo, read_results, stop
 
 pytestmark = pytest.mark.slow
@@ -99,7 +100,8 @@ def test_a_forged_start_record_stops_the_engine_instead_of_hiding_every_later_ba
         submit(broker, namespace, deposits(0, 10))
         read_results(broker, f"{namespace}.results", 10, timeout=60)
         producer = Producer(kafka_config(broker))
-        producer.produce(f"{namespace}.log", encode_start("forged"), partition=0)
+        log_id = log_identity(broker, f"{namespace}.log")
+        producer.produce(f"{namespace}.log", encode_start(namespace, log_id, "forged"), partition=0)
         producer.produce(f"{namespace}.log", b"\x00garbage!", partition=0)  # unreadable: skipped alike
         producer.flush(10)
         for round_ in range(8):  # the live sequencer's batches now carry an older generation
@@ -188,7 +190,7 @@ def test_a_transaction_on_the_log_that_never_ends_stops_a_reader_with_one_line(b
 
     def commit_start(log: str, token: str) -> None:
         writer.begin_transaction()
-        writer.produce(log, encode_start(token), partition=0)
+        writer.produce(log, encode_start(Topics.namespace_of_log(log), None, token), partition=0)
         writer.commit_transaction(30)
 
     def hold_back(log: str, holder: str) -> Producer:

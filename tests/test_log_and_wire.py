@@ -7,7 +7,9 @@ from hypothesis import strategies as st
 
 from ordo.procedures.registry import default_registry
 from ordo.sequencer.dedupe import RecentIds
-from ordo.sequencer.log import BATCH, LogCursor, LogError, LogMismatch, decode, encode_batch, encode_entry, encode_start
+from ordo.sequencer.log import (
+    BATCH, LogCursor, LogError, LogMismatch, decode, encode_batch, encode_entry, encode_start, record_context,
+)
 from ordo.sequencer.log_secret import seal, tag
 from ordo.sequencer.wire import parse_request
 
@@ -45,15 +47,29 @@ def test_bad_messages_become_rejections_never_exceptions(value, key, expected_id
     assert request_id == expected_id and proc is None and error in reason
 
 
-def batch_record(epoch, generation, entries=(["a", None, "x"],), offsets=None, log_id="s1", sequencer=0, time_ms=None):
+NS = "t"  # the namespace of every record here
+
+
+def first(token="s1", sequencer=0, sequencers=1, namespace=NS):
+    """A log's first start record: its token becomes the log's identity."""
+    return encode_start(namespace, None, token, None, sequencer, sequencers)
+
+
+def start(token, sequencer=0, sequencers=1, log="s1"):
+    """A later start record of log `log`."""
+    return encode_start(NS, log, token, None, sequencer, sequencers)
+
+
+def batch_record(epoch, generation, entries=(["a", None, "x"],), offsets=None, log_id="s1", sequencer=0, time_ms=None,
+                 namespace=NS):
     """A batch of sequencer `sequencer` whose start record is at offset `generation`."""
     return encode_batch(epoch, generation, 1000 + epoch if time_ms is None else time_ms, offsets or {0: (0, 1)},
-                        [encode_entry(e) for e in entries], log_id=log_id, sequencer=sequencer)
+                        [encode_entry(e) for e in entries], log_id=log_id, sequencer=sequencer, namespace=namespace)
 
 
 def test_batch_record_round_trip():
     kind, batch = decode(batch_record(4, 2, [["a", "p", {"x": 1}], ["b", None, "bad"]], {0: (3, 9), 2: (0, 1)},
-                                      sequencer=1))
+                                      sequencer=1), NS, "s1")
     assert kind == BATCH
     assert (batch.epoch, batch.generation, batch.time_ms, batch.sequencer) == (4, 2, 1004, 1)
     assert batch.offsets == {0: [3, 9], 2: [0, 1]}
@@ -61,30 +77,30 @@ def test_batch_record_round_trip():
 
 
 def test_cursor_accepts_next_batch_of_current_generation_only():
-    cursor = LogCursor()
-    assert cursor.accept(encode_start("s1"), 0) is None and cursor.generation == 1
+    cursor = LogCursor(namespace=NS)
+    assert cursor.accept(first(), 0) is None and cursor.generation == 1
     assert cursor.accept(batch_record(1, 0), 1).batch_id == 1
     assert cursor.accept(batch_record(1, 0), 2) is None  # a repeat (e.g. visible aborted copy)
-    assert cursor.accept(encode_start("s2"), 3) is None and cursor.generation == 2
+    assert cursor.accept(start("s2"), 3) is None and cursor.generation == 2
     assert cursor.accept(batch_record(2, 0), 4) is None  # a fenced sequencer's late write
     accepted = cursor.accept(batch_record(2, 3, offsets={0: (1, 5)}), 5)
     assert accepted.batch_id == 2 and accepted.log_offset == 5
     assert cursor.to_dict() == {"next_batch": 3, "generation": 2, "next_offset": 6, "request_offsets": {0: 5},
                                 "log_id": "s1", "lanes": {0: [3, 3]}, "sequencers": 1, "time_ms": 1002,
                                 "procedures": None}
-    assert LogCursor.from_dict(cursor.to_dict()) == cursor
+    assert LogCursor.from_dict(cursor.to_dict(), NS) == cursor
 
 
 def test_batches_of_several_sequencers_are_numbered_in_log_order():
-    cursor = LogCursor()
-    cursor.accept(encode_start("s1", None, 0, 2), 0)
-    cursor.accept(encode_start("b", None, 1, 2), 1)
+    cursor = LogCursor(namespace=NS)
+    cursor.accept(first("s1", 0, 2), 0)
+    cursor.accept(start("b", 1, 2), 1)
     assert cursor.accept(batch_record(1, 1, sequencer=1, offsets={1: (0, 4)}), 2).batch_id == 1
     assert cursor.accept(batch_record(1, 0, sequencer=0, offsets={0: (0, 3)}), 3).batch_id == 2
     assert cursor.accept(batch_record(1, 1, sequencer=1), 4) is None  # a repeat of sequencer 1's
     assert cursor.accept(batch_record(2, 1, sequencer=1, offsets={1: (4, 6)}), 5).batch_id == 3
     assert cursor.request_offsets == {0: 3, 1: 6}
-    cursor.accept(encode_start("a2", None, 0, 2), 6)  # sequencer 0 restarts; its epochs go on
+    cursor.accept(start("a2", 0, 2), 6)  # sequencer 0 restarts; its epochs go on
     assert cursor.accept(batch_record(2, 0, sequencer=0), 7) is None and cursor.stale == 1  # the fenced one's
     assert cursor.accept(batch_record(2, 6, sequencer=0, time_ms=5), 8).batch_id == 4 and cursor.stale == 0
     assert cursor.lanes == {0: [6, 3], 1: [1, 3]}
@@ -94,33 +110,36 @@ def test_batches_of_several_sequencers_are_numbered_in_log_order():
 
 
 def test_a_new_sequencer_count_closes_every_lane():
-    cursor = LogCursor()
-    cursor.accept(encode_start("s1", None, 0, 2), 0)
-    cursor.accept(encode_start("b", None, 1, 2), 1)
+    cursor = LogCursor(namespace=NS)
+    cursor.accept(first("s1", 0, 2), 0)
+    cursor.accept(start("b", 1, 2), 1)
     cursor.accept(batch_record(1, 1, sequencer=1), 2)
-    cursor.accept(encode_start("c", None, 0, 1), 3)  # reconfigured to one sequencer
+    cursor.accept(start("c", 0, 1), 3)  # reconfigured to one sequencer
     assert cursor.lanes == {0: [3, 1]} and cursor.sequencers == 1
-    assert cursor.accept(batch_record(2, 1, sequencer=1), 4) is None and cursor.stale == 0
+    # A batch of the closed lane (a stray sequencer of the earlier count) is stale, and counted.
+    assert cursor.accept(batch_record(2, 1, sequencer=1), 4) is None and cursor.stale == 1
     assert cursor.accept(batch_record(1, 3), 5).batch_id == 2
 
 
 def test_a_start_record_names_a_sequencer_within_its_count():
-    cursor = LogCursor()
-    assert cursor.accept(seal(msgpack.packb([0, "t", None, 2, 2])), 0) is None and cursor.foreign == 1
+    cursor = LogCursor(namespace=NS)
+    assert cursor.accept(seal(msgpack.packb([0, "t", None, 2, 2]), record_context(NS, None)), 0) is None
+    assert cursor.foreign == 1
 
 
 def test_cursor_refuses_to_skip_a_missing_batch():
-    cursor = LogCursor()
-    cursor.accept(encode_start("s1"), 0)
+    cursor = LogCursor(namespace=NS)
+    cursor.accept(first(), 0)
     with pytest.raises(LogError, match="expected batch 1 of sequencer 0, found batch 3"):
         cursor.accept(batch_record(3, 0), 1)
 
 
 def test_unreadable_record_is_skipped_alike_by_every_reader_and_a_lost_batch_still_shows():
-    cursor = LogCursor()
-    cursor.accept(encode_start("s1"), 0)
-    assert cursor.accept(seal(b"\xc1garbage"), 1) is None and cursor.foreign == 1
-    assert cursor.accept(seal(msgpack.packb([0, 7])), 2) is None and cursor.foreign == 2  # a start without a token
+    cursor = LogCursor(namespace=NS)
+    cursor.accept(first(), 0)
+    assert cursor.accept(seal(b"\xc1garbage", record_context(NS, "s1")), 1) is None and cursor.foreign == 1
+    no_token = seal(msgpack.packb([0, 7]), record_context(NS, "s1"))  # a start without a token
+    assert cursor.accept(no_token, 2) is None and cursor.foreign == 2
     assert [offset for offset, _ in cursor.unreported] == [1, 2]  # each one reported
     assert cursor.accept(batch_record(1, 0), 3).batch_id == 1
     with pytest.raises(LogError, match="expected batch 2 of sequencer 0, found batch 3"):
@@ -128,29 +147,40 @@ def test_unreadable_record_is_skipped_alike_by_every_reader_and_a_lost_batch_sti
 
 
 def test_a_batch_of_another_log_is_refused():
-    cursor = LogCursor()
-    cursor.accept(encode_start("s1"), 0)
+    cursor = LogCursor(namespace=NS)
+    cursor.accept(first(), 0)
     cursor.accept(batch_record(1, 0), 1)
-    restored = LogCursor.from_dict(cursor.to_dict())
-    restored.accept(encode_start("t9"), 2)  # what a restarted, empty broker's new log shows
-    with pytest.raises(LogMismatch, match="belongs to log t9, not to log s1"):
+    restored = LogCursor.from_dict(cursor.to_dict(), NS)
+    restored.accept(first("t9"), 2)  # what a restarted, empty broker's new log shows
+    with pytest.raises(LogMismatch, match=r"belongs to log t9, not to log s1.*`ordo log skip --offset 3`"):
         restored.accept(batch_record(1, 2, log_id="t9"), 3)
+
+
+def test_a_genuine_record_of_another_namespace_or_a_copy_of_the_first_start_is_passed_over_like_a_forgery():
+    cursor = LogCursor(namespace=NS)
+    cursor.accept(first(), 0)
+    assert cursor.accept(first("o1", 1, 2, namespace="other"), 1) is None  # another namespace's start, S=2
+    assert cursor.accept(batch_record(1, 0, log_id="s1", namespace="other"), 2) is None  # same log id, even
+    assert cursor.accept(first(), 3) is None  # a copy of this log's first start record
+    assert cursor.lanes == {0: [0, 1]} and cursor.sequencers == 1 and cursor.stale == 0
+    assert [offset for offset, _ in cursor.unreported] == [1, 2, 3] and cursor.dropped == 3
+    assert cursor.accept(batch_record(1, 0), 4).batch_id == 1
 
 
 def test_a_log_without_its_head_is_refused():
     with pytest.raises(LogError, match="does not begin with a sequencer's start record"):
-        LogCursor().accept(batch_record(900, 3), 5000)
+        LogCursor(namespace=NS).accept(batch_record(900, 3), 5000)
 
 
 def test_batches_ignored_after_a_start_no_batch_followed_are_counted():
-    cursor = LogCursor()
-    cursor.accept(encode_start("s1"), 0)
+    cursor = LogCursor(namespace=NS)
+    cursor.accept(first(), 0)
     cursor.accept(batch_record(1, 0), 1)
-    cursor.accept(encode_start("forged"), 2)
+    cursor.accept(start("forged"), 2)
     for offset, epoch in enumerate(range(2, 8), start=3):
         assert cursor.accept(batch_record(epoch, 0), offset) is None
     assert cursor.stale == 6 and cursor.next_batch == 2
-    cursor.accept(encode_start("s3"), 9)
+    cursor.accept(start("s3"), 9)
     assert cursor.accept(batch_record(2, 9), 10).batch_id == 2 and cursor.stale == 0
 
 
@@ -161,7 +191,7 @@ def sequencer_logs(draw):
     lane) and the fenced predecessor's one late batch; and the (sequencer, epoch) of every
     batch a reader must accept, in log order."""
     sequencers = draw(st.integers(1, 3))
-    records = [encode_start(f"s{k}", None, k, sequencers) for k in range(sequencers)]
+    records = [first("s0", 0, sequencers), *(start(f"s{k}", k, sequencers, log="s0") for k in range(1, sequencers))]
     generation = {k: k for k in range(sequencers)}
     epoch = {k: 1 for k in range(sequencers)}
     last = {}
@@ -179,7 +209,7 @@ def sequencer_logs(draw):
         elif action == "restart":
             old = generation[k]
             generation[k] = len(records)
-            records.append(encode_start(f"r{len(records)}", None, k, sequencers))
+            records.append(start(f"r{len(records)}", k, sequencers, log="s0"))
             if draw(st.booleans()):  # the fenced one's transaction in flight shows up late
                 records.append(batch_record(epoch[k], old, sequencer=k, log_id="s0"))
     return records, expected
@@ -189,7 +219,7 @@ def sequencer_logs(draw):
 @given(sequencer_logs(), st.data())
 def test_every_reader_accepts_the_same_batches_of_several_sequencers_whenever_it_resumes(log, data):
     records, expected = log
-    whole = LogCursor()
+    whole = LogCursor(namespace=NS)
     accepted = [whole.accept(value, offset) for offset, value in enumerate(records)]
     batches = [batch for batch in accepted if batch is not None]
     assert [(b.sequencer, b.epoch) for b in batches] == expected
@@ -198,9 +228,9 @@ def test_every_reader_accepts_the_same_batches_of_several_sequencers_whenever_it
     assert times == sorted(times)
     # A reader that stops anywhere and resumes from its persisted cursor sees the same.
     cut = data.draw(st.integers(0, len(records)))
-    first = LogCursor()
+    first = LogCursor(namespace=NS)
     resumed = [first.accept(value, offset) for offset, value in enumerate(records[:cut])]
-    second = LogCursor.from_dict(first.to_dict())
+    second = LogCursor.from_dict(first.to_dict(), NS)
     resumed += [second.accept(value, offset) for offset, value in enumerate(records[cut:], start=cut)]
     assert [(b.batch_id, b.sequencer, b.epoch, b.time_ms) for b in resumed if b is not None] == \
         [(b.batch_id, b.sequencer, b.epoch, b.time_ms) for b in batches]
@@ -224,8 +254,8 @@ def test_namespaces_that_kafka_cannot_name_are_refused(namespace):
 
 
 def test_a_record_not_signed_with_the_log_secret_is_dropped_and_reported_and_changes_nothing():
-    cursor = LogCursor()
-    cursor.accept(encode_start("s1"), 0)
+    cursor = LogCursor(namespace=NS)
+    cursor.accept(first(), 0)
     genuine = batch_record(1, 0)
     forged_body = genuine[:-32]
     assert cursor.accept(forged_body + tag(b"log", forged_body, key=b"not-the-secret-at-all"), 1) is None

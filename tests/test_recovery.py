@@ -74,7 +74,7 @@ def test_checkpoints_hold_their_batch_and_old_ones_are_pruned(broker, shared_log
             with RocksShard(path, read_only=True) as shard:
                 marker = shard.applied()
             assert marker["batch"] == entry["batch"]
-            assert LogCursor.from_dict(marker["cursor"]) == LogCursor.from_dict(entry["cursor"])
+            assert LogCursor.from_dict(marker["cursor"], namespace) == LogCursor.from_dict(entry["cursor"], namespace)
     check_applied_once(str(tmp_path), last_batch)
 
 
@@ -215,10 +215,11 @@ def test_from_checkpoint_without_one_and_a_second_engine_are_refused(broker, sha
 def test_a_log_that_lost_batches_stops_recovery_with_the_missing_batch(broker, namespace, tmp_path):
     ensure_topics(broker, namespace)
     producer = Producer(kafka_config(broker))
-    producer.produce(f"{namespace}.log", encode_start("s1"))
+    producer.produce(f"{namespace}.log", encode_start(namespace, None, "s1"))
     for batch_id in (4, 5):  # batches 1..3 gone, as if the log had been truncated
         entry = encode_entry([f"r{batch_id}", "micro_rmw", {"keys": [batch_id]}])
-        producer.produce(f"{namespace}.log", encode_batch(batch_id, 0, 0, {}, [entry], log_id="s1"))
+        producer.produce(f"{namespace}.log",
+                         encode_batch(batch_id, 0, 0, {}, [entry], log_id="s1", namespace=namespace))
     producer.flush(10)
     done = ordo_run("recover", "--bootstrap-servers", broker, "--namespace", namespace,
                     "--data-dir", str(tmp_path), "--idle", "5")

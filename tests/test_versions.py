@@ -318,13 +318,15 @@ def test_a_namespace_another_app_broke_before_versions_has_a_way_back(broker, na
     with Client(broker, namespace) as client:
         early = [client.submit("deposit", {"account": a, "amount": 5}, request_id=f"early-{a}") for a in range(5)]
     args = {"account": 0, "amount": 5}
+    log_id = "bank-sequencer"
     records = [
-        encode_start("bank-sequencer", describe(_registry(tmp_path, "bank:app"), code=False)),
+        encode_start(namespace, None, log_id, describe(_registry(tmp_path, "bank:app"), code=False)),
         encode_batch(1, 0, 1000, {0: (0, 3)}, [encode_entry([f"early-{a}", "deposit", {**args, "account": a}])
-                                               for a in range(3)], log_id="bank-sequencer"),
-        encode_start("sensors-sequencer", describe(_registry(tmp_path, "sensors:app"), code=False)),
+                                               for a in range(3)], log_id=log_id, namespace=namespace),
+        encode_start(namespace, log_id, "sensors-sequencer", describe(_registry(tmp_path, "sensors:app"),
+                                                                      code=False)),
         encode_batch(2, 2, 1001, {0: (3, 5)}, [encode_entry([f"early-{a}", None, "unknown procedure 'deposit'"])
-                                               for a in (3, 4)], log_id="bank-sequencer"),
+                                               for a in (3, 4)], log_id=log_id, namespace=namespace),
     ]
     producer = Producer({"bootstrap.servers": broker})
     for record in records:

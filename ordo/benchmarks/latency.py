@@ -160,7 +160,7 @@ def log_times(bootstrap: str, namespace: str, ids: set[str], timeout: float = 60
     from ordo.sequencer.log import LogCursor
     from ordo.sequencer.topics import Topics
 
-    cursor = LogCursor()
+    cursor = LogCursor(namespace=namespace)
     found: dict[str, int] = {}
 
     def take(message) -> None:

@@ -25,7 +25,7 @@ class Log:
         share Batch objects)."""
         from ordo.sequencer.log import LogCursor
 
-        cursor, out = LogCursor(), []
+        cursor, out = LogCursor(namespace=self.namespace), []
         for offset, value in self.records:
             batch = cursor.accept(value, offset)
             if batch is not None:
@@ -68,7 +68,7 @@ def prefill_log(bootstrap: str, requests: list[dict], batch_size: int, kind: str
     finally:
         sequencer.stop()
     log = Log(namespace, requests, batch_size, sequencer.sequencer.next_batch - 1)
-    cursor = LogCursor()
+    cursor = LogCursor(namespace=namespace)
     reader = LogReader(bootstrap, Topics(namespace).log, LogCursor(), f"{namespace}.bench-reader")
     deadline = time.monotonic() + 120
     try:

@@ -66,7 +66,7 @@ def sequence_once(bootstrap: str, encoded: list, request_partitions: int, sequen
                     batches.append(batch)
                     entries += len(batch)
                 elif len(ready) < sequencers and not is_batch_record(value):
-                    kind, record = decode(value)
+                    kind, record = decode(value, namespace, cursor.log_id)
                     if kind == SNAPSHOT:
                         ready.add(record.sequencer)
                         if len(ready) == sequencers:

@@ -1,0 +1,276 @@
+"""A log record is valid only where it was written, and a log is read only with the secret
+it was written with. Copies are made as a client without the secret makes them: the exact
+bytes of genuine records, read from a log with a plain consumer and produced again with a
+plain producer."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from ordo.client import Client
+from ordo.embedded import SequencerThread
+from ordo.sequencer.log import SNAPSHOT_EVERY
+from ordo.sequencer.log_secret import forget_key
+from ordo.sequencer.reader import LogReader
+from ordo.sequencer.log import LogCursor
+from ordo.sequencer.sequencer import SequencerConfig
+from ordo.sequencer.topics import ensure_topics
+from tests.helpers import read_results, stop
+from tests.test_hardening_forgery import deposit_state, expected_state, start_engine
+from tests.test_hardening_log import cli, deposits, ended, submit
+
+pytestmark = pytest.mark.slow
+
+SNAPSHOT, START, BATCH = 2, 0, 1  # record kinds, as a client reads them (the first msgpack item)
+
+
+def raw_records(bootstrap: str, log_topic: str) -> list[tuple[int, int, bytes]]:
+    """(offset, kind, bytes) of every record a plain committed reader sees on the log."""
+    import msgpack
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "copier", "enable.auto.commit": False,
+                         "enable.partition.eof": True, "isolation.level": "read_committed"})
+    consumer.assign([TopicPartition(log_topic, 0, 0)])
+    found = []
+    try:
+        while True:
+            message = consumer.poll(10)
+            if message is None or (message.error() and message.error().code() == -191):  # end of the partition
+                break
+            unpacker = msgpack.Unpacker(strict_map_key=False)
+            unpacker.feed(message.value())
+            found.append((message.offset(), next(unpacker)[0], message.value()))
+    finally:
+        consumer.close()
+    return found
+
+
+def append_copies(bootstrap: str, topic: str, values: list[bytes]) -> list[int]:
+    """Produce byte copies with a plain producer; their offsets."""
+    producer = Producer({"bootstrap.servers": bootstrap})
+    offsets = []
+    for value in values:
+        producer.produce(topic, value, partition=0, on_delivery=lambda error, message: offsets.append(message.offset()))
+        producer.flush(10)
+    return offsets
+
+
+def accepted_ids(bootstrap: str, namespace: str, timeout: float = 60.0) -> list[str]:
+    """The ids of every entry of every batch that every reader accepts, to the log's end."""
+    reader = LogReader(bootstrap, f"{namespace}.log", LogCursor(), f"{namespace}.check", on_dropped=lambda *_: None)
+    ids, idle = [], 0
+    try:
+        while idle < 10:
+            batches = reader.poll(0.5, 1000)
+            idle = 0 if batches else idle + 1
+            ids += [entry[0] for batch, _ in batches for entry in batch.entries if entry[1] is not None]
+    finally:
+        reader.close()
+    return ids
+
+
+def sl_deposits(start: int, count: int) -> list[dict]:
+    return [{"id": f"r{i}", "proc": "sl_deposit",
+             "args": {"account": i % 5, "asset": 0, "account_amount": 1, "asset_amount": 1}}
+            for i in range(start, start + count)]
+
+
+def test_copies_of_genuine_snapshots_do_not_move_a_restarting_sequencer_back(broker, namespace, fault_report):
+    ensure_topics(broker, namespace)
+    config = SequencerConfig(max_txns=2, dedupe_window=40)
+    earlier = sl_deposits(0, 2 * (2 * SNAPSHOT_EVERY + 17))
+    client = Client(broker, namespace)
+    client.submit(earlier)
+    first = SequencerThread(broker, namespace, config).start()
+    first.wait_for(len(earlier))
+    first.stop()
+    first.sequencer.close()
+
+    snapshots = [value for _, kind, value in raw_records(broker, f"{namespace}.log") if kind == SNAPSHOT]
+    assert len(snapshots) >= 3  # the one after start-up, and one every SNAPSHOT_EVERY batches
+    copied_at = append_copies(broker, f"{namespace}.log", [snapshots[0], snapshots[-1]])
+
+    later = sl_deposits(10_000, 60)
+    client.submit(later)
+    client.close()
+    restarted = SequencerThread(broker, namespace, config).start()
+    try:
+        restarted.wait_for(len(later))
+    finally:
+        restarted.stop()
+        restarted.sequencer.close()
+    ids = accepted_ids(broker, namespace)
+    fault_report(f"byte copies of the first and the latest of {len(snapshots)} genuine snapshot records appended at "
+                 f"offsets {copied_at}, then the sequencer restarted; checked: each of {len(earlier)} earlier and "
+                 f"{len(later)} later requests accepted once, in order")
+    assert sorted(ids) == sorted(r["id"] for r in earlier + later), "a request lost or sequenced twice"
+    assert ids[-len(later):] == [r["id"] for r in later]
+
+
+def records_of_another_namespace(broker: str, namespace: str) -> tuple[bytes, bytes]:
+    """A genuine start record and batch of another namespace of the same user and secret,
+    whose sequencer ran as 2 of 2."""
+    other = f"{namespace}-other"
+    ensure_topics(broker, other, request_partitions=2)
+    client = Client(broker, other)
+    client.submit([{**request, "id": f"o{i}"} for i, request in enumerate(sl_deposits(0, 6))])
+    client.close()
+    sequencer = SequencerThread(broker, other, SequencerConfig(sequencers=2, index=1)).start()
+    try:
+        sequencer.wait_for(1)
+    finally:
+        sequencer.stop()
+        sequencer.sequencer.close()
+    records = raw_records(broker, f"{other}.log")
+    start = next(value for _, kind, value in records if kind == START)
+    batch = next(value for _, kind, value in records if kind == BATCH)
+    return start, batch
+
+
+@pytest.mark.parametrize("copied", ["start", "batch"])
+def test_a_genuine_record_of_another_namespace_is_passed_over_like_a_forgery(broker, namespace, tmp_path, copied,
+                                                                            fault_report):
+    start, batch = records_of_another_namespace(broker, namespace)
+    ensure_topics(broker, namespace)
+    data = str(tmp_path / "d")
+    engine = start_engine(broker, namespace, data)
+    try:
+        submit(broker, namespace, deposits(0, 10))
+        read_results(broker, f"{namespace}.results", 10, timeout=90)
+        (copied_at,) = append_copies(broker, f"{namespace}.log", [start if copied == "start" else batch])
+        for round_ in range(6):
+            submit(broker, namespace, deposits(100 + 10 * round_, 10))
+        results = read_results(broker, f"{namespace}.results", 70, timeout=90)
+        assert engine.poll() is None, "the engine stopped"
+    finally:
+        stop(engine)
+        lines = engine.stderr.read()
+    ids = [r["id"] for r in results]
+    expected = [*range(10), *range(100, 160)]
+    fault_report(f"a genuine {copied} record of another namespace (its sequencer 2 of 2, same secret) copied to "
+                 f"offset {copied_at}; checked: {len(expected)} requests answered once, state equal to the "
+                 f"requests', the record passed over and named")
+    assert sorted(ids) == sorted(f"d{i}" for i in expected), "requests lost or answered twice"
+    assert deposit_state(data) == expected_state(expected)
+    assert f"passed over the record at offset {copied_at} of {namespace}.log: not signed" in lines, lines
+
+
+def test_a_log_secret_that_does_not_match_stops_in_one_line_and_writes_nothing(broker, namespace, tmp_path,
+                                                                               monkeypatch, fault_report):
+    ensure_topics(broker, namespace)
+    data = str(tmp_path / "d")
+    monkeypatch.delenv("ORDO_LOG_SECRET", raising=False)
+    monkeypatch.delenv("ORDO_LOG_SECRET_FILE", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "home-a"))
+    engine = start_engine(broker, namespace, data)
+    try:
+        submit(broker, namespace, deposits(0, 10))
+        read_results(broker, f"{namespace}.results", 10, timeout=90)
+    finally:
+        assert stop(engine) == 0
+    before = len(raw_records(broker, f"{namespace}.log"))
+
+    # The secret file is not where the next start looks (another HOME, a container without
+    # the volume): a new secret is made there.
+    moved = tmp_path / "home-b" / "ordo" / "log-secret"
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "home-b"))
+    engine = start_engine(broker, namespace, data)
+    code = ended(engine, 120)
+    lines = engine.stderr.read() if code is not None else ""
+    stop(engine)
+    after = len(raw_records(broker, f"{namespace}.log"))
+    fault_report(f"the log secret file moved away before a restart of ordo run ({before} log records); checked: "
+                 f"exit {code}, one line naming the secret file, the log unchanged ({after} records)")
+    assert code == 2, lines
+    errors = [line for line in lines.splitlines() if line.strip() and not line.startswith("ordo running:")]
+    assert len(errors) == 1 and "Traceback" not in lines, lines
+    assert f"the file {moved} (this user's, made 20" in errors[0] and "ORDO_LOG_SECRET" in errors[0], lines
+    assert after == before, "records were written under the wrong secret"
+
+    # A sequencer alone (`ordo sequence`) and an engine alone (`ordo execute`) say the same.
+    for command, where in [("sequence", []), ("execute", ["--data-dir", data, "--runtime", "local"])]:
+        done = cli(command, "--bootstrap-servers", broker, "--namespace", namespace, *where, timeout=120)
+        errors = [line for line in done.stderr.splitlines() if line.startswith("ordo ") or "Traceback" in line]
+        assert done.returncode == 2 and len(errors) == 1, done.stderr
+        assert "is not the secret this log was written with" in errors[0] and str(moved) in errors[0], done.stderr
+    assert len(raw_records(broker, f"{namespace}.log")) == before
+
+
+def test_the_log_secret_is_rotated_with_the_earlier_one_kept_for_reading(broker, namespace, tmp_path, monkeypatch,
+                                                                         fault_report):
+    ensure_topics(broker, namespace)
+    data = str(tmp_path / "d")
+    secret = tmp_path / "log-secret"
+    old, new = "a" * 32, "b" * 32
+    secret.write_text(old + "\n")
+    monkeypatch.delenv("ORDO_LOG_SECRET", raising=False)
+    monkeypatch.setenv("ORDO_LOG_SECRET_FILE", str(secret))
+    engine = start_engine(broker, namespace, data)
+    try:
+        submit(broker, namespace, deposits(0, 10))
+        read_results(broker, f"{namespace}.results", 10, timeout=90)
+    finally:
+        assert stop(engine) == 0
+
+    secret.write_text(f"{new}\n{old}\n")  # the new secret signs; the old one still reads what it signed
+    engine = start_engine(broker, namespace, data)
+    try:
+        submit(broker, namespace, deposits(10, 10))
+        results = read_results(broker, f"{namespace}.results", 20, timeout=90)
+    finally:
+        assert stop(engine) == 0
+    # From a fresh data directory (a replay from the log's head) with both secrets: the same.
+    fresh = str(tmp_path / "fresh")
+    replayed = cli("recover", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", fresh,
+                   "--idle", "0")
+    # Without the old secret, the log's head is refused in one line.
+    secret.write_text(new + "\n")
+    refused = cli("recover", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir",
+                  str(tmp_path / "fresh-2"), "--idle", "0")
+    forget_key()
+    fault_report("the log secret rotated between two runs (new one signing, old one kept for reading); checked: "
+                 "20 requests answered once, the state, a replay from the head with both, a refusal with the new alone")
+    assert sorted(r["id"] for r in results) == sorted(f"d{i}" for i in range(20))
+    assert deposit_state(data) == expected_state(range(20))
+    assert replayed.returncode == 0, replayed.stderr
+    assert deposit_state(fresh) == expected_state(range(20))
+    assert refused.returncode == 2 and "the log began under an earlier secret" in refused.stderr, refused.stderr
+
+
+def test_a_copied_start_record_of_an_earlier_sequencer_count_is_said_not_a_silent_hang(broker, namespace, tmp_path,
+                                                                                      fault_report):
+    ensure_topics(broker, namespace, request_partitions=2)
+    for config in (SequencerConfig(), SequencerConfig(sequencers=2, index=1)):  # as 2 sequencers once
+        earlier = SequencerThread(broker, namespace, config).start()
+        earlier.stop()
+        earlier.sequencer.close()
+    old_start = [value for _, kind, value in raw_records(broker, f"{namespace}.log") if kind == START][-1]
+    data = str(tmp_path / "d")
+    engine = start_engine(broker, namespace, data)
+    try:
+        submit(broker, namespace, deposits(0, 10))
+        read_results(broker, f"{namespace}.results", 10, timeout=90)
+        (copied_at,) = append_copies(broker, f"{namespace}.log", [old_start])
+        for round_ in range(8):  # the live sequencer's batches now belong to a closed lane
+            submit(broker, namespace, deposits(100 + 10 * round_, 10))
+        code = ended(engine, 90)
+        lines = engine.stderr.read() if code is not None else ""
+    finally:
+        stop(engine)
+    assert code not in (None, 0), "the engine passed over later batches without a word"
+    assert "which closed that sequencer's lane" in lines and "Traceback" not in lines, lines
+
+    again = start_engine(broker, namespace, data)  # the way out the message gives: nothing lost
+    try:
+        results = read_results(broker, f"{namespace}.results", 90, timeout=90)
+    finally:
+        assert stop(again) == 0
+    expected = [*range(10), *range(100, 180)]
+    fault_report(f"a copy of the namespace's own start record of sequencer 1 of 2 appended at offset {copied_at} "
+                 f"while it runs one sequencer; checked: the engine stops in one line, and after a restart "
+                 f"{len(expected)} requests answered once, state equal to the requests'")
+    assert sorted(r["id"] for r in results) == sorted(f"d{i}" for i in expected)
+    assert deposit_state(data) == expected_state(expected)
