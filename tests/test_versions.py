@@ -160,6 +160,27 @@ def test_the_identity_is_the_same_in_every_process(tmp_path):
     assert seen == {str(set_id(describe(_registry(tmp_path, "bank_p:app"))))}
 
 
+def test_versions_follow_one_another_and_copies_name_nothing():
+    """The readers' rule (LogCursor): an upgrade names the next version only, so a byte copy
+    of an earlier upgrade is passed over and counted; in a versioned log a start record of
+    another set (a stray sequencer, or a copy) changes nothing."""
+    from ordo.sequencer.log import LogCursor, encode_start, encode_upgrade
+
+    sets = [{"procedures": {"p": str(n)}, "tables": {}, "format": 2} for n in range(3)]
+    cursor = LogCursor(namespace="ns")
+    cursor.accept(encode_start("ns", None, "L", sets[0]), 0)
+    second = encode_upgrade("ns", sets[1], 2, "L")
+    cursor.accept(second, 1)
+    cursor.accept(encode_upgrade("ns", sets[2], 3, "L"), 2)
+    assert cursor.procedures[:3] == [3, set_id(sets[2]), 2]
+    cursor.accept(second, 3)  # a copy of the upgrade to v2
+    cursor.accept(encode_start("ns", "L", "stray", sets[0]), 4)  # a start record of v1's set
+    assert cursor.procedures[:3] == [3, set_id(sets[2]), 2]
+    assert cursor.dropped == 1 and "out of place" in cursor.unreported[0][1]
+    cursor.accept(encode_upgrade("ns", sets[0], 5, "L"), 5)  # a version skipped: no upgrade of this log
+    assert cursor.procedures[0] == 3 and cursor.dropped == 2
+
+
 # -- on Kafka -----------------------------------------------------------------------------
 
 @pytest.mark.slow
