@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 import uuid
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 from confluent_kafka import (
@@ -32,7 +32,9 @@ from ordo.procedures.registry import Registry, refuse_without_analyze
 from ordo.procedures.ollp import is_resequenced, request_identity
 from ordo.sequencer.append_turn import AppendTurn, needs_turns, turn_path
 from ordo.sequencer.dedupe import RecentIds
-from ordo.sequencer.kafka import consumer_config, kafka_config
+from ordo.sequencer.kafka import LIBRDKAFKA_LOGGER, consumer_config, kafka_config
+from ordo.sequencer.lag import sequencer_group
+from ordo.sequencer.lane_owner import Superseded, note, own_owner, refuse_if_taken, who_took_over
 from ordo.sequencer.log_probe import LogWatch, fingerprint
 from ordo.sequencer.log import (
     ARIA,
@@ -75,7 +77,23 @@ WATCH_EVERY = 2.0
 class BrokerLost(RuntimeError):
     """The broker no longer holds what this sequencer wrote or consumed."""
 
+
+# What the broker answers a producer whose transactional id a newer start took over.
+FENCED = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
+
 SINGLE = ((0,), (0,), None, SINGLE_ITEM_BYTES)
+# The sequencer says it was fenced in a line of its own; librdkafka's fatal-error lines about it go.
+LIBRDKAFKA_LOGGER.addFilter(lambda record: "fenced by a newer instance" not in record.getMessage())
+
+
+def _is_fenced(exc: BaseException | None) -> bool:
+    """Whether `exc`, or what it was raised from (librdkafka raises the error of a delivery
+    callback as a SystemError from it), is the broker fencing this producer."""
+    while exc is not None:
+        if isinstance(exc, KafkaException) and exc.args and exc.args[0].code() in FENCED:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,9 +150,10 @@ def owned_partitions(partitions: int, index: int, sequencers: int) -> list[int]:
 
 class Sequencer:
     def __init__(self, bootstrap: str, namespace: str, registry: Registry,
-                 config: SequencerConfig = SequencerConfig()):
+                 config: SequencerConfig = SequencerConfig(), owner: dict | None = None):
         refuse_without_analyze(registry, config.ordering)
         self.bootstrap = bootstrap
+        self.owner = owner or own_owner("ordo sequence")  # who this sequencer notes it is (lane_owner.py)
         self.topics = Topics(namespace)
         self.registry = registry
         self.config = config
@@ -142,7 +161,7 @@ class Sequencer:
         self._entries_limit = config.max_bytes - BATCH_OVERHEAD - routing_bytes(config.partitions)
         self.stats = SequencerStats()
         self._stop = threading.Event()
-        self._group = f"{namespace}.sequencer"
+        self._group = sequencer_group(namespace)
         self._producer = Producer(kafka_config(bootstrap, {
             "transactional.id": transactional_id(namespace, config.index),
             # An append lasts milliseconds. A transaction a crashed broker left open holds every
@@ -177,6 +196,10 @@ class Sequencer:
         config = self.config
         check_topics(self.bootstrap, self.topics, timeout)
         partitions = request_partitions_for(self.bootstrap, self.topics, config.sequencers)
+        self._owned = owned_partitions(partitions, config.index, config.sequencers)
+        # Before fencing anything: a live sequencer of another engine keeps its partitions.
+        refuse_if_taken(self.bootstrap, self.topics.namespace, self._group, self.topics.requests, self._owned,
+                        self.owner)
         self._turn = self._append_turn(timeout)
         token = uuid.uuid4().hex
         with self._turn:  # fencing may end the previous generation's open transaction
@@ -203,7 +226,6 @@ class Sequencer:
             "auto.offset.reset": "error",
         }))
         offsets = self._cursor.request_offsets
-        self._owned = owned_partitions(partitions, config.index, config.sequencers)
         self._consumer.assign([TopicPartition(self.topics.requests, p, offsets.get(p, OFFSET_BEGINNING))
                                for p in self._owned])
         self._note_consumed()
@@ -287,40 +309,57 @@ class Sequencer:
     def run(self) -> None:
         if self._consumer is None:
             self.start()
-        epoch = _Epoch()
-        max_delay = self.config.max_delay_ms / 1000.0
         try:
-            while not self._stop.is_set():
-                room = self.config.max_txns - len(epoch.entries)
+            with self._fenced_is_superseded():
+                epoch = self._loop(_Epoch(), self.config.max_delay_ms / 1000.0)
                 if epoch.entries:
-                    # consume(n, t) returns early only once n came: the epoch's end is the bound.
-                    messages = self._consumer.consume(room, max(epoch.opened + max_delay - time.monotonic(), 0.001))
-                else:
-                    # An empty epoch opens at the first request: wait for it alone, take what came with it.
-                    first = self._consumer.poll(max_delay)
-                    messages = [first, *self._consumer.consume(room - 1, 0)] if first is not None else []
-                if not messages and not epoch.entries:
-                    self._watch()
-                for message in messages:
-                    error = message.error()
-                    if error is not None:
-                        if error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
-                            raise BrokerLost(f"{self.topics.requests} partition {message.partition()} does not reach "
-                                             f"the position this sequencer consumed up to: the broker lost the "
-                                             f"requests (restarted without its data?); see docs/operations.md, "
-                                             f"'Broker lost'")
-                        if error.code() != KafkaError._PARTITION_EOF:
-                            log.warning("request consumer: %s", error)
-                        continue
-                    epoch = self._add(epoch, message)
-                    if len(epoch.entries) >= self.config.max_txns:
-                        epoch = self._cut(epoch)
-                if epoch.entries and time.monotonic() >= epoch.opened + max_delay:
-                    epoch = self._cut(epoch)
-            if epoch.entries:
-                self._cut(epoch)
+                    self._cut(epoch)
         finally:
             self.close()
+
+    @contextmanager
+    def _fenced_is_superseded(self):
+        """A fenced producer means another sequencer started on this lane: stop in one line
+        that names it, never to be restarted into fencing it back."""
+        try:
+            yield
+        except Exception as exc:
+            if not _is_fenced(exc):
+                raise
+            raise Superseded(
+                f"{who_took_over(self.bootstrap, self._group, self.topics.requests, self._owned, self.owner)} "
+                f"started sequencing namespace {self.topics.namespace} (sequencer {self.config.index} of "
+                f"{self.config.sequencers}) and fenced this one, which stops: one engine per namespace") from None
+
+    def _loop(self, epoch: _Epoch, max_delay: float) -> _Epoch:
+        while not self._stop.is_set():
+            room = self.config.max_txns - len(epoch.entries)
+            if epoch.entries:
+                # consume(n, t) returns early only once n came: the epoch's end is the bound.
+                messages = self._consumer.consume(room, max(epoch.opened + max_delay - time.monotonic(), 0.001))
+            else:
+                # An empty epoch opens at the first request: wait for it alone, take what came with it.
+                first = self._consumer.poll(max_delay)
+                messages = [first, *self._consumer.consume(room - 1, 0)] if first is not None else []
+            if not messages and not epoch.entries:
+                self._watch()
+            for message in messages:
+                error = message.error()
+                if error is not None:
+                    if error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+                        raise BrokerLost(f"{self.topics.requests} partition {message.partition()} does not reach "
+                                         f"the position this sequencer consumed up to: the broker lost the "
+                                         f"requests (restarted without its data?); see docs/operations.md, "
+                                         f"'Broker lost'")
+                    if error.code() != KafkaError._PARTITION_EOF:
+                        log.warning("request consumer: %s", error)
+                    continue
+                epoch = self._add(epoch, message)
+                if len(epoch.entries) >= self.config.max_txns:
+                    epoch = self._cut(epoch)
+            if epoch.entries and time.monotonic() >= epoch.opened + max_delay:
+                epoch = self._cut(epoch)
+        return epoch
 
     def _entry(self, message) -> tuple[bytes, tuple | None]:
         """The log entry of one request message, validated and checked for a duplicate
@@ -449,14 +488,18 @@ class Sequencer:
         was about to note, or anyone else noted, would otherwise stand as waiting requests
         until the next batch."""
         offsets = self._cursor.request_offsets
-        self._note_positions([TopicPartition(self.topics.requests, p, offsets[p]) for p in self._owned
-                              if p in offsets])
+        # Every owned partition, one never consumed at 0 (what the lag counts from anyway):
+        # the positions carry this sequencer's note of who takes them (lane_owner.py).
+        self._note_positions([TopicPartition(self.topics.requests, p, offsets.get(p, 0)) for p in self._owned])
 
     def _note_positions(self, positions: list[TopicPartition]) -> None:
         if not positions:
             return
+        noted = note(self.owner)
         try:
-            self._consumer.commit(offsets=positions, asynchronous=True)
+            self._consumer.commit(offsets=[TopicPartition(position.topic, position.partition, position.offset,
+                                                          metadata=noted) for position in positions],
+                                  asynchronous=True)
         except KafkaException:
             pass  # a display figure: the next batch's commit carries the positions on
 
