@@ -359,7 +359,18 @@ class Sequencer:
                     epoch = self._cut(epoch)
             if epoch.entries and time.monotonic() >= epoch.opened + max_delay:
                 epoch = self._cut(epoch)
+            elif not epoch.entries and epoch.offsets:
+                epoch = self._consumed_without_batch(epoch)
         return epoch
+
+    def _consumed_without_batch(self, epoch: _Epoch) -> _Epoch:
+        """An epoch of dropped messages only (steps published again) appends nothing, but
+        they no longer wait: the next batch's positions begin after them, and the lag shows
+        them taken now, not when a request next comes."""
+        for partition, span in epoch.offsets.items():
+            self._cursor.request_offsets[partition] = span[1]
+        self._note_positions([TopicPartition(self.topics.requests, p, span[1]) for p, span in epoch.offsets.items()])
+        return _Epoch()
 
     def _entry(self, message) -> tuple[bytes, tuple | None]:
         """The log entry of one request message, validated and checked for a duplicate
@@ -404,7 +415,8 @@ class Sequencer:
         return epoch
 
     def _skip(self, epoch: _Epoch, message) -> _Epoch:
-        """A dropped message still counts as consumed once the epoch holding it is cut."""
+        """A dropped message still counts as consumed once the epoch holding it is cut (or at once,
+        when the epoch holds nothing else: `_consumed_without_batch`)."""
         partition, offset = message.partition(), message.offset()
         span = epoch.offsets.get(partition)
         if span is None:
