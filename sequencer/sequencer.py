@@ -180,6 +180,7 @@ class Sequencer:
         self._probe: LogWatch | None = None
         self._accepted = 0  # entries accepted into the log so far (what the duplicate check remembers)
         self._watched = 0.0
+        self._partitions_checked = time.monotonic()  # when the requests topic's partitions were last counted
         self._last_cut_at = 0.0  # monotonic time the newest batch began to be cut
         self._recent = RecentIds(config.dedupe_window)
         self._turn: AbstractContextManager = nullcontext()
@@ -333,6 +334,7 @@ class Sequencer:
 
     def _loop(self, epoch: _Epoch, max_delay: float) -> _Epoch:
         while not self._stop.is_set():
+            self._take_new_partitions()
             room = self.config.max_txns - len(epoch.entries)
             if epoch.entries:
                 # consume(n, t) returns early only once n came: the epoch's end is the bound.
@@ -362,6 +364,32 @@ class Sequencer:
             elif not epoch.entries and epoch.offsets:
                 epoch = self._consumed_without_batch(epoch)
         return epoch
+
+    def _take_new_partitions(self) -> None:
+        """Partitions added to the requests topic while this sequencer runs (producers scaled
+        out): the ones this sequencer owns are read from their beginning, like those it
+        started with, instead of waiting unread until a restart."""
+        now = time.monotonic()
+        if now - self._partitions_checked < WATCH_EVERY:
+            return
+        self._partitions_checked = now
+        try:
+            metadata = self._consumer.list_topics(self.topics.requests, timeout=5).topics.get(self.topics.requests)
+        except KafkaException:
+            return  # asked again in WATCH_EVERY; a broker away is the watch's business
+        if metadata is None or metadata.error is not None:
+            return
+        owned = owned_partitions(len(metadata.partitions), self.config.index, self.config.sequencers)
+        added = [p for p in owned if p not in self._owned]
+        if not added:
+            return
+        offsets = self._cursor.request_offsets
+        self._consumer.incremental_assign([TopicPartition(self.topics.requests, p, offsets.get(p, OFFSET_BEGINNING))
+                                           for p in added])
+        self._owned = sorted(set(self._owned) | set(added))
+        log.warning("%s has %d partitions now: sequencer %d takes the new partition(s) %s too",
+                    self.topics.requests, len(metadata.partitions), self.config.index,
+                    ", ".join(map(str, added)))
 
     def _consumed_without_batch(self, epoch: _Epoch) -> _Epoch:
         """An epoch of dropped messages only (steps published again) appends nothing, but
