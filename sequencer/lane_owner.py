@@ -121,8 +121,21 @@ def refuse_if_taken(bootstrap: str, namespace: str, group: str, topic: str, part
                         f"{latest['who']} is sequencing namespace {namespace} ({topic} partition {partition}, "
                         f"last seen {max(0.0, time.time() - latest['at'] / 1000):.0f} s ago): one engine per "
                         f"namespace; stop that one first, or use another --namespace")
+        if watched:  # gone: its partitions are this owner's now, for the sequencers it starts too
+            _claim(consumer, topic, list(watched), owner, timeout)
     finally:
         consumer.close()
+
+
+def _claim(consumer: Consumer, topic: str, partitions: list[int], owner: dict, timeout: float) -> None:
+    """Note `owner` on `partitions` at the positions committed there, which stay as they are."""
+    try:
+        committed = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=timeout)
+        noted = note(owner)
+        consumer.commit(offsets=[TopicPartition(topic, position.partition, position.offset, metadata=noted)
+                                 for position in committed if position.offset >= 0], asynchronous=False)
+    except KafkaException:
+        pass  # then the sequencer looks again, and waits once more for the same stale note
 
 
 def who_took_over(bootstrap: str, group: str, topic: str, partitions: list[int], owner: dict,

@@ -5,7 +5,9 @@ fenced by a newer one stops in one line and is not restarted into fencing it bac
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
+import time
 
 from confluent_kafka import Consumer, TopicPartition
 
@@ -98,3 +100,29 @@ def test_a_fenced_sequencer_stops_its_engine_in_one_line_and_is_not_restarted(br
         stop(first)
     fault_report("a second sequencer started on the live lane (no look refused it): the fenced engine stopped "
                  "in one line, its sequencer not restarted, the newer one went on")
+
+
+def test_an_engine_killed_does_not_hold_the_namespace(broker, namespace, tmp_path, fault_report):
+    first = _engine(broker, namespace, str(tmp_path / "first"))
+    after = None
+    try:
+        with Client(broker, namespace) as client:
+            client.wait_for_topics(timeout=60)
+            assert _deposit(client, 1)["status"] == "committed"
+        first.send_signal(signal.SIGKILL)  # its sequencer dies with it; its note stops moving
+        first.wait(30)
+        started = time.monotonic()
+        after = _engine(broker, namespace, str(tmp_path / "first"))
+        with Client(broker, namespace) as client:
+            assert _deposit(client, 2)["status"] == "committed"
+        answered_in = time.monotonic() - started
+        assert after.poll() is None
+    finally:
+        if after is not None:
+            stop(after)
+        if first.poll() is None:
+            stop(first)
+    said = after.stderr.read()
+    assert "one engine per namespace" not in said and "Traceback" not in said, said
+    fault_report(f"ordo run SIGKILLed, started again at once on its namespace: not refused, first outcome "
+                 f"{answered_in:.1f} s after the start")
