@@ -72,10 +72,11 @@ def owner_env(who: str) -> str:
     return json.dumps({"id": uuid.uuid4().hex, "who": who})
 
 
-def note(owner: dict) -> str:
-    """The metadata a sequencer commits with its request positions."""
-    return json.dumps({"id": owner["id"], "who": owner["who"], "at": int(time.time() * 1000)},
-                      separators=(",", ":"))
+def note(owner: dict, stopped: bool = False) -> str:
+    """The metadata a sequencer commits with its request positions; `stopped` for its last,
+    when it stops of its own accord, so that a start right after it need not watch."""
+    return json.dumps({"id": owner["id"], "who": owner["who"], "at": int(time.time() * 1000),
+                       **({"stopped": True} if stopped else {})}, separators=(",", ":"))
 
 
 def _read_notes(consumer: Consumer, topic: str, partitions: list[int], timeout: float) -> dict[int, dict]:
@@ -111,7 +112,8 @@ def refuse_if_taken(bootstrap: str, namespace: str, group: str, topic: str, part
     try:
         first = _read_notes(consumer, topic, partitions, timeout)
         now = time.time() * 1000
-        watched = {p: n for p, n in first.items() if n["id"] != owner["id"] and now - n["at"] < FRESH_FOR * 1000}
+        watched = {p: n for p, n in first.items()
+                   if n["id"] != owner["id"] and not n.get("stopped") and now - n["at"] < FRESH_FOR * 1000}
         deadline = time.monotonic() + STILL_FOR
         while watched and time.monotonic() < deadline:
             time.sleep(0.5)

@@ -315,6 +315,7 @@ class Sequencer:
                 epoch = self._loop(_Epoch(), self.config.max_delay_ms / 1000.0)
                 if epoch.entries:
                     self._cut(epoch)
+            self._note_consumed(stopped=True)
         finally:
             self.close()
 
@@ -522,7 +523,7 @@ class Sequencer:
                 self._end_transaction(producer.abort_transaction, 30)
                 # Append the same batch again; readers drop a visible aborted copy by its id.
 
-    def _note_consumed(self) -> None:
+    def _note_consumed(self, stopped: bool = False) -> None:
         """Note where this sequencer stands on its request partitions (what the log says it
         consumed), also when it has nothing to append: the positions a killed predecessor
         was about to note, or anyone else noted, would otherwise stand as waiting requests
@@ -530,16 +531,17 @@ class Sequencer:
         offsets = self._cursor.request_offsets
         # Every owned partition, one never consumed at 0 (what the lag counts from anyway):
         # the positions carry this sequencer's note of who takes them (lane_owner.py).
-        self._note_positions([TopicPartition(self.topics.requests, p, offsets.get(p, 0)) for p in self._owned])
+        self._note_positions([TopicPartition(self.topics.requests, p, offsets.get(p, 0)) for p in self._owned],
+                             stopped)
 
-    def _note_positions(self, positions: list[TopicPartition]) -> None:
+    def _note_positions(self, positions: list[TopicPartition], stopped: bool = False) -> None:
         if not positions:
             return
-        noted = note(self.owner)
+        noted = note(self.owner, stopped)
         try:
             self._consumer.commit(offsets=[TopicPartition(position.topic, position.partition, position.offset,
                                                           metadata=noted) for position in positions],
-                                  asynchronous=True)
+                                  asynchronous=not stopped)
         except KafkaException:
             pass  # a display figure: the next batch's commit carries the positions on
 
