@@ -350,7 +350,7 @@ def warn_if_unauthenticated(settings: dict[str, Any], topic: str) -> None:
         return
     _warned_unauthenticated = True
     logging.getLogger("ordo.client").warning(
-        "warning: reading outcomes from %s over %s, where clients do not authenticate: unless the broker's ACLs "
+        "reading outcomes from %s over %s, where clients do not authenticate: unless the broker's ACLs "
         "let only the engine write %s, any client can forge an outcome there (docs/operations.md, 'What an "
         "outcome proves')", topic, protocol.upper(), topic)
 

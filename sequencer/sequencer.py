@@ -375,7 +375,7 @@ class Sequencer:
             return
         self._partitions_checked = now
         try:
-            metadata = self._consumer.list_topics(self.topics.requests, timeout=5).topics.get(self.topics.requests)
+            metadata = self._consumer.list_topics(self.topics.requests, timeout=1).topics.get(self.topics.requests)
         except KafkaException:
             return  # asked again in WATCH_EVERY; a broker away is the watch's business
         if metadata is None or metadata.error is not None:
