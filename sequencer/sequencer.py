@@ -541,7 +541,7 @@ class Sequencer:
         try:
             self._consumer.commit(offsets=[TopicPartition(position.topic, position.partition, position.offset,
                                                           metadata=noted) for position in positions],
-                                  asynchronous=not stopped)
+                                  asynchronous=True)  # a stopping one's last goes out as its consumer closes
         except KafkaException:
             pass  # a display figure: the next batch's commit carries the positions on
 
