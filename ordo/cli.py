@@ -447,12 +447,21 @@ def cmd_run(args) -> int:
 
 
 def cmd_sequence(args) -> int:
+    from ordo.sequencer.lane_owner import EXIT_ANOTHER_ENGINE, LaneTaken, Superseded
+    from ordo.sequencer.versions import EXIT_UPGRADED, UpgradedAway
     from ordo.services import die_with_parent, send_heartbeats, serve_sequencer
 
     die_with_parent()  # when an engine started this sequencer, it goes when the engine goes
     send_heartbeats()  # and the engine knows it is alive
-    return serve_sequencer(args.bootstrap_servers, args.namespace, _sequencer_config(args),
-                           _procedure_specs(args), args.quiet)
+    try:
+        return serve_sequencer(args.bootstrap_servers, args.namespace, _sequencer_config(args),
+                               _procedure_specs(args), args.quiet)
+    except (LaneTaken, Superseded) as exc:
+        print(f"ordo sequence: {exc}", file=sys.stderr, flush=True)
+        return EXIT_ANOTHER_ENGINE
+    except UpgradedAway as exc:
+        print(f"ordo sequence: {exc}", file=sys.stderr, flush=True)
+        return EXIT_UPGRADED
 
 
 def cmd_execute(args) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections import Counter
@@ -222,6 +223,7 @@ class Client:
         }))
 
     def _reader(self, from_beginning: bool, timeout: float = 10.0) -> Consumer:
+        warn_if_unauthenticated(kafka_config(self.bootstrap, self.settings), self.topics.results)
         consumer = self._consumer()
         start = {} if from_beginning else (self._start if self._start is not None else self._end_offsets(timeout))
         partitions = self._partitions(consumer, min(timeout, 10.0))
@@ -331,6 +333,26 @@ class AsyncClient:
 
     async def close(self) -> None:
         await asyncio.to_thread(self.client.close)
+
+
+_warned_unauthenticated = False
+# Settings by which a TLS client shows a certificate of its own (its principal for ACLs).
+_CLIENT_CERTIFICATE = ("ssl.certificate.location", "ssl.certificate.pem", "ssl.keystore.location")
+
+
+def warn_if_unauthenticated(settings: dict[str, Any], topic: str) -> None:
+    """Once per process: outcomes read where clients do not authenticate can come from
+    any client, since only the broker's ACLs keep others from writing the results topic."""
+    global _warned_unauthenticated
+    protocol = str(settings.get("security.protocol", "plaintext")).lower()
+    anonymous = protocol == "plaintext" or (protocol == "ssl" and not any(settings.get(k) for k in _CLIENT_CERTIFICATE))
+    if _warned_unauthenticated or not anonymous:
+        return
+    _warned_unauthenticated = True
+    logging.getLogger("ordo.client").warning(
+        "reading outcomes from %s over %s, where clients do not authenticate: unless the broker's ACLs "
+        "let only the engine write %s, any client can forge an outcome there (docs/operations.md, 'What an "
+        "outcome proves')", topic, protocol.upper(), topic)
 
 
 def _key_and_value(request: Request) -> tuple[str, bytes, str]:

@@ -6,6 +6,7 @@ import ctypes
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -17,9 +18,11 @@ from ordo.procedures.loading import load_registry
 from ordo.scheduler.coordinator import Coordinator, EngineStats
 from ordo.scheduler.liveness import SILENT_AFTER, Silence
 from ordo.scheduler.worker import check_layout
+from ordo.sequencer.lag import sequencer_group
+from ordo.sequencer.lane_owner import EXIT_ANOTHER_ENGINE, OWNER_ENV, own_owner, owner_env, refuse_if_taken
 from ordo.sequencer.sequencer import Sequencer, SequencerConfig
 from ordo.sequencer.topics import Topics, ensure_topics, request_partitions_for
-from ordo.sequencer.versions import check_set, upgrade_command
+from ordo.sequencer.versions import EXIT_UPGRADED, check_set, upgrade_command
 
 
 def on_termination(stop: Callable[[], None]) -> None:
@@ -53,7 +56,8 @@ def announce_start(coordinator: Coordinator, stream=sys.stderr) -> None:
 
 def serve_sequencer(bootstrap: str, namespace: str, config: SequencerConfig,
                     procedure_modules: tuple[str, ...] = (), quiet: bool = False) -> int:
-    sequencer = Sequencer(bootstrap, namespace, load_registry(procedure_modules), config, procedure_modules)
+    sequencer = Sequencer(bootstrap, namespace, load_registry(procedure_modules), config,
+                          procedure_specs=procedure_modules)
     on_termination(sequencer.stop)
     sequencer.start()
     if not quiet and config.sequencers == 1:
@@ -218,6 +222,7 @@ def _log_level() -> str:
 # starting it again would only repeat the failure, so the engine stops with its reason.
 FAST_FAILURE_S = 15.0
 FAST_FAILURES = 3
+SEQUENCE_ERROR = "ordo sequence: "  # how the sequencer's closing error line begins (ordo/cli.py)
 
 
 class SequencerProcess:
@@ -239,6 +244,7 @@ class SequencerProcess:
         self._on_failure = on_failure
         self._relaying: threading.Thread | None = None
         self._last_line = ""  # the child's last line on standard error: its reason, when it fails
+        self._held_line = ""  # its closing error line, passed on once its exit status is known
         self.restarts = 0
         self.failure: str | None = None
 
@@ -267,13 +273,23 @@ class SequencerProcess:
         return process
 
     def _relay(self, stream) -> None:
-        """Pass the child's standard error on, keeping its last line."""
+        """Pass the child's standard error on, keeping its last line. Its closing error line
+        waits for the exit status: when the engine stops for it, the engine's own line says it."""
         for raw in stream:
             line = raw.decode("utf-8", "replace")
-            sys.stderr.write(line)
-            sys.stderr.flush()
+            if line.startswith(SEQUENCE_ERROR):
+                self._held_line = line
+            else:
+                sys.stderr.write(line)
+                sys.stderr.flush()
             if line.strip():
                 self._last_line = line.strip()
+
+    def _pass_on_held_line(self) -> None:
+        if self._held_line:
+            sys.stderr.write(self._held_line)
+            sys.stderr.flush()
+            self._held_line = ""
 
     def start(self) -> None:
         self._process = self._spawn()
@@ -310,8 +326,16 @@ class SequencerProcess:
         while not self._stopping.is_set():
             started = time.monotonic()
             code = self._wait()
+            self._relaying.join(5)  # the child's last words
             if self._stopping.is_set():
+                self._pass_on_held_line()
                 return
+            if code == EXIT_UPGRADED:  # the engine stops where the log moves on; a restart would be refused
+                return
+            if code == EXIT_ANOTHER_ENGINE:  # restarting it would fence the other engine's, and so on
+                self._stop_engine(self._last_line.removeprefix(SEQUENCE_ERROR) or f"exit status {code}")
+                return
+            self._pass_on_held_line()
             # A signal (negative code) is a kill from outside, not a failure of its own.
             fast_failures = fast_failures + 1 if code > 0 and time.monotonic() - started < FAST_FAILURE_S else 0
             if fast_failures >= FAST_FAILURES:
@@ -323,10 +347,12 @@ class SequencerProcess:
             self._process = self._spawn()
 
     def _give_up(self, code: int) -> None:
-        self._relaying.join(5)  # the child's last words
         reason = self._last_line or f"exit status {code}"
-        self.failure = (f"the {self._name} failed {FAST_FAILURES} times within {FAST_FAILURE_S:.0f} s of starting, "
-                        f"not restarting it: {reason}")
+        self._stop_engine(f"the {self._name} failed {FAST_FAILURES} times within {FAST_FAILURE_S:.0f} s of "
+                          f"starting, not restarting it: {reason}")
+
+    def _stop_engine(self, failure: str) -> None:
+        self.failure = failure
         if self._on_failure is not None:
             self._on_failure()
 
@@ -385,10 +411,17 @@ def serve_all(bootstrap: str, namespace: str, data_dir: str, scheduler: str, par
     check_layout(data_dir, partitions, namespace)  # a data directory of another namespace: before its topics exist
     ensure_topics(bootstrap, namespace, request_partitions, replication=log_replication)
     # Before Ray starts: a sequencer child would otherwise fail on it and be restarted forever.
-    request_partitions_for(bootstrap, Topics(namespace), config.sequencers)
+    topics = Topics(namespace)
+    partition_count = request_partitions_for(bootstrap, topics, config.sequencers)
     specs = placement.get("procedure_modules", ())
     # Another app, or edited procedures, on a namespace: refused before anything runs or is written.
     check_set(bootstrap, namespace, load_registry(specs), upgrade_command(bootstrap, namespace, specs))
+    # One engine per namespace: before this one replays anything. Its sequencers, and any it
+    # restarts, sequence for it (OWNER_ENV), so they never wait on each other's notes.
+    os.environ[OWNER_ENV] = owner_env(f"ordo run (pid {os.getpid()} on {socket.gethostname()}, "
+                                      f"data dir {os.path.abspath(data_dir)})")
+    refuse_if_taken(bootstrap, namespace, sequencer_group(namespace), topics.requests,
+                    list(range(partition_count)), own_owner("ordo run"))
     coordinator = Coordinator(bootstrap, namespace, data_dir, scheduler, partitions, **placement,
                               **(checkpointing or {}))
     sequencer = SequencerProcesses(bootstrap, namespace, config, placement.get("procedure_modules", ()),

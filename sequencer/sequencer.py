@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 import uuid
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 from confluent_kafka import (
@@ -27,12 +27,14 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from ordo.procedures.fingerprint import describe, set_id
+from ordo.procedures.fingerprint import describe, set_id, short
 from ordo.procedures.registry import Registry
 from ordo.procedures.ollp import is_resequenced, request_identity
 from ordo.sequencer.append_turn import AppendTurn, needs_turns, turn_path
 from ordo.sequencer.dedupe import RecentIds
-from ordo.sequencer.kafka import consumer_config, kafka_config
+from ordo.sequencer.kafka import LIBRDKAFKA_LOGGER, consumer_config, kafka_config
+from ordo.sequencer.lag import sequencer_group
+from ordo.sequencer.lane_owner import Superseded, note, own_owner, refuse_if_taken, who_took_over
 from ordo.sequencer.log_probe import LogWatch, fingerprint
 from ordo.sequencer.log import (
     ARIA,
@@ -76,13 +78,22 @@ class BrokerLost(RuntimeError):
     """The broker no longer holds what this sequencer wrote or consumed."""
 
 
-class Fenced(RuntimeError):
-    """Another producer with this sequencer's transactional id took over its lane."""
-
-
+# What the broker answers a producer whose transactional id a newer start took over.
 FENCED = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
 
 SINGLE = ((0,), (0,), None, SINGLE_ITEM_BYTES)
+# The sequencer says it was fenced in a line of its own; librdkafka's fatal-error lines about it go.
+LIBRDKAFKA_LOGGER.addFilter(lambda record: "fenced by a newer instance" not in record.getMessage())
+
+
+def _is_fenced(exc: BaseException | None) -> bool:
+    """Whether `exc`, or what it was raised from (librdkafka raises the error of a delivery
+    callback as a SystemError from it), is the broker fencing this producer."""
+    while exc is not None:
+        if isinstance(exc, KafkaException) and exc.args and exc.args[0].code() in FENCED:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,10 +150,12 @@ def owned_partitions(partitions: int, index: int, sequencers: int) -> list[int]:
 
 class Sequencer:
     def __init__(self, bootstrap: str, namespace: str, registry: Registry,
-                 config: SequencerConfig = SequencerConfig(), procedure_specs: tuple[str, ...] = ()):
+                 config: SequencerConfig = SequencerConfig(), owner: dict | None = None,
+                 procedure_specs: tuple[str, ...] = ()):
         """`procedure_specs`: how `registry` was named (procedures/loading.py), for the
         upgrade command a refusal names."""
         self.bootstrap = bootstrap
+        self.owner = owner or own_owner("ordo sequence")  # who this sequencer notes it is (lane_owner.py)
         self.topics = Topics(namespace)
         self.registry = registry
         self._procedure_specs = procedure_specs
@@ -153,7 +166,7 @@ class Sequencer:
         self._entries_limit = config.max_bytes - BATCH_OVERHEAD - routing_bytes(config.partitions)
         self.stats = SequencerStats()
         self._stop = threading.Event()
-        self._group = f"{namespace}.sequencer"
+        self._group = sequencer_group(namespace)
         self._producer = Producer(kafka_config(bootstrap, {
             "transactional.id": transactional_id(namespace, config.index),
             # An append lasts milliseconds. A transaction a crashed broker left open holds every
@@ -172,6 +185,7 @@ class Sequencer:
         self._probe: LogWatch | None = None
         self._accepted = 0  # entries accepted into the log so far (what the duplicate check remembers)
         self._watched = 0.0
+        self._partitions_checked = time.monotonic()  # when the requests topic's partitions were last counted
         self._last_cut_at = 0.0  # monotonic time the newest batch began to be cut
         self._recent = RecentIds(config.dedupe_window)
         self._turn: AbstractContextManager = nullcontext()
@@ -193,6 +207,10 @@ class Sequencer:
         # Before fencing anyone: a sequencer of another procedure set must leave a running one alone.
         check_set(self.bootstrap, self.topics.namespace, self.registry,
                   upgrade_command(self.bootstrap, self.topics.namespace, self._procedure_specs), timeout)
+        self._owned = owned_partitions(partitions, config.index, config.sequencers)
+        # Before fencing anything: a live sequencer of another engine keeps its partitions.
+        refuse_if_taken(self.bootstrap, self.topics.namespace, self._group, self.topics.requests, self._owned,
+                        self.owner)
         self._turn = self._append_turn(timeout)
         with self._turn:  # fencing may end the previous generation's open transaction
             self._producer.init_transactions(timeout)
@@ -214,7 +232,6 @@ class Sequencer:
             "auto.offset.reset": "error",
         }))
         offsets = self._cursor.request_offsets
-        self._owned = owned_partitions(partitions, config.index, config.sequencers)
         self._consumer.assign([TopicPartition(self.topics.requests, p, offsets.get(p, OFFSET_BEGINNING))
                                for p in self._owned])
         self._note_consumed()
@@ -326,40 +343,106 @@ class Sequencer:
     def run(self) -> None:
         if self._consumer is None:
             self.start()
-        epoch = _Epoch()
-        max_delay = self.config.max_delay_ms / 1000.0
         try:
-            while not self._stop.is_set():
-                room = self.config.max_txns - len(epoch.entries)
+            with self._fenced_is_superseded():
+                epoch = self._loop(_Epoch(), self.config.max_delay_ms / 1000.0)
                 if epoch.entries:
-                    # consume(n, t) returns early only once n came: the epoch's end is the bound.
-                    messages = self._consumer.consume(room, max(epoch.opened + max_delay - time.monotonic(), 0.001))
-                else:
-                    # An empty epoch opens at the first request: wait for it alone, take what came with it.
-                    first = self._consumer.poll(max_delay)
-                    messages = [first, *self._consumer.consume(room - 1, 0)] if first is not None else []
-                if not messages and not epoch.entries:
-                    self._watch()
-                for message in messages:
-                    error = message.error()
-                    if error is not None:
-                        if error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
-                            raise BrokerLost(f"{self.topics.requests} partition {message.partition()} does not reach "
-                                             f"the position this sequencer consumed up to: the broker lost the "
-                                             f"requests (restarted without its data?); see docs/operations.md, "
-                                             f"'Broker lost'")
-                        if error.code() != KafkaError._PARTITION_EOF:
-                            log.warning("request consumer: %s", error)
-                        continue
-                    epoch = self._add(epoch, message)
-                    if len(epoch.entries) >= self.config.max_txns:
-                        epoch = self._cut(epoch)
-                if epoch.entries and time.monotonic() >= epoch.opened + max_delay:
-                    epoch = self._cut(epoch)
-            if epoch.entries:
-                self._cut(epoch)
+                    self._cut(epoch)
+            self._note_consumed(stopped=True)
         finally:
             self.close()
+
+    @contextmanager
+    def _fenced_is_superseded(self):
+        """A fenced producer means another sequencer started on this lane: stop in one line
+        that names it, never to be restarted into fencing it back."""
+        try:
+            yield
+        except Exception as exc:
+            if not _is_fenced(exc):
+                raise
+            from ordo.sequencer.versions import UpgradedAway, current_set
+
+            try:
+                current = current_set(self.bootstrap, self.topics.log, 10)
+            except Exception:
+                current = None
+            if current is not None and current.identity != self._set_id:
+                raise UpgradedAway(f"{self.topics.log} moved to procedure set {current.name} (`ordo upgrade`), and "
+                                   f"this sequencer of {short(self._set_id)} stops; its engine stops where the log "
+                                   f"moves on") from None
+            raise Superseded(
+                f"{who_took_over(self.bootstrap, self._group, self.topics.requests, self._owned, self.owner)} "
+                f"started sequencing namespace {self.topics.namespace} (sequencer {self.config.index} of "
+                f"{self.config.sequencers}) and fenced this one, which stops: one engine per namespace") from None
+
+    def _loop(self, epoch: _Epoch, max_delay: float) -> _Epoch:
+        while not self._stop.is_set():
+            self._take_new_partitions()
+            room = self.config.max_txns - len(epoch.entries)
+            if epoch.entries:
+                # consume(n, t) returns early only once n came: the epoch's end is the bound.
+                messages = self._consumer.consume(room, max(epoch.opened + max_delay - time.monotonic(), 0.001))
+            else:
+                # An empty epoch opens at the first request: wait for it alone, take what came with it.
+                first = self._consumer.poll(max_delay)
+                messages = [first, *self._consumer.consume(room - 1, 0)] if first is not None else []
+            if not messages and not epoch.entries:
+                self._watch()
+            for message in messages:
+                error = message.error()
+                if error is not None:
+                    if error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+                        raise BrokerLost(f"{self.topics.requests} partition {message.partition()} does not reach "
+                                         f"the position this sequencer consumed up to: the broker lost the "
+                                         f"requests (restarted without its data?); see docs/operations.md, "
+                                         f"'Broker lost'")
+                    if error.code() != KafkaError._PARTITION_EOF:
+                        log.warning("request consumer: %s", error)
+                    continue
+                epoch = self._add(epoch, message)
+                if len(epoch.entries) >= self.config.max_txns:
+                    epoch = self._cut(epoch)
+            if epoch.entries and time.monotonic() >= epoch.opened + max_delay:
+                epoch = self._cut(epoch)
+            elif not epoch.entries and epoch.offsets:
+                epoch = self._consumed_without_batch(epoch)
+        return epoch
+
+    def _take_new_partitions(self) -> None:
+        """Partitions added to the requests topic while this sequencer runs (producers scaled
+        out): the ones this sequencer owns are read from their beginning, like those it
+        started with, instead of waiting unread until a restart."""
+        now = time.monotonic()
+        if now - self._partitions_checked < WATCH_EVERY:
+            return
+        self._partitions_checked = now
+        try:
+            metadata = self._consumer.list_topics(self.topics.requests, timeout=1).topics.get(self.topics.requests)
+        except KafkaException:
+            return  # asked again in WATCH_EVERY; a broker away is the watch's business
+        if metadata is None or metadata.error is not None:
+            return
+        owned = owned_partitions(len(metadata.partitions), self.config.index, self.config.sequencers)
+        added = [p for p in owned if p not in self._owned]
+        if not added:
+            return
+        offsets = self._cursor.request_offsets
+        self._consumer.incremental_assign([TopicPartition(self.topics.requests, p, offsets.get(p, OFFSET_BEGINNING))
+                                           for p in added])
+        self._owned = sorted(set(self._owned) | set(added))
+        log.warning("%s has %d partitions now: sequencer %d takes the new partition(s) %s too",
+                    self.topics.requests, len(metadata.partitions), self.config.index,
+                    ", ".join(map(str, added)))
+
+    def _consumed_without_batch(self, epoch: _Epoch) -> _Epoch:
+        """An epoch of dropped messages only (steps published again) appends nothing, but
+        they no longer wait: the next batch's positions begin after them, and the lag shows
+        them taken now, not when a request next comes."""
+        for partition, span in epoch.offsets.items():
+            self._cursor.request_offsets[partition] = span[1]
+        self._note_positions([TopicPartition(self.topics.requests, p, span[1]) for p, span in epoch.offsets.items()])
+        return _Epoch()
 
     def _entry(self, message) -> tuple[bytes, tuple | None]:
         """The log entry of one request message, validated and checked for a duplicate
@@ -404,7 +487,8 @@ class Sequencer:
         return epoch
 
     def _skip(self, epoch: _Epoch, message) -> _Epoch:
-        """A dropped message still counts as consumed once the epoch holding it is cut."""
+        """A dropped message still counts as consumed once the epoch holding it is cut (or at once,
+        when the epoch holds nothing else: `_consumed_without_batch`)."""
         partition, offset = message.partition(), message.offset()
         span = epoch.offsets.get(partition)
         if span is None:
@@ -467,42 +551,41 @@ class Sequencer:
         producer = self._producer
         deadline = time.monotonic() + APPEND_DEADLINE
         while True:
+            producer.begin_transaction()
             try:
-                producer.begin_transaction()
                 for record in records:
                     producer.produce(self.topics.log, value=record, partition=0, on_delivery=self._delivered)
                 self._commit(deadline)
                 if positions:
                     self._note_positions(positions)
                 return
-            except SystemError as exc:  # a fatal error raised while a delivery callback ran
-                if isinstance(exc.__cause__, KafkaException) and exc.__cause__.args[0].fatal():
-                    raise Fenced(self._fenced(exc.__cause__)) from None
-                raise
             except KafkaException as exc:
-                if exc.args[0].fatal() or exc.args[0].code() in FENCED:
-                    raise Fenced(self._fenced(exc)) from None
                 if not exc.args[0].txn_requires_abort():
-                    raise
+                    raise  # fenced (see _fenced_is_superseded) or fatal
                 if time.monotonic() > deadline:
                     raise BrokerLost(self._cannot_append(exc)) from None
                 self._end_transaction(producer.abort_transaction, 30)
                 # Append the same batch again; readers drop a visible aborted copy by its id.
 
-    def _note_consumed(self) -> None:
+    def _note_consumed(self, stopped: bool = False) -> None:
         """Note where this sequencer stands on its request partitions (what the log says it
         consumed), also when it has nothing to append: the positions a killed predecessor
         was about to note, or anyone else noted, would otherwise stand as waiting requests
         until the next batch."""
         offsets = self._cursor.request_offsets
-        self._note_positions([TopicPartition(self.topics.requests, p, offsets[p]) for p in self._owned
-                              if p in offsets])
+        # Every owned partition, one never consumed at 0 (what the lag counts from anyway):
+        # the positions carry this sequencer's note of who takes them (lane_owner.py).
+        self._note_positions([TopicPartition(self.topics.requests, p, offsets.get(p, 0)) for p in self._owned],
+                             stopped)
 
-    def _note_positions(self, positions: list[TopicPartition]) -> None:
+    def _note_positions(self, positions: list[TopicPartition], stopped: bool = False) -> None:
         if not positions:
             return
+        noted = note(self.owner, stopped)
         try:
-            self._consumer.commit(offsets=positions, asynchronous=True)
+            self._consumer.commit(offsets=[TopicPartition(position.topic, position.partition, position.offset,
+                                                          metadata=noted) for position in positions],
+                                  asynchronous=True)  # a stopping one's last goes out as its consumer closes
         except KafkaException:
             pass  # a display figure: the next batch's commit carries the positions on
 
@@ -523,11 +606,6 @@ class Sequencer:
         self._producer.flush(timeout)
         with self._turn:
             end(timeout)
-
-    def _fenced(self, exc: KafkaException) -> str:
-        return (f"sequencer {self.config.index} of {self.config.sequencers} stops: another process took over its "
-                f"lane of {self.topics.log} ({exc.args[0].str()}): a sequencer started for this namespace "
-                f"elsewhere, or `ordo upgrade`")
 
     def _cannot_append(self, exc: KafkaException) -> str:
         error = exc.args[0]

@@ -30,6 +30,15 @@ from ordo.sequencer.topics import Topics
 
 
 
+# A sequencer fenced by `ordo upgrade` exits with this: its engine goes on to the batch
+# where the log moves on, and stops there itself (a restart would only be refused).
+EXIT_UPGRADED = 4
+
+
+class UpgradedAway(RuntimeError):
+    """The log moved to another procedure set while this sequencer ran."""
+
+
 @dataclass(frozen=True, slots=True)
 class Current:
     """The procedure set a log runs now."""

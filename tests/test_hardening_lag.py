@@ -3,6 +3,7 @@ broker, and the engine's progress line shows them while they wait, then falls qu
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -48,6 +49,53 @@ def test_requests_lag_counts_waiting_requests_until_the_sequencer_takes_them(bro
     finally:
         sequencer.stop()
     assert requests_lag(broker, "no-such-namespace") is None
+
+
+def _settled_lag(bootstrap: str, namespace: str, timeout: float = 30) -> int | None:
+    deadline = time.monotonic() + timeout
+    while (waiting := requests_lag(bootstrap, namespace)) != 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return waiting
+
+
+def test_steps_published_again_and_dropped_do_not_count_as_waiting(broker, namespace, fault_report):
+    from ordo.procedures.ollp import OLLP_FIELD, restart_request
+
+    def step(restarts: int) -> tuple[str, bytes]:
+        record = json.loads(restart_request("t1", {"proc": "alias_deposit", "args": {
+            "alias": "a", "amount": 3, OLLP_FIELD: {"restarts": restarts, "assumed": [None]}}}))
+        return "t1", json.dumps(record).encode()
+
+    ensure_topics(broker, namespace, request_partitions=1)
+    first = {"id": "t1", "proc": "alias_deposit", "args": {"alias": "a", "amount": 3}}
+    with Client(broker, namespace) as client:
+        client.submit([("t1", json.dumps(first).encode()), step(0), step(1)])
+    sequencer = SequencerThread(broker, namespace, SequencerConfig()).start()
+    try:
+        sequencer.wait_for(3)
+        assert _settled_lag(broker, namespace) == 0
+        # What a replay (ordo recover, a second engine) does: the same steps published again,
+        # in producer batches of their own. The sequencer drops every one.
+        republished = 0
+        with Client(broker, namespace) as client:
+            for _ in range(5):
+                client.submit([step(0), step(1)])
+                republished += 2
+        time.sleep(1)
+        assert sequencer.sequencer.stats.sequenced == 3, "a step published again never enters the log"
+        assert _settled_lag(broker, namespace) == 0
+    finally:
+        sequencer.stop()
+    # A restarted sequencer reads them again from the log's positions, drops them again, and
+    # shows them taken.
+    again = SequencerThread(broker, namespace, SequencerConfig()).start()
+    try:
+        assert _settled_lag(broker, namespace) == 0
+        assert again.sequencer.stats.sequenced == 0
+    finally:
+        again.stop()
+    fault_report(f"{republished} steps published again after they were sequenced (then a sequencer restart): "
+                 f"none entered the log, the requests lag went to 0 both times")
 
 
 def _progress(path) -> list[str]:
