@@ -378,6 +378,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ordo: {exc}", file=sys.stderr)
         return 2
     args = parser.parse_args(config.without_config(argv))
+    try:
+        config.check_parsed(args)
+    except ValueError as exc:
+        print(f"ordo: {exc}", file=sys.stderr)
+        return 2
     config.setup_logging(args)
     try:
         if hasattr(args, "app"):
