@@ -104,8 +104,12 @@ class Client:
         submission = Submission()
         keyless: dict[int, None] = {}
 
+        unknown_topic = False
+
         def delivered(index: int, error, message) -> None:
+            nonlocal unknown_topic
             if error is not None:
+                unknown_topic |= error.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
                 submission.failed[index] = str(error)
                 submission.ids[index] = None
             elif index in keyless:
@@ -134,6 +138,8 @@ class Client:
         if remaining:
             raise NotSent(f"{remaining} requests were not acknowledged by the broker at {self.bootstrap} within "
                           f"{timeout:.0f} s")
+        if unknown_topic:
+            raise self._missing(self.topics.requests)
         return submission
 
     def wait_for_topics(self, timeout: float = 60.0) -> None:
@@ -173,6 +179,25 @@ class Client:
         error = exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else str(exc)
         return BrokerUnavailable(f"no Kafka broker answers at {self.bootstrap} within {timeout:.0f} s ({error}): "
                                  f"is it running, and are these its address and settings?")
+
+    def _missing(self, topic: str) -> TopicMissing:
+        """The namespace's `topic` is not on the broker: name the namespaces that are, the
+        closest first, so a typo shows at once."""
+        from ordo.procedures.registry import did_you_mean
+
+        consumer = self._consumer()
+        try:
+            listed = consumer.list_topics(timeout=10).topics
+        except KafkaException:
+            listed = {}
+        finally:
+            consumer.close()
+        suffix = "." + topic.rsplit(".", 1)[1]
+        namespaces = sorted(name[:-len(suffix)] for name in listed if name.endswith(suffix))
+        there = f"namespaces on the broker: {', '.join(namespaces)}" if namespaces else "the broker has no namespace yet"
+        return TopicMissing(f"namespace {self.topics.namespace!r} has no topic {topic} on {self.bootstrap}"
+                            f"{did_you_mean(self.topics.namespace, namespaces)}; {there}. Has `ordo run` created "
+                            f"its topics?")
 
     def _partitions(self, consumer: Consumer, timeout: float = 10.0) -> list[int]:
         topic = self.topics.results
@@ -227,8 +252,7 @@ class Client:
         partitions = self._partitions(consumer, min(timeout, 10.0))
         if not partitions:
             consumer.close()
-            raise TopicMissing(f"topic {self.topics.results} does not exist: is the namespace right, and has "
-                               f"`ordo run` created its topics?")
+            raise self._missing(self.topics.results)
         consumer.assign([TopicPartition(self.topics.results, p, start.get(p, OFFSET_BEGINNING))
                          for p in partitions])
         return consumer

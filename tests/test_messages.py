@@ -1,0 +1,39 @@
+"""What a mistyped name or a misused procedure is answered with: one clear line naming what
+exists, the closest first, never a raw client error, an empty answer or a later surprise."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ordo.app import App
+from ordo.errors import TopicMissing
+from ordo.procedures.args import Int
+from ordo.testing import TestEngine
+from tests.helpers import ROOT
+
+
+def ordo_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ordo.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": ROOT, **(env or {})}, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_a_mistyped_namespace_is_answered_with_the_namespaces_the_broker_has(broker, namespace):
+    from ordo.client import Client
+    from ordo.sequencer.topics import ensure_topics
+
+    ensure_topics(broker, f"{namespace}-sensors")
+    typo = f"{namespace}-sensrs"
+    expected = (f"namespace '{typo}' has no topic {typo}.requests on {broker} (did you mean "
+                f"'{namespace}-sensors'?)")
+    with Client(broker, typo) as client, pytest.raises(TopicMissing) as caught:
+        client.submit("ingest", {"v": 1}, timeout=120)
+    assert str(caught.value).startswith(expected)
+    assert f"namespaces on the broker: " in str(caught.value)
+    done = ordo_cli("submit", "--bootstrap-servers", broker, "--namespace", typo, "--proc", "ingest", "--args", "{}")
+    assert done.returncode == 2
+    assert done.stderr.strip().startswith(f"ordo submit: {expected}") and "KafkaError" not in done.stderr
