@@ -21,6 +21,28 @@ def ordo_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120
                           env={**os.environ, "PYTHONPATH": ROOT, **(env or {})}, timeout=timeout)
 
 
+def flow_app() -> App:
+    app = App("flow")
+    app.table("seen")
+    app.procedure("ingest", args={"v": Int()}, writes=[("seen", "v")])(
+        lambda ctx, args: ctx.emit("readings", [args["v"]]))
+    app.procedure("count", args={}, analyze=lambda args: ([("seen", args["v"])], [("seen", args["v"])]))(
+        lambda ctx, batch: ctx.write("seen", batch[0][0], ctx.read("seen", batch[0][0]) + 1))
+    app.stream("readings", producers=["ingest"], consumers=["count"])
+    return app
+
+
+@pytest.mark.parametrize("args", [{}, {"v": 3}, {"batch": [[3]]}])
+def test_a_request_naming_a_triggered_procedure_is_rejected_saying_what_triggers_it(args):
+    with TestEngine(flow_app()) as engine:
+        outcome = engine.call("count", args)
+        assert outcome["status"] == "rejected"
+        assert outcome["error"] == ("procedure 'count' takes no requests of its own: it runs when stream 'readings' "
+                                    "(emitted to by ingest) triggers it; send the request to the procedure that "
+                                    "starts the dataflow")
+        assert engine.call("ingest", {"v": 3})["status"] == "committed" and engine.read("seen", 3) == 1
+
+
 def test_dump_of_an_unknown_table_names_the_tables_there(tmp_path):
     app = App("shop")
     app.table("stock")
