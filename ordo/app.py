@@ -51,6 +51,9 @@ class App:
         self._tables: dict[str, Table] = {}
         self._procedures: dict[str, Procedure] = {}
         self._flows: dict[str, Stream | Window | Nested] = {}  # streams, windows, nested, by name
+        # The tables each procedure's argument paths name (keys=, reads=, writes=): checked once
+        # the module has declared everything, since tables may come after their procedures.
+        self._path_tables: dict[str, list[str]] = {}
 
     # -- the module form's view: what `ordo run --app module:app` loads --------------------
 
@@ -60,6 +63,12 @@ class App:
 
     @property
     def PROCEDURES(self) -> list[Procedure]:  # noqa: N802
+        for proc_name, tables in self._path_tables.items():
+            for table in tables:
+                if table not in self._tables:
+                    raise ValueError(f"app '{self.name}', procedure '{proc_name}': its keys name table '{table}', "
+                                     f"which the app does not declare{did_you_mean(table, self._tables)} "
+                                     f"(tables: {', '.join(self._tables) or 'none'})")
         return list(self._procedures.values())
 
     @property
@@ -197,6 +206,8 @@ class App:
             except TypeError as exc:
                 raise TypeError(f"app '{self.name}', {exc}") from None
             self._procedures[proc_name] = procedure
+            if derived is not None:  # derived_analyze has checked the paths' shape
+                self._path_tables[proc_name] = list(dict.fromkeys(table for given in paths for table, _ in given or ()))
             return procedure
 
         return register

@@ -43,6 +43,26 @@ def test_a_request_naming_a_triggered_procedure_is_rejected_saying_what_triggers
         assert engine.call("ingest", {"v": 3})["status"] == "committed" and engine.read("seen", 3) == 1
 
 
+def test_keys_naming_an_undeclared_table_fail_when_the_app_is_loaded():
+    app = App("shop")
+    app.table("stock")
+    app.procedure("order", args={"item": Int()}, keys=[("stok", "item")])(lambda ctx, args: None)
+    with pytest.raises(ValueError, match=r"app 'shop', procedure 'order': its keys name table 'stok', which the app "
+                                         r"does not declare \(did you mean 'stock'\?\) \(tables: stock\)"):
+        app.registry()
+    with pytest.raises(ValueError, match="table 'stok'"):
+        TestEngine(app)
+
+
+def test_a_table_declared_after_the_procedure_that_names_it_is_found():
+    app = App("shop")
+    app.procedure("order", args={"item": Int()}, keys=[("stock", "item")])(
+        lambda ctx, args: ctx.write("stock", args["item"], 1))
+    app.table("stock")
+    with TestEngine(app) as engine:
+        assert engine.call("order", {"item": 2})["status"] == "committed"
+
+
 def test_dump_of_an_unknown_table_names_the_tables_there(tmp_path):
     app = App("shop")
     app.table("stock")
