@@ -44,6 +44,9 @@ TABLE_SETTINGS = ("default", "partitioner", "partition_by", "range_by")
 
 
 class App:
+    """An application: its tables and stored procedures, declared with the decorators below,
+    loaded by `ordo run --app module:app` or `TestEngine(app)`. `name` names it in messages."""
+
     def __init__(self, name: str):
         if not isinstance(name, str) or not name:
             raise TypeError("App needs a name, e.g. ordo.App('bank')")
@@ -59,10 +62,13 @@ class App:
 
     @property
     def TABLES(self) -> list[Table]:  # noqa: N802 (the same names as a procedures module)
+        """The declared tables, as a procedures module lists them."""
         return list(self._tables.values())
 
     @property
     def PROCEDURES(self) -> list[Procedure]:  # noqa: N802
+        """The declared procedures, as a procedures module lists them; raises ValueError if a
+        procedure's keys name a table the app does not declare."""
         for proc_name, tables in self._path_tables.items():
             for table in tables:
                 if table not in self._tables:
@@ -73,6 +79,7 @@ class App:
 
     @property
     def STREAMS(self) -> list[Stream | Window | Nested]:  # noqa: N802
+        """The declared streams, windows and nested transactions."""
         return list(self._flows.values())
 
     def registry(self, *workloads: str) -> Registry:

@@ -30,6 +30,7 @@ Request = dict[str, Any] | bytes | tuple[str, bytes]
 
 
 def new_request(proc: str, args: dict[str, Any], request_id: str | None = None) -> dict[str, Any]:
+    """The request object `{"id", "proc", "args"}`, with a fresh `req-…` id unless given."""
     return {"id": request_id or f"req-{uuid.uuid4().hex}", "proc": proc, "args": args}
 
 
@@ -46,6 +47,7 @@ class Submission:
 
     @property
     def sent(self) -> list[str]:
+        """The ids of the requests the broker took, in order."""
         return [i for i in self.ids if i is not None]
 
     def duplicates(self) -> dict[str, int]:
@@ -55,6 +57,10 @@ class Submission:
 
 
 class Client:
+    """Sends requests to the namespace `namespace` on the Kafka cluster at `bootstrap` and
+    reads their outcomes (docs/client.md). A context manager: `with Client(...) as client`
+    closes it at the end."""
+
     def __init__(self, bootstrap: str, namespace: str, settings: dict[str, Any] | None = None):
         """`settings`: librdkafka settings for this client's producer and consumers
         (security, timeouts), beside the bootstrap servers."""
@@ -305,6 +311,7 @@ class Client:
         return {request_id: outcomes[0] for request_id, outcomes in found.items()}
 
     def wait_one(self, request_id: str, timeout: float = 60.0) -> dict:
+        """The first outcome of `request_id`; OutcomeTimeout if none came within `timeout`."""
         found = self.wait([request_id], timeout)
         if request_id not in found:
             raise OutcomeTimeout(f"no outcome for {request_id!r} within {timeout:.0f} s")
@@ -315,6 +322,7 @@ class Client:
         return self.wait(ids, timeout, on_outcome, from_beginning=self._start is None)
 
     def close(self) -> None:
+        """Wait (up to 10 s) until the broker has every request sent, and let go of the producer."""
         if self._producer is not None:
             self._producer.flush(10)
             self._producer = None
@@ -333,18 +341,23 @@ class AsyncClient:
         self.client = Client(bootstrap, namespace, settings)
 
     async def submit(self, proc, args: dict[str, Any] | None = None, *, request_id: str | None = None):
+        """`Client.submit`."""
         return await asyncio.to_thread(self.client.submit, proc, args, request_id=request_id)
 
     async def submit_many(self, requests: Iterable[Request]) -> Submission:
+        """`Client.submit_many`."""
         return await asyncio.to_thread(self.client.submit_many, list(requests))
 
     async def wait(self, ids: Iterable[str], timeout: float = 60.0) -> dict[str, dict]:
+        """`Client.wait`."""
         return await asyncio.to_thread(self.client.wait, list(ids), timeout)
 
     async def wait_one(self, request_id: str, timeout: float = 60.0) -> dict:
+        """`Client.wait_one`."""
         return await asyncio.to_thread(self.client.wait_one, request_id, timeout)
 
     async def stream(self, from_beginning: bool = False, idle: float | None = None) -> AsyncIterator[dict]:
+        """`Client.stream`, as an async iterator: `async for outcome in client.stream(idle=5)`."""
         outcomes = self.client.stream(from_beginning, idle)
         done = object()
         try:
@@ -354,6 +367,7 @@ class AsyncClient:
             await asyncio.to_thread(outcomes.close)
 
     async def close(self) -> None:
+        """`Client.close`."""
         await asyncio.to_thread(self.client.close)
 
 
