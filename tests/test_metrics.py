@@ -147,3 +147,28 @@ def test_the_engine_serves_once_every_worker_has_read_past_the_new_sequencers_st
     assert not serving([], 5)
     assert not serving([{"next_offset": 6}, {"next_offset": 5}], 5)  # one worker has not read the start record
     assert serving([{"next_offset": 6}, {"next_offset": 9}], 5)
+
+
+def test_the_progress_line_names_the_batch_its_outcomes_have_reached(broker, namespace, tmp_path):
+    """Outcomes are counted once a batch is executed; it is applied once the broker has
+    acknowledged its outputs, a pipeline later. The line's batch is the one its counts reached."""
+    import io
+
+    from ordo.scheduler.coordinator import Coordinator
+    from ordo.services import Progress
+
+    ensure_topics(broker, namespace)
+    coordinator = Coordinator(broker, namespace, str(tmp_path / "d"), "serial", 1)
+    try:
+        # A worker's status as it reports it one second into a backlog: 12 batches executed,
+        # their outputs not yet acknowledged, so none applied.
+        coordinator._update([{"partition": 0, "executed": 12, "applied": 0, "committed": 2550, "aborted": 5,
+                              "rejected": 2, "applied_txns": 0, "next_offset": 14, "checkpointed": []}])
+        stream = io.StringIO()
+        Progress(coordinator, stream=stream, every=0.0)(coordinator.stats)
+    finally:
+        coordinator.stop()
+        coordinator.run()
+    line = stream.getvalue()
+    assert line.startswith("batch 12 | 2557 txns ("), line
+    assert "committed 2550 aborted 5 rejected 2" in line
