@@ -106,7 +106,7 @@ def test_a_mistyped_namespace_is_answered_with_the_namespaces_the_broker_has(bro
     with Client(broker, typo) as client, pytest.raises(TopicMissing) as caught:
         client.submit("ingest", {"v": 1}, timeout=120)
     assert str(caught.value).startswith(expected)
-    assert f"namespaces on the broker: " in str(caught.value)
+    assert "namespaces on the broker: " in str(caught.value)
     done = ordo_cli("submit", "--bootstrap-servers", broker, "--namespace", typo, "--proc", "ingest", "--args", "{}")
     assert done.returncode == 2
     assert done.stderr.strip().startswith(f"ordo submit: {expected}") and "KafkaError" not in done.stderr
