@@ -15,6 +15,11 @@ reused), a server gently first, and each server's directory.
 
     stop_with_owner([pid, ...])                     # by SIGKILL
     stop_server_with_owner(pid_file, directory)     # SIGQUIT, then SIGKILL; then rm -r directory
+    stop_descendants_with_owner()                   # everything started from now on, by SIGKILL
+
+The last is for a test session, whose tests start `ordo run` and brokers in many ways:
+every process started after it carries OWNER_ENV in its environment (as its own children
+do), and the watcher, which runs without it, kills each one that is still there.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ import psutil
 
 # How long a server has to go after its stop signal before it is killed outright.
 GRACE_S = 10.0
+# Not ORDO_-prefixed: a command started with every ORDO_* setting cleared is still marked.
+OWNER_ENV = "LIFELINE_OWNER"
 
 
 class Lifeline:
@@ -38,6 +45,7 @@ class Lifeline:
         try:
             subprocess.Popen([sys.executable, "-m", "ordo.lifeline", str(read_end)], pass_fds=(read_end,),
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             env={k: v for k, v in os.environ.items() if k != OWNER_ENV},  # not one to stop
                              start_new_session=True)  # a Ctrl-C to the owner's process group does not reach it
         finally:
             os.close(read_end)
@@ -67,6 +75,26 @@ def stop_server_with_owner(pid_file: str, directory: str, stop_signal: int = sig
     (PostgreSQL's immediate shutdown is SIGQUIT) only if its command line names `directory`;
     then `directory` is removed."""
     _lifeline().tell({"pid_file": pid_file, "directory": directory, "signal": int(stop_signal)})
+
+
+def stop_descendants_with_owner() -> None:
+    """Every process this one starts from now on, and every process those start, to SIGKILL
+    when this process ends, if it is still there: they carry OWNER_ENV, naming this process
+    (its pid and start time), in their environment."""
+    me = psutil.Process()
+    os.environ[OWNER_ENV] = f"{me.pid}:{me.create_time()}"
+    _lifeline().tell({"environ": [OWNER_ENV, os.environ[OWNER_ENV]]})
+
+
+def _marked(name: str, value: str) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.pid != os.getpid() and process.environ().get(name) == value:
+                found.append(process)
+        except psutil.Error:
+            pass  # gone, or not ours to read
+    return found
 
 
 def _process(pid: int, created: float | None = None, names: str | None = None) -> psutil.Process | None:
@@ -110,13 +138,23 @@ def _watch(read_end: int) -> None:
         signal.signal(sig, signal.SIG_IGN)  # the owner's end decides, not a signal meant for the owner
     processes: list[psutil.Process] = []
     servers: list[dict] = []
+    marks: list[tuple[str, str]] = []
     with os.fdopen(read_end, "r") as pipe:
         for line in pipe:
             message = json.loads(line)
-            if "pids" in message:  # identified now, by start time, so a reused pid is never hit
+            if "environ" in message:
+                marks.append(tuple(message["environ"]))
+            elif "pids" in message:  # identified now, by start time, so a reused pid is never hit
                 processes.extend(p for pid in message["pids"] if (p := _process(pid)) is not None)
             else:
                 servers.append(message)
+    for name, value in marks:
+        for _ in range(5):  # again, for any started while the others were being killed
+            marked = _marked(name, value)
+            if not marked:
+                break
+            for process in marked:
+                _stop(process, signal.SIGKILL)
     for process in processes:
         if _process(process.pid, process.create_time()) is not None:
             _stop(process, signal.SIGKILL)
