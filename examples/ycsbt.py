@@ -1,7 +1,8 @@
 """YCSB-T's transfer without ANALYZE: it declares only its home key, the account it takes
-from, and runs under `ordo run --scheduler aria --app examples.ycsbt:app`, which finds the
-keys RUN touches by running it. procedures/workloads/ycsbt.py is the same procedure with
-ANALYZE (docs/procedures.md compares the two)."""
+from. `ordo run --scheduler aria --app examples.ycsbt:app` finds the keys RUN touches by
+running it within each batch; any other scheduler by a first turn of its own in the log.
+procedures/workloads/ycsbt.py is the same procedure with ANALYZE (docs/procedures.md
+compares the two)."""
 
 import ordo
 from ordo.procedures.workloads.ycsbt import ARGS, START, transfer

@@ -25,6 +25,10 @@ _PUBLIC = {
     "check_deterministic": "ordo.testing",
     "Int": "ordo.procedures.args",  # an argument schema's field types
     "Str": "ordo.procedures.args",
+    "Float": "ordo.procedures.args",
+    "Bool": "ordo.procedures.args",
+    "Object": "ordo.procedures.args",
+    "Optional": "ordo.procedures.args",
     "List": "ordo.procedures.args",
     "OrdoError": "ordo.errors",
     "BrokerUnavailable": "ordo.errors",

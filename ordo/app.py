@@ -17,7 +17,8 @@ A procedure is a class with `analyze` and `run` (and optionally `operations`, th
 operation-chain scheduler uses, and `reconnoiter`, docs/procedures.md), or a RUN function
 with `analyze=` given to the decorator, or with its keys given as argument paths
 (`keys=`, `reads=`, `writes=`), from which Ordo derives ANALYZE. Without any of these, it
-names its `home` instead and runs only under --scheduler aria:
+names its `home` instead, and Ordo finds its keys by running it (docs/procedures.md,
+"Without ANALYZE"):
 
     @app.procedure(args={"src": Int(0), "dst": Int(0)}, home=("account", "src"))
     def transfer(ctx, args): ...
@@ -31,26 +32,38 @@ first request arrives.
 from __future__ import annotations
 
 import difflib
-from typing import Any, Callable
+import sys
+from typing import Any, Callable, Iterable
 
-from ordo.procedures.args import Int, List, Str
+from ordo.procedures.args import FIELD_TYPES, List
 from ordo.procedures.contract import Procedure, Table
 from ordo.procedures.registry import Registry, did_you_mean
 from ordo.procedures.streams import Nested, Stream, Window
 
-FIELD_TYPES = (Int, Str, List)
 PARTS = ("analyze", "run", "operations", "reconnoiter", "home")
 TABLE_SETTINGS = ("default", "partitioner", "partition_by", "range_by")
 
 
 class App:
     """An application: its tables and stored procedures, declared with the decorators below,
-    loaded by `ordo run --app module:app` or `TestEngine(app)`. `name` names it in messages."""
+    loaded by `ordo run --app module:app` or `TestEngine(app)`. `name` names it in messages;
+    `code`: modules (or their import paths) whose source is part of this app's procedures
+    beside the app's own module, e.g. a module of helpers that RUN calls: an edit there then
+    needs an upgrade too (docs/operations.md, "Upgrading procedures")."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, *, code: Iterable[Any] = ()):
+        """`code`: modules (or their import paths) whose source is part of this app's
+        procedures beside the app's own module, e.g. a module of helpers that RUN calls:
+        an edit there then needs an upgrade too (docs/operations.md, "Upgrading procedures")."""
         if not isinstance(name, str) or not name:
             raise TypeError("App needs a name, e.g. ordo.App('bank')")
         self.name = name
+        defined_in = sys._getframe(1).f_globals.get("__name__")
+        self._code = [*([defined_in] if isinstance(defined_in, str) else []),
+                      *(m if isinstance(m, str) else getattr(m, "__name__", m) for m in code)]
+        for item in self._code:
+            if not isinstance(item, str):
+                raise TypeError(f"App code= takes modules or import paths, got {item!r}")
         self._tables: dict[str, Table] = {}
         self._procedures: dict[str, Procedure] = {}
         self._flows: dict[str, Stream | Window | Nested] = {}  # streams, windows, nested, by name
@@ -82,13 +95,18 @@ class App:
         """The declared streams, windows and nested transactions."""
         return list(self._flows.values())
 
+    @property
+    def CODE(self) -> list[str]:  # noqa: N802
+        """The modules given as `code`, beside the app's own, whose source is its procedures' code."""
+        return list(self._code)
+
     def registry(self, *workloads: str) -> Registry:
         """This app's procedures, plus the named built-in workloads (`"sl"`, …) if any."""
         from ordo.procedures.loading import load_spec, workload_spec
 
         registry = Registry()
         try:
-            registry.add_workload(self.TABLES, self.PROCEDURES, self.STREAMS)
+            registry.add_workload(self.TABLES, self.PROCEDURES, self.STREAMS, self.CODE)
         except ValueError as exc:
             raise ValueError(f"app '{self.name}': {exc}") from None
         for name in workloads:
@@ -182,7 +200,7 @@ class App:
         path is an argument's name (a List argument: each of its items) or a tuple of
         names (a composite key) — from which ANALYZE is derived; or, without analyze, with
         `home=` (a (table, argument name) pair or a function of the arguments giving
-        (table, key)) for aria. The procedure's name is the class's or function's unless
+        (table, key)), whose keys are found by running it. The procedure's name is the class's or function's unless
         `name` is given. Returns the registered `Procedure`."""
         if callable(name):
             raise TypeError(f"app '{self.name}': write @app.procedure(args={{...}}), with the argument "
@@ -222,10 +240,12 @@ class App:
     def _schema(self, name: str | None, args: Any) -> dict:
         where = f"app '{self.name}', procedure '{name}'" if name else f"app '{self.name}'"
         if not isinstance(args, dict):
-            raise TypeError(f"{where}: args must be a dict of argument name to Int(), Str() or List(...)")
+            raise TypeError(f"{where}: args must be a dict of argument name to a field: Int(), Str(), Float(), "
+                            f"Bool(), Object(), Optional(...) or List(...)")
         for arg, field in args.items():
             if not isinstance(arg, str) or not isinstance(field, FIELD_TYPES):
-                raise TypeError(f"{where}: args[{arg!r}] must be Int(), Str() or List(...), got {field!r}")
+                raise TypeError(f"{where}: args[{arg!r}] must be Int(), Str(), Float(), Bool(), Object(), "
+                                f"Optional(...) or List(...), got {field!r}")
         return dict(args)
 
     def _parts(self, proc_name: str, target: Any, analyze, operations, reconnoiter, home) -> dict[str, Callable]:
@@ -248,12 +268,12 @@ class App:
                        and not (part == "analyze" and "home" in parts)]
             if missing:
                 raise TypeError(f"{where}: the class needs {' and '.join(missing)} "
-                                f"(def analyze(args) -> (reads, writes), or home = (table, argument) for "
-                                f"--scheduler aria; def run(ctx, args))")
+                                f"(def analyze(args) -> (reads, writes), or home = (table, argument) to have "
+                                f"its keys found by running it; def run(ctx, args))")
         elif callable(target):
             if analyze is None and home is None:
-                raise TypeError(f"{where}: a RUN function needs analyze= in the decorator, or home= to run "
-                                f"without analyze under --scheduler aria (or decorate a class with analyze and run)")
+                raise TypeError(f"{where}: a RUN function needs analyze= in the decorator, or home= to have "
+                                f"its keys found by running it (or decorate a class with analyze and run)")
             parts = {"run": target, "analyze": analyze, "operations": operations, "reconnoiter": reconnoiter,
                      "home": home}
         else:

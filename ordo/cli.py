@@ -7,6 +7,7 @@ import json
 import math
 import os
 import sys
+import time
 
 from confluent_kafka import KafkaException
 
@@ -160,10 +161,6 @@ def _procedure_specs(args) -> tuple[str, ...]:
 
     registry = load_registry(specs)
     describe(registry)  # the set every process must describe alike
-    if args.command in ("run", "sequence"):  # the sequencer's ordering decides what it may take
-        from ordo.procedures.registry import refuse_without_analyze
-
-        refuse_without_analyze(registry, _ordering(args))
     return tuple(specs)
 
 
@@ -270,6 +267,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="once the log's end measured at the start is applied, wait this long for more "
                         "batches before exiting (0: none; default %(default)s)")
     p.add_argument("--checkpoint", action="store_true", help="checkpoint the shards at the head before exiting")
+    p.add_argument("--app-version", action="append", default=[], metavar="SPECS",
+                   help="an earlier version of the procedures, for the batches it sequenced: MODULE:APP (or a "
+                        "comma-separated list of MODULE:APP and modules), matched by its procedure-set identity "
+                        "(repeatable; docs/operations.md, 'Upgrading procedures')")
+
+    p = sub.add_parser("upgrade", help="move <ns>.log to these procedures from its next batch on (an upgrade "
+                                       "record); a running engine of the set before stops there")
+    _kafka(p)
+    _log_secret(p)
+    _procedure_options(p)
 
     p = sub.add_parser("log", help="operator commands on <ns>.log")
     log_commands = p.add_subparsers(dest="log_command", required=True, metavar="LOG_COMMAND")
@@ -324,9 +331,10 @@ def build_parser() -> argparse.ArgumentParser:
                                     "latency WORKLOAD: open-loop latency at fixed rates (--rate 500,1000), "
                                     "with the share of each hop (sequencing, execution, delivery); "
                                     "soak WORKLOAD: memory of every process under a steady rate "
-                                    "(--rate 500 --seconds 1800), warm-up told from a leak")
+                                    "(--rate 500 --seconds 1800), warm-up told from a leak; "
+                                    "compression WORKLOAD: bytes and CPU of each output codec (--rounds 3)")
     p.add_argument("scaled", nargs="?", metavar="WORKLOAD",
-                   help="scale, sequence, latency and soak: the workload to measure")
+                   help="scale, sequence, latency, soak and compression: the workload to measure")
     p.add_argument("--sequencers", default="1,2", metavar="S[,S…]",
                    help="sequence: the sequencer counts, comma-separated (default %(default)s)")
     p.add_argument("--scheduler", choices=SCHEDULER_CHOICES, default="serial")
@@ -460,12 +468,38 @@ def cmd_execute(args) -> int:
 
 
 def cmd_recover(args) -> int:
-    from ordo.recovery.replay import recover
+    from ordo.recovery.replay import recover_across_versions
 
     options = _checkpointing(args)
     mode = options.pop("restore")
-    recover(args.bootstrap_servers, args.namespace, args.data_dir, args.scheduler, args.partitions, mode,
-            args.idle, args.checkpoint, args.quiet, **options, **_placement(args))
+    placement = _placement(args)
+    versions = [placement.pop("procedure_modules"), *(_version_specs(text) for text in args.app_version)]
+    recover_across_versions(versions, args.bootstrap_servers, args.namespace, args.data_dir, args.scheduler,
+                            args.partitions, mode, args.idle, args.checkpoint, args.quiet, **options, **placement)
+    return 0
+
+
+def _version_specs(text: str) -> tuple[str, ...]:
+    specs = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not specs:
+        raise ValueError("--app-version takes MODULE:APP (or a comma-separated list of them and modules)")
+    return specs
+
+
+def cmd_upgrade(args) -> int:
+    from ordo.procedures.fingerprint import short
+    from ordo.procedures.loading import load_registry
+    from ordo.sequencer.versions import upgrade
+
+    started = time.monotonic()
+    done = upgrade(args.bootstrap_servers, args.namespace, load_registry(_procedure_specs(args)))
+    if done is None:
+        print(f"{args.namespace}.log already runs these procedures; nothing written", file=sys.stderr)
+        return 0
+    print(f"{args.namespace}.log moved from procedure set {done.before.name} to v{done.version} "
+          f"({short(done.identity)}) at offset {done.offset}, in {time.monotonic() - started:.2f} s: the batches "
+          f"after it run these procedures; engines of {done.before.name} stop there. Start `ordo run` with them "
+          f"(docs/operations.md, 'Upgrading procedures')", file=sys.stderr)
     return 0
 
 
@@ -660,6 +694,14 @@ def cmd_bench(args) -> int:
                     args.scheduler, args.seconds, args.seed, parse_knobs(_workload(args.scaled), args.knob),
                     args.max_txns, args.runtime, args.json)
         return 0
+    if args.workload == "compression":
+        from ordo.benchmarks.compression import run_compression
+
+        if args.scaled is None:
+            raise ValueError("ordo bench compression needs a workload: ordo bench compression sl")
+        run_compression(args.scaled, args.txns, args.seed, parse_knobs(_workload(args.scaled), args.knob),
+                        max(args.rounds, 1), args.json)
+        return 0
     if args.workload == "soak":
         from ordo.benchmarks.soak import run_soak
 
@@ -707,6 +749,7 @@ COMMANDS = {
     "execute": cmd_execute,
     "recover": cmd_recover,
     "log": cmd_log,
+    "upgrade": cmd_upgrade,
     "submit": cmd_submit,
     "gen": cmd_gen,
     "dump": cmd_dump,

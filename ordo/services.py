@@ -19,6 +19,7 @@ from ordo.scheduler.liveness import SILENT_AFTER, Silence
 from ordo.scheduler.worker import check_layout
 from ordo.sequencer.sequencer import Sequencer, SequencerConfig
 from ordo.sequencer.topics import Topics, ensure_topics, request_partitions_for
+from ordo.sequencer.versions import check_set, upgrade_command
 
 
 def on_termination(stop: Callable[[], None]) -> None:
@@ -52,7 +53,7 @@ def announce_start(coordinator: Coordinator, stream=sys.stderr) -> None:
 
 def serve_sequencer(bootstrap: str, namespace: str, config: SequencerConfig,
                     procedure_modules: tuple[str, ...] = (), quiet: bool = False) -> int:
-    sequencer = Sequencer(bootstrap, namespace, load_registry(procedure_modules), config)
+    sequencer = Sequencer(bootstrap, namespace, load_registry(procedure_modules), config, procedure_modules)
     on_termination(sequencer.stop)
     sequencer.start()
     if not quiet and config.sequencers == 1:
@@ -386,6 +387,9 @@ def serve_all(bootstrap: str, namespace: str, data_dir: str, scheduler: str, par
     ensure_topics(bootstrap, namespace, request_partitions, replication=log_replication)
     # Before Ray starts: a sequencer child would otherwise fail on it and be restarted forever.
     request_partitions_for(bootstrap, Topics(namespace), config.sequencers)
+    specs = placement.get("procedure_modules", ())
+    # Another app, or edited procedures, on a namespace: refused before anything runs or is written.
+    check_set(bootstrap, namespace, load_registry(specs), upgrade_command(bootstrap, namespace, specs))
     coordinator = Coordinator(bootstrap, namespace, data_dir, scheduler, partitions, **placement,
                               **(checkpointing or {}))
     sequencer = SequencerProcesses(bootstrap, namespace, config, placement.get("procedure_modules", ()),

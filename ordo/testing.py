@@ -86,7 +86,7 @@ class TestEngine:
         self.fingerprint = describe(self.registry)
         self.scheduler = scheduler
         # Under aria, batches are stamped as `ordo run --scheduler aria` stamps them (its own
-        # serial order; procedures without analyze accepted).
+        # serial order; procedures without analyze run within the batch).
         self.ordering = ARIA if scheduler == ARIA else None
         self.partitions = partitions
         self.max_request_bytes = max_request_bytes

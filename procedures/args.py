@@ -70,11 +70,101 @@ class Str:
 
 
 @dataclass(frozen=True, slots=True)
-class List:
-    """A list argument of `min_len` to `max_len` items, each an `item` (`Int(...)` or
-    `Str(...)`). As a key path (`keys=[("stock", "items")]`) every item is a key."""
+class Float:
+    """A number, carried as an IEEE-754 double. An integer argument is taken as the float
+    it names (the log then holds the float); a boolean, infinity or NaN is refused."""
 
-    item: Int | Str
+    min: float = -math.inf
+    max: float = math.inf
+
+    def __post_init__(self) -> None:
+        if math.isnan(self.min) or math.isnan(self.max) or self.min > self.max:
+            raise ValueError(f"Float bounds [{self.min}, {self.max}] must be numbers, min <= max")
+
+    def check(self, name: str, value: Any) -> float:
+        """`value` as a float if it fits, else ArgumentError naming argument `name`."""
+        kind = type(value)
+        if kind is int:
+            if abs(value) > 2**53:
+                raise ArgumentError(f"argument '{name}': integer {value} has no exact float")
+            value = float(value)
+        elif kind is not float:
+            raise ArgumentError(f"argument '{name}': expected number, got {_kind(value)}")
+        if not math.isfinite(value):
+            raise ArgumentError(f"argument '{name}': {value} is not a finite number")
+        if not self.min <= value <= self.max:
+            raise ArgumentError(f"argument '{name}': {value!r} outside [{self.min!r}, {self.max!r}]")
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class Bool:
+    """A boolean argument: true or false, never a number."""
+
+    def check(self, name: str, value: Any) -> bool:
+        """`value` if it is a boolean, else ArgumentError naming argument `name`."""
+        if type(value) is not bool:
+            raise ArgumentError(f"argument '{name}': expected boolean, got {_kind(value)}")
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class Object:
+    """A JSON object: with `fields`, checked like a procedure's arguments (each field by its
+    type, `Optional` ones filled in, no other key); without, any object of text keys whose
+    values can travel through Ordo."""
+
+    fields: dict | None = None
+    max_keys: int = 256
+
+    def check(self, name: str, value: Any) -> dict:
+        """`value` if it fits (its `Optional` fields filled in), else ArgumentError naming the
+        argument or field."""
+        if type(value) is not dict:
+            raise ArgumentError(f"argument '{name}': expected object, got {_kind(value)}")
+        if len(value) > self.max_keys:
+            raise ArgumentError(f"argument '{name}': more than {self.max_keys} keys")
+        if self.fields is None:
+            if any(type(key) is not str for key in value):
+                raise ArgumentError(f"argument '{name}': object keys must be text")
+            problem = value_problem(value)
+            if problem is not None:
+                raise ArgumentError(f"argument '{name}': {problem}")
+            return value
+        return _check_fields(self.fields, value, f"{name}.")
+
+
+@dataclass(frozen=True, slots=True)
+class Optional:
+    """A field that may be left out (then it is `default`) or given as null."""
+
+    field: Any
+    default: Any = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.field, Optional):
+            raise ValueError("Optional(Optional(...)): one Optional is enough")
+        if self.default is not None:  # kept as the field takes it (1 for a Float: 1.0)
+            object.__setattr__(self, "default", self.field.check("default", _copy(self.default)))
+        problem = value_problem(self.default)
+        if problem is not None:
+            raise ValueError(f"Optional default: {problem}")
+
+    def check(self, name: str, value: Any) -> Any:
+        """None for null, else `value` as `field` checks it."""
+        return None if value is None else self.field.check(name, value)
+
+    def missing(self) -> Any:
+        """The value of the field when it is left out: a copy of `default`."""
+        return _copy(self.default)
+
+
+@dataclass(frozen=True, slots=True)
+class List:
+    """A list argument of `min_len` to `max_len` items, each an `item` (any argument type).
+    As a key path (`keys=[("stock", "items")]`) every item is a key."""
+
+    item: Any
     min_len: int = 0
     max_len: int = 1024
 
@@ -86,27 +176,53 @@ class List:
             raise ArgumentError(
                 f"argument '{name}': expected {self.min_len}..{self.max_len} items, got {len(value)}"
             )
+        check = self.item.check
         for i, item in enumerate(value):
-            self.item.check(f"{name}[{i}]", item)
+            checked = check(f"{name}[{i}]", item)
+            if checked is not item:
+                value[i] = checked
         return value
 
 
-Field = Int | Str | List
+Field = Int | Str | Float | Bool | Object | Optional | List
+FIELD_TYPES = (Int, Str, Float, Bool, Object, Optional, List)
 
 
 def check_args(schema: dict[str, Field], args: Any) -> dict[str, Any]:
-    """Validate `args` against `schema`: every field present, no unknown field."""
+    """Validate `args` against `schema`: every field present (an `Optional` one left out
+    is filled in with its default), no unknown field. The arguments are brought to their
+    logged form in place (an integer given for a Float becomes that float), so the log
+    holds exactly what every engine runs."""
     if type(args) is not dict:
         raise ArgumentError(f"'args' must be an object, got {_kind(args)}")
-    missing = [name for name in schema if name not in args]
+    return _check_fields(schema, args, "")
+
+
+def _check_fields(schema: dict, args: dict, prefix: str) -> dict:
+    missing = [name for name, field in schema.items() if name not in args and type(field) is not Optional]
     if missing:
-        raise ArgumentError(f"missing argument(s): {', '.join(sorted(missing))}")
+        raise ArgumentError(f"missing argument(s): {', '.join(prefix + name for name in sorted(missing))}")
     unknown = [name for name in args if name not in schema]
     if unknown:
-        raise ArgumentError(f"unknown argument(s): {', '.join(sorted(map(str, unknown)))}")
+        raise ArgumentError(f"unknown argument(s): {', '.join(prefix + str(n) for n in sorted(map(str, unknown)))}")
     for name, field in schema.items():
-        field.check(name, args[name])
+        if name not in args:
+            args[name] = field.missing()
+            continue
+        value = args[name]
+        checked = field.check(prefix + name, value)
+        if checked is not value:
+            args[name] = checked
     return args
+
+
+def _copy(value: Any) -> Any:
+    """A private copy of a JSON-like value (a default handed to many requests)."""
+    if type(value) is dict:
+        return {key: _copy(member) for key, member in value.items()}
+    if type(value) is list:
+        return [_copy(member) for member in value]
+    return value
 
 
 # Schema (by identity, held so its id is not reused) -> names of its List fields.

@@ -94,8 +94,9 @@ class Procedure:
     """A registered stored procedure.
 
     analyze(args) -> (read set, write set) of logical keys; or None, with `home` given: a
-        procedure that runs only in batches ordered by aria (scheduler/aria.py), which
-        finds the keys RUN touches by running it.
+        procedure whose keys are found by running RUN: in log order by a turn of its own
+        in the log (procedures/ollp.py), in a batch ordered by aria within the batch
+        (scheduler/aria.py).
     run(ctx, args) -> result (any msgpack/JSON-serialisable value).
     operations: the optional per-key operation form used by the operation-chain scheduler.
     reconnoiter: for sets that depend on stored values (Calvin's OLLP, procedures/ollp.py):
@@ -122,7 +123,7 @@ class Procedure:
             return
         if self.home is None:
             raise TypeError(f"procedure '{self.name}': without analyze it needs home= (the key that routes "
-                            "it, e.g. home=('account', 'src')), and runs only under --scheduler aria")
+                            "it, e.g. home=('account', 'src')); its keys are then found by running it")
         if self.operations is not None or self.reconnoiter is not None:
             raise TypeError(f"procedure '{self.name}': operations and reconnoiter need analyze")
         if not callable(self.home) and not (type(self.home) is tuple and len(self.home) == 2

@@ -1,15 +1,30 @@
 """What a procedure set means, in a form that can travel in the log: every procedure's
-name with a digest of its argument specification, and every table's settings.
+name with a digest of its argument specification and of its code, and every table's
+settings; and the set's identity, one number that every batch carries.
 
-A sequencer records this in its start record; an engine compares it with its own set
-before following the batches, because a request the sequencer accepted must mean the
-same thing to every engine that replays it."""
+A procedure's code is the source of the modules that decide its effects: the module of
+every function it is made of (ANALYZE, RUN, reconnaissance, operations, home) and of every
+procedure, stream, window, trigger and nested transaction registered with it (an app's
+module, a workload module), plus any module the app names in `code=` (ordo.App) or
+`CODE` (a procedures module). Ordo's own modules are not covered (except the built-in
+workloads): an upgrade of Ordo itself never changes an identity. Sources are read as text,
+so the digest is the same in every process and on every Python version (docs/operations.md,
+"Upgrading procedures").
+
+A sequencer records the described set in its start record and an upgrade in an upgrade
+record (sequencer/log.py), and stamps every batch with the set's identity; an engine runs
+a batch only with the set it was sequenced with, because a request the sequencer accepted
+must mean the same thing to every engine that replays it."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
-from typing import Any
+import importlib.util
+import sys
+import sysconfig
+from typing import Any, Iterable
 
 from ordo.procedures.registry import Registry
 
@@ -45,22 +60,96 @@ def by_value(value: Any) -> str:
     raise ValueError(f"{kind.__qualname__} has no description by value (make it a dataclass)")
 
 
-def describe(registry: Registry) -> dict:
-    """Every procedure's argument schema (and the dataflow composed into it, and whether
-    its sets are declared or found by running it) and every table's settings, each as a
-    digest of its description by value."""
+FORMAT = 2  # a described set whose digests cover code; a set without "format" covers arguments only
+
+
+def describe(registry: Registry, code: bool = True) -> dict:
+    """Every procedure's argument schema (and the dataflow composed into it, whether its
+    sets are declared or found by running it, and its code) and every table's settings,
+    each as a digest of its description by value. `code=False`: the arguments-only form
+    that logs written before procedure sets were versioned hold."""
     procedures = {}
     for name, procedure in sorted(registry.procedures.items()):
         try:
             text = by_value(sorted(procedure.args.items()))
             if procedure.dataflow is not None:
-                text += " " + procedure.dataflow
+                text += " " + (procedure.dataflow if not code else
+                               _without_modules(procedure.dataflow, registry.code.get(name, ())))
         except ValueError as exc:
             raise ValueError(f"procedure '{name}': its argument schema cannot be compared across processes: "
                              f"{exc}") from None
-        procedures[name] = _digest(text + ("" if procedure.analyze is not None else " home"))
-    return {"procedures": procedures,
-            "tables": {name: _digest(by_value(t)) for name, t in sorted(registry.tables.items())}}
+        text += "" if procedure.analyze is not None else " home"
+        if code:
+            text += " code " + code_digest(registry.code.get(name, ()))
+        procedures[name] = _digest(text)
+    described = {"procedures": procedures,
+                 "tables": {name: _digest(by_value(t)) for name, t in sorted(registry.tables.items())}}
+    if code:
+        described["format"] = FORMAT
+    return described
+
+
+def is_versioned(described: dict | None) -> bool:
+    """Whether a logged set covers code (written by a versioning sequencer)."""
+    return bool(described) and described.get("format") == FORMAT
+
+
+def set_id(described: dict) -> int:
+    """The identity of a described procedure set: what every batch carries (64 bits)."""
+    return int.from_bytes(hashlib.blake2b(by_value(described).encode(), digest_size=8).digest(), "big")
+
+
+def short(identity: int | None) -> str:
+    """How messages name a procedure set."""
+    return "unknown" if identity is None else f"{identity:016x}"[:12]
+
+
+def modules_of(callables: Iterable[Any]) -> set[str]:
+    """The modules whose source decides what these callables do: each one's own module,
+    Ordo's and Python's own excepted (but Ordo's built-in workloads included)."""
+    found = set()
+    for item in callables:
+        module = getattr(item, "__module__", None)
+        if isinstance(module, str) and _is_user_module(module):
+            found.add(module)
+    return found
+
+
+def _is_user_module(name: str) -> bool:
+    if name.startswith("ordo.procedures.workloads."):
+        return True
+    if name == "ordo" or name.startswith("ordo.") or name in sys.stdlib_module_names:
+        return False
+    return name.split(".")[0] not in sys.stdlib_module_names and name != "builtins"
+
+
+def code_digest(modules: Iterable[str]) -> str:
+    """By the modules' sources only, not their names: an earlier version kept as another
+    module (bank_v1.py beside bank.py) is still that version."""
+    return _digest(" ".join(sorted({module_source_digest(name) for name in modules})))
+
+
+def _without_modules(text: str, modules: Iterable[str]) -> str:
+    """A dataflow's description names its triggers by import path; their code is covered
+    by source, so the module part goes (longest first, so a package never hides a module)."""
+    for module in sorted(modules, key=len, reverse=True):
+        text = text.replace(module + ".", "")
+    return text
+
+
+@functools.lru_cache(maxsize=None)
+def module_source_digest(name: str) -> str:
+    """A digest of a module's source text (line endings normalised); a module without
+    source (compiled, built in) is named by its name alone."""
+    module = sys.modules.get(name)
+    path = getattr(module, "__file__", None) if module is not None else None
+    if path is None:
+        spec = importlib.util.find_spec(name)
+        path = spec.origin if spec is not None else None
+    if not path or not path.endswith(".py") or path.startswith(sysconfig.get_paths()["stdlib"]):
+        return "no-source"
+    with open(path, "rb") as source:
+        return _digest(source.read().replace(b"\r\n", b"\n").decode("utf-8", "replace"))
 
 
 def differences(logged: dict, engine: dict) -> list[str]:
@@ -77,12 +166,46 @@ def differences(logged: dict, engine: dict) -> list[str]:
     return problems
 
 
+def changes(logged: dict, ours: dict) -> list[str]:
+    """How `ours` differs from the logged set, both ways: what an upgrade from one to the
+    other adds, changes and removes."""
+    found = []
+    for kind in ("procedures", "tables"):
+        before, after = logged.get(kind, {}), ours.get(kind, {})
+        for name in sorted(set(before) | set(after)):
+            if name not in after:
+                found.append(f"{kind[:-1]} '{name}' removed")
+            elif name not in before:
+                found.append(f"{kind[:-1]} '{name}' added")
+            elif before[name] != after[name]:
+                found.append(f"{kind[:-1]} '{name}' changed")
+    return found
+
+
+def shown(items: list[str], limit: int = 5) -> str:
+    return "; ".join(items[:limit]) + (f"; and {len(items) - limit} more" if len(items) > limit else "")
+
+
 class ProcedureSetMismatch(RuntimeError):
     """The engine's procedures are not those the log was sequenced with."""
 
 
+class ProcedureSetChanged(RuntimeError):
+    """A sequencer's procedure set is not the one the log runs: starting it would change
+    what the log means without an upgrade record."""
+
+
+class VersionBoundary(RuntimeError):
+    """The log moved to a procedure set this engine does not run: it stopped before the
+    first batch of that set, everything before applied."""
+
+    def __init__(self, message: str, batch: int, identity: int, version: int | None):
+        super().__init__(message)
+        self.batch, self.identity, self.version = batch, identity, version
+
+
 WAY_OUT = ("run the engine with the procedures the sequencer had (the same --app, --procedures and --workloads); "
-           "see docs/operations.md, 'Procedure change'")
+           "see docs/operations.md, 'Upgrading procedures'")
 
 
 def refused_entry(batch_id: int, index: int, request_id, reason: str) -> ProcedureSetMismatch:
@@ -94,5 +217,5 @@ def refused_entry(batch_id: int, index: int, request_id, reason: str) -> Procedu
 
 
 def refused_start(problems: list[str]) -> ProcedureSetMismatch:
-    shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
-    return ProcedureSetMismatch(f"the log was sequenced with procedures this engine lacks ({shown}): {WAY_OUT}")
+    return ProcedureSetMismatch(f"the log was sequenced with procedures this engine lacks ({shown(problems)}): "
+                                f"{WAY_OUT}")

@@ -50,17 +50,18 @@ def load_registry(specs: Iterable[str] = ()) -> Registry:
         return default_registry()
     registry = Registry()
     for spec in dict.fromkeys(specs):
-        tables, procedures, streams = load_spec(spec)
+        tables, procedures, streams, code = load_spec(spec)
         try:
-            registry.add_workload(tables, procedures, streams)
+            registry.add_workload(tables, procedures, streams, code)
         except ValueError as exc:
             raise ValueError(f"{spec}: {exc}") from None
     return registry
 
 
-def load_spec(spec: str) -> tuple[list[Table], list[Procedure], list]:
-    """The tables, procedures and streaming declarations (STREAMS, procedures/streams.py)
-    a spec names; a clear ValueError for anything else."""
+def load_spec(spec: str) -> tuple[list[Table], list[Procedure], list, list]:
+    """The tables, procedures, streaming declarations (STREAMS, procedures/streams.py) and
+    further code (CODE: modules whose source is part of the procedures' code, see
+    procedures/fingerprint.py) a spec names; a clear ValueError for anything else."""
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"a procedure set is named by 'module' or 'module:app', got {spec!r}")
     module_name, _, attribute = spec.partition(":")
@@ -91,7 +92,11 @@ def load_spec(spec: str) -> tuple[list[Table], list[Procedure], list]:
     for item in tables:
         if not isinstance(item, Table):
             raise ValueError(f"{what}: TABLES holds {item!r}, not a Table")
-    return tables, procedures, list(getattr(holder, "STREAMS", ()))
+    code = list(getattr(holder, "CODE", ()))
+    for item in code:
+        if not (isinstance(item, str) or hasattr(item, "__name__") and type(item).__name__ == "module"):
+            raise ValueError(f"{what}: CODE holds {item!r}, not a module or a module's name")
+    return tables, procedures, list(getattr(holder, "STREAMS", ())), code
 
 
 def import_user_module(name: str):

@@ -29,15 +29,24 @@ signed step continues a request already in the log (its duplicate check remember
 restart count). A record without "sig" is a client's own reconnaissance: a request like any
 other, whose id is its own and checked for duplicates as such; a "sig" that does not check
 is rejected. So no client can make a step, nor take the id of a request that comes later.
+
+A procedure without ANALYZE goes through the same steps in a batch in log order, its
+reconnaissance being RUN itself (docs/ollp.md, "Procedures without ANALYZE"): its record
+holds the keys its runs so far touched instead of assumed values,
+
+    {"restarts": n, "reads": [[table, key], ...], "writes": [[table, key], ...], "at": …, "late": …}
+
+and a step runs on exactly those sets; a run that reaches another key is re-sequenced
+with it added, under the same bound on restarts.
 """
 
 from __future__ import annotations
 
 import hmac
 import json
-from typing import Any
+from typing import Any, Iterable
 
-from ordo.storage.keys import encode_key, normal_key
+from ordo.storage.keys import decode_key, encode_key, normal_key
 from ordo.storage.overlay import ABSENT
 from ordo.storage.values import encode_value
 from ordo.sequencer.log_secret import tag
@@ -104,13 +113,16 @@ def reconnaissance_keys(procedure, args: dict) -> tuple:
     return keys
 
 
-def assumed_values(record: Any, keys: tuple) -> dict:
-    """The OLLP record's assumptions as {key: value}, checked against the keys."""
+def _checked_step(record: Any, own: tuple[str, ...]) -> None:
+    """The fields every step's record has (restarts, perhaps at and late) and `own`, checked."""
+    required = {"restarts", *own}
     fields = set(record) - {SIGNATURE} if type(record) is dict else set()
-    if type(record) is not dict or not {"restarts", "assumed"} <= fields <= {"restarts", "assumed", "at", "late"}:
-        raise AssumptionError(f"'{OLLP_FIELD}' must be an object with 'restarts' and 'assumed' (perhaps 'at' and "
+    if type(record) is not dict or not required <= fields <= required | {"at", "late"}:
+        names = ("restarts", *own)
+        listed = ", ".join(f"'{name}'" for name in names[:-1]) + f" and '{names[-1]}'"
+        raise AssumptionError(f"'{OLLP_FIELD}' must be an object with {listed} (perhaps 'at' and "
                               f"'late', and 'sig' in a step the engine re-sequenced)")
-    restarts, assumed = record["restarts"], record["assumed"]
+    restarts = record["restarts"]
     if type(restarts) is not int or not 0 <= restarts <= MAX_RESTARTS + MAX_LATE_RESTARTS:
         raise AssumptionError(f"'{OLLP_FIELD}.restarts' must be an integer from 0 to "
                               f"{MAX_RESTARTS + MAX_LATE_RESTARTS}")
@@ -120,9 +132,33 @@ def assumed_values(record: Any, keys: tuple) -> dict:
                               f"(at most {MAX_LATE_RESTARTS})")
     if type(at) is not int or at < 0:
         raise AssumptionError(f"'{OLLP_FIELD}.at' must be a time in milliseconds")
+
+
+def assumed_values(record: Any, keys: tuple) -> dict:
+    """The OLLP record's assumptions as {key: value}, checked against the keys."""
+    _checked_step(record, ("assumed",))
+    assumed = record["assumed"]
     if type(assumed) is not list or len(assumed) != len(keys):
         raise AssumptionError(f"'{OLLP_FIELD}.assumed' must list one value per reconnaissance key ({len(keys)})")
     return dict(zip(keys, assumed))
+
+
+def found_sets(record: Any) -> tuple[tuple, tuple]:
+    """The read and write sets in the record of a procedure without ANALYZE, checked."""
+    _checked_step(record, ("reads", "writes"))
+    sets = []
+    for name in ("reads", "writes"):
+        keys = record[name]
+        if type(keys) is not list or not all(type(k) is list and len(k) == 2 and type(k[0]) is str for k in keys):
+            raise AssumptionError(f"'{OLLP_FIELD}.{name}' must list keys as [table, key] pairs")
+        found = tuple((table, normal_key(key)) for table, key in keys)
+        try:
+            for table, key in found:
+                encode_key(table, key)
+        except Exception as exc:
+            raise AssumptionError(f"'{OLLP_FIELD}.{name}': {exc}") from None
+        sets.append(tuple(dict.fromkeys(found)))
+    return sets[0], sets[1]
 
 
 def wire_normal(value: Any) -> Any:
@@ -144,21 +180,46 @@ def check_turn(procedure, args: dict, snapshot: dict, defaults: dict,
     for table, key in keys:
         value = snapshot.get(encode_key(table, key), ABSENT)
         current.append(wire_normal(defaults.get(table, 0) if value is ABSENT else value))
+    if record is not None and all(encode_value(a) == encode_value(c) for a, c in zip(record["assumed"], current)):
+        return None
+    return _next_step(procedure, plain, record, {"assumed": current}, now,
+                      "the values its keys depend on changed before its turn")
+
+
+def found_step(procedure, plain: dict, record: dict | None, read: Iterable[bytes], written: Iterable[bytes],
+               now: int) -> tuple[str, Any, str | None]:
+    """A procedure without ANALYZE whose run at its turn reached keys outside its sets:
+    re-sequenced with the keys of its record (its earlier runs) and the encoded keys this
+    run read and wrote, or rejected past the bound. The sets only grow, so a run that
+    follows another path next time still finds what the earlier ones needed."""
+    sets = []
+    for name, touched in (("reads", read), ("writes", written)):
+        known = [encode_key(table, normal_key(key)) for table, key in record[name]] if record is not None else []
+        sets.append([_as_json(*decode_key(key)) for key in dict.fromkeys([*known, *touched])])
+    return _next_step(procedure, plain, record, {"reads": sets[0], "writes": sets[1]}, now,
+                      "its run reached keys outside those found for it")
+
+
+def _as_json(table: str, key: Any) -> list:
+    """A (table, key) pair as JSON carries it: a composite key (a flat tuple) as a list."""
+    return [table, list(key) if type(key) is tuple else key]
+
+
+def _next_step(procedure, plain: dict, record: dict | None, found: dict, now: int,
+               why: str) -> tuple[str, Any, str | None]:
+    """The request re-sequenced with what its turn `found`, or rejected past the bound."""
     if record is not None:
-        assumed = record["assumed"]
-        if all(encode_value(a) == encode_value(c) for a, c in zip(assumed, current)):
-            return None
         restarts = record["restarts"] + 1
         late = record.get("late", 0)
         if now - record.get("at", now) > LATE_MS and late < MAX_LATE_RESTARTS:
             late += 1  # it lost its race to a backlog: not counted
         if restarts - late > MAX_RESTARTS:
             not_counted = f", not counting {late} after a wait of over {LATE_MS} ms" if late else ""
-            return ("rejected", None, f"{procedure.name}: the values its keys depend on changed before its turn "
+            return ("rejected", None, f"{procedure.name}: {why} "
                     f"{restarts} times in a row (limit {MAX_RESTARTS} restarts{not_counted})")
     else:
         restarts = late = 0
-    step = {"restarts": restarts, "assumed": current, "at": now, "late": late}
+    step = {"restarts": restarts, **found, "at": now, "late": late}
     return RESTARTED, {"proc": procedure.name, "args": {**plain, OLLP_FIELD: step}}, None
 
 

@@ -8,7 +8,7 @@ from typing import Any, Iterable
 
 from ordo.procedures.args import ArgumentError, check_args
 from ordo.procedures.contract import Key, Procedure, Table, home_key
-from ordo.procedures.ollp import AssumptionError, assumed_values, reconnaissance_keys, split_args
+from ordo.procedures.ollp import AssumptionError, assumed_values, found_sets, reconnaissance_keys, split_args
 from ordo.procedures.streams import TriggeredOnly
 from ordo.sequencer.log import ARIA
 from ordo.storage.keys import KeyRange, normal_key
@@ -29,6 +29,8 @@ class Registry:
         self.procedures: dict[str, Procedure] = {}
         self.tables: dict[str, Table] = {}
         self.range_tables: dict[str, tuple[int, int]] = {}  # table -> (range_by, partition_by)
+        # procedure -> the modules whose source is its code (procedures/fingerprint.py)
+        self.code: dict[str, tuple[str, ...]] = {}
 
     def add_table(self, table: Table) -> None:
         existing = self.tables.get(table.name)
@@ -42,17 +44,29 @@ class Registry:
         if procedure.name in self.procedures:
             raise ValueError(f"procedure '{procedure.name}' registered twice")
         self.procedures[procedure.name] = procedure
+        if procedure.name not in self.code:
+            from ordo.procedures.fingerprint import modules_of
 
-    def add_workload(self, tables: Iterable[Table], procedures: Iterable[Procedure], streams: Iterable = ()) -> None:
+            self.code[procedure.name] = tuple(sorted(modules_of(_callables(procedure))))
+
+    def add_workload(self, tables: Iterable[Table], procedures: Iterable[Procedure], streams: Iterable = (),
+                     code: Iterable[Any] = ()) -> None:
         """`streams`: the module's STREAMS (procedures/streams.py); a procedure that starts a
         dataflow is registered with the dataflow composed in, so every scheduler runs it
-        as one transaction."""
+        as one transaction. Every procedure of a workload has the same code: the modules of
+        everything it declares, and `code` (modules, or their names) beside them."""
+        from ordo.procedures.fingerprint import modules_of
+
         procedures = list(procedures)
+        streams = list(streams)
+        modules = modules_of(c for item in [*procedures, *streams] for c in _callables(item))
+        modules.update(m if isinstance(m, str) else m.__name__ for m in code)
+        for procedure in procedures:
+            self.code[procedure.name] = tuple(sorted(modules))
         for table in tables:
             self.add_table(table)
         for procedure in procedures:
             self.add_procedure(procedure)
-        streams = list(streams)
         if streams:
             from ordo.procedures.streams import compose
 
@@ -60,6 +74,7 @@ class Registry:
             for table in window_tables:
                 self.add_table(table)
             self.procedures.update(composed)
+            self.code.update((name, tuple(sorted(modules))) for name in composed)
 
     def procedure(self, name: Any) -> Procedure:
         if type(name) is not str:
@@ -74,14 +89,16 @@ class Registry:
         """Validate a request and return its procedure with its read and write sets.
 
         Sets keep first-seen order and drop repeats, so the same arguments always give
-        the same sets. A procedure without analyze runs only in a batch ordered by aria
-        (`ordering`, sequencer/log.py); its "read set" is its home key, which places it.
+        the same sets. A procedure without analyze has the sets its runs found (its
+        record, procedures/ollp.py), or before its first run its home key as its read set,
+        which places it; in a batch ordered by aria (`ordering`, sequencer/log.py) always
+        the home key: aria finds its keys by running it within the batch.
         """
         procedure = self.procedure(name)
         if isinstance(procedure.analyze, TriggeredOnly):
             procedure.analyze(args)  # rejects the request, whatever its arguments
         if procedure.analyze is None:
-            reads, writes = self._home(procedure, args, ordering), ()
+            reads, writes = self._without_analyze(procedure, args, ordering)
         elif procedure.reconnoiter is not None:
             reads, writes = self._analyze_dependent(procedure, args)
         else:
@@ -150,22 +167,23 @@ class Registry:
                                    f"(component {home!r}); {table}{key!r} does not")
 
 
-    def without_analyze(self) -> list[str]:
-        """The procedures that run only in batches ordered by aria."""
-        return sorted(name for name, p in self.procedures.items() if p.analyze is None)
-
     @staticmethod
-    def _home(procedure: Procedure, args: Any, ordering: str | None) -> tuple[Key]:
-        if ordering != ARIA:
-            raise RequestError(f"{procedure.name} has no analyze: it runs only in batches ordered by aria "
-                               "(ordo run --scheduler aria)")
+    def _without_analyze(procedure: Procedure, args: Any, ordering: str | None) -> tuple[tuple, tuple]:
+        plain, record = split_args(args)
         try:
-            check_args(procedure.args, args)
+            check_args(procedure.args, plain)
         except ArgumentError as exc:
             raise RequestError(f"{procedure.name}: {exc}") from None
+        if plain is not args:
+            args.update(plain)  # in their logged form, as check_args leaves them
+        if record is not None and ordering != ARIA:
+            try:
+                return found_sets(record)
+            except AssumptionError as exc:
+                raise RequestError(f"{procedure.name}: {exc}") from None
         try:
-            table, key = home_key(procedure, args)
-            return ((table, normal_key(key)),)
+            table, key = home_key(procedure, plain)
+            return ((table, normal_key(key)),), ()
         except Exception as exc:
             raise RequestError(f"{procedure.name}: its home key failed: {type(exc).__name__}: {exc}") from None
 
@@ -178,6 +196,8 @@ class Registry:
             check_args(procedure.args, plain)
         except ArgumentError as exc:
             raise RequestError(f"{procedure.name}: {exc}") from None
+        if plain is not args:
+            args.update(plain)  # in their logged form, as check_args leaves them
         try:
             keys = reconnaissance_keys(procedure, plain)
             if record is None:
@@ -192,6 +212,15 @@ class Registry:
             return _ordered_set(keys + tuple(reads)), _ordered_set(writes)
         except Exception as exc:
             raise RequestError(f"{procedure.name}: ANALYZE failed: {type(exc).__name__}: {exc}") from None
+
+
+def _callables(item: Any) -> list:
+    """The functions a procedure or a streaming declaration is made of."""
+    import dataclasses
+
+    if not dataclasses.is_dataclass(item):
+        return []
+    return [value for value in (getattr(item, f.name) for f in dataclasses.fields(item)) if callable(value)]
 
 
 def _ordered_set(keys: Iterable[Key]) -> tuple[Key, ...]:
@@ -225,12 +254,3 @@ def default_registry(extra_modules: Iterable[str] = ()) -> Registry:
         registry.add_workload(getattr(module, "TABLES", ()), getattr(module, "PROCEDURES", ()),
                               getattr(module, "STREAMS", ()))
     return registry
-
-
-def refuse_without_analyze(registry: Registry, ordering: str | None) -> None:
-    """A sequencer in log order cannot take a procedure without analyze: say so at start."""
-    names = registry.without_analyze()
-    if names and ordering != ARIA:
-        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-        raise ValueError(f"procedure(s) {shown} have no analyze: they run only under --scheduler aria "
-                         "(ordo sequence: --ordering aria), or give them analyze")

@@ -177,6 +177,41 @@ def recover(bootstrap: str, namespace: str, data_dir: str, scheduler: str = "ser
     return report
 
 
+def recover_across_versions(versions: list[tuple[str, ...]], bootstrap: str, namespace: str, data_dir: str,
+                            scheduler: str = "serial", partitions: int | None = None, mode: str = "auto",
+                            idle: float = 2.0, checkpoint_at_end: bool = False, quiet: bool = False,
+                            stream=sys.stderr, **engine_options) -> ReplayReport:
+    """`recover` with the procedure sets in `versions` (the current one first, each a tuple of
+    specs): each stretch of the log replays with the set it was sequenced with. A replay
+    stops where the log moves to another set (scheduler/follower.py); it goes on with the
+    version whose identity that is, and refuses in one line when none is."""
+    from ordo.procedures.fingerprint import VersionBoundary, describe, set_id, short
+    from ordo.procedures.loading import load_registry
+
+    identities = {set_id(describe(load_registry(specs))): specs for specs in versions}
+    specs, seen = versions[0], set()
+    while True:
+        try:
+            return recover(bootstrap, namespace, data_dir, scheduler, partitions, mode, idle, checkpoint_at_end,
+                           quiet, stream, procedure_modules=specs, **engine_options)
+        except VersionBoundary as boundary:
+            found = identities.get(boundary.identity)
+            if found is None or (boundary.batch, boundary.identity) in seen:
+                given = ", ".join(f"{','.join(v) or 'the built-in workloads'} ({short(i)})"
+                                  for i, v in identities.items())
+                version = f"v{boundary.version} " if boundary.version else ""
+                raise RuntimeError(
+                    f"the batches from {boundary.batch} on were sequenced with procedure set {version}"
+                    f"({short(boundary.identity)}), which none of the procedures given is ({given}): every batch "
+                    f"before {boundary.batch} is applied; give that version's code with --app-version MODULE:APP "
+                    f"and run `ordo recover` again (docs/operations.md, 'Upgrading procedures')") from None
+            seen.add((boundary.batch, boundary.identity))
+            if not quiet:
+                print(f"from batch {boundary.batch}: procedure set {short(boundary.identity)} "
+                      f"({','.join(found) or 'the built-in workloads'})", file=stream, flush=True)
+            specs, mode = found, "auto"  # on from the shards as the boundary left them
+
+
 MIN_TIMED_S = 0.1  # below this, a rate says more about the clock than about the replay
 
 

@@ -305,7 +305,8 @@ class _AriaBatch:
             snapshot = RecordingSnapshot({}, self._any_key)
             write_set = ANY_KEY
         status, result, error, writes = execute(txn.procedure, txn.args, snapshot, write_set, execution.defaults,
-                                                execution.batch.time_ms, txn_seed(execution.batch.batch_id, txn.index))
+                                                execution.batch.time_ms, txn_seed(execution.batch.batch_id, txn.index),
+                                                in_log_order=False)
         return FirstPass(txn, status, result, error, writes, snapshot.read,
                          written_keys(writes, execution.range_tables))
 
@@ -445,7 +446,7 @@ class _FallbackExecution(BatchExecution):
             return super()._execute(txn, snapshot)
         try:
             return execute(txn.procedure, txn.args, _Locked(snapshot), _LockedWrites(txn.writes), self.defaults,
-                           self.batch.time_ms, txn_seed(self.batch.batch_id, txn.index))
+                           self.batch.time_ms, txn_seed(self.batch.batch_id, txn.index), in_log_order=False)
         except _Outside as outside:
             self.retries[txn.index] = sorted({*txn.writes, outside.key})
             return RETRY, None, None, {}

@@ -11,7 +11,7 @@ from typing import Any, Callable, Protocol
 from ordo.procedures.fingerprint import refused_entry
 from ordo.procedures.registry import Registry, RequestError
 from ordo.scheduler.execution import COMMITTED, REJECTED, execute, txn_seed
-from ordo.sequencer.log import Batch
+from ordo.sequencer.log import ARIA, Batch
 from ordo.storage.keys import encode_key
 from ordo.storage.overlay import ABSENT, BatchOverlay
 from ordo.sequencer.routing import own_part, reporter_of_rejected, slice_of, writers
@@ -139,7 +139,7 @@ def _prepare_all(batch: Batch, registry: Registry, partitioner: Partitioner,
             procedure, read_set, write_set = registry.analyze(proc, args, ordering)
         except RequestError as exc:
             raise refused_entry(batch.batch_id, index, request_id, str(exc)) from None
-        if procedure.analyze is None:
+        if procedure.analyze is None and ordering == ARIA:
             # Known to every partition: whichever executes it in aria's fallback runs its RUN.
             home = (partitioner.of_key(*read_set[0]),)
             txns.append(PreparedTxn(index, request_id, procedure, args, (), {}, (), home, home, declared=False))

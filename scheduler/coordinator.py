@@ -16,6 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 
+from ordo.procedures.fingerprint import VersionBoundary
 from ordo.procedures.registry import Registry
 from ordo.recovery.checkpoints import CheckpointError, CheckpointStore
 from ordo.recovery.restore import AUTO, DataDirLock, check_log_holds, log_head_problem, prepare_shards
@@ -130,6 +131,7 @@ class Coordinator:
             while not self._stop.is_set():
                 self.watch(0.05)
                 if self.finished:
+                    self._stop_at_boundary()
                     break
                 if self._checkpoint_requested.is_set():
                     self.checkpoint()
@@ -143,6 +145,22 @@ class Coordinator:
         finally:
             self.close()
         return self.stats
+
+    def _stop_at_boundary(self) -> None:
+        """Every worker stopped where the log moves to a procedure set they do not run:
+        checkpoint there, so a restart with that set never needs the code before it, and
+        say so."""
+        boundaries = [s["boundary"] for s in self._statuses if s.get("boundary")]
+        if not boundaries:
+            return
+        boundary = boundaries[0]
+        marker = self.group.applied()[0]
+        if self.checkpoint_every and marker is not None and len(boundaries) == len(self._statuses):
+            latest = self.checkpoints.latest()
+            if latest is None or latest["batch"] != marker["batch"]:
+                self.checkpoints.take(self.group, marker)
+                self.stats.checkpoints += 1
+        raise version_boundary(self.topics.log, boundary, self._statuses[0].get("procedure_set"))
 
     def watch(self, seconds: float) -> list[dict]:
         """Let the workers run for up to `seconds`, then take their status (progress,
@@ -295,6 +313,18 @@ class Coordinator:
             self.group.close()
         finally:
             self._lock.release()
+
+
+def version_boundary(log: str, boundary: dict, ours: int | None) -> VersionBoundary:
+    from ordo.procedures.fingerprint import short
+
+    batch, identity, version = boundary["batch"], boundary["procedures"], boundary["version"]
+    name = f"v{version} ({short(identity)})" if version else short(identity)
+    return VersionBoundary(
+        f"{log} runs procedure set {name} from batch {batch}, and this engine runs {short(ours)}: every batch "
+        f"before {batch} is applied; to go on, start the engine with the procedures of {name} (after "
+        f"`ordo upgrade`, the new --app); to replay across versions, give `ordo recover` each version's app "
+        f"(--app-version) (docs/operations.md, 'Upgrading procedures')", batch, identity, version)
 
 
 def make_group(data_dir: str, partitions: int, scheduler: str, registry: Registry | None, sync: bool,

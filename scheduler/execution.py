@@ -15,7 +15,7 @@ import msgpack
 
 from ordo.procedures.args import WIRE_INT_MAX, WIRE_INT_MIN, list_fields, text_problem, value_problem
 from ordo.procedures.contract import Abort, Procedure, UndeclaredAccess
-from ordo.procedures.ollp import check_turn
+from ordo.procedures.ollp import check_turn, found_step, split_args
 from ordo.procedures.streams import DataflowResult
 from ordo.storage.keys import KeyRange, decode_key, encode_key, is_range_key, range_scan_prefix
 from ordo.storage.overlay import ABSENT, RangeView
@@ -44,7 +44,7 @@ _value_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 class _AnyKey:
-    """The write set of a procedure without ANALYZE (aria batches only): every key."""
+    """The write set of a procedure without ANALYZE in an aria pass: every key."""
 
     __slots__ = ()
 
@@ -276,8 +276,13 @@ def txn_seed(batch_id: int, index: int) -> int:
 
 
 def execute(procedure: Procedure, args: dict, snapshot: dict[bytes, Any], write_set,
-            defaults: dict[str, Any], now: int, seed: int) -> tuple[str, Any, str | None, dict[bytes, list]]:
-    """Run RUN once: (status, result, error, writes). Never raises for a procedure's fault."""
+            defaults: dict[str, Any], now: int, seed: int,
+            in_log_order: bool = True) -> tuple[str, Any, str | None, dict[bytes, list]]:
+    """Run RUN once: (status, result, error, writes). Never raises for a procedure's fault.
+
+    A procedure without ANALYZE runs in log order on the sets found for it so far (see
+    `_found`); `in_log_order=False` (aria's passes) lets it reach whatever `snapshot` and
+    `write_set` let it, the caller fencing it."""
     if procedure.reconnoiter is not None:  # its assumptions are checked first (procedures/ollp.py)
         try:
             decided = check_turn(procedure, args, snapshot, defaults, now)
@@ -285,6 +290,10 @@ def execute(procedure: Procedure, args: dict, snapshot: dict[bytes, Any], write_
             return ABORTED, None, _short(f"{procedure.name}: reconnaissance failed: {type(exc).__name__}: {exc}"), {}
         if decided is not None:
             return (*decided, {})
+    elif procedure.analyze is None:
+        args, record = split_args(args)
+        if in_log_order:
+            return _found(procedure, args, record, snapshot, write_set, defaults, now, seed)
     ctx = TxnContext(snapshot, write_set, defaults, now, seed)
     try:
         result = procedure.run(ctx, private_args(args, procedure.args))
@@ -302,3 +311,53 @@ def execute(procedure: Procedure, args: dict, snapshot: dict[bytes, Any], write_
         if problem is not None:
             return ABORTED, None, problem, {}
     return COMMITTED, result, None, ctx.writes
+
+
+def _found(procedure: Procedure, args: dict, record: dict | None, snapshot: dict[bytes, Any], write_set,
+           defaults: dict[str, Any], now: int, seed: int) -> tuple[str, Any, str | None, dict[bytes, list]]:
+    """A procedure without ANALYZE at its turn in log order: RUN on the sets found for it
+    (procedures/ollp.py). If it stays within them, its outcome is RUN's. If it reaches a
+    key outside them, nothing is kept and it is re-sequenced with every key it touched:
+    the keys outside read as absent (their table's default), so one run finds as many as
+    it can, and which keys it touches is a function of the log alone."""
+    read, written = _NotedReads(snapshot), _NotedWrites(write_set)
+    decided = execute(procedure, args, read, written, defaults, now, seed, in_log_order=False)
+    if not (read.outside or written.outside):
+        return decided
+    return (*found_step(procedure, args, record, read.keys, written.keys, now), {})
+
+
+class _NotedReads(dict):
+    """A snapshot that notes every key RUN reads from it; a key it lacks reads as absent."""
+
+    __slots__ = ("keys", "outside")
+
+    def __init__(self, snapshot: dict[bytes, Any]):
+        super().__init__(snapshot)
+        self.keys: dict[bytes, None] = {}
+        self.outside = False
+
+    def __getitem__(self, key: bytes) -> Any:
+        self.keys[key] = None
+        try:
+            return dict.__getitem__(self, key)
+        except KeyError:
+            self.outside = True
+            return ABSENT
+
+
+class _NotedWrites:
+    """A write set that notes every key RUN writes, and lets it write any other."""
+
+    __slots__ = ("_declared", "keys", "outside")
+
+    def __init__(self, declared):
+        self._declared = declared
+        self.keys: dict[bytes, None] = {}
+        self.outside = False
+
+    def __contains__(self, key: bytes) -> bool:
+        self.keys[key] = None
+        if key not in self._declared:
+            self.outside = True
+        return True

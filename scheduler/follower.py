@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ordo.procedures.ollp import RECONNOITRED, RESTARTED, first_pass
-from ordo.procedures.fingerprint import describe, differences, refused_start
+from ordo.procedures.fingerprint import describe, differences, is_versioned, refused_start, set_id
 from ordo.recovery.checkpoints import shard_checkpoint_path
 from ordo.scheduler.execution import ABORTED, COMMITTED
 from ordo.scheduler.outputs import CollectedOutputs, KafkaOutputs, OutputSink
@@ -76,6 +76,11 @@ class LogFollower:
             use_key(options.log_key)
         marker = worker.applied()
         self.cursor = LogCursor.from_dict(marker["cursor"]) if marker else LogCursor()
+        self.procedure_set = set_id(describe(worker.registry))  # the only set this worker runs batches with
+        # Generations (start record offsets) of a log from before versions whose start record
+        # names procedures this worker lacks: one of their batches that needs them stops it.
+        self._foreign_generations: dict[int, list[str]] = {}
+        self.boundary: dict | None = None  # where the log moved to another procedure set
         self.applied = self.executed = self.cursor.next_batch - 1
         self._reader = LogReader(options.bootstrap, topics.log, self.cursor,
                                  f"{options.namespace}.engine-{self.partition}", self._check_procedures,
@@ -134,6 +139,8 @@ class LogFollower:
             "error": self.error,
             "memory": self.worker.memory(),
             "aria": self.worker.aria_counts(),
+            "boundary": self.boundary,
+            "procedure_set": self.procedure_set,
         }
 
     # -- the loop -----------------------------------------------------------------------
@@ -160,6 +167,8 @@ class LogFollower:
                 await self._apply_delivered(limit=0)
                 await asyncio.sleep(0.002)
                 continue
+            if self._at_boundary():
+                return
             if not self._ready and not self._read(0):
                 if self._unapplied:
                     await self._apply_delivered(limit=0)
@@ -167,19 +176,50 @@ class LogFollower:
                     self._read(self.options.idle_wait)
                 await asyncio.sleep(0)  # let control calls and peers' reads in
                 continue
+            if self._at_boundary():
+                return
             batch, cursor = self._ready.popleft()
             await self._execute(batch, cursor)
             # A batch may run to its end without suspending (no remote reads to wait for):
             # yield once per batch, so control calls and peers are served under load too.
             await asyncio.sleep(0)
 
+    def _at_boundary(self) -> bool:
+        """Whether the next batch belongs to a procedure set other than this worker's (its
+        batch says so, or an upgrade record came before it): stop before it, as every
+        partition does at the same batch. A log from before versions names no set in its
+        batches: a batch of a generation whose start record names procedures this worker
+        lacks stops it, unless nothing in it needs them (every entry rejected)."""
+        if self._ready:
+            batch = self._ready[0][0]
+            identity = batch.procedures
+            if identity is None:
+                problems = self._foreign_generations.get(batch.generation)
+                if problems and any(proc is not None for _, proc, _ in batch.entries):
+                    raise refused_start(problems)
+                return False
+            at = batch.batch_id
+        else:
+            named = self.cursor.procedures
+            if self.cursor.upgraded is None or named is None:
+                return False
+            identity, at = named[1], self.cursor.next_batch
+        if identity == self.procedure_set:
+            return False
+        version = self.cursor.versions.get(identity)
+        self.boundary = {"batch": at, "procedures": identity, "version": version}
+        return True
+
     def _check_procedures(self, start: Start) -> None:
-        """A new sequencer generation names its procedure set: this worker must be able
-        to run every procedure of it as the sequencer validated it."""
-        if start.procedures is not None:
-            problems = differences(start.procedures, describe(self.worker.registry))
+        """A start record of a log from before versions names its procedure set by its
+        arguments only: note a generation this worker could not run. (A versioned log's
+        batches name their set themselves.)"""
+        if start.procedures is not None and not is_versioned(start.procedures):
+            problems = differences(start.procedures, describe(self.worker.registry, code=False))
             if problems:
-                raise refused_start(problems)
+                lane = self.cursor.lanes.get(start.sequencer)
+                if lane is not None:
+                    self._foreign_generations[lane[0]] = problems
 
     def _dropped(self, offset: int, why: str) -> None:
         self.dropped += 1

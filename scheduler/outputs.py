@@ -101,15 +101,19 @@ def _change(index: int, table: str, key: Any, value: Any) -> dict:
     return {"txn": index, "table": table, "key": key, "value": value}
 
 
-def output_compression(user_settings: dict[str, Any]) -> dict[str, str]:
-    """lz4 unless the user chose a codec. Change data is most of the bytes a worker sends,
-    and what a broker spends on outputs grows with their bytes: lz4 takes 13.5 % of a core
-    off the local broker down to 7.6 % for 8 MB/s of change data, for about 1 % of a core
-    in the producer's background thread (measured). Every Kafka client reads lz4
-    (kafka-python with its lz4 package)."""
+# gzip at level 1: what every common Kafka client reads without a plugin (KafkaJS reads no
+# other codec without one, kafka-python none without a package of its own), and on Ordo's
+# outputs it stores 0.14-0.15 of the raw bytes (lz4: 0.21-0.22), with the broker's CPU
+# as low as with lz4, for 1-6 us more of the producer's background thread per request
+# (`ordo bench compression`, docs/benchmarks.md).
+DEFAULT_OUTPUT_COMPRESSION = {"compression.type": "gzip", "compression.level": 1}
+
+
+def output_compression(user_settings: dict[str, Any]) -> dict[str, Any]:
+    """gzip at level 1 unless the user chose a codec."""
     if "compression.type" in user_settings or "compression.codec" in user_settings:
         return {}
-    return {"compression.type": "lz4"}
+    return dict(DEFAULT_OUTPUT_COMPRESSION)
 
 
 class OutputLost(RuntimeError):

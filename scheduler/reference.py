@@ -115,7 +115,7 @@ class SerialInterpreter:
                              if type(key) is KeyRange else self._value(encoded))
         write_set = {encode_key(table, key) for table, key in writes} if procedure.analyze is not None else ANY_KEY
         _, _, _, written = execute(procedure, args, snapshot, write_set, self.defaults, batch.time_ms,
-                                   txn_seed(batch.batch_id, index))
+                                   txn_seed(batch.batch_id, index), in_log_order=False)
         keys = set(written)
         for table, key, _ in written.values():
             shape = self.registry.range_tables.get(table)
@@ -140,7 +140,8 @@ class SerialInterpreter:
             self.outcomes.append(self._outcome(batch, index, request_id, proc, args, REJECTED, None, str(exc)))
             return None
         snapshot, write_set = {}, set()
-        if procedure.analyze is None:  # an aria batch's: any key, or in a fallback round its locked keys
+        aria = batch.ordering == ARIA
+        if procedure.analyze is None and aria:  # any key, or in a fallback round its locked keys
             if locked is None:
                 snapshot, write_set, reads = _Watched(set(), self._value), ANY_KEY, ()
             else:
@@ -154,7 +155,8 @@ class SerialInterpreter:
             write_set.update(encode_key(table, key) for table, key in writes)
         try:
             status, result, error, written = execute(procedure, args, snapshot, write_set, self.defaults,
-                                                     batch.time_ms, txn_seed(batch.batch_id, index))
+                                                     batch.time_ms, txn_seed(batch.batch_id, index),
+                                                     in_log_order=not aria)
         except _OutsideFence as outside:
             return outside.key
         self.outcomes.append(self._outcome(batch, index, request_id, proc, args, status, result, error))

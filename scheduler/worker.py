@@ -98,9 +98,10 @@ def relax_garbage_collection() -> None:
 
 
 def count_restarts(txns: list, outcomes: list[Outcome]) -> None:
-    """Give each outcome of a dependent transaction its restart count (from its request)."""
+    """Give each outcome of a re-sequenced kind of transaction (a dependent one, or one
+    without ANALYZE) its restart count (from its request)."""
     restarts = {t.index: restarts_of(t.args) for t in txns
-                if t.procedure is not None and t.procedure.reconnoiter is not None}
+                if t.procedure is not None and (t.procedure.reconnoiter is not None or t.procedure.analyze is None)}
     if restarts:
         for outcome in outcomes:
             outcome.restarts = restarts.get(outcome.index, 0)

@@ -18,7 +18,8 @@ Record kinds:
         engine can refuse a log it would interpret differently. A start record whose S
         differs from the one before closes every lane: the sequencers were reconfigured,
         and only those that start under the new S are followed.
-    batch:  [BATCH, epoch, generation, time_ms, offsets, routing, log_id, sequencer, (ordering,) entry, ...]
+    batch:  [BATCH, epoch, generation, time_ms, offsets, routing, log_id, sequencer, (ordering,) (procedure set,)
+             entry, ...]
         an epoch of sequencer `sequencer`, numbered 1, 2, 3, … per lane across its
         generations; `generation` is the offset of the start record of the sequencer that
         wrote it; `offsets` maps request partition -> [start, end) consumed; each entry is
@@ -31,7 +32,16 @@ Record kinds:
         see `sequencer/routing.py`; `log_id` names the log the batch belongs to;
         `ordering`, present only where the batch is not in log order, is a string (never
         a bin like the entries): ARIA for a batch whose serial order Aria's rule decides
-        (scheduler/aria.py), which every engine and replay then runs with aria.
+        (scheduler/aria.py), which every engine and replay then runs with aria;
+        `procedure set`, an integer, is the identity of the procedure set the sequencer
+        validated the entries with (`procedures.fingerprint.set_id`): an engine runs the
+        batch only with that set (absent in logs written before sets were versioned).
+    upgrade: [UPGRADE, procedures, version, log_id]
+        written by `ordo upgrade` (never by a sequencer): from the next batch on, the log
+        runs procedure set `procedures` (described as in a start record), its `version`-th.
+        It closes every lane, as a change of S does: only sequencers started after it, with
+        that set, are followed. A sequencer whose set is not the log's current one refuses
+        to start (sequencer/versions.py), so the set changes only here.
     snapshot: [SNAPSHOT, cursor, accepted, time_ms, sequencer, sequencers]
         a sequencer's own state right after the record before it (a cursor as
         `LogCursor.to_dict` gives it, holding its own lane only, the number of entries it
@@ -80,6 +90,7 @@ START = 0
 BATCH = 1
 SNAPSHOT = 2
 SKIP = 3
+UPGRADE = 4
 ARIA = "aria"  # a batch's ordering: Aria's deterministic reordering (scheduler/aria.py)
 _ARRAY32 = struct.Struct(">BI")
 
@@ -119,6 +130,10 @@ def encode_skip(offset: int, log_id: str | None) -> bytes:
     return seal(msgpack.packb([SKIP, offset, log_id]))
 
 
+def encode_upgrade(procedures: dict, version: int, log_id: str | None) -> bytes:
+    return seal(msgpack.packb([UPGRADE, procedures, version, log_id]))
+
+
 def is_batch_record(value: bytes) -> bool:
     """Batch records start with a 32-bit array header (see encode_batch); a reader that
     looks only for start and snapshot records skips them undecoded."""
@@ -132,12 +147,14 @@ def encode_entry(entry: list) -> bytes:
 def encode_batch(epoch: int, generation: int, time_ms: int,
                  offsets: dict[int, tuple[int, int]], encoded_entries: list[bytes],
                  routing: list | None = None, log_id: str | None = None, sequencer: int = 0,
-                 ordering: str | None = None) -> bytes:
+                 ordering: str | None = None, procedures: int | None = None) -> bytes:
     """Entries are encoded one by one as they arrive (so an epoch's size is known exactly
     before it is cut) and concatenated here, each as a bin, under one array header."""
     head = [BATCH, epoch, generation, time_ms, {p: list(r) for p, r in offsets.items()}, routing, log_id, sequencer]
     if ordering is not None:
         head.append(ordering)
+    if procedures is not None:
+        head.append(procedures)
     return seal(
         _ARRAY32.pack(0xDD, len(head) + len(encoded_entries))
         + b"".join(msgpack.packb(item) for item in head)
@@ -169,14 +186,16 @@ class Batch:
     that accepts it (until then, its epoch)."""
 
     __slots__ = ("batch_id", "generation", "time_ms", "offsets", "routing", "log_id", "log_offset",
-                 "sequencer", "epoch", "ordering", "_raw", "_entries")
+                 "sequencer", "epoch", "ordering", "procedures", "_raw", "_entries")
 
     def __init__(self, batch_id: int, generation: int, time_ms: int, offsets: dict[int, list[int]],
                  entries: list[list] | None = None, *, raw: list[bytes] | None = None,
                  routing: list | None = None, log_id: str | None = None, log_offset: int = -1,
-                 sequencer: int = 0, epoch: int | None = None, ordering: str | None = None):
+                 sequencer: int = 0, epoch: int | None = None, ordering: str | None = None,
+                 procedures: int | None = None):
         self.batch_id = batch_id
         self.ordering = ordering  # None: log order
+        self.procedures = procedures  # the procedure set's identity; None in logs from before versions
         self.epoch = batch_id if epoch is None else epoch
         self.sequencer = sequencer
         self.log_id = log_id
@@ -205,12 +224,13 @@ class Batch:
 
     def __getstate__(self):
         return (self.batch_id, self.generation, self.time_ms, self.offsets, self.routing, self.log_id,
-                self.log_offset, self.sequencer, self.epoch, self.ordering, self._raw,
+                self.log_offset, self.sequencer, self.epoch, self.ordering, self.procedures, self._raw,
                 self._entries if self._raw is None else None)
 
     def __setstate__(self, state) -> None:
         (self.batch_id, self.generation, self.time_ms, self.offsets, self.routing, self.log_id,
-         self.log_offset, self.sequencer, self.epoch, self.ordering, self._raw, self._entries) = state
+         self.log_offset, self.sequencer, self.epoch, self.ordering, self.procedures, self._raw,
+         self._entries) = state
 
     def __repr__(self) -> str:
         ordering = "" if self.ordering is None else f", {self.ordering} ordering"
@@ -241,6 +261,13 @@ class Skip:
     log_id: str | None
 
 
+@dataclass(frozen=True, slots=True)
+class Upgrade:
+    procedures: dict
+    version: int
+    log_id: str | None
+
+
 def _unpack(raw: bytes) -> list:
     return msgpack.unpackb(raw, strict_map_key=False, use_list=True)
 
@@ -265,18 +292,26 @@ def decode(value: bytes) -> tuple[int, Any]:
             return SNAPSHOT, Snapshot(LogCursor.from_dict(record[1]), record[2], record[3],
                                       *(record[4:6] if len(record) >= 6 else (0, 1)))
         if kind == BATCH:
-            ordering = record[8] if len(record) > 8 and type(record[8]) is str else None
-            raw = record[9:] if ordering is not None else record[8:]
+            at = 8
+            ordering = record[at] if len(record) > at and type(record[at]) is str else None
+            at += ordering is not None
+            procedures = record[at] if len(record) > at and type(record[at]) is int else None
+            at += procedures is not None
+            raw = record[at:]
             if type(record[7]) is not int:
                 raise ValueError("a batch's sequencer must be an index")
             if any(type(item) is not bytes for item in raw):
                 raise ValueError("batch entries must be encoded entries")
             return BATCH, Batch(record[1], record[2], record[3], record[4], raw=raw, routing=record[5],
-                                log_id=record[6], sequencer=record[7], ordering=ordering)
+                                log_id=record[6], sequencer=record[7], ordering=ordering, procedures=procedures)
         if kind == SKIP:
             if type(record[1]) is not int:
                 raise ValueError("a skip record's offset must be an integer")
             return SKIP, Skip(record[1], record[2])
+        if kind == UPGRADE:
+            if type(record[1]) is not dict or type(record[2]) is not int or record[2] < 1:
+                raise ValueError("an upgrade record holds a procedure set and its version number")
+            return UPGRADE, Upgrade(record[1], record[2], record[3])
     except Exception as exc:
         raise LogError(f"unreadable log record: {exc}") from exc
     raise LogError(f"unknown log record kind {kind!r}")
@@ -296,9 +331,14 @@ class LogCursor:
     lanes: dict[int, list[int]] = field(default_factory=dict)
     sequencers: int = 1  # S of the latest start record
     time_ms: int = 0  # the latest accepted batch's time: batch times never go back
+    # The procedure set the log runs from here on: [version, identity, offset of the start or
+    # upgrade record that named it] (procedures/fingerprint.py), None before the first.
+    procedures: list | None = None
     # Not persisted: what the reader saw since it started.
     stale_by_lane: dict[int, int] = field(default_factory=dict, compare=False)  # see STALE_LIMIT
     started: Start | None = field(default=None, compare=False)  # the latest start record
+    upgraded: Upgrade | None = field(default=None, compare=False)  # the latest upgrade record
+    versions: dict[int, int] = field(default_factory=dict, compare=False)  # procedure set -> version, as read
     foreign: int = field(default=0, compare=False)  # unreadable records skipped
     # Records dropped or skipped since the reader started, as (offset, why), for the reader
     # to report; `dropped` counts them all.
@@ -330,6 +370,9 @@ class LogCursor:
         if kind == START:
             self._start(record, offset)
             return None
+        if kind == UPGRADE:
+            self._upgrade(record, offset)
+            return None
         return self._batch(record, offset)
 
     def skip(self, offset: int) -> None:
@@ -346,6 +389,8 @@ class LogCursor:
             self.log_id = start.token
         self.generation += 1
         self.started = start
+        if start.procedures is not None:
+            self._name_procedures(start.procedures, offset)
         if self.only is not None and start.sequencer != self.only:
             return
         if start.sequencers != self.sequencers:
@@ -354,6 +399,26 @@ class LogCursor:
             self.sequencers = start.sequencers
         lane = self.lanes.get(start.sequencer)
         self.lanes[start.sequencer] = [offset, lane[1] if lane else 1]
+
+    def _upgrade(self, upgrade: Upgrade, offset: int) -> None:
+        if self.log_id is None or upgrade.log_id != self.log_id:
+            self._drop(offset, f"an upgrade record of log {upgrade.log_id}, not of log {self.log_id}")
+            return
+        self.upgraded = upgrade
+        self.lanes.clear()  # the sequencers of the set before go: only those started after it count
+        self.stale_by_lane.clear()
+        self._name_procedures(upgrade.procedures, offset, upgrade.version)
+
+    def _name_procedures(self, described: dict, offset: int, version: int | None = None) -> None:
+        from ordo.procedures.fingerprint import set_id
+
+        identity = set_id(described)
+        current = self.procedures
+        if current is None:
+            self.procedures = [version or 1, identity, offset]
+        elif current[1] != identity:
+            self.procedures = [version or current[0] + 1, identity, offset]
+        self.versions[identity] = self.procedures[0]
 
     def _batch(self, batch: Batch, offset: int) -> Batch | None:
         if self.log_id is None:
@@ -397,6 +462,7 @@ class LogCursor:
             "lanes": {k: list(lane) for k, lane in self.lanes.items()},
             "sequencers": self.sequencers,
             "time_ms": self.time_ms,
+            "procedures": self.procedures,
         }
 
     @classmethod
@@ -410,4 +476,5 @@ class LogCursor:
             {int(k): list(lane) for k, lane in data.get("lanes", {}).items()},
             data.get("sequencers", 1),
             data.get("time_ms", 0),
+            data.get("procedures"),
         )

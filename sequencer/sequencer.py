@@ -27,8 +27,8 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from ordo.procedures.fingerprint import describe
-from ordo.procedures.registry import Registry, refuse_without_analyze
+from ordo.procedures.fingerprint import describe, set_id
+from ordo.procedures.registry import Registry
 from ordo.procedures.ollp import is_resequenced, request_identity
 from ordo.sequencer.append_turn import AppendTurn, needs_turns, turn_path
 from ordo.sequencer.dedupe import RecentIds
@@ -74,6 +74,13 @@ WATCH_EVERY = 2.0
 
 class BrokerLost(RuntimeError):
     """The broker no longer holds what this sequencer wrote or consumed."""
+
+
+class Fenced(RuntimeError):
+    """Another producer with this sequencer's transactional id took over its lane."""
+
+
+FENCED = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
 
 SINGLE = ((0,), (0,), None, SINGLE_ITEM_BYTES)
 
@@ -132,11 +139,15 @@ def owned_partitions(partitions: int, index: int, sequencers: int) -> list[int]:
 
 class Sequencer:
     def __init__(self, bootstrap: str, namespace: str, registry: Registry,
-                 config: SequencerConfig = SequencerConfig()):
-        refuse_without_analyze(registry, config.ordering)
+                 config: SequencerConfig = SequencerConfig(), procedure_specs: tuple[str, ...] = ()):
+        """`procedure_specs`: how `registry` was named (procedures/loading.py), for the
+        upgrade command a refusal names."""
         self.bootstrap = bootstrap
         self.topics = Topics(namespace)
         self.registry = registry
+        self._procedure_specs = procedure_specs
+        self._described = describe(registry)
+        self._set_id = set_id(self._described)  # every batch carries it
         self.config = config
         # What a batch's entries and routing items may take: max_bytes less the rest of it.
         self._entries_limit = config.max_bytes - BATCH_OVERHEAD - routing_bytes(config.partitions)
@@ -174,15 +185,20 @@ class Sequencer:
         """Fence any earlier sequencer of this lane, mark the takeover in the log, and learn
         from the log where sequencing stands: from a recent snapshot of an earlier
         sequencer's state, reading forward to this sequencer's own start record."""
+        from ordo.sequencer.versions import check_set, upgrade_command
+
         config = self.config
         check_topics(self.bootstrap, self.topics, timeout)
         partitions = request_partitions_for(self.bootstrap, self.topics, config.sequencers)
+        # Before fencing anyone: a sequencer of another procedure set must leave a running one alone.
+        check_set(self.bootstrap, self.topics.namespace, self.registry,
+                  upgrade_command(self.bootstrap, self.topics.namespace, self._procedure_specs), timeout)
         self._turn = self._append_turn(timeout)
         token = uuid.uuid4().hex
         with self._turn:  # fencing may end the previous generation's open transaction
             self._producer.init_transactions(timeout)
         self._producer.begin_transaction()
-        start = encode_start(token, describe(self.registry), config.index, config.sequencers)
+        start = encode_start(token, self._described, config.index, config.sequencers)
         self._producer.produce(self.topics.log, value=start, partition=0, on_delivery=self._delivered)
         self._end_transaction(self._producer.commit_transaction, timeout)
         self._started_at = self._log_end - 1
@@ -392,7 +408,7 @@ class Sequencer:
                               # An aria batch's homes run RUN on whole read sets: no routing (scheduler/batch.py).
                               None if self.config.ordering else build_routing(self.config.partitions,
                                                                               epoch.placements),
-                              self._cursor.log_id, self.config.index, self.config.ordering)
+                              self._cursor.log_id, self.config.index, self.config.ordering, self._set_id)
         positions = [TopicPartition(self.topics.requests, p, span[1]) for p, span in epoch.offsets.items()]
         records = [record]
         accepted = self._accepted + sum(placement is not None for placement in epoch.placements)
@@ -427,17 +443,23 @@ class Sequencer:
         producer = self._producer
         deadline = time.monotonic() + APPEND_DEADLINE
         while True:
-            producer.begin_transaction()
             try:
+                producer.begin_transaction()
                 for record in records:
                     producer.produce(self.topics.log, value=record, partition=0, on_delivery=self._delivered)
                 self._commit(deadline)
                 if positions:
                     self._note_positions(positions)
                 return
+            except SystemError as exc:  # a fatal error raised while a delivery callback ran
+                if isinstance(exc.__cause__, KafkaException) and exc.__cause__.args[0].fatal():
+                    raise Fenced(self._fenced(exc.__cause__)) from None
+                raise
             except KafkaException as exc:
+                if exc.args[0].fatal() or exc.args[0].code() in FENCED:
+                    raise Fenced(self._fenced(exc)) from None
                 if not exc.args[0].txn_requires_abort():
-                    raise  # fenced or fatal: another sequencer owns the log now
+                    raise
                 if time.monotonic() > deadline:
                     raise BrokerLost(self._cannot_append(exc)) from None
                 self._end_transaction(producer.abort_transaction, 30)
@@ -477,6 +499,11 @@ class Sequencer:
         self._producer.flush(timeout)
         with self._turn:
             end(timeout)
+
+    def _fenced(self, exc: KafkaException) -> str:
+        return (f"sequencer {self.config.index} of {self.config.sequencers} stops: another process took over its "
+                f"lane of {self.topics.log} ({exc.args[0].str()}): a sequencer started for this namespace "
+                f"elsewhere, or `ordo upgrade`")
 
     def _cannot_append(self, exc: KafkaException) -> str:
         error = exc.args[0]

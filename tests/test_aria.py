@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import tempfile
 
-import pytest
 from unittest import mock
 
 from hypothesis import HealthCheck, given, settings
@@ -253,14 +252,13 @@ def test_procedures_without_analyze_equal_the_documented_serial_order(drawn):
     check(aria_batches(drawn), schedulers=("aria", "vll"), partitions=(1, 2, 3, 4), registry=OPEN)
 
 
-def test_a_procedure_without_analyze_is_refused_outside_aria_batches():
-    from ordo.procedures.registry import RequestError, refuse_without_analyze
-
-    with pytest.raises(RequestError, match="o_chase has no analyze: it runs only in batches ordered by aria"):
-        OPEN.analyze("o_chase", {"key": 1})
-    with pytest.raises(ValueError, match="no analyze: they run only under --scheduler aria"):
-        refuse_without_analyze(OPEN, None)
-    refuse_without_analyze(OPEN, ARIA)
+def test_a_procedure_without_analyze_is_placed_by_its_home_until_a_run_finds_its_keys():
+    """In an aria batch its home places it, whatever it carries; in log order its home
+    until a run has found its keys (tests/test_found_keys.py), then those keys."""
+    found = {"key": 1, "@ollp": {"restarts": 0, "reads": [["gs", 1], ["gs", 3]], "writes": [["gs", 3]]}}
+    assert OPEN.analyze("o_chase", {"key": 1})[1:] == ((("gs", 1),), ())
+    assert OPEN.analyze("o_chase", found)[1:] == ((("gs", 1), ("gs", 3)), (("gs", 3),))
+    assert OPEN.analyze("o_chase", found, ARIA)[1:] == ((("gs", 1),), ())
 
 
 def test_a_fallback_that_reaches_a_new_key_goes_on_to_the_next_round():
@@ -287,8 +285,11 @@ def test_the_test_engine_runs_an_app_without_analyze_under_aria():
             outcomes = engine.run(requests, batch_size=10)
             assert [o["status"] for o in outcomes] == ["committed"] * 40
             assert [engine.read("ycsbt", k) for k in range(5)] == [1_000_000] * 5  # each gave one, got one 8 times
-    with TestEngine(app, "locking") as engine:
-        assert engine.run(requests[:1])[0]["error"].startswith("ycsbt_transfer has no analyze")
+    with TestEngine(app, "locking") as engine:  # in log order, its first turn finds its keys
+        [outcome] = engine.run(requests[:1])
+        assert outcome["status"] == "restarted" and outcome["result"]["args"]["@ollp"]["reads"] == [
+            ["ycsbt", 0], ["ycsbt", 1]]
+        assert engine.run([{"id": outcome["id"], **outcome["result"]}])[0]["status"] == "committed"
 
 
 def test_the_logged_procedure_set_tells_a_procedure_without_analyze_from_one_with_it():
@@ -300,7 +301,11 @@ def test_the_logged_procedure_set_tells_a_procedure_without_analyze_from_one_wit
     without = describe(load_registry(["ordo.procedures.workloads.ycsbt_open"]))
     with_analyze = describe(load_registry(["ordo.procedures.workloads.ycsbt"]))
     assert differences(without, with_analyze) == ["procedure 'ycsbt_transfer' is defined differently"]
-    assert differences(without, describe(load_registry(["examples.ycsbt:app"]))) == []
+    # The example app declares the same procedure by its arguments, in code of its own.
+    example = load_registry(["examples.ycsbt:app"])
+    open_workload = load_registry(["ordo.procedures.workloads.ycsbt_open"])
+    assert differences(describe(open_workload, code=False), describe(example, code=False)) == []
+    assert differences(without, describe(example)) == ["procedure 'ycsbt_transfer' is defined differently"]
 
 
 def test_voter_leaderboards_in_aria_batches():

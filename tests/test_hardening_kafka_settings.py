@@ -197,9 +197,9 @@ def _environs(engine_pid: int, worker_pids: list[int]) -> dict[str, dict]:
     return found
 
 
-def test_outputs_are_lz4_unless_the_user_names_a_codec():
+def test_outputs_are_gzip_level_1_unless_the_user_names_a_codec():
     from ordo.scheduler.outputs import output_compression
 
-    assert output_compression({}) == {"compression.type": "lz4"}
+    assert output_compression({}) == {"compression.type": "gzip", "compression.level": 1}
     assert output_compression({"compression.type": "zstd"}) == {}
     assert output_compression({"compression.codec": "none"}) == {}

@@ -144,8 +144,8 @@ def test_replay_with_other_procedures_is_refused_not_rejected_request_by_request
     done = cli("recover", "--bootstrap-servers", broker, "--namespace", namespace,
                "--data-dir", str(tmp_path / "fresh"), "--idle", "3")
     assert done.returncode != 0, done.stderr
-    assert "the log was sequenced with procedures this engine lacks" in done.stderr
-    assert "--procedures" in done.stderr
+    assert "were sequenced with procedure set v1" in done.stderr, done.stderr
+    assert "--app-version" in done.stderr and "every batch before 1 is applied" in done.stderr
     assert len(done.stderr.strip().splitlines()) <= 3, done.stderr
 
 

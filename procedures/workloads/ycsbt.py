@@ -3,9 +3,9 @@ writes b + 1. Every value starts at 1,000,000 (the table's default: no load phas
 are drawn uniformly, and key k lies on partition k % P (the table partitions modulo), so
 the generator can make a chosen share of transfers span two partitions.
 
-This is the form with ANALYZE, which runs under every scheduler. The same procedure
-without it, routed by its home key `a`, is examples/ycsbt.py: it runs only under
---scheduler aria, which finds the keys by running it (docs/procedures.md compares them).
+This is the form with ANALYZE. The same procedure without it, routed by its home key `a`,
+is examples/ycsbt.py: aria finds its keys by running it within a batch, the log-order
+schedulers by a turn of its own in the log (docs/procedures.md compares them).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ KNOBS = {
     "partitions": (int, 1, "partitions the keys are spread over (key k on k % partitions)"),
     "mp": (float, 0.0, "share of transfers between two partitions, 0..1"),
     "analyze": (int, 1, "1: the procedure with ANALYZE; 0: the same without it (procedures/workloads/"
-                        "ycsbt_open.py, --scheduler aria only); the requests are the same"),
+                        "ycsbt_open.py); the requests are the same"),
 }
 
 

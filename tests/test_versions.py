@@ -1,0 +1,413 @@
+"""Versioned procedures: a procedure set's identity covers its code, the log changes sets
+only through an upgrade record, every engine follows the set the log names, and replays
+run each batch with the code that first ran it (sequencer/versions.py, docs/operations.md,
+'Upgrading procedures')."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from ordo.client import Client
+from ordo.procedures.fingerprint import describe, set_id
+from ordo.procedures.loading import load_registry
+from tests.helpers import ROOT, read_results, stop
+
+BANK = '''"""A bank whose deposit adds {factor} times the amount."""
+import ordo
+from ordo import Int
+
+app = ordo.App("bank")
+app.table("account", default=0)
+
+
+@app.procedure(args={{"account": Int(0), "amount": Int(1)}}, keys=[("account", "account")])
+class deposit:
+    def run(ctx, args):
+        balance = ctx.read("account", args["account"]) + {factor} * args["amount"]
+        ctx.write("account", args["account"], balance)
+        return balance
+'''
+
+SENSORS = '''import ordo
+from ordo import Int
+
+app = ordo.App("sensors")
+app.table("reading", default=0)
+
+
+@app.procedure(args={"sensor": Int(0), "value": Int()}, keys=[("reading", "sensor")])
+class record:
+    def run(ctx, args):
+        ctx.write("reading", args["sensor"], args["value"])
+'''
+
+
+def _write(folder, name: str, text: str) -> None:
+    with open(os.path.join(folder, f"{name}.py"), "w") as f:
+        f.write(text)
+
+
+def _registry(folder, spec: str, fresh: bool = True):
+    sys.path.insert(0, str(folder))
+    try:
+        if fresh:
+            sys.modules.pop(spec.partition(":")[0], None)
+        return load_registry([spec])
+    finally:
+        sys.path.remove(str(folder))
+
+
+_started: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_process_left():
+    """Every ordo process a test starts is gone when the test ends, failed or not."""
+    yield
+    while _started:
+        process = _started.pop()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def _ordo(folder, *args, **kwargs) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join([str(folder), ROOT])}
+    process = subprocess.Popen([sys.executable, "-m", "ordo.cli", *args], cwd=folder, env=env, text=True,
+                               stderr=subprocess.PIPE, **kwargs)
+    _started.append(process)
+    return process
+
+
+def _finish(process: subprocess.Popen, timeout: float = 120) -> tuple[int, str]:
+    _, err = process.communicate(timeout=timeout)
+    return process.returncode, err
+
+
+def _log_end(broker: str, namespace: str) -> int:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": broker, "group.id": "versions-test"})
+    try:
+        return consumer.get_watermark_offsets(TopicPartition(f"{namespace}.log", 0), timeout=10, cached=False)[1]
+    finally:
+        consumer.close()
+
+
+def _run(folder, broker, namespace, data_dir, spec, *extra) -> subprocess.Popen:
+    return _ordo(folder, "run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir",
+                 str(data_dir), "--app", spec, "--runtime", "local", "--quiet", "--checkpoint-every", "5",
+                 "--max-delay-ms", "5", *extra)
+
+
+def _deposits(client: Client, prefix: str, accounts: range, amount: int = 1, timeout: float = 120) -> dict:
+    ids = [client.submit("deposit", {"account": a, "amount": amount}, request_id=f"{prefix}-{a}") for a in accounts]
+    return client.wait(ids, timeout=timeout)
+
+
+def _digest(folder, data_dir) -> str:
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    done = subprocess.run([sys.executable, "-m", "ordo.cli", "digest", "--data-dir", str(data_dir)], cwd=folder,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+# -- the identity -------------------------------------------------------------------------
+
+def test_the_identity_covers_the_code_of_run_not_only_the_arguments(tmp_path):
+    _write(tmp_path, "bank_a", BANK.format(factor=1))
+    _write(tmp_path, "bank_b", BANK.format(factor=2))
+    _write(tmp_path, "bank_a_copy", BANK.format(factor=1))
+    one, two = describe(_registry(tmp_path, "bank_a:app")), describe(_registry(tmp_path, "bank_b:app"))
+    assert one["procedures"]["deposit"] != two["procedures"]["deposit"]
+    assert one["tables"] == two["tables"]
+    # The arguments-only form (logs from before versions) cannot tell them apart.
+    assert describe(_registry(tmp_path, "bank_a:app"), code=False) == describe(_registry(tmp_path, "bank_b:app"),
+                                                                                code=False)
+    # An earlier version kept under another module name is still that version.
+    assert set_id(describe(_registry(tmp_path, "bank_a_copy:app"))) == set_id(one)
+
+
+def test_a_helper_module_named_in_code_is_covered(tmp_path):
+    app = BANK.format(factor=1).replace('app = ordo.App("bank")', 'import helper\napp = ordo.App("bank", '
+                                                                  'code=[helper])')
+    _write(tmp_path, "bank_h", app)
+    _write(tmp_path, "helper", "RATE = 1\n")
+    before = set_id(describe(_registry(tmp_path, "bank_h:app")))
+    _write(tmp_path, "helper", "RATE = 2\n")
+    from ordo.procedures.fingerprint import module_source_digest
+
+    module_source_digest.cache_clear()
+    assert set_id(describe(_registry(tmp_path, "bank_h:app"))) != before
+
+
+def test_the_identity_is_the_same_in_every_process(tmp_path):
+    _write(tmp_path, "bank_p", BANK.format(factor=3))
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from ordo.procedures.fingerprint import describe, set_id; "
+            "from ordo.procedures.loading import load_registry; print(set_id(describe(load_registry(['bank_p:app']))))")
+    seen = {subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "PYTHONPATH": ROOT, "PYTHONHASHSEED": seed}).stdout.strip()
+            for seed in ("1", "2")}
+    assert len(seen) == 1 and seen != {""}
+    assert seen == {str(set_id(describe(_registry(tmp_path, "bank_p:app"))))}
+
+
+# -- on Kafka -----------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_an_edited_run_needs_an_upgrade_and_every_replay_runs_the_code_that_ran(broker, namespace, tmp_path,
+                                                                                 fault_report):
+    _write(tmp_path, "bank", BANK.format(factor=1))
+    live = tmp_path / "live"
+    engine = _run(tmp_path, broker, namespace, live, "bank:app")
+    with Client(broker, namespace) as client:
+        client.wait_for_topics()
+        before = _deposits(client, "v1", range(0, 20))
+    assert stop(engine) == 0
+    assert {o["result"] for o in before.values()} == {1}
+
+    # The RUN body changes, its arguments do not; the old code is kept for replays.
+    _write(tmp_path, "bank_v1", BANK.format(factor=1))
+    _write(tmp_path, "bank", BANK.format(factor=2))
+    end = _log_end(broker, namespace)
+    code, err = _finish(_run(tmp_path, broker, namespace, live, "bank:app"))
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, err
+    assert "procedure 'deposit' changed" in lines[0] and "ordo upgrade" in lines[0], err
+    assert _log_end(broker, namespace) == end  # nothing written
+
+    upgraded = _ordo(tmp_path, "upgrade", "--bootstrap-servers", broker, "--namespace", namespace, "--app",
+                     "bank:app")
+    code, err = _finish(upgraded)
+    assert code == 0 and "to v2" in err, err
+
+    engine = _run(tmp_path, broker, namespace, live, "bank:app")
+    with Client(broker, namespace) as client:
+        after = _deposits(client, "v2", range(0, 20))
+    assert stop(engine) == 0
+    assert {o["result"] for o in after.values()} == {3}  # 1 from v1, then 2 more from v2
+    boundary = min(o["batch"] for o in after.values())
+    assert max(o["batch"] for o in before.values()) < boundary
+    live_digest = _digest(tmp_path, live)
+
+    # Without v1's code a replay from scratch refuses, naming the version it needs.
+    code, err = _finish(_ordo(tmp_path, "recover", "--bootstrap-servers", broker, "--namespace", namespace,
+                              "--data-dir", str(tmp_path / "without"), "--app", "bank:app", "--from-scratch",
+                              "--runtime", "local", "--quiet", "--idle", "0"))
+    assert code == 2 and "v1" in err and "--app-version" in err and "Traceback" not in err, err
+    for partitions, scheduler in (("1", "serial"), ("2", "locking")):
+        rebuilt = tmp_path / f"rebuilt-{partitions}"
+        code, err = _finish(_ordo(tmp_path, "recover", "--bootstrap-servers", broker, "--namespace", namespace,
+                                  "--data-dir", str(rebuilt), "--app", "bank:app", "--app-version", "bank_v1:app",
+                                  "--from-scratch", "--partitions", partitions, "--scheduler", scheduler,
+                                  "--runtime", "local", "--idle", "0"), timeout=300)
+        assert code == 0, err
+        assert _digest(tmp_path, rebuilt) == live_digest, err
+    fault_report(f"1 RUN edit refused (log unchanged at offset {end}), 1 upgrade at batch {boundary}, "
+                 f"40 deposits checked by version, 3 replays (without v1: refused; 1P serial, 2P locking: equal)")
+
+
+@pytest.mark.slow
+def test_another_app_on_a_running_namespace_is_refused_and_changes_nothing(broker, namespace, tmp_path,
+                                                                            fault_report):
+    _write(tmp_path, "bank", BANK.format(factor=1))
+    _write(tmp_path, "sensors", SENSORS)
+    engine = _run(tmp_path, broker, namespace, tmp_path / "bank-data", "bank:app")
+    try:
+        with Client(broker, namespace) as client:
+            client.wait_for_topics()
+            first = _deposits(client, "a", range(0, 5))
+            end = _log_end(broker, namespace)
+            code, err = _finish(_run(tmp_path, broker, namespace, tmp_path / "sensors-data", "sensors:app"))
+            lines = [line for line in err.splitlines() if line.strip()]
+            assert code == 2 and len(lines) == 1, err
+            assert "procedure 'record' added" in lines[0] and "procedure 'deposit' removed" in lines[0], err
+            assert _log_end(broker, namespace) == end
+            second = _deposits(client, "b", range(0, 5))
+        assert engine.poll() is None
+    finally:
+        assert stop(engine) == 0
+    assert {o["result"] for o in first.values()} == {1} and {o["result"] for o in second.values()} == {2}
+    fault_report("1 other app started on a serving namespace: refused, log unchanged; 10 requests answered")
+
+
+@pytest.mark.slow
+def test_an_upgrade_under_load_stops_the_old_engine_at_its_batch_and_loses_nothing(broker, namespace, tmp_path,
+                                                                                   fault_report):
+    _write(tmp_path, "bank", BANK.format(factor=1))
+    live = tmp_path / "live"
+    engine = _run(tmp_path, broker, namespace, live, "bank:app")
+    sent: list[str] = []
+    with Client(broker, namespace) as client:
+        client.wait_for_topics()
+        _deposits(client, "warm", range(100_000, 100_005))
+        done = threading.Event()
+
+        def load() -> None:  # 500 requests a second, each to an account of its own
+            n = 0
+            started = time.monotonic()
+            while not done.is_set():
+                due = started + n / 500
+                if due > time.monotonic():
+                    time.sleep(due - time.monotonic())
+                sent.append(client.submit("deposit", {"account": n, "amount": 1}, request_id=f"load-{n}"))
+                n += 1
+
+        feeder = threading.Thread(target=load)
+        feeder.start()
+        try:
+            time.sleep(4)
+            _write(tmp_path, "bank", BANK.format(factor=2))
+            started = time.monotonic()
+            code, err = _finish(_ordo(tmp_path, "upgrade", "--bootstrap-servers", broker, "--namespace",
+                                      namespace, "--app", "bank:app"))
+            assert code == 0, err
+            appended_s = float(err.split(" in ")[1].split(" s")[0])  # the command's own figure
+            code, err = _finish(engine, timeout=120)  # the v1 engine stops at the upgrade, in one line
+            stopped_s = time.monotonic() - started
+            ordo_lines = [line for line in err.splitlines() if line.startswith("ordo run:")]
+            assert code == 2 and len(ordo_lines) == 1 and "from batch" in ordo_lines[0], err
+            assert "Traceback" not in err, err
+            engine = _run(tmp_path, broker, namespace, live, "bank:app")
+            probe = client.submit("deposit", {"account": 10**6, "amount": 1}, request_id="probe")
+            assert client.wait_one(probe, timeout=120)["result"] == 2
+            upgrade_s = time.monotonic() - started  # from `ordo upgrade` to the first answer of v2
+            time.sleep(3)
+        finally:
+            done.set()
+            feeder.join()
+        outcomes = client.wait(sent, timeout=180)
+    assert stop(engine) == 0
+    boundary = int(ordo_lines[0].split("from batch ")[1].split(",")[0])
+    assert len(outcomes) == len(sent)
+    published = read_results(broker, f"{namespace}.results", len(sent) + 6)
+    assert len(published) == len({record["id"] for record in published}) == len(sent) + 6  # each once
+    by_version = {1: 0, 2: 0}
+    for outcome in outcomes.values():
+        assert outcome["status"] == "committed", outcome
+        expected = 1 if outcome["batch"] < boundary else 2
+        assert outcome["result"] == expected, (outcome, boundary)
+        by_version[expected] += 1
+    assert by_version[1] and by_version[2]
+    fault_report(f"1 upgrade under 500 req/s at batch {boundary}: {len(sent)} requests answered once "
+                 f"({by_version[1]} by v1, {by_version[2]} by v2); the upgrade record appended in {appended_s:.2f} s, "
+                 f"the v1 engine stopped {stopped_s:.1f} s and v2 answered {upgrade_s:.1f} s after the upgrade began")
+
+
+@pytest.mark.slow
+def test_a_namespace_another_app_broke_before_versions_has_a_way_back(broker, namespace, tmp_path, fault_report):
+    """A log written before procedure sets were versioned, where another app's sequencer took
+    over (its start record, then a batch rejecting the bank's requests): the bank refuses to
+    start in one line, `ordo upgrade` takes the namespace back, and every request is answered."""
+    from confluent_kafka import Producer
+
+    from ordo.sequencer.log import encode_batch, encode_entry, encode_start
+    from ordo.sequencer.topics import ensure_topics
+
+    _write(tmp_path, "bank", BANK.format(factor=1))
+    _write(tmp_path, "sensors", SENSORS)
+    ensure_topics(broker, namespace, request_partitions=1)
+    with Client(broker, namespace) as client:
+        early = [client.submit("deposit", {"account": a, "amount": 5}, request_id=f"early-{a}") for a in range(5)]
+    args = {"account": 0, "amount": 5}
+    records = [
+        encode_start("bank-sequencer", describe(_registry(tmp_path, "bank:app"), code=False)),
+        encode_batch(1, 0, 1000, {0: (0, 3)}, [encode_entry([f"early-{a}", "deposit", {**args, "account": a}])
+                                               for a in range(3)], log_id="bank-sequencer"),
+        encode_start("sensors-sequencer", describe(_registry(tmp_path, "sensors:app"), code=False)),
+        encode_batch(2, 2, 1001, {0: (3, 5)}, [encode_entry([f"early-{a}", None, "unknown procedure 'deposit'"])
+                                               for a in (3, 4)], log_id="bank-sequencer"),
+    ]
+    producer = Producer({"bootstrap.servers": broker})
+    for record in records:
+        producer.produce(f"{namespace}.log", record, partition=0)
+    assert producer.flush(30) == 0
+
+    data = tmp_path / "data"
+    code, err = _finish(_run(tmp_path, broker, namespace, data, "bank:app"))
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "ordo upgrade" in lines[0], err
+    code, err = _finish(_ordo(tmp_path, "upgrade", "--bootstrap-servers", broker, "--namespace", namespace,
+                              "--app", "bank:app"))
+    assert code == 0, err
+    engine = _run(tmp_path, broker, namespace, data, "bank:app")
+    try:
+        with Client(broker, namespace) as client:
+            later = _deposits(client, "later", range(0, 5))
+            answered = client.wait(early, timeout=60, from_beginning=True)
+    finally:
+        assert stop(engine) == 0
+    assert [answered[f"early-{a}"]["status"] for a in range(5)] == ["committed"] * 3 + ["rejected"] * 2
+    assert [later[f"later-{a}"]["result"] for a in range(5)] == [6, 6, 6, 1, 1]
+    fault_report("a log from before versions with another app's start record and batch: refused in one line, "
+                 "taken back by ordo upgrade, 10 requests answered")
+
+
+@pytest.mark.slow
+def test_a_streaming_app_s_window_trigger_and_dependent_procedure_upgrade_and_replay(broker, namespace, tmp_path,
+                                                                                     fault_report):
+    """examples/inventory.py (an input stream, a triggered procedure with a window, an OLLP
+    procedure) upgraded to a version whose window is shorter, whose trigger counts twice and
+    whose dependent restock adds one more: each version answers its own requests, and a
+    rebuild from scratch at 1 and 2 partitions with both versions gives the live state."""
+    from tests.test_inventory_example import STEPS
+
+    with open(os.path.join(ROOT, "examples", "inventory.py")) as f:
+        v1 = f.read()
+    v2 = (v1.replace('app.window("recent", owner="tally", rows=5, slide=1)',
+                     'app.window("recent", owner="tally", rows=2, slide=1)')
+            .replace('ctx.write("delivered", warehouse, ctx.read("delivered", warehouse) + qty)',
+                     'ctx.write("delivered", warehouse, ctx.read("delivered", warehouse) + 2 * qty)')
+            .replace('ctx.write("stock", key, ctx.read("stock", key) + args["qty"])\n        return',
+                     'ctx.write("stock", key, ctx.read("stock", key) + args["qty"] + 1)\n        return'))
+    assert v2.count("2 * qty") == 1 and v2.count('args["qty"] + 1') == 1 and "rows=2" in v2
+    _write(tmp_path, "inventory", v1)
+    live = tmp_path / "live"
+
+    def run_steps(prefix: str) -> dict:
+        engine = _run(tmp_path, broker, namespace, live, "inventory:app", "--partitions", "2")
+        outcomes = {}
+        try:
+            with Client(broker, namespace) as client:
+                client.wait_for_topics()
+                for step in STEPS:
+                    ids = [client.submit(proc, args, request_id=f"{prefix}-{request_id}")
+                           for request_id, (proc, args) in step.items()]
+                    outcomes.update(client.wait(ids, timeout=120))
+        finally:
+            assert stop(engine) == 0
+        assert len(outcomes) == sum(map(len, STEPS))
+        return outcomes
+
+    first = run_steps("v1")
+    assert first["v1-restock-bolt"]["result"] == 15
+    _write(tmp_path, "inventory_v1", v1)
+    _write(tmp_path, "inventory", v2)
+    code, err = _finish(_run(tmp_path, broker, namespace, live, "inventory:app", "--partitions", "2"))
+    assert code == 2 and "ordo upgrade" in err and len(err.strip().splitlines()) == 1, err
+    code, err = _finish(_ordo(tmp_path, "upgrade", "--bootstrap-servers", broker, "--namespace", namespace,
+                              "--app", "inventory:app"))
+    assert code == 0, err
+    second = run_steps("v2")
+    # v1 left 15 bolts; v2 delivers 40, ships 35 (the second 35 aborts), and its restock adds 10 + 1.
+    assert second["v2-restock-bolt"]["result"] == 15 + 40 - 35 + 11
+    assert second["v2-ship-2"]["status"] == "aborted"
+    live_digest = _digest(tmp_path, live)
+    for partitions, scheduler in (("1", "serial"), ("2", "vll")):
+        rebuilt = tmp_path / f"rebuilt-{partitions}"
+        code, err = _finish(_ordo(tmp_path, "recover", "--bootstrap-servers", broker, "--namespace", namespace,
+                                  "--data-dir", str(rebuilt), "--app", "inventory:app", "--app-version",
+                                  "inventory_v1:app", "--from-scratch", "--partitions", partitions, "--scheduler",
+                                  scheduler, "--runtime", "local", "--idle", "0"), timeout=300)
+        assert code == 0, err
+        assert _digest(tmp_path, rebuilt) == live_digest, err
+    fault_report(f"a window, a trigger and a dependent procedure changed: plain restart refused, upgrade, "
+                 f"{len(first) + len(second)} requests by version, 2 rebuilds (1P serial, 2P vll) equal to the live state")
