@@ -7,27 +7,47 @@
 Everything importable is under `ordo.`: the components are `ordo.sequencer`,
 `ordo.scheduler`, `ordo.storage`, `ordo.recovery`, `ordo.procedures` and `ordo.spark_jobs`
 (the repository's top-level folders of the same names, mapped into the package), so a
-module of a user's own named `storage` or `procedures` shadows nothing of Ordo's.
+module of a user's own named `storage` or `procedures` shadows nothing of Ordo's. The
+public API, below, is documented in docs/api.md.
 """
 
 __version__ = "0.1.0"
 
-__all__ = ["App", "Client", "Int", "Str", "Float", "Bool", "Object", "Optional", "List", "__version__"]
-_FIELDS = ("Int", "Str", "Float", "Bool", "Object", "Optional", "List")  # an argument schema's field types (procedures/args.py)
+# Public name -> the module that defines it, imported on first use: `ordo.cli` starts
+# without loading the Kafka client.
+_PUBLIC = {
+    "App": "ordo.app",
+    "Client": "ordo.client",
+    "AsyncClient": "ordo.client",
+    "Submission": "ordo.client",
+    "new_request": "ordo.client",
+    "TestEngine": "ordo.testing",
+    "check_deterministic": "ordo.testing",
+    "Int": "ordo.procedures.args",  # an argument schema's field types
+    "Str": "ordo.procedures.args",
+    "Float": "ordo.procedures.args",
+    "Bool": "ordo.procedures.args",
+    "Object": "ordo.procedures.args",
+    "Optional": "ordo.procedures.args",
+    "List": "ordo.procedures.args",
+    "OrdoError": "ordo.errors",
+    "BrokerUnavailable": "ordo.errors",
+    "TopicMissing": "ordo.errors",
+    "NotSent": "ordo.errors",
+    "Timeout": "ordo.errors",
+    "OutcomeTimeout": "ordo.errors",
+}
+
+__all__ = [*_PUBLIC, "__version__"]
 
 
 def __getattr__(name: str):
-    # Imported on first use: `ordo.cli` starts without loading the Kafka client.
-    if name == "App":
-        from ordo.app import App
+    if name in _PUBLIC:
+        import importlib
 
-        return App
-    if name == "Client":
-        from ordo.client import Client
-
-        return Client
-    if name in _FIELDS:
-        from ordo.procedures import args
-
-        return getattr(args, name)
+        return getattr(importlib.import_module(_PUBLIC[name]), name)
     raise AttributeError(f"module 'ordo' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

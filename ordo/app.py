@@ -45,6 +45,12 @@ TABLE_SETTINGS = ("default", "partitioner", "partition_by", "range_by")
 
 
 class App:
+    """An application: its tables and stored procedures, declared with the decorators below,
+    loaded by `ordo run --app module:app` or `TestEngine(app)`. `name` names it in messages;
+    `code`: modules (or their import paths) whose source is part of this app's procedures
+    beside the app's own module, e.g. a module of helpers that RUN calls: an edit there then
+    needs an upgrade too (docs/operations.md, "Upgrading procedures")."""
+
     def __init__(self, name: str, *, code: Iterable[Any] = ()):
         """`code`: modules (or their import paths) whose source is part of this app's
         procedures beside the app's own module, e.g. a module of helpers that RUN calls:
@@ -61,23 +67,37 @@ class App:
         self._tables: dict[str, Table] = {}
         self._procedures: dict[str, Procedure] = {}
         self._flows: dict[str, Stream | Window | Nested] = {}  # streams, windows, nested, by name
+        # The tables each procedure's argument paths name (keys=, reads=, writes=): checked once
+        # the module has declared everything, since tables may come after their procedures.
+        self._path_tables: dict[str, list[str]] = {}
 
     # -- the module form's view: what `ordo run --app module:app` loads --------------------
 
     @property
     def TABLES(self) -> list[Table]:  # noqa: N802 (the same names as a procedures module)
+        """The declared tables, as a procedures module lists them."""
         return list(self._tables.values())
 
     @property
     def PROCEDURES(self) -> list[Procedure]:  # noqa: N802
+        """The declared procedures, as a procedures module lists them; raises ValueError if a
+        procedure's keys name a table the app does not declare."""
+        for proc_name, tables in self._path_tables.items():
+            for table in tables:
+                if table not in self._tables:
+                    raise ValueError(f"app '{self.name}', procedure '{proc_name}': its keys name table '{table}', "
+                                     f"which the app does not declare{did_you_mean(table, self._tables)} "
+                                     f"(tables: {', '.join(self._tables) or 'none'})")
         return list(self._procedures.values())
 
     @property
     def STREAMS(self) -> list[Stream | Window | Nested]:  # noqa: N802
+        """The declared streams, windows and nested transactions."""
         return list(self._flows.values())
 
     @property
     def CODE(self) -> list[str]:  # noqa: N802
+        """The modules given as `code`, beside the app's own, whose source is its procedures' code."""
         return list(self._code)
 
     def registry(self, *workloads: str) -> Registry:
@@ -211,6 +231,8 @@ class App:
             except TypeError as exc:
                 raise TypeError(f"app '{self.name}', {exc}") from None
             self._procedures[proc_name] = procedure
+            if derived is not None:  # derived_analyze has checked the paths' shape
+                self._path_tables[proc_name] = list(dict.fromkeys(table for given in paths for table, _ in given or ()))
             return procedure
 
         return register

@@ -386,6 +386,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ordo: {exc}", file=sys.stderr)
         return 2
     args = parser.parse_args(config.without_config(argv))
+    try:
+        config.check_parsed(args)
+    except ValueError as exc:
+        print(f"ordo: {exc}", file=sys.stderr)
+        return 2
     config.setup_logging(args)
     try:
         if hasattr(args, "app"):
@@ -623,11 +628,19 @@ def parse_knobs(module, pairs: list[str]) -> dict:
 
 
 def cmd_dump(args) -> int:
-    from ordo.state import records
+    from ordo.state import records, table_names
 
     out = sys.stdout
+    written = 0
     for record in records(args.data_dir, args.table):
         out.write(json.dumps(record, separators=(", ", ": ")) + "\n")
+        written += 1
+    if args.table is not None and not written:
+        from ordo.procedures.registry import did_you_mean
+
+        stored = table_names(args.data_dir)
+        raise ValueError(f"no records of table {args.table!r} in {args.data_dir}{did_you_mean(args.table, stored)}; "
+                         f"tables with records there: {', '.join(stored) or 'none'}")
     return 0
 
 

@@ -31,6 +31,7 @@ Request = dict[str, Any] | bytes | tuple[str, bytes]
 
 
 def new_request(proc: str, args: dict[str, Any], request_id: str | None = None) -> dict[str, Any]:
+    """The request object `{"id", "proc", "args"}`, with a fresh `req-…` id unless given."""
     return {"id": request_id or f"req-{uuid.uuid4().hex}", "proc": proc, "args": args}
 
 
@@ -47,6 +48,7 @@ class Submission:
 
     @property
     def sent(self) -> list[str]:
+        """The ids of the requests the broker took, in order."""
         return [i for i in self.ids if i is not None]
 
     def duplicates(self) -> dict[str, int]:
@@ -56,6 +58,10 @@ class Submission:
 
 
 class Client:
+    """Sends requests to the namespace `namespace` on the Kafka cluster at `bootstrap` and
+    reads their outcomes (docs/client.md). A context manager: `with Client(...) as client`
+    closes it at the end."""
+
     def __init__(self, bootstrap: str, namespace: str, settings: dict[str, Any] | None = None):
         """`settings`: librdkafka settings for this client's producer and consumers
         (security, timeouts), beside the bootstrap servers."""
@@ -105,8 +111,12 @@ class Client:
         submission = Submission()
         keyless: dict[int, None] = {}
 
+        unknown_topic = False
+
         def delivered(index: int, error, message) -> None:
+            nonlocal unknown_topic
             if error is not None:
+                unknown_topic |= error.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
                 submission.failed[index] = str(error)
                 submission.ids[index] = None
             elif index in keyless:
@@ -135,6 +145,8 @@ class Client:
         if remaining:
             raise NotSent(f"{remaining} requests were not acknowledged by the broker at {self.bootstrap} within "
                           f"{timeout:.0f} s")
+        if unknown_topic:
+            raise self._missing(self.topics.requests)
         return submission
 
     def wait_for_topics(self, timeout: float = 60.0) -> None:
@@ -174,6 +186,25 @@ class Client:
         error = exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else str(exc)
         return BrokerUnavailable(f"no Kafka broker answers at {self.bootstrap} within {timeout:.0f} s ({error}): "
                                  f"is it running, and are these its address and settings?")
+
+    def _missing(self, topic: str) -> TopicMissing:
+        """The namespace's `topic` is not on the broker: name the namespaces that are, the
+        closest first, so a typo shows at once."""
+        from ordo.procedures.registry import did_you_mean
+
+        consumer = self._consumer()
+        try:
+            listed = consumer.list_topics(timeout=10).topics
+        except KafkaException:
+            listed = {}
+        finally:
+            consumer.close()
+        suffix = "." + topic.rsplit(".", 1)[1]
+        namespaces = sorted(name[:-len(suffix)] for name in listed if name.endswith(suffix))
+        there = f"namespaces on the broker: {', '.join(namespaces)}" if namespaces else "the broker has no namespace yet"
+        return TopicMissing(f"namespace {self.topics.namespace!r} has no topic {topic} on {self.bootstrap}"
+                            f"{did_you_mean(self.topics.namespace, namespaces)}; {there}. Has `ordo run` created "
+                            f"its topics?")
 
     def _partitions(self, consumer: Consumer, timeout: float = 10.0) -> list[int]:
         topic = self.topics.results
@@ -229,8 +260,7 @@ class Client:
         partitions = self._partitions(consumer, min(timeout, 10.0))
         if not partitions:
             consumer.close()
-            raise TopicMissing(f"topic {self.topics.results} does not exist: is the namespace right, and has "
-                               f"`ordo run` created its topics?")
+            raise self._missing(self.topics.results)
         consumer.assign([TopicPartition(self.topics.results, p, start.get(p, OFFSET_BEGINNING))
                          for p in partitions])
         return consumer
@@ -283,6 +313,7 @@ class Client:
         return {request_id: outcomes[0] for request_id, outcomes in found.items()}
 
     def wait_one(self, request_id: str, timeout: float = 60.0) -> dict:
+        """The first outcome of `request_id`; OutcomeTimeout if none came within `timeout`."""
         found = self.wait([request_id], timeout)
         if request_id not in found:
             raise OutcomeTimeout(f"no outcome for {request_id!r} within {timeout:.0f} s")
@@ -293,6 +324,7 @@ class Client:
         return self.wait(ids, timeout, on_outcome, from_beginning=self._start is None)
 
     def close(self) -> None:
+        """Wait (up to 10 s) until the broker has every request sent, and let go of the producer."""
         if self._producer is not None:
             self._producer.flush(10)
             self._producer = None
@@ -311,18 +343,23 @@ class AsyncClient:
         self.client = Client(bootstrap, namespace, settings)
 
     async def submit(self, proc, args: dict[str, Any] | None = None, *, request_id: str | None = None):
+        """`Client.submit`."""
         return await asyncio.to_thread(self.client.submit, proc, args, request_id=request_id)
 
     async def submit_many(self, requests: Iterable[Request]) -> Submission:
+        """`Client.submit_many`."""
         return await asyncio.to_thread(self.client.submit_many, list(requests))
 
     async def wait(self, ids: Iterable[str], timeout: float = 60.0) -> dict[str, dict]:
+        """`Client.wait`."""
         return await asyncio.to_thread(self.client.wait, list(ids), timeout)
 
     async def wait_one(self, request_id: str, timeout: float = 60.0) -> dict:
+        """`Client.wait_one`."""
         return await asyncio.to_thread(self.client.wait_one, request_id, timeout)
 
     async def stream(self, from_beginning: bool = False, idle: float | None = None) -> AsyncIterator[dict]:
+        """`Client.stream`, as an async iterator: `async for outcome in client.stream(idle=5)`."""
         outcomes = self.client.stream(from_beginning, idle)
         done = object()
         try:
@@ -332,6 +369,7 @@ class AsyncClient:
             await asyncio.to_thread(outcomes.close)
 
     async def close(self) -> None:
+        """`Client.close`."""
         await asyncio.to_thread(self.client.close)
 
 

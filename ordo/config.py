@@ -8,7 +8,8 @@ Precedence: command line > environment > file > built-in default.
 - file: `--config FILE` (before or after the command) or `ORDO_CONFIG`. Top-level keys
   apply to every command that has the option, a `[command]` table only to that command
   (`[spark.border]` to a nested one); keys are option names, with dashes or underscores.
-  A key no command knows is an error, so a misspelling does not pass silently.
+  A key no command knows is an error, so a misspelling does not pass silently; a value
+  that cannot be used is an error only where the command line does not override it.
 
     bootstrap-servers = "127.0.0.1:9092"
     namespace = "bank"
@@ -138,9 +139,30 @@ def _check_sections(path: str | None, table: Mapping[str, Any], at: tuple[str, .
             _check_sections(path, value, section, known)
 
 
+class _Unusable:
+    """A default from the environment or the file that cannot be used: an error only if the
+    command line does not give the option (checked by `check_parsed`)."""
+
+    def __init__(self, error: ConfigError) -> None:
+        self.error = error
+
+    def __repr__(self) -> str:
+        return f"<unusable: {self.error}>"
+
+
+def check_parsed(args: argparse.Namespace) -> None:
+    """Raise the ConfigError of the first setting that the command line did not override."""
+    for value in vars(args).values():
+        if isinstance(value, _Unusable):
+            raise value.error
+
+
 def _set_default(parser: argparse.ArgumentParser, action: argparse.Action, name: str, value: Any,
                  source: str) -> None:
-    converted = _convert(action, name, value, source)
+    try:
+        converted = _convert(action, name, value, source)
+    except ConfigError as exc:
+        converted = _Unusable(exc)
     action.default = converted
     action.required = False  # given by the environment or the file
     parser.set_defaults(**{action.dest: converted})

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 
-EXTRAS = {"spark": "PySpark jobs (ordo spark …)", "bench": "the benchmark plot and the PostgreSQL baseline"}
+EXTRAS = {"spark": "PySpark jobs (ordo spark …)", "bench": "the benchmark plot and the PostgreSQL baseline",
+          "tansu": "the memory-only fallback broker (--engine tansu)"}
 
 
 class MissingExtra(RuntimeError):

@@ -106,6 +106,10 @@ class EngineCollector:
         yield _counter("ordo_restarts", "dependent transactions re-sequenced because a value their keys depend on "
                                         "changed (a step towards an outcome, not one; docs/ollp.md)",
                        sum(s.get("restarted", 0) for s in statuses))
+        yield _counter("ordo_reconnaissance_passes", "requests re-sequenced after their first pass, which is "
+                                                     "not a restart: a dependent transaction's reconnaissance, "
+                                                     "or the first turn of a procedure without ANALYZE",
+                       sum(s.get("reconnoitred", 0) for s in statuses))
         yield by_partition
         yield busy
         yield _histogram(statuses)

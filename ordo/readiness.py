@@ -5,8 +5,9 @@ A new sequencer generation writes a start record to `<ns>.log` once it has fence
 previous one; it lands after every record the log held before the sequencer was started.
 So the engine serves once every worker's log position has passed the log's end as it
 stood just before: a request sent from then on is cut into a batch and executed without
-waiting for a process to come up (Ray workers, the sequencer's transactions, a replay of
-the backlog). Until then requests are kept, not lost: they only wait.
+waiting for a process to come up (Ray workers, the sequencer's transactions, the reading
+of the log). A backlog read by then may still be executing and applying: a request waits
+behind it as behind any other batches. Until then requests are kept, not lost: they only wait.
 """
 
 from __future__ import annotations

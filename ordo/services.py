@@ -71,8 +71,9 @@ def serve_sequencer(bootstrap: str, namespace: str, config: SequencerConfig,
 
 
 class Progress:
-    """A status line a second while there is work: batches, throughput, outcomes, log lag
-    and requests not yet sequenced; none while the engine is idle."""
+    """A status line a second while there is work: the batch executed on every partition
+    with the outcomes through it, throughput, log lag and requests not yet sequenced; none
+    while the engine is idle."""
 
     def __init__(self, coordinator: Coordinator, stream=sys.stderr, every: float = 1.0, lags=None,
                  silences: Callable[[], list[Silence]] | None = None):
@@ -102,7 +103,7 @@ class Progress:
             return
         self._shown_waiting = bool(requests_lag)
         unknown = lambda value: "?" if value is None else value  # noqa: E731
-        print(f"batch {stats.last_batch} | {stats.txns} txns ({rate:,.0f}/s) | committed {stats.committed} "
+        print(f"batch {stats.executed_batch} | {stats.txns} txns ({rate:,.0f}/s) | committed {stats.committed} "
               f"aborted {stats.aborted} rejected {stats.rejected} | log lag {unknown(log_lag)}"
               + ("" if self._lags is None else f" | requests lag {unknown(requests_lag)}")
               + (f" | passed over {stats.dropped_records} log records" if stats.dropped_records else "")

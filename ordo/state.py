@@ -60,6 +60,18 @@ def records(data_dir: str, table: str | None = None) -> Iterator[dict[str, Any]]
             shard.close()
 
 
+def table_names(data_dir: str) -> list[str]:
+    """The tables with at least one stored record, across every shard."""
+    shards = open_shards(data_dir)
+    try:
+        return sorted({name for shard in shards for name in shard.table_names()})
+    except ShardCorrupt as exc:
+        raise _corrupt(data_dir, exc) from None
+    finally:
+        for shard in shards:
+            shard.close()
+
+
 def digest(data_dir: str) -> tuple[int, int]:
     """(combined digest, applied batch id) of a data directory."""
     shards = open_shards(data_dir)

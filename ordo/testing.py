@@ -70,6 +70,12 @@ class Change(NamedTuple):
 
 
 class TestEngine:
+    """The engine in this process: `procedures` (an `ordo.App`, a procedures module or a
+    spec string) run by the real partition workers under `scheduler` on `partitions`
+    RocksDB shards, in `data_dir` (a temporary directory, removed at close, if None).
+    Requests are checked as the sequencer checks them, `max_request_bytes` included. A
+    context manager: `with TestEngine(app) as engine`."""
+
     __test__ = False  # not a pytest test class, whatever its name
 
     def __init__(self, procedures: Any, scheduler: str = "serial", partitions: int = 1,
@@ -175,6 +181,7 @@ class TestEngine:
         return out
 
     def close(self) -> None:
+        """Close the shards; remove the data directory if it was a temporary one."""
         for worker in self.workers:
             worker.close()
         if self._own_dir:

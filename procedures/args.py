@@ -29,6 +29,9 @@ class ArgumentError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Int:
+    """An integer argument within [min, max] (both included; a 64-bit integer by default).
+    `Int(0)`: zero or more; `Int(1, 25)`: 1 to 25. A bool is not an integer here."""
+
     min: int = INT64_MIN
     max: int = INT64_MAX
 
@@ -39,6 +42,7 @@ class Int:
             raise ValueError(f"Int bounds [{self.min}, {self.max}] must lie within [-2**63, 2**64 - 1]")
 
     def check(self, name: str, value: Any) -> int:
+        """`value` if it fits, else ArgumentError naming argument `name`."""
         # bool is an int subclass in Python but never a valid integer argument.
         if type(value) is not int:
             raise ArgumentError(f"argument '{name}': expected integer, got {_kind(value)}")
@@ -52,9 +56,12 @@ class Int:
 
 @dataclass(frozen=True, slots=True)
 class Str:
+    """A string argument of at most `max_len` characters."""
+
     max_len: int = 256
 
     def check(self, name: str, value: Any) -> str:
+        """`value` if it fits, else ArgumentError naming argument `name`."""
         if type(value) is not str:
             raise ArgumentError(f"argument '{name}': expected string, got {_kind(value)}")
         if len(value) > self.max_len:
@@ -75,6 +82,7 @@ class Float:
             raise ValueError(f"Float bounds [{self.min}, {self.max}] must be numbers, min <= max")
 
     def check(self, name: str, value: Any) -> float:
+        """`value` as a float if it fits, else ArgumentError naming argument `name`."""
         kind = type(value)
         if kind is int:
             if abs(value) > 2**53:
@@ -91,7 +99,10 @@ class Float:
 
 @dataclass(frozen=True, slots=True)
 class Bool:
+    """A boolean argument: true or false, never a number."""
+
     def check(self, name: str, value: Any) -> bool:
+        """`value` if it is a boolean, else ArgumentError naming argument `name`."""
         if type(value) is not bool:
             raise ArgumentError(f"argument '{name}': expected boolean, got {_kind(value)}")
         return value
@@ -107,6 +118,8 @@ class Object:
     max_keys: int = 256
 
     def check(self, name: str, value: Any) -> dict:
+        """`value` if it fits (its `Optional` fields filled in), else ArgumentError naming the
+        argument or field."""
         if type(value) is not dict:
             raise ArgumentError(f"argument '{name}': expected object, got {_kind(value)}")
         if len(value) > self.max_keys:
@@ -138,19 +151,25 @@ class Optional:
             raise ValueError(f"Optional default: {problem}")
 
     def check(self, name: str, value: Any) -> Any:
+        """None for null, else `value` as `field` checks it."""
         return None if value is None else self.field.check(name, value)
 
     def missing(self) -> Any:
+        """The value of the field when it is left out: a copy of `default`."""
         return _copy(self.default)
 
 
 @dataclass(frozen=True, slots=True)
 class List:
+    """A list argument of `min_len` to `max_len` items, each an `item` (any argument type).
+    As a key path (`keys=[("stock", "items")]`) every item is a key."""
+
     item: Any
     min_len: int = 0
     max_len: int = 1024
 
     def check(self, name: str, value: Any) -> list:
+        """`value` if it and every item fit, else ArgumentError naming the argument or item."""
         if type(value) is not list:
             raise ArgumentError(f"argument '{name}': expected list, got {_kind(value)}")
         if not self.min_len <= len(value) <= self.max_len:

@@ -58,6 +58,13 @@ MAX_RESTARTS = 5
 LATE_MS = 1000
 MAX_LATE_RESTARTS = 20  # late restarts not counted toward MAX_RESTARTS: the backlog is finite
 RESTARTED = "restarted"  # the status of a transaction re-sequenced at its turn (never published)
+RECONNOITRED = "reconnoitred"  # a RESTARTED after a first pass (reconnaissance, first turn): not a restart
+
+
+def first_pass(result: dict) -> bool:
+    """Whether a RESTARTED outcome's next step is the one after a first pass (a dependent
+    transaction's reconnaissance, a procedure without ANALYZE finding its keys), not a restart."""
+    return result["args"][OLLP_FIELD]["restarts"] == 0
 
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 

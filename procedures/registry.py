@@ -9,6 +9,7 @@ from typing import Any, Iterable
 from ordo.procedures.args import ArgumentError, check_args
 from ordo.procedures.contract import Key, Procedure, Table, home_key
 from ordo.procedures.ollp import AssumptionError, assumed_values, found_sets, reconnaissance_keys, split_args
+from ordo.procedures.streams import TriggeredOnly
 from ordo.sequencer.log import ARIA
 from ordo.storage.keys import KeyRange, normal_key
 
@@ -94,6 +95,8 @@ class Registry:
         the home key: aria finds its keys by running it within the batch.
         """
         procedure = self.procedure(name)
+        if isinstance(procedure.analyze, TriggeredOnly):
+            procedure.analyze(args)  # rejects the request, whatever its arguments
         if procedure.analyze is None:
             reads, writes = self._without_analyze(procedure, args, ordering)
         elif procedure.reconnoiter is not None:

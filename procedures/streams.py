@@ -400,7 +400,8 @@ def compose(procedures: dict[str, Procedure], declarations: Iterable[Any]) -> tu
         schema = {"batch": BatchField(procedure.args)} if input_streams else procedure.args
         composed[name] = Procedure(name, schema, flow.analyze, flow.run, dataflow=flow.describe())
     for name in triggered:
-        composed.setdefault(name, Procedure(name, procedures[name].args, _triggered_only(name), _never))
+        feeding = [s for s in streams.values() if s.producers and name in s.consumers]
+        composed.setdefault(name, Procedure(name, procedures[name].args, TriggeredOnly(name, feeding), _never))
     tables = [Table(w.table, default=None) for w in windows.values()]
     tables += [Table(OUTPUT_TABLE_PREFIX + s.name, default=None) for s in streams.values() if not s.consumers]
     return tables, composed
@@ -416,10 +417,20 @@ def _check_groups(input_name: str, steps: list[str], nested: list[Nested]) -> No
             raise ValueError(f"nested transaction '{group.name}' may not hold the input procedure {input_name}")
 
 
-def _triggered_only(name: str):
-    def analyze(args):
-        raise ValueError(f"{name} is triggered by a stream and takes no requests of its own")
-    return analyze
+class TriggeredOnly:
+    """The ANALYZE of a procedure that a stream triggers: it takes no requests of its own,
+    and a request naming it is rejected before its arguments are judged, with the
+    procedures that make it run."""
+
+    def __init__(self, name: str, feeding: list[Stream]) -> None:
+        how = "; ".join(f"stream '{s.name}' (emitted to by {', '.join(s.producers)})" for s in feeding)
+        self.message = (f"procedure '{name}' takes no requests of its own: it runs when {how} "
+                        f"triggers it; send the request to the procedure that starts the dataflow")
+
+    def __call__(self, args):
+        from ordo.procedures.registry import RequestError
+
+        raise RequestError(self.message)
 
 
 def _never(ctx, args):

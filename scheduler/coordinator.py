@@ -40,7 +40,10 @@ class EngineStats:
     committed: int = 0
     aborted: int = 0
     rejected: int = 0
-    last_batch: int = 0
+    last_batch: int = 0  # applied on every partition
+    # executed on every partition: the batch that `txns` and the outcome counts have reached
+    # (applying waits for the broker's acknowledgements, a pipeline behind)
+    executed_batch: int = 0
     checkpoints: int = 0
     dropped_records: int = 0  # log records passed over: forged, or named by `ordo log skip`
 
@@ -77,7 +80,7 @@ class Coordinator:
         except BaseException:
             self._close_group()
             raise
-        self.stats.last_batch = self.cursor.next_batch - 1
+        self.stats.last_batch = self.stats.executed_batch = self.cursor.next_batch - 1
         self.outputs = outputs
         self._options = FollowOptions(bootstrap, namespace, collect=outputs is not None,
                                       checkpoint_every=checkpoint_every, checkpoint_root=self.checkpoints.root,
@@ -186,6 +189,7 @@ class Coordinator:
     def _update(self, statuses: list[dict]) -> None:
         stats = self.stats
         stats.last_batch = min(s["applied"] for s in statuses)
+        stats.executed_batch = min(s["executed"] for s in statuses)
         stats.committed = sum(s["committed"] for s in statuses)
         stats.aborted = sum(s["aborted"] for s in statuses)
         stats.rejected = sum(s["rejected"] for s in statuses)

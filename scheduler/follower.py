@@ -27,7 +27,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from ordo.procedures.ollp import RESTARTED
+from ordo.procedures.ollp import RECONNOITRED, RESTARTED, first_pass
 from ordo.procedures.fingerprint import describe, differences, is_versioned, refused_start, set_id
 from ordo.recovery.checkpoints import shard_checkpoint_path
 from ordo.scheduler.execution import ABORTED, COMMITTED
@@ -100,7 +100,7 @@ class LogFollower:
         # Outcomes of the applied batches: `counts` grows as batches execute, which runs up to
         # a pipeline ahead of `applied`; a rate over applied batches needs this one.
         self.applied_txns = 0
-        self.counts = {COMMITTED: 0, ABORTED: 0, "rejected": 0, RESTARTED: 0}
+        self.counts = {COMMITTED: 0, ABORTED: 0, "rejected": 0, RESTARTED: 0, RECONNOITRED: 0}
         self.checkpointed: deque[tuple[int, dict]] = deque(maxlen=KEPT_CHECKPOINT_REPORTS)  # (batch, cursor)
         self.busy_s = 0.0  # time spent executing batches
         # Sequencer's batch time -> executed here: counts per bucket (the last: beyond them), sum.
@@ -129,6 +129,7 @@ class LogFollower:
             "aborted": self.counts[ABORTED],
             "rejected": self.counts["rejected"],
             "restarted": self.counts[RESTARTED],
+            "reconnoitred": self.counts[RECONNOITRED],
             "busy_s": self.busy_s,
             "latency_counts": list(self.latency_counts),
             "latency_sum": self.latency_sum,
@@ -241,7 +242,10 @@ class LogFollower:
         self.sink.publish(batch.batch_id, self.partition, result.outcomes, result.changes)
         counts = self.counts
         for outcome in result.outcomes:
-            counts[outcome.status] += 1
+            status = outcome.status
+            if status == RESTARTED and first_pass(outcome.result):
+                status = RECONNOITRED
+            counts[status] += 1
         self._unapplied.append((batch.batch_id, cursor, len(result.outcomes)))
         self.executed = batch.batch_id
         if log.isEnabledFor(logging.DEBUG):

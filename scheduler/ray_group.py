@@ -110,21 +110,28 @@ class PartitionActor:
 
 
 def start_ray(address: str | None = None) -> None:
-    """Join `address`, or start Ray on this machine listening on 127.0.0.1 only, with no
-    dashboard (scheduler/loopback.py)."""
+    """Join `address`, or start Ray on this machine listening on 127.0.0.1 only, with its
+    dashboard off (scheduler/loopback.py), its processes stopping when this one ends."""
     if ray.is_initialized():
         return
     if address:
         ray.init(address=address, logging_level="WARNING")
     else:
+        import psutil
+
+        from ordo.lifeline import stop_with_owner
         from ordo.scheduler.loopback import LOOPBACK, check_node_address, keep_node_address_on_loopback
 
         keep_node_address_on_loopback()
         # Ray announces that it turned on token authentication, its default for a new local
         # cluster, on every start; the cluster keeps it, the log loses the line.
         logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+        before = {p.pid for p in psutil.Process().children(recursive=True)}
         context = ray.init(include_dashboard=False, _node_ip_address=LOOPBACK, logging_level="WARNING",
                            num_cpus=os.cpu_count())
+        # The GCS and the raylet die with this process (the kernel's parent-death signal); the
+        # dashboard agents under the raylet notice only a minute later, workers with their raylet.
+        stop_with_owner([p.pid for p in psutil.Process().children(recursive=True) if p.pid not in before])
         check_node_address(context.address_info.get("node_ip_address", LOOPBACK))
 
 

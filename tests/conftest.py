@@ -12,6 +12,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from ordo.lifeline import stop_descendants_with_owner  # noqa: E402 (after the path is set)
+
+# Nothing a test starts (`ordo run`, brokers, Ray, their children) outlives the session,
+# even when it is stopped by SIGTERM or SIGKILL (ordo/lifeline.py).
+stop_descendants_with_owner()
+
 _namespaces = itertools.count(1)
 
 

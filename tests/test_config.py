@@ -19,7 +19,9 @@ def parse(argv: list[str], environ: dict[str, str]):
     parser = build_parser()
     config.add_common_options(parser)
     config.apply(parser, argv, environ)
-    return parser.parse_args(config.without_config(argv))
+    args = parser.parse_args(config.without_config(argv))
+    config.check_parsed(args)
+    return args
 
 
 @pytest.fixture
@@ -90,8 +92,30 @@ def test_a_bad_setting_names_its_source(tmp_path, text, environ, message):
     path = tmp_path / "bad.toml"
     path.write_text(text)
     with pytest.raises(config.ConfigError) as caught:
-        parse(["run", "--config", str(path)], environ)
+        parse(["run", "--config", str(path), "--bootstrap-servers", "h:1", "--data-dir", "d"], environ)
     assert message in str(caught.value)
+
+
+@pytest.mark.parametrize("text, environ, override", [
+    ('[run]\npartitions = "two"\n', {}, ["--partitions", "2"]),
+    ('[run]\nscheduler = "fifo"\n', {}, ["--scheduler", "vll"]),
+    ("", {"ORDO_QUIET": "maybe"}, ["--quiet"]),
+])
+def test_a_bad_setting_that_the_command_line_overrides_is_not_used(tmp_path, text, environ, override):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    args = parse(["run", "--config", str(path), "--bootstrap-servers", "h:1", "--data-dir", "d", *override], environ)
+    given = {"--partitions": ("partitions", 2), "--scheduler": ("scheduler", "vll"), "--quiet": ("quiet", True)}
+    dest, value = given[override[0]]
+    assert getattr(args, dest) == value
+
+
+def test_the_command_line_tool_overrides_a_bad_file_setting(tmp_path):
+    path = tmp_path / "ordo.toml"
+    path.write_text('[gen]\ncount = "many"\n')
+    assert cli("gen", "micro", "--config", str(path), "--count", "2").stdout.count("\n") == 2
+    unused = cli("gen", "micro", "--config", str(path))
+    assert unused.returncode == 2 and unused.stderr.strip().startswith(f"ordo: {path} [gen]: --count: ")
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -44,3 +44,27 @@ def test_a_runnable_block_of_the_docs_runs(where, line, code):
     done = subprocess.run([sys.executable, "-c", code + AFTER], cwd=os.path.join(ROOT, "examples"),
                           env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"{where}:{line}\n{done.stderr}"
+
+
+def readme_data_dirs() -> list[str]:
+    """The data directories the README's commands create, relative to the repository (a
+    command after `cd examples` creates its directory there)."""
+    text = open(os.path.join(ROOT, "README.md")).read()
+    found = []
+    for block in re.findall(r"^```(?:sh|bash)\n(.*?)^```$", text, re.MULTILINE | re.DOTALL):
+        where = ""
+        for line in block.splitlines():
+            if line.strip() == "cd examples":
+                where = "examples/"
+            found += [where + os.path.normpath(path) for path in re.findall(r"--data-dir (\S+)", line)]
+    return found
+
+
+def test_the_data_directories_of_the_readmes_commands_are_ignored_by_git():
+    paths = readme_data_dirs()
+    assert "examples/bank-data" in paths and "examples/kafka-data" in paths
+    if not os.path.isdir(os.path.join(ROOT, ".git")) and not os.path.isfile(os.path.join(ROOT, ".git")):
+        pytest.skip("not a git checkout")
+    for path in paths:
+        done = subprocess.run(["git", "check-ignore", "-q", path + "/"], cwd=ROOT)
+        assert done.returncode == 0, f"{path}/ is not in .gitignore: `git status` lists it after the README's commands"

@@ -68,5 +68,9 @@ def test_ordo_run_on_two_partitions_listens_only_on_loopback(broker, namespace, 
         assert {"gcs_server", "raylet"} <= names, f"Ray's servers not found in the process tree: {sockets}"
         outside = [s for s in sockets if not is_loopback(s[2])]
         assert not outside, f"listening outside loopback: {outside}"
+        # The dashboard is off: its process runs for Ray's own calls, but serves no web UI.
+        dashboards = [p.pid for p in psutil.Process(engine.pid).children(recursive=True)
+                      if "dashboard/dashboard.py" in " ".join(p.cmdline())]
+        assert not [s for s in sockets if s[0] in dashboards], sockets
     finally:
         stop(engine, timeout=60)

@@ -62,25 +62,30 @@ def test_metrics_endpoint_reports_the_engine(broker, namespace, tmp_path, partit
         transfers = [{"id": f"t{i}", "proc": "sl_transfer", "args": {
             "src_account": 1000 + i, "dst_account": i, "src_asset": 1000 + i, "dst_asset": i,
             "account_amount": 1, "asset_amount": 1}} for i in range(5)]  # from empty accounts: aborted
+        # Dependent requests: each takes its reconnaissance pass, which is not a restart, then
+        # aborts (the alias was never bound).
+        dependent = [{"id": f"a{i}", "proc": "alias_deposit", "args": {"alias": f"nobody-{i}", "amount": 1}}
+                     for i in range(3)]
         with Client(broker, namespace) as client:
-            sent = client.submit(deposits + transfers + [{"id": "bad", "proc": "nope", "args": {}}])
+            sent = client.submit(deposits + transfers + dependent + [{"id": "bad", "proc": "nope", "args": {}}])
             found = client.wait(sent, timeout=120)
-        assert len(found) == 36
+        assert len(found) == 39
 
         deadline = time.monotonic() + 30
         while True:  # the endpoint shows what the workers reported at the coordinator's last poll;
             # outcomes are counted once published, batches once applied (after the broker's ack)
             families = scrape(port)
-            if (value(families, "ordo_transactions", "ordo_transactions_total", status="rejected") == 1
-                    and value(families, "ordo_batches", "ordo_batches_total") >= 1):
+            decided = sum(value(families, "ordo_transactions", "ordo_transactions_total", status=status)
+                          for status in ("committed", "aborted", "rejected"))
+            if decided == 39 and value(families, "ordo_batches", "ordo_batches_total") >= 1:
                 break
             assert time.monotonic() < deadline, families["ordo_transactions"]
             time.sleep(0.5)
         assert value(families, "ordo_transactions", "ordo_transactions_total", status="committed") == 30
-        assert value(families, "ordo_transactions", "ordo_transactions_total", status="aborted") == 5
-        assert sum(value(families, "ordo_transactions", "ordo_transactions_total", status=status)
-                   for status in ("committed", "aborted", "rejected")) == 36  # each request once
+        assert value(families, "ordo_transactions", "ordo_transactions_total", status="aborted") == 8
+        assert value(families, "ordo_transactions", "ordo_transactions_total", status="rejected") == 1
         assert "ordo_aborts" not in families and value(families, "ordo_restarts", "ordo_restarts_total") == 0
+        assert value(families, "ordo_reconnaissance_passes", "ordo_reconnaissance_passes_total") == 3
         assert {sample.labels["status"] for sample in families["ordo_transactions"]} == {
             "committed", "aborted", "rejected"}
         batches = value(families, "ordo_batches", "ordo_batches_total")
@@ -142,3 +147,28 @@ def test_the_engine_serves_once_every_worker_has_read_past_the_new_sequencers_st
     assert not serving([], 5)
     assert not serving([{"next_offset": 6}, {"next_offset": 5}], 5)  # one worker has not read the start record
     assert serving([{"next_offset": 6}, {"next_offset": 9}], 5)
+
+
+def test_the_progress_line_names_the_batch_its_outcomes_have_reached(broker, namespace, tmp_path):
+    """Outcomes are counted once a batch is executed; it is applied once the broker has
+    acknowledged its outputs, a pipeline later. The line's batch is the one its counts reached."""
+    import io
+
+    from ordo.scheduler.coordinator import Coordinator
+    from ordo.services import Progress
+
+    ensure_topics(broker, namespace)
+    coordinator = Coordinator(broker, namespace, str(tmp_path / "d"), "serial", 1)
+    try:
+        # A worker's status as it reports it one second into a backlog: 12 batches executed,
+        # their outputs not yet acknowledged, so none applied.
+        coordinator._update([{"partition": 0, "executed": 12, "applied": 0, "committed": 2550, "aborted": 5,
+                              "rejected": 2, "applied_txns": 0, "next_offset": 14, "checkpointed": []}])
+        stream = io.StringIO()
+        Progress(coordinator, stream=stream, every=0.0)(coordinator.stats)
+    finally:
+        coordinator.stop()
+        coordinator.run()
+    line = stream.getvalue()
+    assert line.startswith("batch 12 | 2557 txns ("), line
+    assert "committed 2550 aborted 5 rejected 2" in line

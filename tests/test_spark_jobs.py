@@ -132,7 +132,7 @@ def topic_changes(bootstrap: str, namespace: str, last_batch: int, timeout: floa
             parts[record["batch"], record["partition"]] = record.get("parts", 1)
     consumer.close()
     assert complete(), f"{len(by_record)} change records on the topic, some missing"
-    canonical = lambda v: None if v is None else json.dumps(v, separators=(",", ":"), sort_keys=True)
+    canonical = lambda v: None if v is None else json.dumps(v, separators=(",", ":"), sort_keys=True)  # noqa: E731
     rows = sorted((b, p, k, seq, c["txn"], c["table"], canonical(c["key"]), canonical(c["value"]),
                    bool(c.get("deleted")))
                   for (b, p, k), record in by_record.items() for seq, c in enumerate(record["changes"]))
@@ -274,7 +274,7 @@ def test_consumer_reads_every_partition_committed_records_only_within_the_read_l
     admin.create_topics([NewTopic(topic, 3, 1)])[topic].result(30)
     producer = Producer({"bootstrap.servers": broker, "transactional.id": f"{namespace}-test"})
     producer.init_transactions(30)
-    record = lambda batch, p, key: json.dumps({"batch": batch, "partition": p, "part": 0, "parts": 1, "changes": [
+    record = lambda batch, p, key: json.dumps({"batch": batch, "partition": p, "part": 0, "parts": 1, "changes": [  # noqa: E731
         {"txn": 0, "table": "t", "key": key, "value": {"b": 2, "a": [1, None]}}]})
     sent = set()
     for batch in range(1, 5):
@@ -459,7 +459,7 @@ def test_parts_deletes_and_late_re_emissions_merge_by_batch_and_txn(spark, broke
     from kafka import KafkaProducer
 
     ensure_topics(broker, namespace)
-    put = lambda txn, key, value: {"txn": txn, "table": "account", "key": key, "value": value}
+    put = lambda txn, key, value: {"txn": txn, "table": "account", "key": key, "value": value}  # noqa: E731
     records = {
         "1:0:0": {"batch": 1, "partition": 0, "part": 0, "parts": 2, "changes": [put(0, 1, 10), put(0, "k", {"a": 1})]},
         "1:0:1": {"batch": 1, "partition": 0, "part": 1, "parts": 2, "changes": [put(1, 2, 20), put(2, 1, 11)]},

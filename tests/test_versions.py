@@ -5,7 +5,6 @@ run each batch with the code that first ran it (sequencer/versions.py, docs/oper
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys

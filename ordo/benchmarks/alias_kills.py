@@ -24,10 +24,14 @@ RESTART_LIMIT_REASON = "changed before its turn"
 
 
 def start_engine(bootstrap: str, namespace: str, data_dir: str, log, partitions: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "ordo.cli", "run", "--bootstrap-servers", bootstrap,
-                             "--namespace", namespace, "--data-dir", data_dir, "--partitions", str(partitions),
-                             "--quiet", "--workloads", "alias"],
-                            stdout=log, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    from ordo.lifeline import stop_with_owner
+
+    engine = subprocess.Popen([sys.executable, "-m", "ordo.cli", "run", "--bootstrap-servers", bootstrap,
+                               "--namespace", namespace, "--data-dir", data_dir, "--partitions", str(partitions),
+                               "--quiet", "--workloads", "alias"],
+                              stdout=log, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    stop_with_owner([engine.pid])  # its sequencer and its Ray go with it
+    return engine
 
 
 def wait_serving(log_path: str, seen: int, timeout: float = 120) -> int:

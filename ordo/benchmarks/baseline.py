@@ -76,7 +76,8 @@ def find_bindir(install: bool = False) -> str:
 
 class PostgresServer:
     """A throwaway PostgreSQL cluster: initdb into a temporary directory, started on a Unix
-    socket in that directory (listen_addresses='' : no TCP), removed on stop. PostgreSQL
+    socket in that directory (listen_addresses='' : no TCP), removed on stop, and by a
+    lifeline (ordo/lifeline.py) if the process that started it ends first. PostgreSQL
     refuses to run as root, so as root it runs as the `postgres` user (which Debian's
     package creates), else `nobody`."""
 
@@ -116,7 +117,11 @@ class PostgresServer:
             return "\nserver log: " + f.read()[-800:]
 
     def start(self) -> "PostgresServer":
+        from ordo.lifeline import stop_server_with_owner
+
         self.root = tempfile.mkdtemp(prefix="ordo-pg-")
+        # pg_ctl daemonizes the server: it would outlive an owner stopped by SIGTERM or SIGKILL.
+        stop_server_with_owner(os.path.join(self.root, "data", "postmaster.pid"), self.root)
         os.makedirs(self.socket_dir)
         if os.geteuid() == 0:
             self.run_as = "postgres" if _user_exists("postgres") else "nobody"

@@ -100,8 +100,11 @@ class _Engine:
     """`ordo run` as a child process, with its standard error kept and its metrics address."""
 
     def __init__(self, command: list[str]):
+        from ordo.lifeline import stop_with_owner
+
         self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.PIPE, text=True)
+        stop_with_owner([self.process.pid])  # its sequencer and its Ray go with it
         self.lines: list[str] = []
         self.metrics_url: str | None = None
         self.serving = threading.Event()
