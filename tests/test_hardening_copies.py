@@ -5,8 +5,6 @@ plain producer."""
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
