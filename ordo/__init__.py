@@ -21,6 +21,10 @@ _PUBLIC = {
     "AsyncClient": "ordo.client",
     "Submission": "ordo.client",
     "new_request": "ordo.client",
+    "Outcome": "ordo.reading",  # what the client reads back (Client.read_outcomes, …)
+    "StreamTuple": "ordo.reading",
+    "Change": "ordo.reading",
+    "UnreadableRecord": "ordo.reading",
     "TestEngine": "ordo.testing",
     "check_deterministic": "ordo.testing",
     "Int": "ordo.procedures.args",  # an argument schema's field types

@@ -22,6 +22,10 @@ from typing import Any, AsyncIterator, Callable, Iterable, Iterator
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
+from ordo.reading import (
+    BEGINNING, Change, Outcome, Position, StreamTuple, changes_of, outcome_of, read_topic, tuple_of,
+)
+from ordo.scheduler.stream_outputs import stream_topic
 from ordo.errors import BrokerUnavailable, NotSent, OrdoError, OutcomeTimeout, Timeout, TopicMissing
 from ordo.sequencer.kafka import REQUEST_BATCHING, consumer_config, kafka_config, watermarks
 from ordo.sequencer.topics import Topics
@@ -323,6 +327,35 @@ class Client:
         """`wait`; a client that has sent nothing reads <ns>.results from its beginning."""
         return self.wait(ids, timeout, on_outcome, from_beginning=self._start is None)
 
+    # -- reading what the engine writes ---------------------------------------------------
+
+    def read_outcomes(self, start: Position = BEGINNING, idle: float | None = None) -> Iterator[Outcome]:
+        """Every outcome on <ns>.results from `start` ("beginning", "end": from now on, or a
+        batch number: that batch and later ones), as `Outcome` records, until `idle` seconds
+        pass without one (None: never). TopicMissing if the namespace has no such topic."""
+        return read_topic(self.bootstrap, self.settings, self.topics.results, start, idle,
+                          lambda message: [outcome_of(message.value())], _batch, self._missing)
+
+    def read_stream(self, name: str, start: Position = BEGINNING, idle: float | None = None) -> Iterator[StreamTuple]:
+        """The tuples of output stream `name` (<ns>.stream.<name>) in log order from `start`,
+        as `StreamTuple` records; see `read_outcomes`. The engine makes the topic with the
+        stream's first tuple: until then, TopicMissing."""
+        topic = stream_topic(self.topics.namespace, name)
+        return read_topic(self.bootstrap, self.settings, topic, start, idle,
+                          lambda message: [tuple_of(name, message.key(), message.value())], _batch, self._missing)
+
+    def read_changes(self, table: str | None = None, start: Position = BEGINNING,
+                     idle: float | None = None) -> Iterator[Change]:
+        """Every committed write on <ns>.changes from `start` (of `table` only, if given), as
+        `Change` records, each batch's in transaction order on each partition; see
+        `read_outcomes`."""
+        def decode(message) -> list[Change]:
+            found = changes_of(message.value())
+            return found if table is None else [change for change in found if change.table == table]
+
+        return read_topic(self.bootstrap, self.settings, self.topics.changes, start, idle, decode, _batch,
+                          self._missing)
+
     def close(self) -> None:
         """Wait (up to 10 s) until the broker has every request sent, and let go of the producer."""
         if self._producer is not None:
@@ -368,9 +401,44 @@ class AsyncClient:
         finally:
             await asyncio.to_thread(outcomes.close)
 
+    def read_outcomes(self, start: Position = BEGINNING, idle: float | None = None) -> AsyncIterator[Outcome]:
+        """`Client.read_outcomes`, as an async iterator."""
+        return _async_iterate(lambda: self.client.read_outcomes(start, idle))
+
+    def read_stream(self, name: str, start: Position = BEGINNING,
+                    idle: float | None = None) -> AsyncIterator[StreamTuple]:
+        """`Client.read_stream`, as an async iterator."""
+        return _async_iterate(lambda: self.client.read_stream(name, start, idle))
+
+    def read_changes(self, table: str | None = None, start: Position = BEGINNING,
+                     idle: float | None = None) -> AsyncIterator[Change]:
+        """`Client.read_changes`, as an async iterator."""
+        return _async_iterate(lambda: self.client.read_changes(table, start, idle))
+
     async def close(self) -> None:
         """`Client.close`."""
         await asyncio.to_thread(self.client.close)
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+async def _async_iterate(make: Callable[[], Iterator]) -> AsyncIterator:
+    """A blocking iterator, each step on a worker thread; closed when the loop ends."""
+    items = await asyncio.to_thread(make)
+    done = object()
+    try:
+        while (item := await asyncio.to_thread(next, items, done)) is not done:
+            yield item
+    finally:
+        await asyncio.to_thread(items.close)
+
+
+def _batch(record) -> int | None:
+    return record.batch
 
 
 _warned_unauthenticated = False

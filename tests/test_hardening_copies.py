@@ -5,7 +5,6 @@ plain producer."""
 
 from __future__ import annotations
 
-
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 

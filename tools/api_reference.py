@@ -21,6 +21,7 @@ SECTIONS = [
     ("Apps: tables and procedures", "ordo.app"),
     ("Argument types", "ordo.procedures.args"),
     ("The client", "ordo.client"),
+    ("What the client reads back", "ordo.reading"),
     ("Testing in-process", "ordo.testing"),
     ("Errors", "ordo.errors"),
 ]
