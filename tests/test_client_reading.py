@@ -104,3 +104,33 @@ def test_the_documented_reader_example_runs(served):
     lines = done.stdout.splitlines()
     assert sum("low stock" in line and "'left': 7" in line for line in lines) == 1, lines
     assert sum(": stock[" in line for line in lines) == 3 and sum("committed" in line for line in lines) == 2
+
+
+def test_every_record_matches_the_wire_format_schema(served):
+    """docs/wire-format.schema.json describes what is on each topic: requests, outcomes,
+    change data and stream tuples, as a client of any language reads them."""
+    import json
+
+    import jsonschema
+
+    from tests.helpers import topic_reader
+
+    broker, namespace, submitted = served
+    with open(os.path.join(ROOT, "docs", "wire-format.schema.json")) as f:
+        schema = json.load(f)
+    jsonschema.Draft202012Validator.check_schema(schema)
+
+    def validate(topic: str, definition: str) -> int:
+        consumer = topic_reader(broker, topic, consumer_timeout_ms=2000)
+        records = [json.loads(message.value) for message in consumer]
+        consumer.close()
+        for record in records:
+            jsonschema.validate(record, {**schema, "$ref": f"#/$defs/{definition}"})
+        return len(records)
+
+    assert validate(f"{namespace}.requests", "request") == len(submitted)
+    assert validate(f"{namespace}.results", "outcome") == len(submitted)
+    assert validate(f"{namespace}.changes", "changes") >= 2
+    assert validate(f"{namespace}.stream.low_stock", "stream_tuple") == 1
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"id": "x", "status": "done"}, {**schema, "$ref": "#/$defs/outcome"})
