@@ -96,7 +96,7 @@ from typing import Any
 
 import msgpack
 
-from ordo.sequencer.log_secret import TAG_BYTES, seal, unseal
+from ordo.sequencer.log_secret import TAG_BYTES, seal, unseal, unseal_before_places
 
 START = 0
 BATCH = 1
@@ -308,6 +308,19 @@ def decode(value: bytes, namespace: str, log_id: str | None) -> tuple[int, Any]:
     body = unseal(value, record_context(namespace, log_id))
     if body is None:
         raise Unauthenticated(f"not signed with this namespace's log secret for {_where(log_id)}")
+    return _parse(body, namespace)
+
+
+def decode_before_places(value: bytes, namespace: str) -> tuple[int, Any]:
+    """`decode` for a record of a log written before tags covered where a record belongs
+    (its tag covers its body alone); Unauthenticated if that tag does not check either."""
+    body = unseal_before_places(value)
+    if body is None:
+        raise Unauthenticated("not signed with this namespace's log secret")
+    return _parse(body, namespace)
+
+
+def _parse(body, namespace: str) -> tuple[int, Any]:
     try:
         record = msgpack.unpackb(body, strict_map_key=False, use_list=True)
         kind = record[0]
@@ -394,6 +407,9 @@ class LogCursor:
     # upgrade record that named it, whether it covers code] (procedures/fingerprint.py), None
     # before the first.
     procedures: list | None = None
+    # Whether a record sealed in its place was met: before it, a log written before tags
+    # covered places is read as it was sealed then (`_before_places`).
+    placed: bool = False
     # Not persisted: what the reader saw since it started.
     stale_by_lane: dict[int, int] = field(default_factory=dict, compare=False)  # see STALE_LIMIT
     started: Start | None = field(default=None, compare=False)  # the latest start record
@@ -418,15 +434,13 @@ class LogCursor:
         self.next_offset = offset + 1
         try:
             kind, record = decode(value, self.namespace, self.log_id)
+            self.placed = True
         except Unauthenticated as exc:
-            self._refuse_other_log(value, offset)
-            self._drop(offset, str(exc))
-            return None
+            kind, record = self._before_places(value, offset, exc)
+            if kind is None:
+                return None
         except LogError as exc:
-            # No sequencer writes such a record, so it is no batch: every reader skips it
-            # alike. A damaged batch is not lost silently: the next one shows a gap.
-            self.foreign += 1
-            self._drop(offset, str(exc))
+            self._foreign(offset, exc)
             return None
         if kind in (SNAPSHOT, SKIP):  # a skip took effect when a reader met the record it names
             return None
@@ -437,6 +451,27 @@ class LogCursor:
             self._upgrade(record, offset)
             return None
         return self._batch(record, offset)
+
+    def _before_places(self, value: bytes, offset: int, unplaced: Unauthenticated) -> tuple:
+        """A record that does not verify in its place: in a log written before tags covered
+        where a record belongs, its records as they were sealed then, up to the log's first
+        record sealed in place (after it, such a record can only be a copy); else passed
+        over, like a forgery. (None, None) for a record passed over."""
+        if not self.placed:
+            try:
+                kind, record = decode_before_places(value, self.namespace)
+            except Unauthenticated:
+                pass
+            except LogError as exc:
+                self._foreign(offset, exc)
+                return None, None
+            else:
+                if kind != BATCH or record.log_id == self.log_id:
+                    return kind, record
+                unplaced = Unauthenticated(f"a batch of log {record.log_id}, not of log {self.log_id}")
+        self._refuse_other_log(value, offset)
+        self._drop(offset, str(unplaced))
+        return None, None
 
     def skip(self, offset: int) -> None:
         """Pass over the record at `offset`, which a skip record names."""
@@ -458,6 +493,12 @@ class LogCursor:
             f"followed: the broker lost the log (restarted without its data?) or the topic was made again; if "
             f"this record alone is out of place and the log goes on after it, pass over it with `ordo log skip "
             f"--offset {offset}` (docs/operations.md, 'A record that stops the log')")
+
+    def _foreign(self, offset: int, exc: LogError) -> None:
+        # No sequencer writes such a record, so it is no batch: every reader skips it
+        # alike. A damaged batch is not lost silently: the next one shows a gap.
+        self.foreign += 1
+        self._drop(offset, str(exc))
 
     def _drop(self, offset: int, why: str) -> None:
         self.dropped += 1
@@ -544,6 +585,7 @@ class LogCursor:
             "sequencers": self.sequencers,
             "time_ms": self.time_ms,
             "procedures": self.procedures,
+            "placed": self.placed,
         }
 
     @classmethod
@@ -559,4 +601,5 @@ class LogCursor:
             data.get("time_ms", 0),
             data.get("procedures"),
             namespace=namespace,
+            placed=data.get("placed", False),
         )

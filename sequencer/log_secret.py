@@ -162,6 +162,16 @@ def seal(body: bytes, context: bytes) -> bytes:
     return body + tag(b"log\0" + context, body)
 
 
+def unseal_before_places(value: bytes) -> memoryview | None:
+    """The body of a log record sealed as logs were before tags covered where a record
+    belongs (its body alone), or None. Readers take such records only at a log's start,
+    before its first record sealed in place (sequencer/log.py, `LogCursor.accept`)."""
+    if len(value) <= TAG_BYTES:
+        return None
+    body = memoryview(value)[:-TAG_BYTES]
+    return body if verify(b"log", body, value[-TAG_BYTES:]) else None
+
+
 def unseal(value: bytes, context: bytes) -> memoryview | None:
     """The body of a sealed log record (a view, not a copy), or None if its tag does not
     check in `context`."""

@@ -28,7 +28,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from ordo.sequencer.kafka import consumer_config, watermarks
 from ordo.sequencer.log import (
-    SKIP, STALE_LIMIT, START, Batch, LogCursor, LogError, SecretMismatch, Start, batch_of_log, decode, is_batch_record,
+    SKIP, STALE_LIMIT, START, Batch, LogCursor, LogError, SecretMismatch, Start, batch_of_log, decode,
+    decode_before_places, is_batch_record,
 )
 from ordo.sequencer.log_probe import ABSENT_GRACE, GONE, LogWatch, fingerprint
 from ordo.sequencer.log_secret import PREVIOUS_ENV, SECRET_ENV, SECRET_FILE_ENV, secret_source
@@ -102,7 +103,10 @@ def log_identity(bootstrap: str, topic: str, timeout: float = 30.0) -> str | Non
                 try:
                     kind, record = decode(value, namespace, None)
                 except LogError:
-                    continue
+                    try:  # a log written before tags covered where a record belongs
+                        kind, record = decode_before_places(value, namespace)
+                    except LogError:
+                        continue
                 if kind == START:
                     return record.token
         if seen == 0:

@@ -23,7 +23,9 @@ from ordo.procedures.fingerprint import (
 )
 from ordo.procedures.registry import Registry
 from ordo.sequencer.kafka import kafka_config, watermarks
-from ordo.sequencer.log import SNAPSHOT, START, UPGRADE, LogCursor, LogError, Start, Upgrade, decode, encode_upgrade
+from ordo.sequencer.log import (
+    SNAPSHOT, START, UPGRADE, LogCursor, LogError, Start, Upgrade, decode, decode_before_places, encode_upgrade,
+)
 from ordo.sequencer.reader import log_consumer, log_identity
 from ordo.sequencer.startup import OVERLAP, STEP, in_place, records_between
 from ordo.sequencer.topics import Topics
@@ -135,7 +137,11 @@ def _decode(value: bytes, namespace: str, log_id: str):
     try:
         return decode(value, namespace, log_id)
     except LogError:
+        pass
+    try:
         return decode(value, namespace, None)  # the log's first start record, sealed as its first
+    except LogError:
+        return decode_before_places(value, namespace)  # a log written before tags covered places
 
 
 def check_set(bootstrap: str, namespace: str, registry: Registry, upgrade_hint: str,

@@ -87,7 +87,7 @@ def test_cursor_accepts_next_batch_of_current_generation_only():
     assert accepted.batch_id == 2 and accepted.log_offset == 5
     assert cursor.to_dict() == {"next_batch": 3, "generation": 2, "next_offset": 6, "request_offsets": {0: 5},
                                 "log_id": "s1", "lanes": {0: [3, 3]}, "sequencers": 1, "time_ms": 1002,
-                                "procedures": None}
+                                "procedures": None, "placed": True}
     assert LogCursor.from_dict(cursor.to_dict(), NS) == cursor
 
 

@@ -322,11 +322,37 @@ def test_an_upgrade_under_load_stops_the_old_engine_at_its_batch_and_loses_nothi
                  f"the v1 engine stopped {stopped_s:.1f} s and v2 answered {upgrade_s:.1f} s after the upgrade began")
 
 
+def before_places(record: bytes) -> bytes:
+    """A record as Ordo sealed it before tags covered where a record belongs: the same
+    body, its tag over the body alone."""
+    from ordo.sequencer.log_secret import TAG_BYTES, tag
+
+    body = record[:-TAG_BYTES]
+    return body + tag(b"log", body)
+
+
+def test_a_log_from_before_places_is_read_up_to_its_first_record_sealed_in_place():
+    from ordo.sequencer.log import LogCursor, encode_batch, encode_entry, encode_start
+
+    old_start = before_places(encode_start("ns", None, "L"))
+    old_batch = before_places(encode_batch(1, 0, 5, {}, [encode_entry(["a", "p", {}])], log_id="L", namespace="ns"))
+    cursor = LogCursor(namespace="ns")
+    assert cursor.accept(old_start, 0) is None and cursor.log_id == "L"
+    assert cursor.accept(old_batch, 1).batch_id == 1
+    cursor.accept(encode_start("ns", "L", "new"), 2)  # the first record sealed in its place
+    assert cursor.placed
+    copy = before_places(encode_batch(1, 2, 6, {}, [encode_entry(["b", "p", {}])], log_id="L", namespace="ns"))
+    assert cursor.accept(copy, 3) is None and cursor.dropped == 1  # after it, an old-style record is a copy
+    resumed = LogCursor.from_dict(cursor.to_dict(), "ns")
+    assert resumed.placed and resumed.accept(copy, 3) is None and resumed.dropped == 1
+
+
 @pytest.mark.slow
 def test_a_namespace_another_app_broke_before_versions_has_a_way_back(broker, namespace, tmp_path, fault_report):
-    """A log written before procedure sets were versioned, where another app's sequencer took
-    over (its start record, then a batch rejecting the bank's requests): the bank refuses to
-    start in one line, `ordo upgrade` takes the namespace back, and every request is answered."""
+    """A log as Ordo wrote it before versions (sets described by arguments, records sealed
+    over their body alone), where another app's sequencer took over (its start record, then
+    a batch rejecting the bank's requests): the bank refuses to start in one line, `ordo
+    upgrade` takes the namespace back, and every request is answered."""
     from confluent_kafka import Producer
 
     from ordo.sequencer.log import encode_batch, encode_entry, encode_start
@@ -349,8 +375,8 @@ def test_a_namespace_another_app_broke_before_versions_has_a_way_back(broker, na
                                                for a in (3, 4)], log_id=log_id, namespace=namespace),
     ]
     producer = Producer({"bootstrap.servers": broker})
-    for record in records:
-        producer.produce(f"{namespace}.log", record, partition=0)
+    for record in records:  # sealed as Ordo sealed records before tags covered their place
+        producer.produce(f"{namespace}.log", before_places(record), partition=0)
     assert producer.flush(30) == 0
 
     data = tmp_path / "data"
