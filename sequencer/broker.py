@@ -11,9 +11,10 @@ import os
 import signal
 import socket
 import threading
+import time
 
 from ordo.maven import MissingTool
-from ordo.sequencer.kafka_broker import KAFKA_VERSION, KafkaCluster
+from ordo.sequencer.kafka_broker import KAFKA_VERSION, KafkaCluster, node_still_running
 from ordo.sequencer.tansu_broker import TansuBroker, free_port
 
 ENGINES = ("kafka", "tansu")
@@ -43,8 +44,17 @@ def local_broker(engine: str | None = None, *, port: int | None = None, nodes: i
     return KafkaCluster(nodes=nodes, data_dir=data_dir, port=port)
 
 
+# How long `ordo broker` waits for a broker of the same data directory that is still
+# stopping (its launcher was killed, its node shuts down) to let go of the port.
+PREVIOUS_BROKER_GRACE = 60.0
+
+
 def _port_taken(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something listens on the port, or holds it bound. SO_REUSEADDR as Kafka
+    binds: the sockets of connections closed by a broker that just stopped (TIME-WAIT)
+    do not keep a new one off its port for a minute."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
@@ -62,6 +72,12 @@ def run_broker_foreground(port: int | None, engine: str | None = None, nodes: in
     broker = None
     try:
         engine = engine or default_engine()
+        if port is not None and _port_taken(port) and data_dir is not None and node_still_running(data_dir):
+            print(f"ordo broker: the previous broker on {data_dir} is still stopping; waiting up to "
+                  f"{PREVIOUS_BROKER_GRACE:.0f} s for it to free port {port}", flush=True)
+            deadline = time.monotonic() + PREVIOUS_BROKER_GRACE
+            while node_still_running(data_dir) and time.monotonic() < deadline and not stop_requested.is_set():
+                stop_requested.wait(0.2)
         if port is not None and _port_taken(port):
             print(f"ordo broker: port {port} on 127.0.0.1 is in use (another broker?): stop that process or "
                   f"choose another --port", flush=True)
