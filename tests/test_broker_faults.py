@@ -5,6 +5,7 @@ enters the log once, and the engine's state equals an independent serial reading
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 import time
@@ -232,3 +233,99 @@ def test_a_broker_stopped_for_longer_than_the_grace_is_not_called_lost(tmp_path)
     said = engine.stderr.read()
     assert "lost the log" not in said, said
     assert code == 0, said
+
+
+class StderrLines:
+    """The lines a process writes to its standard error, read as they come (a full pipe
+    would block it)."""
+
+    def __init__(self, process):
+        self.lines: list[str] = []
+        self.thread = threading.Thread(target=self._read, args=(process.stderr,), daemon=True)
+        self.thread.start()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            self.lines.append(line.rstrip("\n"))
+
+    def having(self, words: str) -> list[str]:
+        return [line for line in self.lines if words in line]
+
+
+def _sequencer_pid(engine) -> int:
+    import psutil
+
+    (child,) = [c for c in psutil.Process(engine.pid).children() if "sequence" in c.cmdline()]
+    return child.pid
+
+
+def test_a_broker_away_for_90_s_under_ordo_run_is_waited_for_and_nothing_is_lost_or_doubled(tmp_path, fault_report):
+    """A durable broker stopped for 90 s under `ordo run`, its sequencer restarted while the
+    broker is away: the engine says the broker went away, once a minute that it is still
+    away, and that it is back, and never gives up; requests submitted before, during (the
+    client holds them) and after are each answered once, the state equal to a serial
+    reading of the log."""
+    import subprocess
+
+    kafka = KafkaCluster(data_dir=str(tmp_path / "kafka"))
+    bootstrap = kafka.start()
+    namespace, data_dir, away = "weather", str(tmp_path / "d"), 90.0
+    engine = ordo("run", "--bootstrap-servers", bootstrap, "--namespace", namespace, "--data-dir", data_dir,
+                  "--quiet", "--runtime", "local", "--max-txns", "100", stderr=subprocess.PIPE, text=True)
+    said = StderrLines(engine)
+    requests = list(sl.generate(1200, seed=13))
+    before, during, after = requests[:400], requests[400:800], requests[800:]
+    held: dict[str, dict] = {}
+    try:
+        with Client(bootstrap, namespace) as client:
+            client.wait_for_topics(timeout=60)
+            client.submit(before, timeout=None)
+            client.wait([r["id"] for r in before[:10]], timeout=120)
+        kafka.nodes[0].stop()
+        stopped = time.monotonic()
+        time.sleep(5)
+        # The sequencer dies while the broker is away: its restarts meet no broker.
+        sequencer_pid = _sequencer_pid(engine)
+        os.kill(sequencer_pid, signal.SIGKILL)
+        during_client = Client(bootstrap, namespace)
+        submitting = threading.Thread(target=during_client.submit, args=(during,), kwargs={"timeout": None},
+                                      daemon=True)
+        submitting.start()
+
+        def wait_through_the_outage() -> None:
+            with Client(bootstrap, namespace) as waiting:
+                held.update(waiting.outcomes([r["id"] for r in during], timeout=None))
+
+        waiter = threading.Thread(target=wait_through_the_outage, daemon=True)
+        waiter.start()
+        while time.monotonic() - stopped < away:
+            assert engine.poll() is None, "\n".join(said.lines)
+            time.sleep(1)
+        back = time.monotonic()
+        kafka.restart_node(0)
+        submitting.join(120)
+        assert not submitting.is_alive(), "the client did not hand over the requests it held"
+        during_client.close()
+        with Client(bootstrap, namespace) as client:
+            client.submit(after, timeout=None)
+        records = read_results(bootstrap, f"{namespace}.results", len(requests), timeout=240)
+        resumed = time.monotonic() - back
+        waiter.join(120)
+        assert set(held) == {r["id"] for r in during}, f"{len(held)} of {len(during)} outcomes waited for"
+        assert engine.poll() is None, "\n".join(said.lines)
+        assert stop(engine, timeout=60) == 0
+        assert_exactly_once(bootstrap, namespace, requests, records, data_dir)
+    finally:
+        stop(engine, timeout=60)
+        kafka.stop()
+    said.thread.join(10)
+    gone, still, again = (said.having(words) for words in ("does not answer; waiting", "has not answered for",
+                                                             "answers again after"))
+    assert len(gone) == 1 and len(again) == 1, "\n".join(said.lines)
+    assert 1 <= len(still) <= 2, "\n".join(said.lines)
+    assert not said.having("not restarting it"), "\n".join(said.lines)
+    fault_report(f"broker stopped {away:.0f} s under ordo run, sequencer SIGKILLed while it was away (restarted "
+                 f"once the broker answered); {len(requests)} requests (400 before, 400 held by the client during, "
+                 f"400 after) answered exactly once, state equal to the serial reading; all outcomes "
+                 f"{resumed:.1f} s after the broker was started again; said: {gone[0]!r}, {len(still)} reminder(s), "
+                 f"{again[0]!r}")
