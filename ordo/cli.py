@@ -214,8 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the nodes keep their logs; started again on it, the broker has everything "
                         "it had (default %(default)s)")
     p.add_argument("--nodes", type=COUNT, default=1, metavar="N",
-                   help="KRaft nodes (broker and controller each) on loopback ports; 3 for replication "
-                        "(default %(default)s)")
+                   help="KRaft nodes (broker and controller each) on loopback ports; 3 for replication, "
+                        "a node that dies started again while the others serve (default %(default)s)")
     p.add_argument("--engine", choices=("kafka", "tansu"), default=None,
                    help="kafka (default), or tansu: a memory-only fallback for machines without Java, "
                         "which forgets everything when it stops (also ORDO_BROKER_ENGINE)")

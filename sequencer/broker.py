@@ -47,6 +47,10 @@ def local_broker(engine: str | None = None, *, port: int | None = None, nodes: i
 # How long `ordo broker` waits for a broker of the same data directory that is still
 # stopping (its launcher was killed, its node shuts down) to let go of the port.
 PREVIOUS_BROKER_GRACE = 60.0
+# A node of a cluster that exits is started again, unless it exited this many times, each
+# within this many seconds of its start: it fails at start-up, and the others serve on.
+NODE_FAST_EXIT_S = 30.0
+NODE_FAST_EXITS = 3
 
 
 def _port_taken(port: int, host: str = "127.0.0.1") -> bool:
@@ -60,6 +64,35 @@ def _port_taken(port: int, host: str = "127.0.0.1") -> bool:
         except OSError:
             return True
     return False
+
+
+def _serve_on_node_loss(cluster: KafkaCluster, stop_requested: threading.Event) -> None:
+    """Until a stop is asked or every node is gone: a node that exits is started again,
+    each in one line, while the others serve on (replication is for exactly this). A node
+    that keeps failing at start-up is given up, also in one line."""
+    started = {node.node_id: time.monotonic() for node in cluster.nodes}
+    fast_exits = dict.fromkeys(started, 0)
+    given_up: set[int] = set()
+    while not stop_requested.wait(0.5):
+        for node in cluster.nodes:
+            if node.node_id in given_up or node.is_running():
+                continue
+            code = node.process.returncode if node.process is not None else None
+            serving = sum(other.is_running() for other in cluster.nodes)
+            fast = time.monotonic() - started[node.node_id] < NODE_FAST_EXIT_S
+            fast_exits[node.node_id] = fast_exits[node.node_id] + 1 if fast else 0
+            if fast_exits[node.node_id] >= NODE_FAST_EXITS:
+                given_up.add(node.node_id)
+                print(f"ordo broker: Kafka node {node.node_id} ({node.address}) exited {NODE_FAST_EXITS} times within "
+                      f"{NODE_FAST_EXIT_S:.0f} s of starting (code {code}; its log: {node.log_path}); not restarting "
+                      f"it, {serving} node(s) serve on", flush=True)
+                continue
+            print(f"ordo broker: Kafka node {node.node_id} ({node.address}) exited (code {code}); restarting it, "
+                  f"{serving} node(s) serve on", flush=True)
+            node.start()
+            started[node.node_id] = time.monotonic()
+        if len(given_up) == len(cluster.nodes):
+            return
 
 
 def run_broker_foreground(port: int | None, engine: str | None = None, nodes: int = 1,
@@ -90,6 +123,8 @@ def run_broker_foreground(port: int | None, engine: str | None = None, nodes: in
         else:
             print(f"broker listening on {address} (Apache Kafka {KAFKA_VERSION}, {nodes} node(s), data in "
                   f"{broker.data_dir}; stop with Ctrl-C)", flush=True)
+        if isinstance(broker, KafkaCluster) and len(broker.nodes) > 1:
+            _serve_on_node_loss(broker, stop_requested)
         while not stop_requested.is_set() and broker.is_running():
             stop_requested.wait(0.5)
         if not stop_requested.is_set():

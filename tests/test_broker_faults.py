@@ -235,13 +235,12 @@ def test_a_broker_stopped_for_longer_than_the_grace_is_not_called_lost(tmp_path)
     assert code == 0, said
 
 
-class StderrLines:
-    """The lines a process writes to its standard error, read as they come (a full pipe
-    would block it)."""
+class Lines:
+    """The lines a process writes to a pipe, read as they come (a full pipe would block it)."""
 
-    def __init__(self, process):
+    def __init__(self, stream):
         self.lines: list[str] = []
-        self.thread = threading.Thread(target=self._read, args=(process.stderr,), daemon=True)
+        self.thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
         self.thread.start()
 
     def _read(self, stream) -> None:
@@ -272,7 +271,7 @@ def test_a_broker_away_for_90_s_under_ordo_run_is_waited_for_and_nothing_is_lost
     namespace, data_dir, away = "weather", str(tmp_path / "d"), 90.0
     engine = ordo("run", "--bootstrap-servers", bootstrap, "--namespace", namespace, "--data-dir", data_dir,
                   "--quiet", "--runtime", "local", "--max-txns", "100", stderr=subprocess.PIPE, text=True)
-    said = StderrLines(engine)
+    said = Lines(engine.stderr)
     requests = list(sl.generate(1200, seed=13))
     before, during, after = requests[:400], requests[400:800], requests[800:]
     held: dict[str, dict] = {}
@@ -329,3 +328,62 @@ def test_a_broker_away_for_90_s_under_ordo_run_is_waited_for_and_nothing_is_lost
                  f"400 after) answered exactly once, state equal to the serial reading; all outcomes "
                  f"{resumed:.1f} s after the broker was started again; said: {gone[0]!r}, {len(still)} reminder(s), "
                  f"{again[0]!r}")
+
+
+def test_ordo_broker_with_three_nodes_restarts_a_killed_node_while_the_others_serve(tmp_path, fault_report):
+    """`ordo broker --nodes 3` under `ordo run` with a replicated namespace: one node's JVM
+    SIGKILLed (the log's leader). The launcher says so in one line and starts it again, the
+    other two serve on; every request is answered once, the state equal to a serial
+    reading of the log."""
+    import subprocess
+
+    import psutil
+    from confluent_kafka.admin import AdminClient
+
+    launcher = ordo("broker", "--nodes", "3", "--data-dir", str(tmp_path / "kafka"), stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT, text=True)
+    first = launcher.stdout.readline()
+    assert first.startswith("broker listening on "), first
+    bootstrap = first.split()[3]
+    said = Lines(launcher.stdout)
+    namespace, data_dir = "nodes", str(tmp_path / "d")
+    engine = ordo("run", "--bootstrap-servers", bootstrap, "--namespace", namespace, "--data-dir", data_dir,
+                  "--quiet", "--runtime", "local", "--max-txns", "100", "--log-replication", "3")
+    requests = list(sl.generate(3000, seed=14))
+    feeder = watch = None
+    try:
+        client = Client(bootstrap, namespace)
+        client.wait_for_topics(timeout=90)
+        client.close()
+        feeder = Feeder(bootstrap, namespace, requests, slice_size=50, pause=0.4).start()
+        watch = OutcomeWatch(bootstrap, f"{namespace}.results").start()
+        time.sleep(5)
+        log = f"{namespace}.log"
+        leader = AdminClient({"bootstrap.servers": bootstrap}).list_topics(log, timeout=10).topics[log].partitions[0].leader
+        node = next(p for p in psutil.Process(launcher.pid).children()
+                    if any(arg.endswith(f"node-{leader}.properties") for arg in p.cmdline()))
+        node.kill()
+        killed = time.monotonic()
+        resumed = watch.first_after(killed, engine, timeout=180)
+        deadline = time.monotonic() + 60
+        while not said.having(f"Kafka node {leader} "):
+            assert launcher.poll() is None, "ordo broker stopped: " + "\n".join(said.lines)
+            assert time.monotonic() < deadline, "\n".join(said.lines)
+            time.sleep(0.2)
+        settle_and_check(feeder, watch, engine, bootstrap, namespace, requests, data_dir)
+        assert launcher.poll() is None, "\n".join(said.lines)
+        restarted = [p for p in psutil.Process(launcher.pid).children()
+                     if any(arg.endswith(f"node-{leader}.properties") for arg in p.cmdline())]
+        assert len(restarted) == 1 and restarted[0].pid != node.pid
+        assert said.lines == [f"ordo broker: Kafka node {leader} ({said.lines[0].split('(')[1].split(')')[0]}) "
+                              f"exited (code -9); restarting it, 2 node(s) serve on"], said.lines
+    finally:
+        if feeder is not None and feeder.thread.is_alive():
+            feeder.thread.join(5)
+        if watch is not None:
+            watch.stop()
+        stop(engine, timeout=60)
+        stop(launcher, timeout=90)
+    fault_report(f"SIGKILL of Kafka node {leader} (the log's leader) of `ordo broker --nodes 3` under ordo run "
+                 f"--log-replication 3: the launcher restarted it ({said.lines[0]!r}); {len(requests)} requests "
+                 f"answered exactly once, state equal to the serial reading; first outcome {resumed:.1f} s after the kill")
