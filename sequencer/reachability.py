@@ -1,9 +1,12 @@
 """Is a broker there at all? One metadata request with a short timeout, before a command
 starts anything: an unreachable broker is one line at once, not a minute of librdkafka's
-retries ending in a traceback."""
+retries ending in a traceback. And, for a command that serves for a long time, the same
+question asked every few seconds (`BrokerWatch`): a broker that goes away is waited for."""
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
 
 from confluent_kafka import KafkaError, KafkaException
@@ -56,9 +59,6 @@ class BrokerWatch:
 
     def __init__(self, bootstrap: str, stream=None, every: float = WATCH_EVERY,
                  remind_every: float = AWAY_REMINDER_EVERY):
-        import sys
-        import threading
-
         self.bootstrap = bootstrap
         self._stream = stream if stream is not None else sys.stderr
         self._every, self._remind_every = every, remind_every

@@ -387,3 +387,57 @@ def test_ordo_broker_with_three_nodes_restarts_a_killed_node_while_the_others_se
     fault_report(f"SIGKILL of Kafka node {leader} (the log's leader) of `ordo broker --nodes 3` under ordo run "
                  f"--log-replication 3: the launcher restarted it ({said.lines[0]!r}); {len(requests)} requests "
                  f"answered exactly once, state equal to the serial reading; first outcome {resumed:.1f} s after the kill")
+
+
+def test_ordo_execute_waits_for_a_broker_away_for_70_s_and_goes_on(tmp_path, fault_report):
+    """`ordo execute` (the engine without its sequencer) under a durable broker stopped
+    for 70 s: it says the broker went away, once a minute that it is still away, and that it
+    is back, then answers the requests sent after it; each request once, the state equal
+    to a serial reading of the log."""
+    import subprocess
+
+    from ordo.sequencer.topics import ensure_topics
+
+    kafka = KafkaCluster(data_dir=str(tmp_path / "kafka"))
+    bootstrap = kafka.start()
+    namespace, data_dir, away = "execute-weather", str(tmp_path / "d"), 70.0
+    ensure_topics(bootstrap, namespace, 1)
+    on_namespace = ("--bootstrap-servers", bootstrap, "--namespace", namespace)
+    sequencer = ordo("sequence", *on_namespace, "--max-txns", "100", stderr=subprocess.DEVNULL)
+    engine = ordo("execute", *on_namespace, "--data-dir", data_dir, "--runtime", "local", "--quiet",
+                  stderr=subprocess.PIPE, text=True)
+    said = Lines(engine.stderr)
+    requests = list(sl.generate(600, seed=15))
+    before, after = requests[:300], requests[300:]
+    sequencer_restarted = False
+    try:
+        with Client(bootstrap, namespace) as client:
+            client.submit(before, timeout=None)
+            assert len(client.wait([r["id"] for r in before], timeout=120)) == len(before)
+        kafka.nodes[0].stop()
+        stopped = time.monotonic()
+        while time.monotonic() - stopped < away:
+            assert engine.poll() is None, "\n".join(said.lines)
+            time.sleep(1)
+        kafka.restart_node(0)
+        if sequencer.poll() is not None:  # a sequencer of its own is its supervisor's to restart
+            sequencer_restarted = True
+            sequencer = ordo("sequence", *on_namespace, "--max-txns", "100", stderr=subprocess.DEVNULL)
+        with Client(bootstrap, namespace) as client:
+            client.submit(after, timeout=None)
+        records = read_results(bootstrap, f"{namespace}.results", len(requests), timeout=240)
+        assert engine.poll() is None, "\n".join(said.lines)
+        assert stop(engine, timeout=60) == 0
+        assert_exactly_once(bootstrap, namespace, requests, records, data_dir)
+    finally:
+        stop(engine, timeout=60)
+        stop(sequencer, timeout=60)
+        kafka.stop()
+    said.thread.join(10)
+    gone, still, again = (said.having(words) for words in ("does not answer; waiting", "has not answered for",
+                                                             "answers again after"))
+    assert (len(gone), len(still), len(again)) == (1, 1, 1), "\n".join(said.lines)
+    fault_report(f"broker stopped {away:.0f} s under ordo execute (sequencer apart"
+                 f"{', restarted after the outage' if sequencer_restarted else ', rode it out'}); {len(requests)} "
+                 f"requests (300 before, 300 after) answered exactly once, state equal to the serial reading; said: "
+                 f"{gone[0]!r}, {still[0]!r}, {again[0]!r}")
