@@ -49,6 +49,9 @@ def check_reachable(bootstrap: str, timeout: float = TIMEOUT, wait: float = 0.0)
 # again that the broker is still away.
 WATCH_EVERY = 2.0
 AWAY_REMINDER_EVERY = 60.0
+# Looks in a row without an answer before the broker is said to be away: one slow answer
+# (a busy machine) is not an outage.
+MISSES_FOR_AWAY = 2
 
 
 class BrokerWatch:
@@ -68,9 +71,10 @@ class BrokerWatch:
         self._back.set()
         self._stopping = threading.Event()
         self._away_since: float | None = None
-        self._last_away = float("-inf")  # when the broker was last seen not answering
+        self._last_away = float("-inf")  # when the broker last did not answer a look
+        self._misses = 0
+        self._first_miss = 0.0  # when the looks without an answer began
         self._reminded = 0.0
-        self.outages = 0
         self._thread = threading.Thread(target=self._run, name="broker-watch", daemon=True)
 
     def start(self) -> BrokerWatch:
@@ -97,6 +101,9 @@ class BrokerWatch:
         answers = self._answers()
         now = time.monotonic()
         with self._lock:
+            self._misses = 0 if answers else self._misses + 1
+            if self._misses == 1:
+                self._first_miss = now
             if answers and self._away_since is not None:
                 print(f"the broker at {self.bootstrap} answers again after {now - self._away_since:.0f} s; "
                       f"carrying on", file=self._stream, flush=True)
@@ -104,13 +111,12 @@ class BrokerWatch:
                 self._back.set()
             elif not answers:
                 self._last_away = now
-                if self._away_since is None:
-                    self._away_since = self._reminded = now
-                    self.outages += 1
+                if self._away_since is None and self._misses >= MISSES_FOR_AWAY:
+                    self._away_since = self._reminded = self._first_miss
                     self._back.clear()
                     print(f"the broker at {self.bootstrap} does not answer; waiting for it (requests wait in the "
                           f"clients, nothing is lost)", file=self._stream, flush=True)
-                elif now - self._reminded >= self._remind_every:
+                elif self._away_since is not None and now - self._reminded >= self._remind_every:
                     self._reminded = now
                     print(f"the broker at {self.bootstrap} has not answered for {now - self._away_since:.0f} s; "
                           f"still waiting", file=self._stream, flush=True)

@@ -389,9 +389,9 @@ def test_ordo_broker_with_three_nodes_restarts_a_killed_node_while_the_others_se
                  f"answered exactly once, state equal to the serial reading; first outcome {resumed:.1f} s after the kill")
 
 
-def test_ordo_execute_waits_for_a_broker_away_for_70_s_and_goes_on(tmp_path, fault_report):
+def test_ordo_execute_waits_for_a_broker_away_for_80_s_and_goes_on(tmp_path, fault_report):
     """`ordo execute` (the engine without its sequencer) under a durable broker stopped
-    for 70 s: it says the broker went away, once a minute that it is still away, and that it
+    for 80 s: it says the broker went away, once a minute that it is still away, and that it
     is back, then answers the requests sent after it; each request once, the state equal
     to a serial reading of the log."""
     import subprocess
@@ -400,7 +400,7 @@ def test_ordo_execute_waits_for_a_broker_away_for_70_s_and_goes_on(tmp_path, fau
 
     kafka = KafkaCluster(data_dir=str(tmp_path / "kafka"))
     bootstrap = kafka.start()
-    namespace, data_dir, away = "execute-weather", str(tmp_path / "d"), 70.0
+    namespace, data_dir, away = "execute-weather", str(tmp_path / "d"), 80.0
     ensure_topics(bootstrap, namespace, 1)
     on_namespace = ("--bootstrap-servers", bootstrap, "--namespace", namespace)
     sequencer = ordo("sequence", *on_namespace, "--max-txns", "100", stderr=subprocess.DEVNULL)
@@ -436,7 +436,8 @@ def test_ordo_execute_waits_for_a_broker_away_for_70_s_and_goes_on(tmp_path, fau
     said.thread.join(10)
     gone, still, again = (said.having(words) for words in ("does not answer; waiting", "has not answered for",
                                                              "answers again after"))
-    assert (len(gone), len(still), len(again)) == (1, 1, 1), "\n".join(said.lines)
+    assert len(gone) == 1 and len(again) == 1, "\n".join(said.lines)
+    assert 1 <= len(still) <= 2, "\n".join(said.lines)  # a minute after it went away (a second if slow back)
     fault_report(f"broker stopped {away:.0f} s under ordo execute (sequencer apart"
                  f"{', restarted after the outage' if sequencer_restarted else ', rode it out'}); {len(requests)} "
                  f"requests (300 before, 300 after) answered exactly once, state equal to the serial reading; said: "
