@@ -211,8 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the nodes keep their logs; started again on it, the broker has everything "
                         "it had (default %(default)s)")
     p.add_argument("--nodes", type=COUNT, default=1, metavar="N",
-                   help="KRaft nodes (broker and controller each) on loopback ports; 3 for replication "
-                        "(default %(default)s)")
+                   help="KRaft nodes (broker and controller each) on loopback ports; 3 for replication, "
+                        "a node that dies started again while the others serve (default %(default)s)")
     p.add_argument("--engine", choices=("kafka", "tansu"), default=None,
                    help="kafka (default), or tansu: a memory-only fallback for machines without Java, "
                         "which forgets everything when it stops (also ORDO_BROKER_ENGINE)")
@@ -355,6 +355,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "soak: how long it sends")
     p.add_argument("--every", type=float, default=30.0, metavar="T",
                    help="soak: seconds between memory samples (default %(default)s)")
+    p.add_argument("--bounce-broker-every", type=float, default=None, metavar="T",
+                   help="soak: stop the broker every T seconds (SIGTERM and SIGKILL in turn) and start it again "
+                        "on its data, then check every request answered once and the state against a serial "
+                        "reading of the log")
+    p.add_argument("--broker-down", type=float, default=15.0, metavar="S",
+                   help="soak with --bounce-broker-every: seconds the broker stays stopped (default %(default)s)")
     p.add_argument("--runtime", choices=("auto", "local", "ray"), default="auto",
                    help="latency: partition workers in the engine's process (local) or as Ray actors (ray); "
                         "auto: Ray when there is more than one partition")
@@ -719,8 +725,11 @@ def cmd_bench(args) -> int:
                              "ordo bench soak micro --rate 500 --seconds 1800")
         if not (float(args.rate) > 0 and args.seconds > 0 and args.every > 0):
             raise ValueError("ordo bench soak needs --rate, --seconds and --every above 0")
+        if args.bounce_broker_every is not None and not (args.bounce_broker_every > 0 and args.broker_down >= 0):
+            raise ValueError("ordo bench soak needs --bounce-broker-every above 0 and --broker-down of 0 or more")
         run_soak(args.scaled, float(args.rate), args.seconds, int(args.partitions or 1), args.scheduler,
-                 args.every, args.seed, parse_knobs(_workload(args.scaled), args.knob), args.json)
+                 args.every, args.seed, parse_knobs(_workload(args.scaled), args.knob), args.json,
+                 args.bounce_broker_every, args.broker_down)
         return 0
     if args.workload == "scale":
         from ordo.benchmarks.scale import run_scale

@@ -28,6 +28,7 @@ from ordo.reading import (
 from ordo.scheduler.stream_outputs import stream_topic
 from ordo.errors import BrokerUnavailable, NotSent, OrdoError, OutcomeTimeout, Timeout, TopicMissing
 from ordo.sequencer.kafka import REQUEST_BATCHING, consumer_config, kafka_config, watermarks
+from ordo.sequencer.reachability import UNANSWERED
 from ordo.sequencer.topics import Topics
 from ordo.sequencer.wire import fields_problem, id_problem
 
@@ -83,12 +84,15 @@ class Client:
                 "enable.idempotence": True,
                 **REQUEST_BATCHING,  # a flush (every submit ends with one) sends at once
                 "queue.buffering.max.messages": 1_000_000,
+                # A request waits in the client for a broker that is away, however long,
+                # rather than expiring unsent after librdkafka's five minutes.
+                "message.timeout.ms": 0,
                 **self.settings,
             }))
         return self._producer
 
     def submit(self, proc: str | Iterable[Request], args: dict[str, Any] | None = None, *,
-               request_id: str | None = None, timeout: float = 60.0) -> str | list[str]:
+               request_id: str | None = None, timeout: float | None = 60.0) -> str | list[str]:
         """`submit("deposit", {...})` (or `submit(proc="deposit", args={...})`): one request,
         returns its id. `submit([...])`: many, as `submit_many`, returns their ids and raises
         if the broker refused any."""
@@ -104,12 +108,14 @@ class Client:
                                f"(request {first}: {submission.failed[first]})")
         return submission.sent
 
-    def submit_many(self, requests: Iterable[Request], timeout: float = 60.0) -> Submission:
+    def submit_many(self, requests: Iterable[Request], timeout: float | None = 60.0) -> Submission:
         """Produce requests, in order, and wait until the broker has them. A request is a
         dict (`new_request`), a raw message body sent as it is (keyed by its 'id' when it
         has a usable one: the engine, not the client, judges each request), or a
         (key, raw body) pair. Raises BrokerUnavailable if no broker answers within
-        `timeout`, NotSent if the broker has not acknowledged every request by then."""
+        `timeout`, NotSent if the broker has not acknowledged every request by then; the
+        requests stay queued in this client and go when the broker answers. `timeout=None`
+        waits for a broker that is away as long as it takes."""
         self._mark_start(timeout)
         producer = self._ensure_producer()
         submission = Submission()
@@ -145,10 +151,10 @@ class Client:
                     submission.ids[index] = None
                     break
             producer.poll(0)
-        remaining = producer.flush(timeout)
+        remaining = producer.flush(-1 if timeout is None else timeout)
         if remaining:
             raise NotSent(f"{remaining} requests were not acknowledged by the broker at {self.bootstrap} within "
-                          f"{timeout:.0f} s")
+                          f"{timeout:.0f} s; they stay queued in this client and are sent when the broker answers")
         if unknown_topic:
             raise self._missing(self.topics.requests)
         return submission
@@ -182,9 +188,9 @@ class Client:
 
     # -- outcomes ----------------------------------------------------------------------------
 
-    def _mark_start(self, timeout: float = 10.0) -> None:
+    def _mark_start(self, timeout: float | None = 10.0) -> None:
         if self._start is None:
-            self._start = self._end_offsets(timeout)
+            self._start = _until_the_broker_answers(self._end_offsets, timeout)
 
     def _unavailable(self, exc: KafkaException, timeout: float) -> BrokerUnavailable:
         error = exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else str(exc)
@@ -257,8 +263,11 @@ class Client:
             **self.settings,
         }))
 
-    def _reader(self, from_beginning: bool, timeout: float = 10.0) -> Consumer:
+    def _reader(self, from_beginning: bool, timeout: float | None = 10.0) -> Consumer:
         warn_if_unauthenticated(kafka_config(self.bootstrap, self.settings), self.topics.results)
+        return _until_the_broker_answers(lambda bounded: self._bounded_reader(from_beginning, bounded), timeout)
+
+    def _bounded_reader(self, from_beginning: bool, timeout: float) -> Consumer:
         consumer = self._consumer()
         start = {} if from_beginning else (self._start if self._start is not None else self._end_offsets(timeout))
         partitions = self._partitions(consumer, min(timeout, 10.0))
@@ -274,31 +283,33 @@ class Client:
         topic ended before this client's first request (or now, for a client that sent
         none), or from the beginning. Stops after `idle` seconds without one (None: never).
         A record that is not an outcome object is yielded as {"unreadable": raw bytes}."""
-        consumer = self._reader(from_beginning, max(0.5, min(10.0, idle if idle is not None else 10.0)))
+        consumer = self._reader(from_beginning, None if idle is None else max(0.5, min(10.0, idle)))
         last = time.monotonic()
         try:
             while idle is None or time.monotonic() - last < idle:
                 for message in consumer.consume(10_000, 0.1):
                     if message.error() is not None:
-                        if message.error().code() == KafkaError._PARTITION_EOF:
-                            continue
+                        if message.error().code() == KafkaError._PARTITION_EOF or message.error().code() in UNANSWERED:
+                            continue  # a broker away: the consumer reads on when it is back
                         raise OrdoError(f"reading {self.topics.results} failed: {message.error()}")
                     last = time.monotonic()
                     yield _outcome(message.value())
         finally:
             consumer.close()
 
-    def collect(self, ids: Iterable[str], timeout: float = 60.0, from_beginning: bool = False,
+    def collect(self, ids: Iterable[str], timeout: float | None = 60.0, from_beginning: bool = False,
                 on_outcome: Callable[[dict], None] | None = None) -> dict[str, list[dict]]:
         """Wait for the outcomes of `ids`, one per time an id is listed (a request sent twice
-        gets two outcomes); returns what arrived before the timeout, by id, in arrival order."""
+        gets two outcomes); returns what arrived before the timeout, by id, in arrival order.
+        `timeout=None` waits until every one has come, through any broker outage."""
         wanted = Counter(ids)
         found: dict[str, list[dict]] = {}
         pending = sum(wanted.values())
         if not pending:
             return found
-        deadline = time.monotonic() + timeout
-        for outcome in self.stream(from_beginning, idle=max(0.0, deadline - time.monotonic())):
+        deadline = float("inf") if timeout is None else time.monotonic() + timeout
+        idle = None if timeout is None else max(0.0, deadline - time.monotonic())
+        for outcome in self.stream(from_beginning, idle=idle):
             request_id = outcome.get("id")
             if isinstance(request_id, str) and len(found.get(request_id, ())) < wanted.get(request_id, 0):
                 found.setdefault(request_id, []).append(outcome)
@@ -309,15 +320,16 @@ class Client:
                 break
         return found
 
-    def wait(self, ids: Iterable[str], timeout: float = 60.0, on_outcome=None,
+    def wait(self, ids: Iterable[str], timeout: float | None = 60.0, on_outcome=None,
              from_beginning: bool = False) -> dict[str, dict]:
         """The first outcome of each id since this client's first request; ids without one
         by the timeout are absent."""
         found = self.collect(list(dict.fromkeys(ids)), timeout, from_beginning, on_outcome)
         return {request_id: outcomes[0] for request_id, outcomes in found.items()}
 
-    def wait_one(self, request_id: str, timeout: float = 60.0) -> dict:
-        """The first outcome of `request_id`; OutcomeTimeout if none came within `timeout`."""
+    def wait_one(self, request_id: str, timeout: float | None = 60.0) -> dict:
+        """The first outcome of `request_id`; OutcomeTimeout if none came within `timeout`
+        (None: wait as long as it takes, through any broker outage)."""
         found = self.wait([request_id], timeout)
         if request_id not in found:
             raise OutcomeTimeout(f"no outcome for {request_id!r} within {timeout:.0f} s")
@@ -495,3 +507,15 @@ def _outcome(raw: bytes | None) -> dict:
     except (TypeError, ValueError, RecursionError):  # anyone can write to <ns>.results: never crash on it
         return {"unreadable": raw}
     return outcome if isinstance(outcome, dict) else {"unreadable": raw}
+
+
+def _until_the_broker_answers(call: Callable[[float], Any], timeout: float | None) -> Any:
+    """`call(timeout)`; with `timeout=None`, called again, a bounded wait at a time, for as
+    long as no broker answers."""
+    if timeout is not None:
+        return call(timeout)
+    while True:
+        try:
+            return call(10.0)
+        except BrokerUnavailable:
+            time.sleep(1.0)

@@ -20,6 +20,7 @@ from ordo.scheduler.liveness import SILENT_AFTER, Silence
 from ordo.scheduler.worker import check_layout
 from ordo.sequencer.lag import sequencer_group
 from ordo.sequencer.lane_owner import EXIT_ANOTHER_ENGINE, OWNER_ENV, own_owner, owner_env, refuse_if_taken
+from ordo.sequencer.reachability import BrokerWatch
 from ordo.sequencer.sequencer import Sequencer, SequencerConfig
 from ordo.sequencer.topics import Topics, ensure_topics, request_partitions_for
 from ordo.sequencer.versions import EXIT_UPGRADED, check_set, upgrade_command
@@ -125,9 +126,11 @@ def serve_engine(bootstrap: str, namespace: str, data_dir: str, scheduler: str, 
           file=sys.stderr, flush=True)
     say_log_order(scheduler)
     progress, close_observer = engine_observer(coordinator, bootstrap, namespace, quiet, metrics_port)
+    broker = BrokerWatch(bootstrap).start()
     try:
         coordinator.run(progress=progress)
     finally:
+        broker.stop()
         close_observer()
     return 0
 
@@ -221,6 +224,7 @@ def _log_level() -> str:
 # A sequencer that exits with an error this soon after it started, this many times in a
 # row, fails at start-up (a procedure module it cannot import, a setting it refuses):
 # starting it again would only repeat the failure, so the engine stops with its reason.
+# An exit while the broker was away is the broker's, not the sequencer's: it never counts.
 FAST_FAILURE_S = 15.0
 FAST_FAILURES = 3
 SEQUENCE_ERROR = "ordo sequence: "  # how the sequencer's closing error line begins (ordo/cli.py)
@@ -230,11 +234,12 @@ class SequencerProcess:
     """A sequencer in a child process of its own (its own core, its own GIL), restarted
     if it dies: a restart fences the old one and resumes from the log. One that keeps
     failing at start-up is given up: `failure` says why and `on_failure` is called. One
-    that stops beating (SIGSTOP, a hang) is named, then killed and restarted."""
+    that stops beating (SIGSTOP, a hang) is named, then killed and restarted. One that
+    exits while the broker is away is started again once `broker` sees it answer."""
 
     def __init__(self, bootstrap: str, namespace: str, config: SequencerConfig,
                  procedure_modules: tuple[str, ...] = (), quiet: bool = False,
-                 on_failure: Callable[[], None] | None = None):
+                 on_failure: Callable[[], None] | None = None, broker: BrokerWatch | None = None):
         self._command = sequencer_command(bootstrap, namespace, config, procedure_modules, quiet)
         self._name = "sequencer" if config.sequencers == 1 else f"sequencer {config.index}"
         self._process: subprocess.Popen | None = None
@@ -243,6 +248,7 @@ class SequencerProcess:
         self._stopping = threading.Event()
         self._watch = threading.Thread(target=self._supervise, daemon=True)
         self._on_failure = on_failure
+        self._broker = broker
         self._relaying: threading.Thread | None = None
         self._last_line = ""  # the child's last line on standard error: its reason, when it fails
         self._held_line = ""  # its closing error line, passed on once its exit status is known
@@ -337,12 +343,20 @@ class SequencerProcess:
                 self._stop_engine(self._last_line.removeprefix(SEQUENCE_ERROR) or f"exit status {code}")
                 return
             self._pass_on_held_line()
-            # A signal (negative code) is a kill from outside, not a failure of its own.
-            fast_failures = fast_failures + 1 if code > 0 and time.monotonic() - started < FAST_FAILURE_S else 0
-            if fast_failures >= FAST_FAILURES:
-                self._give_up(code)
-                return
-            print(f"{self._name} exited with {code}; restarting", file=sys.stderr, flush=True)
+            if code > 0 and self._broker is not None and self._broker.away_since(started):
+                print(f"{self._name} exited with {code} while the broker was away; restarting it when the broker "
+                      f"answers", file=sys.stderr, flush=True)
+                self._broker.wait_until_back(self._stopping)
+                if self._stopping.is_set():
+                    return
+                fast_failures = 0
+            else:
+                # A signal (negative code) is a kill from outside, not a failure of its own.
+                fast_failures = fast_failures + 1 if code > 0 and time.monotonic() - started < FAST_FAILURE_S else 0
+                if fast_failures >= FAST_FAILURES:
+                    self._give_up(code)
+                    return
+                print(f"{self._name} exited with {code}; restarting", file=sys.stderr, flush=True)
             time.sleep(0.5)
             self.restarts += 1
             self._process = self._spawn()
@@ -374,9 +388,10 @@ class SequencerProcesses:
     """The S sequencers of `--sequencers S`, each a SequencerProcess."""
 
     def __init__(self, bootstrap: str, namespace: str, config: SequencerConfig,
-                 procedure_modules: tuple[str, ...] = (), on_failure: Callable[[], None] | None = None):
+                 procedure_modules: tuple[str, ...] = (), on_failure: Callable[[], None] | None = None,
+                 broker: BrokerWatch | None = None):
         self.processes = [SequencerProcess(bootstrap, namespace, replace(config, index=k), procedure_modules,
-                                           on_failure=on_failure)
+                                           on_failure=on_failure, broker=broker)
                           for k in range(config.sequencers)]
 
     def start(self) -> None:
@@ -425,12 +440,14 @@ def serve_all(bootstrap: str, namespace: str, data_dir: str, scheduler: str, par
                     list(range(partition_count)), own_owner("ordo run"))
     coordinator = Coordinator(bootstrap, namespace, data_dir, scheduler, partitions, **placement,
                               **(checkpointing or {}))
+    broker = BrokerWatch(bootstrap)
     sequencer = SequencerProcesses(bootstrap, namespace, config, placement.get("procedure_modules", ()),
-                                   on_failure=coordinator.stop)
+                                   on_failure=coordinator.stop, broker=broker)
     on_termination(coordinator.stop)
     on_checkpoint_signal(coordinator)
     announce_start(coordinator)
     readiness = Readiness(log_end(coordinator), started, sys.stderr)
+    broker.start()
     sequencer.start()
     sequencers = f"{config.sequencers} sequencers, " if config.sequencers > 1 else ""
     print(f"ordo running: namespace {namespace}, {sequencers}{scheduler} scheduler, {partitions} partition(s), "
@@ -449,6 +466,7 @@ def serve_all(bootstrap: str, namespace: str, data_dir: str, scheduler: str, par
     finally:
         close_observer()
         sequencer.stop()
+        broker.stop()
     if sequencer.failure is not None:
         raise RuntimeError(sequencer.failure)
     print(f"stopped after batch {coordinator.stats.last_batch}", file=sys.stderr, flush=True)

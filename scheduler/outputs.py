@@ -147,6 +147,8 @@ class KafkaOutputs:
             "linger.ms": OUTPUT_LINGER_MS,
             "batch.num.messages": 10_000,
             "queue.buffering.max.messages": 1_000_000,
+            # Outputs wait for a broker that is away, however long: none expires unsent.
+            "message.timeout.ms": 0,
             **output_compression(user_kafka_settings()),
             **(extra or {}),
         }))

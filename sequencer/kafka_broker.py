@@ -224,6 +224,26 @@ class KafkaNode:
             f"(Kafka node {self.node_id}'s log is empty)"
 
 
+def node_still_running(data_dir: str) -> bool:
+    """Whether a Kafka node process still holds a log directory of the cluster in
+    `data_dir` (Kafka keeps a lock on its `.lock` file for as long as the process lives)."""
+    import fcntl
+    import glob
+
+    for lock in glob.glob(os.path.join(data_dir, "node-*", ".lock")):
+        try:
+            fd = os.open(lock, os.O_RDWR)
+        except OSError:
+            continue  # removed by a node that stopped just now
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        finally:
+            os.close(fd)  # closing releases a lock taken here
+    return False
+
+
 def _stop_with_parent() -> None:
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG

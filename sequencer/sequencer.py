@@ -51,15 +51,13 @@ from ordo.sequencer.reader import LogReader, log_identity
 from ordo.sequencer.routing import (
     SINGLE_ITEM_BYTES, build_routing, item_bytes, max_item_bytes, placement_of, routing_bytes,
 )
+from ordo.sequencer.reachability import UNANSWERED
 from ordo.sequencer.startup import find_seed
 from ordo.sequencer.topics import Topics, check_topics, request_partitions_for
 from ordo.sequencer.wire import parse_request_sets
 from ordo.storage.partitioning import Partitioner
 
 log = logging.getLogger("ordo.sequencer")
-# Errors that mean no broker answered, rather than that one answered something unexpected.
-UNANSWERED = (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT,
-              KafkaError._MSG_TIMED_OUT, KafkaError.REQUEST_TIMED_OUT)
 
 
 def _spans(offsets: dict) -> str:

@@ -206,6 +206,23 @@ def test_bench_soak_samples_every_process_and_rocksdb_until_every_request_is_ans
     assert report["engine_exit"] == 0
 
 
+def test_bench_soak_bounces_the_broker_and_checks_every_request_once_against_a_serial_reading(tmp_path,
+                                                                                            fault_report):
+    out = tmp_path / "soak.json"
+    text = ordo_output("bench", "soak", "micro", "--rate", "100", "--seconds", "60", "--every", "10",
+                       "--bounce-broker-every", "15", "--broker-down", "5", "--json", str(out), timeout=580)
+    report = json.loads(out.read_text())
+    bounces, check = report["bounces"], report["check"]
+    assert [b["how"] for b in bounces][:2] == ["SIGTERM", "SIGKILL"], bounces
+    assert all(b["down_s"] >= 5 for b in bounces)
+    assert check == {**check, "answered": 6000, "answered_twice": 0, "state_equals_serial_reading": True}
+    assert report["engine_exit"] == 0
+    assert f"{len(bounces)} broker bounce(s); answering again after" in text
+    fault_report(f"{len(bounces)} broker bounces ({', '.join(b['how'] for b in bounces)}, 5 s away each) under "
+                 f"ordo bench soak at 100/s: 6,000 requests answered once, state equal to the serial reading; "
+                 f"answering again {', '.join(str(b['resume_s']) for b in bounces)} s after each")
+
+
 def test_bench_soak_refuses_a_rate_it_cannot_send():
     result = subprocess.run([sys.executable, "-m", "ordo.cli", "bench", "soak", "micro", "--rate", "0"],
                             capture_output=True, text=True, timeout=60)

@@ -74,3 +74,72 @@ def test_the_broker_leaves_nothing_running_when_it_is_stopped(tmp_path, how):
         if broker.poll() is None:
             broker.kill()
             broker.wait()
+
+
+def _produce_kept(bootstrap: str, topic: str, count: int):
+    """Produces `count` acknowledged records and returns the producer, still connected."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True})
+    for i in range(count):
+        producer.produce(topic, value=str(i).encode())
+    assert producer.flush(30) == 0
+    return producer
+
+
+def _read_kept(bootstrap: str, topic: str, count: int, timeout: float = 60) -> list[str]:
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "kept", "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+    values: list[str] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(values) < count and time.monotonic() < deadline:
+            values += [m.value().decode() for m in consumer.consume(1000, 0.5) if m.error() is None]
+    finally:
+        consumer.close()
+    return values
+
+
+@pytest.mark.parametrize("victims", ["launcher", "launcher-and-node"])
+def test_a_killed_broker_starts_again_at_once_on_its_port_with_its_data(tmp_path, victims, fault_report):
+    """A supervisor restarts a crashed `ordo broker` at once: neither the sockets its node
+    left in TIME-WAIT nor a node still shutting down keep the new one off its port."""
+    port, data_dir, topic = _free_port(), tmp_path / "kafka", "kept"
+    first = _broker(port, data_dir)
+    second = None
+    try:
+        assert first.stdout.readline().startswith(f"broker listening on 127.0.0.1:{port}")
+        bootstrap = f"127.0.0.1:{port}"
+        # A client still connected when the broker dies: the broker's side of its
+        # connection is left in TIME-WAIT on the port.
+        producer = _produce_kept(bootstrap, topic, 500)
+        nodes = [child.pid for child in psutil.Process(first.pid).children(recursive=True)]
+        first.kill()
+        if victims == "launcher-and-node":
+            for pid in nodes:
+                os.kill(pid, signal.SIGKILL)
+        first.wait(30)
+        second = _broker(port, data_dir)
+        said = []
+        while not (line := second.stdout.readline()).startswith("broker listening") and line:
+            said.append(line.strip())
+        assert line.startswith(f"broker listening on 127.0.0.1:{port}"), (said, line, second.wait(30))
+        assert all("is still stopping" in line for line in said), said
+        kept = _read_kept(bootstrap, topic, 500)
+        del producer
+        assert kept == [str(i) for i in range(500)], f"{len(kept)} of 500 records after the restart"
+        second.send_signal(signal.SIGINT)
+        assert second.wait(60) == 0
+    finally:
+        for process in (first, second):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()
+    fault_report(f"SIGKILL of the {victims.replace('-', ' ')} of `ordo broker --port {port}`, started again at "
+                 f"once on the same port and data directory: it served ({'; '.join(said) or 'no wait'}), "
+                 f"500 of 500 acknowledged records read back")

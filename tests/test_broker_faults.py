@@ -5,6 +5,7 @@ enters the log once, and the engine's state equals an independent serial reading
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 import time
@@ -232,3 +233,213 @@ def test_a_broker_stopped_for_longer_than_the_grace_is_not_called_lost(tmp_path)
     said = engine.stderr.read()
     assert "lost the log" not in said, said
     assert code == 0, said
+
+
+class Lines:
+    """The lines a process writes to a pipe, read as they come (a full pipe would block it)."""
+
+    def __init__(self, stream):
+        self.lines: list[str] = []
+        self.thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self.thread.start()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            self.lines.append(line.rstrip("\n"))
+
+    def having(self, words: str) -> list[str]:
+        return [line for line in self.lines if words in line]
+
+
+def _sequencer_pid(engine) -> int:
+    import psutil
+
+    (child,) = [c for c in psutil.Process(engine.pid).children() if "sequence" in c.cmdline()]
+    return child.pid
+
+
+def test_a_broker_away_for_90_s_under_ordo_run_is_waited_for_and_nothing_is_lost_or_doubled(tmp_path, fault_report):
+    """A durable broker stopped for 90 s under `ordo run`, its sequencer restarted while the
+    broker is away: the engine says the broker went away, once a minute that it is still
+    away, and that it is back, and never gives up; requests submitted before, during (the
+    client holds them) and after are each answered once, the state equal to a serial
+    reading of the log."""
+    import subprocess
+
+    kafka = KafkaCluster(data_dir=str(tmp_path / "kafka"))
+    bootstrap = kafka.start()
+    namespace, data_dir, away = "weather", str(tmp_path / "d"), 90.0
+    engine = ordo("run", "--bootstrap-servers", bootstrap, "--namespace", namespace, "--data-dir", data_dir,
+                  "--quiet", "--runtime", "local", "--max-txns", "100", stderr=subprocess.PIPE, text=True)
+    said = Lines(engine.stderr)
+    requests = list(sl.generate(1200, seed=13))
+    before, during, after = requests[:400], requests[400:800], requests[800:]
+    held: dict[str, dict] = {}
+    try:
+        with Client(bootstrap, namespace) as client:
+            client.wait_for_topics(timeout=60)
+            client.submit(before, timeout=None)
+            client.wait([r["id"] for r in before[:10]], timeout=120)
+        kafka.nodes[0].stop()
+        stopped = time.monotonic()
+        time.sleep(5)
+        # The sequencer dies while the broker is away: its restarts meet no broker.
+        sequencer_pid = _sequencer_pid(engine)
+        os.kill(sequencer_pid, signal.SIGKILL)
+        during_client = Client(bootstrap, namespace)
+        submitting = threading.Thread(target=during_client.submit, args=(during,), kwargs={"timeout": None},
+                                      daemon=True)
+        submitting.start()
+
+        def wait_through_the_outage() -> None:
+            with Client(bootstrap, namespace) as waiting:
+                held.update(waiting.outcomes([r["id"] for r in during], timeout=None))
+
+        waiter = threading.Thread(target=wait_through_the_outage, daemon=True)
+        waiter.start()
+        while time.monotonic() - stopped < away:
+            assert engine.poll() is None, "\n".join(said.lines)
+            time.sleep(1)
+        back = time.monotonic()
+        kafka.restart_node(0)
+        submitting.join(120)
+        assert not submitting.is_alive(), "the client did not hand over the requests it held"
+        during_client.close()
+        with Client(bootstrap, namespace) as client:
+            client.submit(after, timeout=None)
+        records = read_results(bootstrap, f"{namespace}.results", len(requests), timeout=240)
+        resumed = time.monotonic() - back
+        waiter.join(120)
+        assert set(held) == {r["id"] for r in during}, f"{len(held)} of {len(during)} outcomes waited for"
+        assert engine.poll() is None, "\n".join(said.lines)
+        assert stop(engine, timeout=60) == 0
+        assert_exactly_once(bootstrap, namespace, requests, records, data_dir)
+    finally:
+        stop(engine, timeout=60)
+        kafka.stop()
+    said.thread.join(10)
+    gone, still, again = (said.having(words) for words in ("does not answer; waiting", "has not answered for",
+                                                             "answers again after"))
+    assert len(gone) == 1 and len(again) == 1, "\n".join(said.lines)
+    assert 1 <= len(still) <= 2, "\n".join(said.lines)
+    assert not said.having("not restarting it"), "\n".join(said.lines)
+    fault_report(f"broker stopped {away:.0f} s under ordo run, sequencer SIGKILLed while it was away (restarted "
+                 f"once the broker answered); {len(requests)} requests (400 before, 400 held by the client during, "
+                 f"400 after) answered exactly once, state equal to the serial reading; all outcomes "
+                 f"{resumed:.1f} s after the broker was started again; said: {gone[0]!r}, {len(still)} reminder(s), "
+                 f"{again[0]!r}")
+
+
+def test_ordo_broker_with_three_nodes_restarts_a_killed_node_while_the_others_serve(tmp_path, fault_report):
+    """`ordo broker --nodes 3` under `ordo run` with a replicated namespace: one node's JVM
+    SIGKILLed (the log's leader). The launcher says so in one line and starts it again, the
+    other two serve on; every request is answered once, the state equal to a serial
+    reading of the log."""
+    import subprocess
+
+    import psutil
+    from confluent_kafka.admin import AdminClient
+
+    launcher = ordo("broker", "--nodes", "3", "--data-dir", str(tmp_path / "kafka"), stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT, text=True)
+    first = launcher.stdout.readline()
+    assert first.startswith("broker listening on "), first
+    bootstrap = first.split()[3]
+    said = Lines(launcher.stdout)
+    namespace, data_dir = "nodes", str(tmp_path / "d")
+    engine = ordo("run", "--bootstrap-servers", bootstrap, "--namespace", namespace, "--data-dir", data_dir,
+                  "--quiet", "--runtime", "local", "--max-txns", "100", "--log-replication", "3")
+    requests = list(sl.generate(3000, seed=14))
+    feeder = watch = None
+    try:
+        client = Client(bootstrap, namespace)
+        client.wait_for_topics(timeout=90)
+        client.close()
+        feeder = Feeder(bootstrap, namespace, requests, slice_size=50, pause=0.4).start()
+        watch = OutcomeWatch(bootstrap, f"{namespace}.results").start()
+        time.sleep(5)
+        log = f"{namespace}.log"
+        leader = AdminClient({"bootstrap.servers": bootstrap}).list_topics(log, timeout=10).topics[log].partitions[0].leader
+        node = next(p for p in psutil.Process(launcher.pid).children()
+                    if any(arg.endswith(f"node-{leader}.properties") for arg in p.cmdline()))
+        node.kill()
+        killed = time.monotonic()
+        resumed = watch.first_after(killed, engine, timeout=180)
+        deadline = time.monotonic() + 60
+        while not said.having(f"Kafka node {leader} "):
+            assert launcher.poll() is None, "ordo broker stopped: " + "\n".join(said.lines)
+            assert time.monotonic() < deadline, "\n".join(said.lines)
+            time.sleep(0.2)
+        settle_and_check(feeder, watch, engine, bootstrap, namespace, requests, data_dir)
+        assert launcher.poll() is None, "\n".join(said.lines)
+        restarted = [p for p in psutil.Process(launcher.pid).children()
+                     if any(arg.endswith(f"node-{leader}.properties") for arg in p.cmdline())]
+        assert len(restarted) == 1 and restarted[0].pid != node.pid
+        address = bootstrap.split(",")[leader - 1]  # nodes 1, 2, 3 in the order `ordo broker` lists them
+        line = f"ordo broker: Kafka node {leader} ({address}) exited (code -9); restarting it, 2 node(s) serve on"
+        assert said.lines == [line], said.lines
+    finally:
+        if feeder is not None and feeder.thread.is_alive():
+            feeder.thread.join(5)
+        if watch is not None:
+            watch.stop()
+        stop(engine, timeout=60)
+        stop(launcher, timeout=90)
+    fault_report(f"SIGKILL of Kafka node {leader} (the log's leader) of `ordo broker --nodes 3` under ordo run "
+                 f"--log-replication 3: the launcher restarted it ({said.lines[0]!r}); {len(requests)} requests "
+                 f"answered exactly once, state equal to the serial reading; first outcome {resumed:.1f} s after the kill")
+
+
+def test_ordo_execute_waits_for_a_broker_away_for_80_s_and_goes_on(tmp_path, fault_report):
+    """`ordo execute` (the engine without its sequencer) under a durable broker stopped
+    for 80 s: it says the broker went away, once a minute that it is still away, and that it
+    is back, then answers the requests sent after it; each request once, the state equal
+    to a serial reading of the log."""
+    import subprocess
+
+    from ordo.sequencer.topics import ensure_topics
+
+    kafka = KafkaCluster(data_dir=str(tmp_path / "kafka"))
+    bootstrap = kafka.start()
+    namespace, data_dir, away = "execute-weather", str(tmp_path / "d"), 80.0
+    ensure_topics(bootstrap, namespace, 1)
+    on_namespace = ("--bootstrap-servers", bootstrap, "--namespace", namespace)
+    sequencer = ordo("sequence", *on_namespace, "--max-txns", "100", stderr=subprocess.DEVNULL)
+    engine = ordo("execute", *on_namespace, "--data-dir", data_dir, "--runtime", "local", "--quiet",
+                  stderr=subprocess.PIPE, text=True)
+    said = Lines(engine.stderr)
+    requests = list(sl.generate(600, seed=15))
+    before, after = requests[:300], requests[300:]
+    sequencer_restarted = False
+    try:
+        with Client(bootstrap, namespace) as client:
+            client.submit(before, timeout=None)
+            assert len(client.wait([r["id"] for r in before], timeout=120)) == len(before)
+        kafka.nodes[0].stop()
+        stopped = time.monotonic()
+        while time.monotonic() - stopped < away:
+            assert engine.poll() is None, "\n".join(said.lines)
+            time.sleep(1)
+        kafka.restart_node(0)
+        if sequencer.poll() is not None:  # a sequencer of its own is its supervisor's to restart
+            sequencer_restarted = True
+            sequencer = ordo("sequence", *on_namespace, "--max-txns", "100", stderr=subprocess.DEVNULL)
+        with Client(bootstrap, namespace) as client:
+            client.submit(after, timeout=None)
+        records = read_results(bootstrap, f"{namespace}.results", len(requests), timeout=240)
+        assert engine.poll() is None, "\n".join(said.lines)
+        assert stop(engine, timeout=60) == 0
+        assert_exactly_once(bootstrap, namespace, requests, records, data_dir)
+    finally:
+        stop(engine, timeout=60)
+        stop(sequencer, timeout=60)
+        kafka.stop()
+    said.thread.join(10)
+    gone, still, again = (said.having(words) for words in ("does not answer; waiting", "has not answered for",
+                                                             "answers again after"))
+    assert len(gone) == 1 and len(again) == 1, "\n".join(said.lines)
+    assert 1 <= len(still) <= 2, "\n".join(said.lines)  # a minute after it went away (a second if slow back)
+    fault_report(f"broker stopped {away:.0f} s under ordo execute (sequencer apart"
+                 f"{', restarted after the outage' if sequencer_restarted else ', rode it out'}); {len(requests)} "
+                 f"requests (300 before, 300 after) answered exactly once, state equal to the serial reading; said: "
+                 f"{gone[0]!r}, {still[0]!r}, {again[0]!r}")

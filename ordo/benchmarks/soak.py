@@ -6,10 +6,17 @@ holds (block cache, memtables, table readers) and how many requests were answere
 Warm-up is memory that stops growing (caches filling to their capacity, buffers reaching
 their size); a leak keeps growing with the requests. The report gives, per process, the
 growth per 100,000 requests over the first and the second half of the run: a plateau has a
-second half near zero."""
+second half near zero.
+
+With `bounce_every`, the broker is bounced under the load every so many seconds (its node
+stopped, SIGTERM and SIGKILL in turn, and started again on its data after `down` seconds),
+and the report says, for each bounce, how long the engine took to answer again; at the end
+every request must have exactly one outcome and the engine's state must equal a serial
+reading of the log."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -18,7 +25,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from typing import Any
+from typing import Any, Callable
 
 from ordo.benchmarks.latency import open_loop
 from ordo.benchmarks.machine import finish_report, machine
@@ -135,8 +142,104 @@ class _Engine:
             return self.process.wait()
 
 
+class Bouncer:
+    """Stops the broker's node every `every` seconds (SIGTERM and SIGKILL in turn), starts
+    it again on its data after `down` seconds, and notes how long the engine then took to
+    answer a new request."""
+
+    def __init__(self, broker, engine: _Engine, every: float, down: float):
+        self.broker, self.engine, self.every, self.down = broker, engine, every, down
+        self.events: list[dict] = []
+        self._stop = threading.Event()
+        self._done = threading.Event()  # no bounce under way, none to come
+        # A node dies with the thread that started it (its parent-death signal, see
+        # kafka_broker._stop_with_parent): the thread that restarts it lives until the
+        # broker is stopped.
+        self._released = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> Bouncer:
+        self._started = time.monotonic()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """No more bounces; returns once the one under way, if any, is over."""
+        self._stop.set()
+        self._done.wait(300)
+
+    def release(self) -> None:
+        """The broker is stopped: the thread may end."""
+        self._released.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        try:
+            self._bounce_until_stopped()
+        finally:
+            self._done.set()
+        self._released.wait()
+
+    def _bounce_until_stopped(self) -> None:
+        while not self._stop.wait(self.every):
+            how = ("SIGTERM", "SIGKILL")[len(self.events) % 2]
+            at = time.monotonic()
+            node = self.broker.nodes[0]
+            node.stop() if how == "SIGTERM" else node.kill()
+            time.sleep(self.down)
+            self.broker.restart_node(0)
+            back = time.monotonic()
+            before = answered(self.engine.scrape())
+            while answered(self.engine.scrape()) <= before and not self._stop.is_set():
+                time.sleep(0.2)
+            event = {"t": round(at - self._started, 1), "how": how, "down_s": round(back - at, 1),
+                     "resume_s": round(time.monotonic() - back, 1)}
+            self.events.append(event)
+            say(f"  broker bounced ({how}) at {event['t']:.0f} s, away {event['down_s']:.1f} s; answering again "
+                f"{event['resume_s']:.1f} s after it was back")
+
+
+def check_exactly_once(bootstrap: str, namespace: str, data_dir: str, count: int) -> dict[str, Any]:
+    """Every request has exactly one outcome, and the engine's state equals a serial
+    reading of the log (the engine is stopped)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    from ordo.embedded import read_log
+    from ordo.procedures.registry import default_registry
+    from ordo.scheduler.reference import SerialInterpreter
+    from ordo.sequencer.kafka import consumer_config
+    from ordo.sequencer.topics import Topics
+    from ordo.state import digest
+
+    topic = Topics(namespace).results
+    consumer = Consumer(consumer_config(bootstrap, {"group.id": f"{namespace}-soak-check", "enable.auto.commit": False,
+                                                    "isolation.level": "read_committed"}))
+    partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+    outcomes: dict[str, int] = {}
+    last_batch = 0
+    deadline = time.monotonic() + DRAIN_S
+    try:
+        while time.monotonic() < deadline:
+            messages = consumer.consume(10_000, 2.0)
+            if not messages and len(outcomes) >= count:
+                break  # all answered, and the topic's end read: a second outcome would be there
+            for message in messages:
+                if message.error() is None:
+                    record = json.loads(message.value())
+                    outcomes[record["id"]] = outcomes.get(record["id"], 0) + 1
+                    last_batch = max(last_batch, record.get("batch", 0))
+    finally:
+        consumer.close()
+    reference = SerialInterpreter(default_registry()).apply(read_log(bootstrap, namespace, last_batch, timeout=300))
+    state, applied = digest(data_dir)
+    return {"answered": len(outcomes), "answered_twice": sum(1 for n in outcomes.values() if n > 1),
+            "last_batch": last_batch, "applied_batch": applied, "state_equals_serial_reading": state == reference.digest()}
+
+
 def run_soak(workload: str, rate: float, seconds: float, partitions: int, scheduler: str, every: float,
-             seed: int, knobs: dict, json_path: str | None) -> dict[str, Any]:
+             seed: int, knobs: dict, json_path: str | None, bounce_every: float | None = None,
+             down: float = 15.0) -> dict[str, Any]:
     from confluent_kafka import Producer
 
     from ordo.sequencer.broker import local_broker
@@ -147,11 +250,14 @@ def run_soak(workload: str, rate: float, seconds: float, partitions: int, schedu
     report: dict[str, Any] = {"bench": "soak", "workload": workload, "rate": rate, "seconds": seconds,
                               "partitions": partitions, "scheduler": scheduler, "machine": machine()}
     say(f"ordo bench soak {workload}: {count:,} requests at {rate:,.0f}/s for {seconds:,.0f} s, "
-        f"{partitions} partition(s), {scheduler}; a sample every {every:.0f} s")
+        f"{partitions} partition(s), {scheduler}; a sample every {every:.0f} s"
+        + (f"; every {bounce_every:.0f} s the broker is stopped and started again {down:.0f} s later"
+           if bounce_every else ""))
     directory = tempfile.mkdtemp(prefix="ordo-soak-")
     namespace = "soak"
+    bouncer = None
     try:
-        with local_broker() as broker:
+        with local_broker("kafka" if bounce_every else None) as broker:
             engine = _Engine([sys.executable, "-m", "ordo.cli", "run", "--bootstrap-servers", broker.bootstrap_servers,
                               "--namespace", namespace, "--data-dir", f"{directory}/data", "--scheduler", scheduler,
                               "--partitions", str(partitions), "--metrics-port", "0", "--quiet",
@@ -159,23 +265,39 @@ def run_soak(workload: str, rate: float, seconds: float, partitions: int, schedu
             try:
                 if not engine.serving.wait(180) or engine.metrics_url is None:
                     raise RuntimeError(f"ordo run did not start serving within 180 s: {engine.last_line()}")
+                # Requests wait in the producer while the broker is bounced: none expires.
                 producer = Producer(kafka_config(broker.bootstrap_servers, {"enable.idempotence": True,
-                                                                            "linger.ms": 5}))
-                broker_pids = [node.pid for node in getattr(broker, "nodes", ()) if node.pid]
-                report["samples"] = _drive(engine, broker_pids, producer, Topics(namespace).requests,
-                                           workload, knobs, partitions, seed, rate, count, every)
+                                                                            "linger.ms": 5, "message.timeout.ms": 0}))
+                broker_pids = lambda: [node.pid for node in getattr(broker, "nodes", ()) if node.pid]  # noqa: E731
+                bouncer = Bouncer(broker, engine, bounce_every, down).start() if bounce_every else None
+                try:
+                    report["samples"] = _drive(engine, broker_pids, producer, Topics(namespace).requests,
+                                               workload, knobs, partitions, seed, rate, count, every)
+                finally:
+                    if bouncer is not None:
+                        bouncer.stop()
+                        report["bounces"] = bouncer.events
             finally:
                 report["engine_exit"] = engine.stop()
+            if bounce_every:
+                report["check"] = check_exactly_once(broker.bootstrap_servers, namespace, f"{directory}/data", count)
     finally:
+        if bouncer is not None:
+            bouncer.release()
         shutil.rmtree(directory, ignore_errors=True)
     samples = report["samples"]
     report["growth_mb_per_100k"] = {role: growth(samples, role) for role in samples[-1]["rss_mb"]
                                     if all(role in s["rss_mb"] for s in samples)}
     say(format_report(report))
-    return finish_report(report, json_path)
+    finish_report(report, json_path)
+    check = report.get("check")
+    if check is not None and (check["answered"] != count or check["answered_twice"]
+                              or not check["state_equals_serial_reading"]):
+        raise RuntimeError(f"the soak with broker bounces did not hold: {check}")
+    return report
 
 
-def _drive(engine: _Engine, broker_pids: list[int], producer, topic: str, workload: str, knobs: dict,
+def _drive(engine: _Engine, broker_pids: Callable[[], list[int]], producer, topic: str, workload: str, knobs: dict,
            partitions: int, seed: int, rate: float, count: int, every: float) -> list[dict]:
     chunk: dict[str, Any] = {"at": -1, "requests": []}
 
@@ -217,11 +339,11 @@ def _drive(engine: _Engine, broker_pids: list[int], producer, topic: str, worklo
     return samples
 
 
-def _sample(engine: _Engine, broker_pids: list[int], started: float) -> dict:
+def _sample(engine: _Engine, broker_pids: Callable[[], list[int]], started: float) -> dict:
     if engine.process.poll() is not None:
         raise RuntimeError(f"ordo run exited with {engine.process.returncode}: {engine.last_line()}")
     metrics = engine.scrape()
-    roles = process_roles(engine.process.pid, broker_pids)
+    roles = process_roles(engine.process.pid, broker_pids())
     return {"t": round(time.monotonic() - started, 1), "answered": answered(metrics),
             "rss_mb": {role: round(resident_mb(pids), 1) for role, pids in roles.items() if pids},
             "rocksdb_mb": {kind: round(v / 2**20, 1) for kind, v in storage_memory(metrics).items()}}
@@ -239,6 +361,15 @@ def format_report(report: dict[str, Any]) -> str:
                                        *(f"{s['rocksdb_mb'].get(k, 0):>16.1f}" for k in kinds)]))
     lines.append("  resident growth, MB per 100,000 requests (first half, second half): " + "; ".join(
         f"{role} {a:+.2f}, {b:+.2f}" for role, (a, b) in report["growth_mb_per_100k"].items()))
+    if "bounces" in report:
+        resumes = [event["resume_s"] for event in report["bounces"]]
+        check = report["check"]
+        lines.append(f"  {len(resumes)} broker bounce(s); answering again after "
+                     f"{', '.join(f'{s:.1f}' for s in resumes) or '-'} s; {check['answered']:,} of "
+                     f"{int(report['rate'] * report['seconds']):,} requests answered, {check['answered_twice']} "
+                     f"twice; state "
+                     f"{'equal to' if check['state_equals_serial_reading'] else 'DIFFERENT from'} a serial reading "
+                     f"of the log's {check['last_batch']:,} batches")
     return "\n".join(lines)
 
 
