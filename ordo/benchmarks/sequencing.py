@@ -41,7 +41,7 @@ def sequencing_rate(batches: list) -> float:
 def sequence_once(bootstrap: str, encoded: list, request_partitions: int, sequencers: int, partitions: int,
                   max_txns: int, timeout: float = 600.0) -> float:
     from ordo.services import SequencerProcesses
-    from ordo.sequencer.log import SNAPSHOT, LogCursor, decode, is_batch_record
+    from ordo.sequencer.log import SNAPSHOT, LogCursor, LogError, decode, is_batch_record
     from ordo.sequencer.reader import LogReader
     from ordo.sequencer.sequencer import SequencerConfig
     from ordo.sequencer.topics import Topics, ensure_topics
@@ -66,7 +66,10 @@ def sequence_once(bootstrap: str, encoded: list, request_partitions: int, sequen
                     batches.append(batch)
                     entries += len(batch)
                 elif len(ready) < sequencers and not is_batch_record(value):
-                    kind, record = decode(value, namespace, cursor.log_id)
+                    try:
+                        kind, record = decode(value, namespace, cursor.log_id)
+                    except LogError:
+                        continue  # the log's first start record, sealed as its first
                     if kind == SNAPSHOT:
                         ready.add(record.sequencer)
                         if len(ready) == sequencers:
