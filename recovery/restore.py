@@ -304,7 +304,7 @@ def log_head_problem(bootstrap: str, topic: str, timeout: float = 10.0) -> str |
     """What keeps the log from rebuilding state from its beginning, or None: its first
     record must be a sequencer's start record at offset 0. Read, not inferred from
     watermarks."""
-    from ordo.sequencer.log import START, LogError, SecretMismatch, Unauthenticated, decode
+    from ordo.sequencer.log import START, LogError, SecretMismatch, Unauthenticated, decode, decode_before_places
     from ordo.sequencer.reader import log_identity
     from ordo.sequencer.topics import Topics
 
@@ -321,15 +321,19 @@ def log_head_problem(bootstrap: str, topic: str, timeout: float = 10.0) -> str |
         consumer.close()
     if message is None:
         return f"{topic} holds no record"
+    namespace = Topics.namespace_of_log(topic)
     try:
-        kind, _ = decode(message.value(), Topics.namespace_of_log(topic), None)
+        kind, _ = decode(message.value(), namespace, None)
     except Unauthenticated:
-        try:
-            log_identity(bootstrap, topic, timeout)
-        except SecretMismatch as exc:
-            return str(exc)
-        return (f"{topic} begins with a record not signed with this engine's log secret: sequencers and engines "
-                f"must share one (docs/operations.md, 'The log secret')")
+        try:  # a log written before tags covered where a record belongs
+            kind, _ = decode_before_places(message.value(), namespace)
+        except LogError:
+            try:
+                log_identity(bootstrap, topic, timeout, f"{topic}.head-check")
+            except SecretMismatch as exc:
+                return str(exc)
+            return (f"{topic} begins with a record not signed with this engine's log secret: sequencers and "
+                    f"engines must share one (docs/operations.md, 'The log secret')")
     except LogError:
         kind = None
     if message.offset() != 0 or kind != START:

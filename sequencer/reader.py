@@ -64,14 +64,15 @@ def log_consumer(bootstrap: str, group: str) -> Consumer:
     }))
 
 
-def log_identity(bootstrap: str, topic: str, timeout: float = 30.0) -> str | None:
+def log_identity(bootstrap: str, topic: str, timeout: float = 30.0, group: str | None = None) -> str | None:
     """The identity of the log in `topic` (its first start record's token), read from its
     head; None for a log that holds no record yet. SecretMismatch where the log holds records
     and none of the first HEAD_SCAN is this namespace's first start record under this
     process's log secret (nor a batch of a log of it, which a log whose head was deleted
     begins with)."""
     namespace = Topics.namespace_of_log(topic)
-    consumer = log_consumer(bootstrap, f"{topic}.identity")
+    # A consumer group the documented ACLs grant its caller: the sequencer's by default.
+    consumer = log_consumer(bootstrap, group or f"{topic}.startup")
     part = TopicPartition(topic, 0)
     try:
         low, end = watermarks(consumer, part, timeout)
@@ -311,7 +312,7 @@ class LogReader:
         """The next records as (offset, value), without acceptance."""
         if not self._secret_checked:
             try:
-                log_identity(self._bootstrap, self.topic, max(timeout, 2.0))
+                log_identity(self._bootstrap, self.topic, max(timeout, 2.0), f"{self._group}.identity")
             except (KafkaException, TimeoutError):
                 return []  # no answer yet: asked again on the next poll, nothing read before
             self._secret_checked = True

@@ -81,7 +81,7 @@ def current_set(bootstrap: str, topic: str, timeout: float = 30.0) -> Current | 
     if log_id is None:
         return None
     namespace = Topics.namespace_of_log(topic)
-    consumer = log_consumer(bootstrap, f"{topic}.versions")
+    consumer = log_consumer(bootstrap, f"{topic}.startup")  # the group the ACL recipe grants a sequencer
     try:
         low_water, end = watermarks(consumer, TopicPartition(topic, 0), timeout)
         named: list[tuple[int, Start | Upgrade]] = []  # after the anchor, newest first

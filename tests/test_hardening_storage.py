@@ -66,6 +66,6 @@ def test_intact_shards_dump_as_before(tmp_path):
     data_dir = str(tmp_path / "data")
     write_shards(data_dir)
     done = cli("dump", "--data-dir", data_dir, "--table", "no_such_table")
-    assert done.returncode == 0 and done.stdout == ""
+    assert done.returncode == 2 and done.stdout == "" and "tables with records there: micro" in done.stderr
     records = [json.loads(line) for line in cli("dump", "--data-dir", data_dir).stdout.splitlines()]
     assert records[:2] == [{"table": "micro", "key": 0, "value": 0}, {"table": "micro", "key": 1, "value": 7}]
