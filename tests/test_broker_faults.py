@@ -12,7 +12,7 @@ import time
 from collections import Counter
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from ordo.client import Client
@@ -179,8 +179,14 @@ def test_a_three_node_cluster_loses_no_request_when_the_log_leader_dies_and_anot
             assert time.monotonic() < deadline, f"{log} has no partitions"
             time.sleep(0.1)
         assert len(partitions[0].replicas) == 3
-        (future,) = admin.describe_configs([ConfigResource("topic", log)]).values()
-        assert future.result(10)["min.insync.replicas"].value == "2"
+        while True:  # a node that has not learned of the new topic yet answers "unknown topic"
+            (future,) = admin.describe_configs([ConfigResource("topic", log)]).values()
+            try:
+                assert future.result(10)["min.insync.replicas"].value == "2"
+                break
+            except KafkaException:
+                assert time.monotonic() < deadline, f"{log}'s settings cannot be described"
+                time.sleep(0.2)
         feeder = Feeder(bootstrap, namespace, requests, slice_size=50, pause=0.4).start()
         watch = OutcomeWatch(bootstrap, f"{namespace}.results").start()
         for round_ in range(rounds):

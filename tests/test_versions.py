@@ -275,9 +275,9 @@ def test_an_upgrade_under_load_stops_the_old_engine_at_its_batch_and_loses_nothi
             n = 0
             started = time.monotonic()
             while not done.is_set():
-                due = started + n / 500
-                if due > time.monotonic():
-                    time.sleep(due - time.monotonic())
+                delay = started + n / 500 - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
                 sent.append(client.submit("deposit", {"account": n, "amount": 1}, request_id=f"load-{n}"))
                 n += 1
 
