@@ -87,9 +87,10 @@ def consumer_config(bootstrap: str, settings: dict[str, Any] | None = None) -> d
     })
 
 
-# Errors of a partition whose leader is moving or starting, asked again.
+# What a partition answers while it is being created or its leader moves; a node of a cluster
+# that has not learned of a new topic yet has the client call the partition unknown.
 _MOVING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
-           KafkaError._TRANSPORT, KafkaError._TIMED_OUT}
+           KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC, KafkaError._TRANSPORT, KafkaError._TIMED_OUT}
 
 
 def watermarks(consumer, partition, timeout: float) -> tuple[int, int]:
