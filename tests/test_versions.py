@@ -347,6 +347,38 @@ def test_a_log_from_before_places_is_read_up_to_its_first_record_sealed_in_place
     assert resumed.placed and resumed.accept(copy, 3) is None and resumed.dropped == 1
 
 
+def test_the_previous_release_s_own_encoder_writes_what_before_places_makes(tmp_path):
+    """The old-style records these tests build are those the release before versions wrote:
+    its sequencer/log.py, taken from the repository's history, encodes the same bytes, and
+    this version reads them."""
+    from ordo.sequencer.log import LogCursor, encode_batch, encode_entry, encode_start
+
+    old = tmp_path / "old" / "ordo" / "sequencer"
+    old.mkdir(parents=True)
+    for name in ("log.py", "log_secret.py"):
+        shown = subprocess.run(["git", "show", f"f13108cf1a1c85a495b22ad53641571c2c76af2e:sequencer/{name}"],
+                               cwd=ROOT, capture_output=True)
+        if shown.returncode != 0:
+            pytest.skip(f"the repository's history lacks the release before versions: {shown.stderr[:200]!r}")
+        (old / name).write_bytes(shown.stdout)
+    for package in (old.parent, old):
+        (package / "__init__.py").write_text("")
+    described = {"procedures": {"p": "1"}, "tables": {}}
+    code = ("import sys; from ordo.sequencer.log import encode_start, encode_batch, encode_entry; "
+            f"print(encode_start('L', {described!r}).hex()); "
+            "print(encode_batch(1, 0, 5, {0: (0, 1)}, [encode_entry(['a', 'p', {}])], log_id='L').hex())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(old.parent.parent)}, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    written = [bytes.fromhex(line) for line in done.stdout.split()]
+    assert written == [before_places(encode_start("ns", None, "L", described)),
+                       before_places(encode_batch(1, 0, 5, {0: (0, 1)}, [encode_entry(["a", "p", {}])], log_id="L",
+                                                  namespace="ns"))]
+    cursor = LogCursor(namespace="ns")
+    cursor.accept(written[0], 0)
+    assert cursor.accept(written[1], 1).batch_id == 1 and cursor.log_id == "L"
+
+
 @pytest.mark.slow
 def test_a_namespace_another_app_broke_before_versions_has_a_way_back(broker, namespace, tmp_path, fault_report):
     """A log as Ordo wrote it before versions (sets described by arguments, records sealed
