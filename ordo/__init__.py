@@ -25,6 +25,8 @@ _PUBLIC = {
     "StreamTuple": "ordo.reading",
     "Change": "ordo.reading",
     "UnreadableRecord": "ordo.reading",
+    "Source": "ordo.sequencer.sources",  # an existing topic whose records become requests
+    "SourceRecord": "ordo.sequencer.sources",
     "TestEngine": "ordo.testing",
     "check_deterministic": "ordo.testing",
     "Int": "ordo.procedures.args",  # an argument schema's field types

@@ -49,12 +49,15 @@ class App:
     loaded by `ordo run --app module:app` or `TestEngine(app)`. `name` names it in messages;
     `code`: modules (or their import paths) whose source is part of this app's procedures
     beside the app's own module, e.g. a module of helpers that RUN calls: an edit there then
-    needs an upgrade too (docs/operations.md, "Upgrading procedures")."""
+    needs an upgrade too (docs/operations.md, "Upgrading procedures"); `sources`: existing
+    topics whose records become requests (`ordo.Source`)."""
 
-    def __init__(self, name: str, *, code: Iterable[Any] = ()):
+    def __init__(self, name: str, *, code: Iterable[Any] = (), sources: Iterable[Any] = ()):
         """`code`: modules (or their import paths) whose source is part of this app's
         procedures beside the app's own module, e.g. a module of helpers that RUN calls:
-        an edit there then needs an upgrade too (docs/operations.md, "Upgrading procedures")."""
+        an edit there then needs an upgrade too (docs/operations.md, "Upgrading procedures").
+        `sources`: `ordo.Source`s, topics the app does not own whose records become
+        requests of its procedures (docs/procedures.md, "Existing topics as sources")."""
         if not isinstance(name, str) or not name:
             raise TypeError("App needs a name, e.g. ordo.App('bank')")
         self.name = name
@@ -64,6 +67,12 @@ class App:
         for item in self._code:
             if not isinstance(item, str):
                 raise TypeError(f"App code= takes modules or import paths, got {item!r}")
+        from ordo.sequencer.sources import Source
+
+        self._sources = list(sources)
+        for item in self._sources:
+            if not isinstance(item, Source):
+                raise TypeError(f"App sources= takes ordo.Source(topic, proc=…), got {item!r}")
         self._tables: dict[str, Table] = {}
         self._procedures: dict[str, Procedure] = {}
         self._flows: dict[str, Stream | Window | Nested] = {}  # streams, windows, nested, by name
@@ -100,13 +109,18 @@ class App:
         """The modules given as `code`, beside the app's own, whose source is its procedures' code."""
         return list(self._code)
 
+    @property
+    def SOURCES(self) -> list:  # noqa: N802
+        """The topics whose records become requests (`sources=`)."""
+        return list(self._sources)
+
     def registry(self, *workloads: str) -> Registry:
         """This app's procedures, plus the named built-in workloads (`"sl"`, …) if any."""
         from ordo.procedures.loading import load_spec, workload_spec
 
         registry = Registry()
         try:
-            registry.add_workload(self.TABLES, self.PROCEDURES, self.STREAMS, self.CODE)
+            registry.add_workload(self.TABLES, self.PROCEDURES, self.STREAMS, self.CODE, self.SOURCES)
         except ValueError as exc:
             raise ValueError(f"app '{self.name}': {exc}") from None
         for name in workloads:

@@ -23,23 +23,25 @@ LAG_EVERY = 1.0  # seconds between broker queries for the lags, however often on
 
 
 class RequestsLag:
-    """Requests produced to <ns>.requests that the sequencer has not yet put into the log
-    (sequencer/lag.py), with one consumer kept for the engine's life."""
+    """Requests produced to <ns>.requests, and records to the source topics `sources`,
+    that the sequencer has not yet put into the log (sequencer/lag.py), with one consumer
+    kept for the engine's life."""
 
-    def __init__(self, bootstrap: str, namespace: str):
+    def __init__(self, bootstrap: str, namespace: str, sources: tuple[str, ...] = ()):
         from confluent_kafka import Consumer
 
         from ordo.sequencer.kafka import kafka_config
         from ordo.sequencer.lag import sequencer_group
 
         self.namespace = namespace
+        self.sources = sources
         self.group = sequencer_group(namespace)
         self._consumer = Consumer(kafka_config(bootstrap, {"group.id": self.group, "enable.auto.commit": False}))
 
     def __call__(self) -> int | None:
         from ordo.sequencer.lag import requests_lag
 
-        return requests_lag(self._consumer, self.namespace, self.group)
+        return requests_lag(self._consumer, self.namespace, self.group, sources=self.sources)
 
     def close(self) -> None:
         self._consumer.close()
@@ -187,16 +189,18 @@ class MetricsServer:
 
 
 def engine_observer(coordinator, bootstrap: str, namespace: str, quiet: bool, metrics_port: int | None,
-                    sequencer=None, stream=None, readiness=None) -> tuple[Callable | None, Callable[[], None]]:
+                    sequencer=None, stream=None, readiness=None,
+                    sources: tuple[str, ...] = ()) -> tuple[Callable | None, Callable[[], None]]:
     """The engine loop's progress hook (the progress line, the lags, the metrics endpoint
-    on `metrics_port`) and what closes them."""
+    on `metrics_port`) and what closes them. `sources`: the app's source topics, whose
+    unread records the requests lag counts too."""
     import sys
 
     from ordo.services import Progress
 
     if quiet and metrics_port is None:
         return None, lambda: None
-    requests_lag = RequestsLag(bootstrap, namespace)
+    requests_lag = RequestsLag(bootstrap, namespace, sources)
     lags = Lags(coordinator, requests_lag)
     silences = (lambda: coordinator.silences() + sequencer.silences()) if sequencer is not None \
         else coordinator.silences

@@ -22,6 +22,7 @@ from ordo.sequencer.lag import sequencer_group
 from ordo.sequencer.lane_owner import EXIT_ANOTHER_ENGINE, OWNER_ENV, own_owner, owner_env, refuse_if_taken
 from ordo.sequencer.reachability import BrokerWatch
 from ordo.sequencer.sequencer import Sequencer, SequencerConfig
+from ordo.sequencer.sources import check_sources
 from ordo.sequencer.topics import Topics, ensure_topics, request_partitions_for
 from ordo.sequencer.versions import EXIT_UPGRADED, check_set, upgrade_command
 
@@ -430,8 +431,10 @@ def serve_all(bootstrap: str, namespace: str, data_dir: str, scheduler: str, par
     topics = Topics(namespace)
     partition_count = request_partitions_for(bootstrap, topics, config.sequencers)
     specs = placement.get("procedure_modules", ())
+    registry = load_registry(specs)
     # Another app, or edited procedures, on a namespace: refused before anything runs or is written.
-    check_set(bootstrap, namespace, load_registry(specs), upgrade_command(bootstrap, namespace, specs))
+    check_set(bootstrap, namespace, registry, upgrade_command(bootstrap, namespace, specs))
+    check_sources(bootstrap, registry.sources.values(), namespace)
     # One engine per namespace: before this one replays anything. Its sequencers, and any it
     # restarts, sequence for it (OWNER_ENV), so they never wait on each other's notes.
     os.environ[OWNER_ENV] = owner_env(f"ordo run (pid {os.getpid()} on {socket.gethostname()}, "
@@ -454,7 +457,7 @@ def serve_all(bootstrap: str, namespace: str, data_dir: str, scheduler: str, par
           f"data in {data_dir}; Ctrl-C stops", file=sys.stderr, flush=True)
     say_log_order(scheduler)
     progress, close_observer = engine_observer(coordinator, bootstrap, namespace, quiet, metrics_port, sequencer,
-                                               readiness=readiness)
+                                               readiness=readiness, sources=tuple(registry.sources))
 
     def observe(stats) -> None:
         readiness.check(coordinator.statuses)

@@ -60,6 +60,7 @@ def by_value(value: Any) -> str:
     raise ValueError(f"{kind.__qualname__} has no description by value (make it a dataclass)")
 
 
+KINDS = ("procedures", "tables", "sources")  # what a described set names, each by name
 FORMAT = 2  # a described set whose digests cover code; a set without "format" covers arguments only
 
 
@@ -84,9 +85,21 @@ def describe(registry: Registry, code: bool = True) -> dict:
         procedures[name] = _digest(text)
     described = {"procedures": procedures,
                  "tables": {name: _digest(by_value(t)) for name, t in sorted(registry.tables.items())}}
+    if registry.sources:  # a set without sources is described as before them
+        described["sources"] = {topic: _source_digest(source, registry.source_code.get(topic, ()), code)
+                                for topic, source in sorted(registry.sources.items())}
     if code:
         described["format"] = FORMAT
     return described
+
+
+def _source_digest(source, modules: Iterable[str], code: bool) -> str:
+    """A source's topic, procedure and mapping: its functions by name (without their
+    module's, covered by source) and, with `code`, the source of their modules."""
+    text = by_value(source)
+    if code:
+        text = _without_modules(text, modules) + " code " + code_digest(modules)
+    return _digest(text)
 
 
 def is_versioned(described: dict | None) -> bool:
@@ -156,7 +169,7 @@ def differences(logged: dict, engine: dict) -> list[str]:
     """What the logged set has that the engine lacks or defines otherwise. An engine may
     know more procedures and tables than the log names (adding one is an upgrade)."""
     problems = []
-    for kind in ("procedures", "tables"):
+    for kind in KINDS:
         ours = engine.get(kind, {})
         for name, digest in sorted(logged.get(kind, {}).items()):
             if name not in ours:
@@ -170,7 +183,7 @@ def changes(logged: dict, ours: dict) -> list[str]:
     """How `ours` differs from the logged set, both ways: what an upgrade from one to the
     other adds, changes and removes."""
     found = []
-    for kind in ("procedures", "tables"):
+    for kind in KINDS:
         before, after = logged.get(kind, {}), ours.get(kind, {})
         for name in sorted(set(before) | set(after)):
             if name not in after:

@@ -50,18 +50,19 @@ def load_registry(specs: Iterable[str] = ()) -> Registry:
         return default_registry()
     registry = Registry()
     for spec in dict.fromkeys(specs):
-        tables, procedures, streams, code = load_spec(spec)
+        loaded = load_spec(spec)
         try:
-            registry.add_workload(tables, procedures, streams, code)
+            registry.add_workload(*loaded)
         except ValueError as exc:
             raise ValueError(f"{spec}: {exc}") from None
     return registry
 
 
-def load_spec(spec: str) -> tuple[list[Table], list[Procedure], list, list]:
-    """The tables, procedures, streaming declarations (STREAMS, procedures/streams.py) and
+def load_spec(spec: str) -> tuple[list[Table], list[Procedure], list, list, list]:
+    """The tables, procedures, streaming declarations (STREAMS, procedures/streams.py),
     further code (CODE: modules whose source is part of the procedures' code, see
-    procedures/fingerprint.py) a spec names; a clear ValueError for anything else."""
+    procedures/fingerprint.py) and source topics (SOURCES, sequencer/sources.py) a spec
+    names; a clear ValueError for anything else."""
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"a procedure set is named by 'module' or 'module:app', got {spec!r}")
     module_name, _, attribute = spec.partition(":")
@@ -96,7 +97,13 @@ def load_spec(spec: str) -> tuple[list[Table], list[Procedure], list, list]:
     for item in code:
         if not (isinstance(item, str) or hasattr(item, "__name__") and type(item).__name__ == "module"):
             raise ValueError(f"{what}: CODE holds {item!r}, not a module or a module's name")
-    return tables, procedures, list(getattr(holder, "STREAMS", ())), code
+    from ordo.sequencer.sources import Source
+
+    sources = list(getattr(holder, "SOURCES", ()))
+    for item in sources:
+        if not isinstance(item, Source):
+            raise ValueError(f"{what}: SOURCES holds {item!r}, not an ordo.Source")
+    return tables, procedures, list(getattr(holder, "STREAMS", ())), code, sources
 
 
 def import_user_module(name: str):

@@ -31,6 +31,9 @@ class Registry:
         self.range_tables: dict[str, tuple[int, int]] = {}  # table -> (range_by, partition_by)
         # procedure -> the modules whose source is its code (procedures/fingerprint.py)
         self.code: dict[str, tuple[str, ...]] = {}
+        # source topic -> its Source (sequencer/sources.py), and the modules of its mapping's code
+        self.sources: dict[str, Any] = {}
+        self.source_code: dict[str, tuple[str, ...]] = {}
 
     def add_table(self, table: Table) -> None:
         existing = self.tables.get(table.name)
@@ -50,16 +53,18 @@ class Registry:
             self.code[procedure.name] = tuple(sorted(modules_of(_callables(procedure))))
 
     def add_workload(self, tables: Iterable[Table], procedures: Iterable[Procedure], streams: Iterable = (),
-                     code: Iterable[Any] = ()) -> None:
+                     code: Iterable[Any] = (), sources: Iterable = ()) -> None:
         """`streams`: the module's STREAMS (procedures/streams.py); a procedure that starts a
         dataflow is registered with the dataflow composed in, so every scheduler runs it
-        as one transaction. Every procedure of a workload has the same code: the modules of
-        everything it declares, and `code` (modules, or their names) beside them."""
+        as one transaction. `sources`: its SOURCES (sequencer/sources.py). Every procedure
+        and source of a workload has the same code: the modules of everything it declares,
+        and `code` (modules, or their names) beside them."""
         from ordo.procedures.fingerprint import modules_of
 
         procedures = list(procedures)
         streams = list(streams)
-        modules = modules_of(c for item in [*procedures, *streams] for c in _callables(item))
+        sources = list(sources)
+        modules = modules_of(c for item in [*procedures, *streams, *sources] for c in _callables(item))
         modules.update(m if isinstance(m, str) else m.__name__ for m in code)
         for procedure in procedures:
             self.code[procedure.name] = tuple(sorted(modules))
@@ -75,6 +80,18 @@ class Registry:
                 self.add_table(table)
             self.procedures.update(composed)
             self.code.update((name, tuple(sorted(modules))) for name in composed)
+        for source in sources:
+            self.add_source(source, modules)
+
+    def add_source(self, source: Any, modules: Iterable[str] = ()) -> None:
+        """Records of `source.topic` become requests of `source.proc`, which must be registered."""
+        if source.topic in self.sources:
+            raise ValueError(f"topic '{source.topic}' declared as a source twice")
+        if source.proc not in self.procedures:
+            raise ValueError(f"source '{source.topic}' names procedure '{source.proc}', which is not declared"
+                             f"{did_you_mean(source.proc, self.procedures)}")
+        self.sources[source.topic] = source
+        self.source_code[source.topic] = tuple(sorted(modules))
 
     def procedure(self, name: Any) -> Procedure:
         if type(name) is not str:

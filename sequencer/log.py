@@ -31,7 +31,9 @@ Record kinds:
         (a bin) lists what partition p takes part in, each item either an entry index (a
         single-partition or rejected entry that p alone handles) or [index, participants,
         active, …] (a multi-partition one, with the keys p needs for it);
-        see `sequencer/routing.py`; `log_id` names the log the batch belongs to;
+        see `sequencer/routing.py`; a source topic's partition (sequencer/sources.py)
+        is keyed in `offsets` by its name, "topic:partition", a string, where a request
+        partition is keyed by its number; `log_id` names the log the batch belongs to;
         `ordering`, present only where the batch is not in log order, is a string (never
         a bin like the entries): ARIA for a batch whose serial order Aria's rule decides
         (scheduler/aria.py), which every engine and replay then runs with aria;
@@ -398,6 +400,8 @@ class LogCursor:
     generation: int = 0  # start records seen: for messages only, acceptance goes by `lanes`
     next_offset: int = 0  # next Kafka offset of the log partition to read
     request_offsets: dict[int, int] = field(default_factory=dict)  # partition -> next offset
+    # "topic:partition" of a source topic -> next offset (sequencer/sources.py)
+    source_offsets: dict[str, int] = field(default_factory=dict)
     log_id: str | None = None  # the first start record's token
     # sequencer -> [offset of its current start record, its next epoch]
     lanes: dict[int, list[int]] = field(default_factory=dict)
@@ -566,15 +570,29 @@ class LogCursor:
         lane[1] += 1
         batch.batch_id = self.next_batch
         self.next_batch += 1
-        for partition, (_, end) in batch.offsets.items():
-            self.request_offsets[int(partition)] = end
+        for position, (_, end) in batch.offsets.items():
+            self.consumed(position, end)
         if batch.time_ms < self.time_ms:
             batch.time_ms = self.time_ms
         self.time_ms = batch.time_ms
         batch.log_offset = offset
         return batch
 
+    def consumed(self, position: int | str, end: int) -> None:
+        """Everything before `end` of a request partition (its number) or of a source
+        topic's partition (its "topic:partition") is in the log."""
+        if type(position) is str:
+            self.source_offsets[position] = end
+        else:
+            self.request_offsets[int(position)] = end
+
+    def consumed_to(self, position: int | str) -> int | None:
+        """Where the log's records of `position` end (None: it holds none of them)."""
+        return (self.source_offsets if type(position) is str else self.request_offsets).get(position)
+
     def to_dict(self) -> dict[str, Any]:
+        # Only a log that reads source topics has source offsets: any other cursor is as before them.
+        sources = {"source_offsets": dict(self.source_offsets)} if self.source_offsets else {}
         return {
             "next_batch": self.next_batch,
             "generation": self.generation,
@@ -586,6 +604,7 @@ class LogCursor:
             "time_ms": self.time_ms,
             "procedures": self.procedures,
             "placed": self.placed,
+            **sources,
         }
 
     @classmethod
@@ -595,6 +614,7 @@ class LogCursor:
             data["generation"],
             data["next_offset"],
             {int(p): o for p, o in data["request_offsets"].items()},
+            dict(data.get("source_offsets", {})),
             data.get("log_id"),
             {int(k): list(lane) for k, lane in data.get("lanes", {}).items()},
             data.get("sequencers", 1),

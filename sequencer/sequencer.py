@@ -52,6 +52,7 @@ from ordo.sequencer.routing import (
     SINGLE_ITEM_BYTES, build_routing, item_bytes, max_item_bytes, placement_of, routing_bytes,
 )
 from ordo.sequencer.reachability import UNANSWERED
+from ordo.sequencer.sources import SourceReading
 from ordo.sequencer.startup import find_seed
 from ordo.sequencer.topics import Topics, check_topics, request_partitions_for
 from ordo.sequencer.wire import parse_request_sets
@@ -61,8 +62,10 @@ log = logging.getLogger("ordo.sequencer")
 
 
 def _spans(offsets: dict) -> str:
-    """Request offsets a batch took, as 'partition p [first, end)' pieces."""
-    return ", ".join(f"partition {p} [{first}, {end})" for p, (first, end) in sorted(offsets.items())) or "nothing"
+    """Request offsets a batch took, as 'partition p [first, end)' pieces (a source
+    topic's as 'topic:p [first, end)')."""
+    return ", ".join(f"{'' if type(p) is str else 'partition '}{p} [{first}, {end})"
+                     for p, (first, end) in sorted(offsets.items(), key=lambda item: str(item[0]))) or "nothing"
 
 # How long appending one batch may keep failing before the sequencer gives up with a clear
 # error instead of retrying forever (a broker that lost its transaction state answers
@@ -124,7 +127,8 @@ class _Epoch:
     placements: list = field(default_factory=list)  # per entry: `placement_of`'s placement, None if rejected
     size: int = 0
     opened: float = 0.0
-    offsets: dict[int, list[int]] = field(default_factory=dict)
+    # request partition, or a source topic's "topic:partition" -> [first, end) consumed
+    offsets: dict[int | str, list[int]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -176,6 +180,7 @@ class Sequencer:
         }))
         self._consumer: Consumer | None = None
         self._owned: list[int] = []  # the request partitions this sequencer consumes
+        self._sources = SourceReading(bootstrap, self.topics, registry, config.index, config.sequencers)
         self._cursor = LogCursor()
         self._started_at = -1  # this sequencer's start record's offset: its generation
         self._log_end = 0  # the log's end offset after this sequencer's last append, as far as known
@@ -201,6 +206,7 @@ class Sequencer:
 
         config = self.config
         check_topics(self.bootstrap, self.topics, timeout)
+        self._sources.check(timeout)
         partitions = request_partitions_for(self.bootstrap, self.topics, config.sequencers)
         # Before fencing anyone: a sequencer of another procedure set must leave a running one alone.
         check_set(self.bootstrap, self.topics.namespace, self.registry,
@@ -231,7 +237,7 @@ class Sequencer:
         }))
         offsets = self._cursor.request_offsets
         self._consumer.assign([TopicPartition(self.topics.requests, p, offsets.get(p, OFFSET_BEGINNING))
-                               for p in self._owned])
+                               for p in self._owned] + self._sources.assignment(self._cursor))
         self._note_consumed()
         self._probe = LogWatch(self.bootstrap, self.topics.log, f"{self._group}.probe", WATCH_EVERY)
         log.info("sequencer %d of %d (generation at log offset %d) resumes at its batch %d", config.index,
@@ -391,6 +397,8 @@ class Sequencer:
                 error = message.error()
                 if error is not None:
                     if error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+                        if message.topic() != self.topics.requests:
+                            raise BrokerLost(self._sources.lost(message.topic(), message.partition()))
                         raise BrokerLost(f"{self.topics.requests} partition {message.partition()} does not reach "
                                          f"the position this sequencer consumed up to: the broker lost the "
                                          f"requests (restarted without its data?); see docs/operations.md, "
@@ -437,16 +445,31 @@ class Sequencer:
         """An epoch of dropped messages only (steps published again) appends nothing, but
         they no longer wait: the next batch's positions begin after them, and the lag shows
         them taken now, not when a request next comes."""
-        for partition, span in epoch.offsets.items():
-            self._cursor.request_offsets[partition] = span[1]
-        self._note_positions([TopicPartition(self.topics.requests, p, span[1]) for p, span in epoch.offsets.items()])
+        for position, span in epoch.offsets.items():
+            self._cursor.consumed(position, span[1])
+        self._note_positions([self._topic_partition(p, span[1]) for p, span in epoch.offsets.items()])
         return _Epoch()
+
+    def _topic_partition(self, position: int | str, offset: int) -> TopicPartition:
+        """Where `position` (a request partition, or a source's "topic:partition") stands at `offset`."""
+        if type(position) is str:
+            return self._sources.topic_partition(position, offset)
+        return TopicPartition(self.topics.requests, position, offset)
+
+    def _position(self, message) -> int | str:
+        """How the log names the partition `message` came from (sequencer/log.py)."""
+        if message.topic() == self.topics.requests:
+            return message.partition()
+        return self._sources.position(message)
 
     def _entry(self, message) -> tuple[bytes, tuple | None]:
         """The log entry of one request message, validated and checked for a duplicate
         id, with its placement (None for a rejected entry)."""
-        entry, sets = parse_request_sets(message.value(), message.key(), message.partition(), message.offset(),
-                                         self.registry, self.config.max_request_bytes, self.config.ordering)
+        if message.topic() == self.topics.requests:
+            entry, sets = parse_request_sets(message.value(), message.key(), message.partition(), message.offset(),
+                                             self.registry, self.config.max_request_bytes, self.config.ordering)
+        else:
+            entry, sets = self._sources.entry(message, self.config.max_request_bytes, self.config.ordering)
         request_id, proc, args = entry
         placement = None
         if proc is not None:
@@ -475,22 +498,20 @@ class Sequencer:
         epoch.entries.append(encoded)
         epoch.placements.append(placement)
         epoch.size += size
-        partition, offset = message.partition(), message.offset()
-        span = epoch.offsets.get(partition)
-        if span is None:
-            start = self._cursor.request_offsets.get(partition, offset)
-            epoch.offsets[partition] = [start, offset + 1]
-        else:
-            span[1] = offset + 1
-        return epoch
+        return self._taken(epoch, message)
 
     def _skip(self, epoch: _Epoch, message) -> _Epoch:
         """A dropped message still counts as consumed once the epoch holding it is cut (or at once,
         when the epoch holds nothing else: `_consumed_without_batch`)."""
-        partition, offset = message.partition(), message.offset()
-        span = epoch.offsets.get(partition)
+        return self._taken(epoch, message)
+
+    def _taken(self, epoch: _Epoch, message) -> _Epoch:
+        """`epoch` consumes the partition of `message` up to it."""
+        position, offset = self._position(message), message.offset()
+        span = epoch.offsets.get(position)
         if span is None:
-            epoch.offsets[partition] = [self._cursor.request_offsets.get(partition, offset), offset + 1]
+            start = self._cursor.consumed_to(position)
+            epoch.offsets[position] = [offset if start is None else start, offset + 1]
         else:
             span[1] = offset + 1
         return epoch
@@ -515,15 +536,16 @@ class Sequencer:
                                                                               epoch.placements),
                               self._cursor.log_id, self.config.index, self.config.ordering, self._set_id,
                               namespace=self.topics.namespace)
-        positions = [TopicPartition(self.topics.requests, p, span[1]) for p, span in epoch.offsets.items()]
+        positions = [self._topic_partition(p, span[1]) for p, span in epoch.offsets.items()]
         records = [record]
         accepted = self._accepted + sum(placement is not None for placement in epoch.placements)
         if number % SNAPSHOT_EVERY == 0:
-            after = self._own_cursor()
-            after["next_batch"] += 1
-            after["lanes"][self.config.index][1] += 1
-            after["request_offsets"].update((p, span[1]) for p, span in epoch.offsets.items())
-            records.append(self._snapshot(after, accepted))
+            after = LogCursor.from_dict(self._own_cursor(), self.topics.namespace)
+            after.next_batch += 1
+            after.lanes[self.config.index][1] += 1
+            for position, span in epoch.offsets.items():
+                after.consumed(position, span[1])
+            records.append(self._snapshot(after.to_dict(), accepted))
         self._append(records, positions)
         if log.isEnabledFor(logging.DEBUG):
             rejected = sum(placement is None for placement in epoch.placements)
@@ -531,8 +553,8 @@ class Sequencer:
                       len(epoch.entries), rejected, _spans(epoch.offsets), self.topics.log, self._log_end)
         self._cursor.lanes[self.config.index][1] += 1
         self._cursor.next_batch += 1
-        for partition, span in epoch.offsets.items():
-            self._cursor.request_offsets[partition] = span[1]
+        for position, span in epoch.offsets.items():
+            self._cursor.consumed(position, span[1])
         self._accepted = accepted
         self.stats.batches += 1
         self.stats.sequenced += len(epoch.entries)
@@ -573,8 +595,8 @@ class Sequencer:
         offsets = self._cursor.request_offsets
         # Every owned partition, one never consumed at 0 (what the lag counts from anyway):
         # the positions carry this sequencer's note of who takes them (lane_owner.py).
-        self._note_positions([TopicPartition(self.topics.requests, p, offsets.get(p, 0)) for p in self._owned],
-                             stopped)
+        self._note_positions([TopicPartition(self.topics.requests, p, offsets.get(p, 0)) for p in self._owned]
+                             + self._sources.noted(self._cursor), stopped)
 
     def _note_positions(self, positions: list[TopicPartition], stopped: bool = False) -> None:
         if not positions:

@@ -12,6 +12,12 @@ from ordo.sequencer.kafka import kafka_config
 
 
 _NAMESPACE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}")
+_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+def valid_topic(name: str) -> bool:
+    """Whether Kafka takes `name` as a topic's name."""
+    return bool(_TOPIC.fullmatch(name)) and name not in (".", "..")
 
 
 @dataclass(frozen=True, slots=True)
