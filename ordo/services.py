@@ -126,7 +126,9 @@ def serve_engine(bootstrap: str, namespace: str, data_dir: str, scheduler: str, 
     print(f"engine ({scheduler}, {partitions} partition(s)) resumes after batch {coordinator.stats.last_batch}",
           file=sys.stderr, flush=True)
     say_log_order(scheduler)
-    progress, close_observer = engine_observer(coordinator, bootstrap, namespace, quiet, metrics_port)
+    sources = tuple(load_registry(placement.get("procedure_modules", ())).sources) if placement else ()
+    progress, close_observer = engine_observer(coordinator, bootstrap, namespace, quiet, metrics_port,
+                                               sources=sources)
     broker = BrokerWatch(bootstrap).start()
     try:
         coordinator.run(progress=progress)

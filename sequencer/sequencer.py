@@ -423,6 +423,7 @@ class Sequencer:
         if now - self._partitions_checked < WATCH_EVERY:
             return
         self._partitions_checked = now
+        self._take_new_source_partitions()
         try:
             metadata = self._consumer.list_topics(self.topics.requests, timeout=1).topics.get(self.topics.requests)
         except KafkaException:
@@ -440,6 +441,13 @@ class Sequencer:
         log.warning("%s has %d partitions now: sequencer %d takes the new partition(s) %s too",
                     self.topics.requests, len(metadata.partitions), self.config.index,
                     ", ".join(map(str, added)))
+
+    def _take_new_source_partitions(self) -> None:
+        added = self._sources.added(self._consumer)
+        if added:
+            self._consumer.incremental_assign(self._sources.assignment(self._cursor, added))
+            log.warning("sequencer %d reads the new partition(s) %s of its source topics too", self.config.index,
+                        ", ".join(added))
 
     def _consumed_without_batch(self, epoch: _Epoch) -> _Epoch:
         """An epoch of dropped messages only (steps published again) appends nothing, but

@@ -188,12 +188,31 @@ class SourceReading:
         self.owned = [position_key(topic, p) for topic in sorted(self.sources)
                       for p in range(partition_count(self.bootstrap, topic)) if p % self.sequencers == self.index]
 
-    def assignment(self, cursor) -> list:
-        """Where the consumer begins on each: after what the log holds, else at the beginning."""
+    def assignment(self, cursor, keys: list[str] | None = None) -> list:
+        """Where the consumer begins on each partition read (or of `keys`): after what the
+        log holds, else at the beginning."""
         from confluent_kafka import OFFSET_BEGINNING
 
         return [self.topic_partition(key, OFFSET_BEGINNING if cursor.consumed_to(key) is None
-                                     else cursor.consumed_to(key)) for key in self.owned]
+                                     else cursor.consumed_to(key)) for key in (self.owned if keys is None else keys)]
+
+    def added(self, consumer) -> list[str]:
+        """Partitions added to a source topic since they were counted that this sequencer
+        reads: from now on they are among those it reads."""
+        from confluent_kafka import KafkaException
+
+        found = []
+        for topic in sorted(self.sources):
+            try:
+                metadata = consumer.list_topics(topic, timeout=1).topics.get(topic)
+            except KafkaException:
+                continue  # asked again at the next look; a broker away is the watch's business
+            if metadata is None or metadata.error is not None:
+                continue
+            found += [key for p in sorted(metadata.partitions) if p % self.sequencers == self.index
+                      and (key := position_key(topic, p)) not in self.owned]
+        self.owned += found
+        return found
 
     def noted(self, cursor) -> list:
         """The positions to note for the lag (sequencer/lag.py): one never read at 0."""
