@@ -16,7 +16,7 @@ from collections import Counter, defaultdict
 
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 import ordo
 from ordo.embedded import read_log
@@ -61,18 +61,19 @@ def _lag(broker: str, namespace: str, sources: list[str]) -> int:
 
 
 class OrdersProducer:
-    """A plain confluent-kafka producer, nothing of Ordo's: order i goes to partition i % 2,
-    and where each landed is kept for the record's id."""
+    """A plain confluent-kafka producer, nothing of Ordo's: order i goes to partition i % 2
+    (unless told another), and where each landed is kept for the record's id."""
 
     def __init__(self, broker: str, topic: str):
         self.topic = topic
         self.producer = Producer({"bootstrap.servers": broker, "linger.ms": 5})
         self.placed: dict[int, tuple[int, int]] = {}  # order -> (partition, offset)
 
-    def send(self, orders: range) -> None:
+    def send(self, orders: range, partition: int | None = None) -> None:
         for i in orders:
             value, _ = _order(i)
-            self.producer.produce(self.topic, value=value, key=f"order-{i}".encode(), partition=i % 2,
+            self.producer.produce(self.topic, value=value, key=f"order-{i}".encode(),
+                                  partition=i % 2 if partition is None else partition,
                                   headers=[("origin", b"shop-frontend")],
                                   on_delivery=lambda error, message, i=i: self._placed(i, error, message))
         assert self.producer.flush(30) == 0
@@ -88,7 +89,7 @@ def test_a_topic_of_a_plain_producer_is_answered_once_through_sigkills(broker, n
     monkeypatch.setenv("ORDO_TEST_ORDERS_TOPIC", topic)
     _create(broker, topic, 2)
     ensure_topics(broker, namespace)
-    count = 600
+    count = 630
     orders = OrdersProducer(broker, topic)
     orders.send(range(0, 200))
     assert _lag(broker, namespace, [topic]) > 0  # unread source records count as waiting
@@ -120,8 +121,20 @@ def test_a_topic_of_a_plain_producer_is_answered_once_through_sigkills(broker, n
         engine.wait(30)
         kills.append(f"ordo run pid {engine.pid}")
         feeder.join(120)
-        orders.send(range(400, count))
+        orders.send(range(400, 600))
         engine = run()
+        deadline = time.monotonic() + 120
+        while _lag(broker, namespace, [topic]) != 0:  # its sequencer has started and read everything
+            assert time.monotonic() < deadline and engine.poll() is None, "the orders are not read"
+            time.sleep(0.5)
+        # A third partition added while it runs: orders 600-629 there, from a producer that sees it.
+        admin = AdminClient({"bootstrap.servers": broker})
+        (grown,) = admin.create_partitions([NewPartitions(topic, 3)]).values()
+        grown.result(30)
+        wait_for_leaders(admin, [topic])
+        more = OrdersProducer(broker, topic)
+        more.send(range(600, count), partition=2)
+        orders.placed.update(more.placed)
         records = read_results(broker, f"{namespace}.results", count, timeout=240)
         deadline = time.monotonic() + 60
         while _lag(broker, namespace, [topic]) != 0 and time.monotonic() < deadline:
@@ -132,6 +145,7 @@ def test_a_topic_of_a_plain_producer_is_answered_once_through_sigkills(broker, n
         said.close()
     errors = (tmp_path / "run.err").read_text()
     assert "Traceback" not in errors, errors
+    assert f"reads the new partition(s) {topic}:2 of its source topics too" in errors, errors
 
     expected_ids = {record_id(topic, *orders.placed[i]): i for i in range(count)}
     outcomes = defaultdict(set)
@@ -156,8 +170,57 @@ def test_a_topic_of_a_plain_producer_is_answered_once_through_sigkills(broker, n
     assert lag == 0
     rejected = count - sum(1 for i in range(count) if _order(i)[1] is None)
     fault_report(f"SIGKILLed {', '.join(kills)} while a plain producer wrote {count} orders ({rejected} bad) to "
-                 f"{topic} (2 partitions); checked: each order entered the log once and has one outcome, bad ones "
-                 f"rejected naming the field, state equal to the good orders' sums, requests lag 0")
+                 f"{topic} (2 partitions, a third added while ordo run ran); checked: each order entered the log "
+                 f"once and has one outcome, bad ones rejected naming the field, state equal to the good orders' "
+                 f"sums, requests lag 0")
+
+
+def test_a_mapping_sees_the_whole_record_and_its_id_failures_are_answered_under_the_place(broker, namespace):
+    """Records of a real topic, consumed by a plain consumer, through the sequencer's mapping."""
+    from confluent_kafka import Consumer
+
+    from ordo.sequencer.sources import SourceReading
+    from ordo.sequencer.topics import Topics
+
+    topic = f"{namespace}-payments"
+    _create(broker, topic, 1)
+    app = ordo.App("pay", sources=[ordo.Source(
+        topic, proc="place_order", id=lambda rec: rec.key.decode(),
+        args=lambda rec: {"sku": rec.json()["sku"],
+                          "qty": rec.json()["qty"] * (2 if rec.header("promo") == b"double" else 1)})])
+    app.table("ordered", default=0)
+
+    @app.procedure(args={"sku": ordo.Str(), "qty": ordo.Int()}, keys=[("ordered", "sku")])
+    def place_order(ctx, args):
+        ctx.write("ordered", args["sku"], ctx.read("ordered", args["sku"]) + args["qty"])
+
+    sent = [(b"pay-1", b'{"sku": "a", "qty": 2}', [("promo", b"double")]),
+            (None, b'{"sku": "a", "qty": 2}', []),
+            (b"@pay-3", b'{"sku": "a", "qty": 2}', []),
+            (b"pay-4", b'{"sku": "b", "qty": 1.5}', [])]
+    producer = Producer({"bootstrap.servers": broker})
+    for key, value, headers in sent:
+        producer.produce(topic, key=key, value=value, headers=headers, partition=0)
+    assert producer.flush(30) == 0
+    consumer = Consumer({"bootstrap.servers": broker, "group.id": f"{namespace}-reader",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer.subscribe([topic])
+    messages, deadline = [], time.monotonic() + 60
+    while len(messages) < len(sent) and time.monotonic() < deadline:
+        message = consumer.poll(0.5)
+        if message is not None and message.error() is None:
+            messages.append(message)
+    consumer.close()
+    reading = SourceReading(broker, Topics(namespace), app.registry())
+    entries = [reading.entry(message, 64 * 1024, None)[0] for message in messages]
+    assert entries == [
+        ["pay-1", "place_order", {"sku": "a", "qty": 4}],
+        [record_id(topic, 0, 1), None, f"source {topic}: its id failed: AttributeError: 'NoneType' object has "
+                                       f"no attribute 'decode'"],
+        [record_id(topic, 0, 2), None, f"source {topic}: its id gives '@pay-3': 'id' must not start with '@' "
+                                       f"(outcomes named by position use it)"],
+        ["pay-4", None, "place_order: argument 'qty': expected integer, got number"],
+    ]
 
 
 def test_a_missing_source_topic_is_said_in_one_line(broker, namespace, tmp_path, monkeypatch):
