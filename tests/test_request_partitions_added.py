@@ -28,6 +28,8 @@ def test_request_partitions_raised_from_one_to_three_under_load_are_all_read(bro
         with Client(broker, namespace) as client:
             client.wait_for_topics(timeout=60)
             client.submit(before)
+            # Their outcomes: the sequencer has started on one partition before any is added.
+            read_results(broker, f"{namespace}.results", len(before), timeout=120)
 
             def feed() -> None:  # load while the partitions are added, from a producer that predates them
                 for start in range(0, len(during), 20):
