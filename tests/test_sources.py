@@ -317,3 +317,19 @@ def test_sources_name_declared_procedures_and_topics_of_their_own():
         ordo.Source("orders/eu", proc="place_order")
     with pytest.raises(TypeError, match="args= takes a function of the record"):
         ordo.Source("orders", proc="place_order", args={"sku": "sku"})
+
+
+def test_a_batch_names_source_positions_by_topic_and_a_cursor_without_them_is_as_before():
+    from ordo.sequencer.log import LogCursor, encode_batch, encode_entry, encode_start
+
+    cursor = LogCursor(namespace="shop")
+    cursor.accept(encode_start("shop", None, "s1"), 0)
+    before_sources = cursor.to_dict()
+    assert "source_offsets" not in before_sources  # snapshots and checkpoints of apps without sources unchanged
+    entry = encode_entry([record_id("orders", 1, 8), "place_order", {"sku": "a", "qty": 1}])
+    batch = encode_batch(1, 0, 1000, {0: (0, 3), "orders:1": (5, 9)}, [entry], log_id="s1", namespace="shop")
+    assert cursor.accept(batch, 1) is not None
+    assert cursor.request_offsets == {0: 3} and cursor.source_offsets == {"orders:1": 9}
+    kept = cursor.to_dict()
+    assert LogCursor.from_dict(kept, "shop") == cursor
+    assert LogCursor.from_dict(json.loads(json.dumps(kept)), "shop") == cursor  # a cursor kept as JSON too
