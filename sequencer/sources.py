@@ -102,6 +102,7 @@ def split_key(key: str) -> tuple[str, int]:
 
 
 def _failure(exc: Exception) -> str:
+    """What a mapping's exception says of the record: a KeyError is a field it lacks."""
     if isinstance(exc, KeyError) and len(exc.args) == 1:
         return f"field {exc.args[0]!r} missing"
     if isinstance(exc, ValueError) and str(exc):
@@ -137,7 +138,7 @@ def source_entry(source: Source, message, registry, max_bytes: int,
         # The request as a client would write it: every check of the wire applies alike.
         body = json.dumps({"id": request_id, "proc": source.proc, "args": args}, allow_nan=False,
                           separators=(",", ":")).encode()
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         return [request_id, None, f"{where}: the arguments are not JSON: {exc}"], None
     entry, sets = parse_request_sets(body, None, partition, offset, registry, max_bytes, ordering)
     if type(entry[0]) is str and entry[0].startswith(POSITION_MARK):
