@@ -133,6 +133,13 @@ class SecretMismatch(LogError):
 # did not come from a sequencer that went on to write (a foreign or forged record).
 STALE_LIMIT = 4
 
+# Start tokens a cursor remembers (LogCursor.starts): a copy of any of the latest this many
+# start records is passed over; a copy of an older one is a stale lane, counted and said.
+# Of each token its first 16 characters are kept (64 random bits of a sequencer's): the
+# cursor travels with every applied batch.
+START_MEMORY = 32
+START_TOKEN_CHARS = 16
+
 
 def record_context(namespace: str, log_id: str | None) -> bytes:
     """What every record's tag covers besides its body: the namespace and the log the
@@ -414,6 +421,9 @@ class LogCursor:
     # Whether a record sealed in its place was met: before it, a log written before tags
     # covered places is read as it was sealed then (`_before_places`).
     placed: bool = False
+    # The tokens of the latest START_MEMORY start records accepted, oldest first: a start
+    # record opens a generation once, so one whose token is among them is a copy.
+    starts: list[str] = field(default_factory=list)
     # Not persisted: what the reader saw since it started.
     stale_by_lane: dict[int, int] = field(default_factory=dict, compare=False)  # see STALE_LIMIT
     started: Start | None = field(default=None, compare=False)  # the latest start record
@@ -509,6 +519,13 @@ class LogCursor:
         self.unreported.append((offset, why))
 
     def _start(self, start: Start, offset: int) -> None:
+        token = start.token[:START_TOKEN_CHARS]
+        if token in self.starts:
+            self._drop(offset, f"a copy of an earlier start record of sequencer {start.sequencer} of "
+                               f"{start.sequencers} (a start record opens its generation once)")
+            return
+        self.starts.append(token)
+        del self.starts[:-START_MEMORY]
         if self.log_id is None and self.generation == 0:
             self.log_id = start.token
         self.generation += 1
@@ -604,6 +621,7 @@ class LogCursor:
             "time_ms": self.time_ms,
             "procedures": self.procedures,
             "placed": self.placed,
+            "starts": list(self.starts),
             **sources,
         }
 
@@ -622,4 +640,5 @@ class LogCursor:
             data.get("procedures"),
             namespace=namespace,
             placed=data.get("placed", False),
+            starts=list(data.get("starts", [])),
         )

@@ -87,8 +87,47 @@ def test_cursor_accepts_next_batch_of_current_generation_only():
     assert accepted.batch_id == 2 and accepted.log_offset == 5
     assert cursor.to_dict() == {"next_batch": 3, "generation": 2, "next_offset": 6, "request_offsets": {0: 5},
                                 "log_id": "s1", "lanes": {0: [3, 3]}, "sequencers": 1, "time_ms": 1002,
-                                "procedures": None, "placed": True}
+                                "procedures": None, "placed": True, "starts": ["s1", "s2"]}
     assert LogCursor.from_dict(cursor.to_dict(), NS) == cursor
+
+
+def test_a_copy_of_a_start_record_already_met_is_passed_over_and_named():
+    cursor = LogCursor(namespace=NS)
+    cursor.accept(first("s1", 0, 2), 0)
+    cursor.accept(start("b", 1, 2), 1)
+    cursor.accept(start("old", 0, 1), 2)  # once reconfigured to one sequencer...
+    cursor.accept(start("s2", 0, 2), 3)  # ...and back to two
+    cursor.accept(start("b2", 1, 2), 4)
+    assert cursor.accept(batch_record(1, 3, offsets={0: (0, 2)}), 5).batch_id == 1
+    copies = [first("s1", 0, 2), start("b2", 1, 2), start("old", 0, 1), start("s2", 0, 2)]
+    for offset, copy in enumerate(copies, 6):  # the log's first, the current ones, another count's
+        assert cursor.accept(copy, offset) is None
+    assert cursor.lanes == {0: [3, 2], 1: [4, 1]} and cursor.sequencers == 2 and cursor.generation == 5
+    assert [why for _, why in cursor.unreported] == [
+        "not signed with this namespace's log secret for log s1",  # the first is sealed as the first
+        "a copy of an earlier start record of sequencer 1 of 2 (a start record opens its generation once)",
+        "a copy of an earlier start record of sequencer 0 of 1 (a start record opens its generation once)",
+        "a copy of an earlier start record of sequencer 0 of 2 (a start record opens its generation once)"]
+    # The live lanes go on as if the copies were not there, in every reader: one resumed too.
+    resumed = LogCursor.from_dict(cursor.to_dict(), NS)
+    for reader in (cursor, resumed):
+        assert reader.accept(batch_record(2, 3, offsets={0: (2, 3)}), 10).batch_id == 2
+        assert reader.accept(batch_record(1, 4, sequencer=1, offsets={1: (0, 1)}), 11).batch_id == 3
+        assert reader.stale == 0
+
+
+def test_a_cursor_remembers_the_latest_start_records_only():
+    from ordo.sequencer.log import START_MEMORY
+
+    cursor = LogCursor(namespace=NS)
+    cursor.accept(first("s1"), 0)
+    for offset in range(1, START_MEMORY + 2):
+        cursor.accept(start(f"t{offset}"), offset)
+    assert len(cursor.starts) == START_MEMORY and "t1" not in cursor.starts and "t2" in cursor.starts
+    # A copy of a start record that old opens a stale lane: counted and said (reader.py), never silent.
+    cursor.accept(start("t1"), START_MEMORY + 2)
+    assert cursor.lanes == {0: [START_MEMORY + 2, 1]} and not cursor.unreported
+    assert cursor.accept(batch_record(1, START_MEMORY + 1), START_MEMORY + 3) is None and cursor.stale == 1
 
 
 def test_batches_of_several_sequencers_are_numbered_in_log_order():

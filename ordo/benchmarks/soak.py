@@ -33,6 +33,9 @@ from ordo.benchmarks.requests import encode_requests, workload_requests
 
 CHUNK = 10_000  # requests generated at a time, so a long soak never holds them all
 DRAIN_S = 300.0  # how long the last requests may take to be answered
+# How long a bounced broker may take to serve again: on a machine under heavy load a KRaft
+# node has taken more than 90 s.
+RESTART_WAIT_S = 600.0
 _METRICS_LINE = re.compile(r"metrics on (http://127\.0\.0\.1:\d+/metrics)")
 _SAMPLE = re.compile(r'^(ordo_\w+?)(?:\{([^}]*)\})? ([0-9.eE+-]+)$')
 
@@ -150,6 +153,7 @@ class Bouncer:
     def __init__(self, broker, engine: _Engine, every: float, down: float):
         self.broker, self.engine, self.every, self.down = broker, engine, every, down
         self.events: list[dict] = []
+        self.failure: str | None = None  # why the soak cannot go on: the broker did not come back
         self._stop = threading.Event()
         self._done = threading.Event()  # no bounce under way, none to come
         # A node dies with the thread that started it (its parent-death signal, see
@@ -187,7 +191,12 @@ class Bouncer:
             node = self.broker.nodes[0]
             node.stop() if how == "SIGTERM" else node.kill()
             time.sleep(self.down)
-            self.broker.restart_node(0)
+            try:
+                self.broker.restart_node(0, RESTART_WAIT_S)
+            except RuntimeError as exc:
+                self.failure = (f"the broker did not serve again within {RESTART_WAIT_S:.0f} s of its restart after "
+                                f"the {how} at {at - self._started:.0f} s: {str(exc).splitlines()[0]}")
+                return
             back = time.monotonic()
             before = answered(self.engine.scrape())
             while answered(self.engine.scrape()) <= before and not self._stop.is_set():
@@ -272,7 +281,8 @@ def run_soak(workload: str, rate: float, seconds: float, partitions: int, schedu
                 bouncer = Bouncer(broker, engine, bounce_every, down).start() if bounce_every else None
                 try:
                     report["samples"] = _drive(engine, broker_pids, producer, Topics(namespace).requests,
-                                               workload, knobs, partitions, seed, rate, count, every)
+                                               workload, knobs, partitions, seed, rate, count, every,
+                                               lambda: bouncer.failure if bouncer is not None else None)
                 finally:
                     if bouncer is not None:
                         bouncer.stop()
@@ -298,10 +308,14 @@ def run_soak(workload: str, rate: float, seconds: float, partitions: int, schedu
 
 
 def _drive(engine: _Engine, broker_pids: Callable[[], list[int]], producer, topic: str, workload: str, knobs: dict,
-           partitions: int, seed: int, rate: float, count: int, every: float) -> list[dict]:
+           partitions: int, seed: int, rate: float, count: int, every: float,
+           failure: Callable[[], str | None] = lambda: None) -> list[dict]:
     chunk: dict[str, Any] = {"at": -1, "requests": []}
 
     def send(i: int) -> None:
+        if failure() is not None:
+            raise _Abandoned
+
         at = i // CHUNK
         if chunk["at"] != at:  # distinct seeds give distinct request ids
             chunk["at"], chunk["requests"] = at, encode_requests(
@@ -316,9 +330,17 @@ def _drive(engine: _Engine, broker_pids: Callable[[], list[int]], producer, topi
         producer.poll(0)
 
     def sample() -> dict:
+        if failure() is not None:
+            raise RuntimeError(failure())
         return _sample(engine, broker_pids, started)
 
-    sender = threading.Thread(target=open_loop, args=(send, rate, count), daemon=True)
+    def send_all() -> None:
+        try:
+            open_loop(send, rate, count)
+        except _Abandoned:
+            pass
+
+    sender = threading.Thread(target=send_all, daemon=True)
     started = time.monotonic()
     samples = [sample()]
     sender.start()
@@ -337,6 +359,10 @@ def _drive(engine: _Engine, broker_pids: Callable[[], list[int]], producer, topi
         raise RuntimeError(f"only {last['answered']:,} of {count:,} requests were answered within "
                            f"{DRAIN_S:.0f} s of the last send")
     return samples
+
+
+class _Abandoned(Exception):
+    """The soak cannot go on (Bouncer.failure): the sender stops."""
 
 
 def _sample(engine: _Engine, broker_pids: Callable[[], list[int]], started: float) -> dict:
