@@ -121,6 +121,13 @@ def test_metrics_endpoint_reports_the_engine(broker, namespace, tmp_path, partit
         while not lines.empty():
             idle.append(lines.get())
         assert idle == [], idle
+        # The line that stays on screen says nothing waits: an engine at the end of the log
+        # reads log lag 0, as the endpoint does.
+        last = [line for line in busy if line.startswith("batch ")][-1]
+        assert last.rstrip().endswith("| log lag 0 | requests lag 0"), busy
+        families = scrape(port)
+        assert value(families, "ordo_log_lag_records", "ordo_log_lag_records") == 0
+        assert value(families, "ordo_requests_lag_messages", "ordo_requests_lag_messages") == 0
     finally:
         assert stop(engine) == 0
 
@@ -172,3 +179,40 @@ def test_the_progress_line_names_the_batch_its_outcomes_have_reached(broker, nam
     line = stream.getvalue()
     assert line.startswith("batch 12 | 2557 txns ("), line
     assert "committed 2550 aborted 5 rejected 2" in line
+
+
+def test_the_line_left_on_screen_shows_the_log_read_to_its_end(broker, namespace, tmp_path):
+    """A line printed while log records still waited (a batch cut after the outcomes it
+    counted, a sequencer's start record and snapshot, which carry no outcomes) is followed by
+    one more once the workers have read the log to its end, so the engine falls quiet on
+    `log lag 0`, not on the lag of a moment before."""
+    import io
+
+    from ordo.scheduler.coordinator import Coordinator
+    from ordo.services import Progress
+    from tests.helpers import sequence_requests
+
+    requests = [{"id": f"d{i}", "proc": "micro_rmw", "args": {"keys": [i]}} for i in range(5)]
+    last_batch, _ = sequence_requests(broker, namespace, requests)
+    coordinator = Coordinator(broker, namespace, str(tmp_path / "d"), "serial", 1)
+    end = coordinator.log_end(timeout=10)
+
+    def worker_read_up_to(position: int) -> None:  # a worker's status as the coordinator polls it
+        coordinator._statuses = [{"partition": 0, "executed": last_batch, "applied": last_batch, "committed": 5,
+                                  "aborted": 0, "rejected": 0, "applied_txns": 5, "next_offset": position,
+                                  "position": position, "checkpointed": []}]
+        coordinator._update(coordinator._statuses)
+
+    stream = io.StringIO()
+    try:
+        progress = Progress(coordinator, stream=stream, every=0.0)
+        worker_read_up_to(end - 2)  # the outcomes counted, a record and its marker still unread
+        progress(coordinator.stats)
+        worker_read_up_to(end)  # read to the end: nothing moved, nothing waits
+        progress(coordinator.stats)
+        progress(coordinator.stats)  # idle: quiet
+    finally:
+        coordinator.stop()
+        coordinator.run()
+    lines = stream.getvalue().splitlines()
+    assert [line.rsplit("| ", 1)[1] for line in lines] == ["log lag 2", "log lag 0"], lines
