@@ -86,7 +86,8 @@ class EngineCollector:
         stats = self.coordinator.stats
         if self.readiness is not None:
             yield _gauge("ordo_serving", "1 once the sequencer sequences and every partition worker has read the "
-                                         "log up to its start (ordo/readiness.py), else 0",
+                                         "log up to its start and executed the backlog before it "
+                                         "(ordo/readiness.py), else 0",
                          float(self.readiness.since is not None))
         yield _gauge("ordo_last_applied_batch", "the newest batch applied on every partition", stats.last_batch)
         yield _counter("ordo_batches", "batches applied on every partition since this engine started",

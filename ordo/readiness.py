@@ -1,13 +1,13 @@
-"""When `ordo run` serves: the sequencer it started is sequencing, and every partition
-worker has read the log up to that sequencer's start record.
+"""When `ordo run` serves: a request sent from then on is answered without waiting on
+anything that came before it, neither a process coming up nor a backlog of the log.
 
 A new sequencer generation writes a start record to `<ns>.log` once it has fenced the
 previous one; it lands after every record the log held before the sequencer was started.
-So the engine serves once every worker's log position has passed the log's end as it
-stood just before: a request sent from then on is cut into a batch and executed without
-waiting for a process to come up (Ray workers, the sequencer's transactions, the reading
-of the log). A backlog read by then may still be executing and applying: a request waits
-behind it as behind any other batches. Until then requests are kept, not lost: they only wait.
+Once every worker's log position has passed the log's end as it stood just before, every
+batch of that backlog has been read; the engine serves once every worker has also executed
+the newest of them (its outcomes are out). A new data directory, or one far behind, says
+first how many batches it is catching up on. Until then requests are kept, not lost: they
+only wait.
 """
 
 from __future__ import annotations
@@ -27,24 +27,40 @@ def log_end(coordinator, timeout: float = 30.0) -> int:
             time.sleep(0.1)
 
 
-def serving(statuses: list[dict], log_end_before_start: int) -> bool:
+def read_past(statuses: list[dict], log_end_before_start: int) -> bool:
     """Whether every worker has read past the log's end as it was before the sequencer
     started (and so past the sequencer's start record)."""
     return bool(statuses) and all(s.get("next_offset", 0) > log_end_before_start for s in statuses)
 
 
+def newest_read(statuses: list[dict]) -> int:
+    """The newest batch any worker has read, executed or not."""
+    return max(s["read_batch"] for s in statuses)
+
+
 class Readiness:
     """Watches the coordinator's polled statuses and says once, on `stream`, when the engine
-    serves; `since` is the seconds from `ordo run`'s start to that moment."""
+    serves (after how many batches of backlog it catches up on first, if any); `since` is the
+    seconds from `ordo run`'s start to that moment."""
 
     def __init__(self, log_end_before_start: int, started: float, stream):
         self.log_end_before_start = log_end_before_start
         self.started = started
         self.stream = stream
         self.since: float | None = None
+        self.backlog_end: int | None = None  # the newest batch read by the time the start record was
 
     def check(self, statuses: list[dict]) -> None:
-        if self.since is None and serving(statuses, self.log_end_before_start):
+        if self.since is not None or not read_past(statuses, self.log_end_before_start):
+            return
+        executed = min(s["executed"] for s in statuses)
+        if self.backlog_end is None:
+            self.backlog_end = newest_read(statuses)
+            if self.backlog_end > executed:
+                print(f"ordo catching up: {self.backlog_end - executed:,} batch(es) of the log's backlog are "
+                      f"executed first (up to batch {self.backlog_end}); requests sent now are answered after "
+                      f"them", file=self.stream, flush=True)
+        if executed >= self.backlog_end:
             self.since = time.monotonic() - self.started
             print(f"ordo serving: requests are sequenced and executed from now on "
                   f"({self.since:.1f} s after start)", file=self.stream, flush=True)

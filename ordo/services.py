@@ -86,7 +86,7 @@ class Progress:
         self._silences = silences or coordinator.silences  # processes that do not answer
         self._last = time.monotonic()
         self._last_txns = 0
-        self._shown_waiting = False  # the last line showed requests waiting
+        self._shown_waiting = False  # the last line showed requests or log records waiting
 
     def __call__(self, stats: EngineStats) -> None:
         now = time.monotonic()
@@ -100,10 +100,11 @@ class Progress:
         self._last, moved, self._last_txns = now, stats.txns != self._last_txns, stats.txns
         silences = self._silences()
         if not moved and not requests_lag and not self._shown_waiting and not silences:
-            # Idle: nothing new to say. Once more after requests were shown waiting, so
-            # that the last line does not say they still wait.
+            # Idle: nothing new to say. Once more after anything was shown waiting (a batch
+            # cut after the last outcomes were counted, a sequencer's start record and
+            # snapshot), so that the line left on screen does not say it still waits.
             return
-        self._shown_waiting = bool(requests_lag)
+        self._shown_waiting = bool(requests_lag) or bool(log_lag)
         unknown = lambda value: "?" if value is None else value  # noqa: E731
         print(f"batch {stats.executed_batch} | {stats.txns} txns ({rate:,.0f}/s) | committed {stats.committed} "
               f"aborted {stats.aborted} rejected {stats.rejected} | log lag {unknown(log_lag)}"

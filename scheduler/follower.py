@@ -123,6 +123,7 @@ class LogFollower:
             "applied_txns": self.applied_txns,
             "unapplied": len(self._unapplied),
             "next_offset": self.cursor.next_offset,
+            "read_batch": self.cursor.next_batch - 1,  # the newest batch read, executed or not
             "position": self._reader.position(),
             "ready": len(self._ready),
             "committed": self.counts[COMMITTED],

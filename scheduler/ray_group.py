@@ -69,7 +69,7 @@ class PartitionActor:
         applied = marker["batch"] if marker else 0
         next_offset = marker["cursor"]["next_offset"] if marker else 0
         return {"partition": self.worker.partition, "executed": applied, "applied": applied, "applied_at": 0.0,
-                "applied_txns": 0, "unapplied": 0, "next_offset": next_offset, "position": next_offset, "ready": 0,
+                "applied_txns": 0, "unapplied": 0, "next_offset": next_offset, "read_batch": applied, "position": next_offset, "ready": 0,
                 "committed": 0, "aborted": 0, "rejected": 0,
                 "checkpointed": [], "running": False, "error": None}
 

@@ -62,11 +62,45 @@ def build_session(app_name: str = "ordo-spark", master: str | None = None,
     builder = SparkSession.builder.appName(app_name).master(master)
     for key, value in settings.items():
         builder = builder.config(key, value)
+    start_jvm(app_name, master, settings)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
     ensure_connector(spark)  # a session that existed before (spark-submit) gets the jars now
     register_executor_modules()
     return spark
+
+
+# What the driver's JVM says on standard error that no log setting reaches: its notice of
+# the incubator module Spark's launcher always adds (`--add-modules=jdk.incubator.vector`).
+JVM_NOTICES = (b"WARNING: Using incubator modules: ",)
+
+
+def start_jvm(app_name: str, master: str, settings: dict[str, Any]) -> None:
+    """Start the driver's JVM, as the session would, with its standard error (and its
+    Python workers') passed on line by line without the JVM's notices. A JVM that is there
+    already (an earlier session, spark-submit's) is left as it is."""
+    import threading
+
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
+        return
+    conf = SparkConf().setAppName(app_name).setMaster(master).setAll(list(settings.items()))
+    read_end, write_end = os.pipe()
+    threading.Thread(target=_pass_on_errors, args=(read_end,), name="spark-stderr", daemon=True).start()
+    try:
+        SparkContext._ensure_initialized(gateway=launch_gateway(conf, popen_kwargs={"stderr": write_end}))
+    finally:
+        os.close(write_end)  # the JVM holds its own copy: the reader ends when the JVM does
+
+
+def _pass_on_errors(read_end: int) -> None:
+    with os.fdopen(read_end, "rb") as lines:
+        for line in lines:
+            if not line.startswith(JVM_NOTICES):
+                sys.stderr.write(line.decode(errors="replace"))
+                sys.stderr.flush()
 
 
 def register_executor_modules() -> None:

@@ -96,6 +96,17 @@ def test_a_bad_setting_names_its_source(tmp_path, text, environ, message):
     assert message in str(caught.value)
 
 
+def test_the_messages_running_md_quotes_are_the_ones_given(tmp_path, monkeypatch):
+    with open(os.path.join(ROOT, "docs", "running.md")) as f:
+        doc = " ".join(f.read().split())
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ordo.toml").write_text('bootstrap-server = "127.0.0.1:9092"\n')
+    for argv, environ in [(["--config", "ordo.toml"], {}), ([], {"ORDO_PARTITIONS": "two"})]:
+        with pytest.raises(config.ConfigError) as caught:
+            parse(["run", *argv, "--bootstrap-servers", "h:1", "--data-dir", "d"], environ)
+        assert f"`{caught.value}`" in doc, str(caught.value)
+
+
 @pytest.mark.parametrize("text, environ, override", [
     ('[run]\npartitions = "two"\n', {}, ["--partitions", "2"]),
     ('[run]\nscheduler = "fifo"\n', {}, ["--scheduler", "vll"]),

@@ -121,6 +121,13 @@ def test_metrics_endpoint_reports_the_engine(broker, namespace, tmp_path, partit
         while not lines.empty():
             idle.append(lines.get())
         assert idle == [], idle
+        # The line that stays on screen says nothing waits: an engine at the end of the log
+        # reads log lag 0, as the endpoint does.
+        last = [line for line in busy if line.startswith("batch ")][-1]
+        assert last.rstrip().endswith("| log lag 0 | requests lag 0"), busy
+        families = scrape(port)
+        assert value(families, "ordo_log_lag_records", "ordo_log_lag_records") == 0
+        assert value(families, "ordo_requests_lag_messages", "ordo_requests_lag_messages") == 0
     finally:
         assert stop(engine) == 0
 
@@ -141,12 +148,33 @@ def test_a_busy_metrics_port_is_one_clear_line(broker, namespace, tmp_path):
     assert done.stderr.strip().splitlines()[-1].startswith(f"ordo execute: cannot serve metrics on 127.0.0.1:{port}")
 
 
-def test_the_engine_serves_once_every_worker_has_read_past_the_new_sequencers_start():
-    from ordo.readiness import serving
+def test_the_engine_serves_once_every_worker_has_executed_what_the_log_held_before_its_start():
+    import io
 
-    assert not serving([], 5)
-    assert not serving([{"next_offset": 6}, {"next_offset": 5}], 5)  # one worker has not read the start record
-    assert serving([{"next_offset": 6}, {"next_offset": 9}], 5)
+    from ordo.readiness import Readiness, read_past
+
+    assert not read_past([], 5)
+    assert not read_past([{"next_offset": 6}, {"next_offset": 5}], 5)  # one worker has not read the start record
+    assert read_past([{"next_offset": 6}, {"next_offset": 9}], 5)
+
+    def worker(next_offset: int, executed: int, read_ahead: int) -> dict:
+        return {"next_offset": next_offset, "executed": executed, "read_batch": executed + read_ahead}
+
+    stream = io.StringIO()
+    readiness = Readiness(log_end_before_start=900, started=time.monotonic(), stream=stream)
+    readiness.check([worker(400, 100, 50), worker(901, 200, 250)])  # one has not read the backlog yet
+    assert stream.getvalue() == ""
+    readiness.check([worker(905, 300, 150), worker(906, 400, 50)])  # both have read it: batches 1-450
+    assert stream.getvalue() == ("ordo catching up: 150 batch(es) of the log's backlog are executed first (up to "
+                                 "batch 450); requests sent now are answered after them\n")
+    readiness.check([worker(960, 449, 30), worker(960, 460, 10)])  # still batch 450 to go on one worker
+    assert readiness.since is None and "serving" not in stream.getvalue()
+    readiness.check([worker(990, 450, 40), worker(990, 470, 20)])
+    assert readiness.since is not None and stream.getvalue().splitlines()[-1].startswith("ordo serving: ")
+
+    at_the_end = io.StringIO()  # nothing to catch up on: serving, with no other line
+    Readiness(log_end_before_start=10, started=time.monotonic(), stream=at_the_end).check([worker(12, 4, 0)])
+    assert at_the_end.getvalue().startswith("ordo serving: ")
 
 
 def test_the_progress_line_names_the_batch_its_outcomes_have_reached(broker, namespace, tmp_path):
@@ -172,3 +200,78 @@ def test_the_progress_line_names_the_batch_its_outcomes_have_reached(broker, nam
     line = stream.getvalue()
     assert line.startswith("batch 12 | 2557 txns ("), line
     assert "committed 2550 aborted 5 rejected 2" in line
+
+
+def test_the_line_left_on_screen_shows_the_log_read_to_its_end(broker, namespace, tmp_path):
+    """A line printed while log records still waited (a batch cut after the outcomes it
+    counted, a sequencer's start record and snapshot, which carry no outcomes) is followed by
+    one more once the workers have read the log to its end, so the engine falls quiet on
+    `log lag 0`, not on the lag of a moment before."""
+    import io
+
+    from ordo.scheduler.coordinator import Coordinator
+    from ordo.services import Progress
+    from tests.helpers import sequence_requests
+
+    requests = [{"id": f"d{i}", "proc": "micro_rmw", "args": {"keys": [i]}} for i in range(5)]
+    last_batch, _ = sequence_requests(broker, namespace, requests)
+    coordinator = Coordinator(broker, namespace, str(tmp_path / "d"), "serial", 1)
+    end = coordinator.log_end(timeout=10)
+
+    def worker_read_up_to(position: int) -> None:  # a worker's status as the coordinator polls it
+        coordinator._statuses = [{"partition": 0, "executed": last_batch, "applied": last_batch, "committed": 5,
+                                  "aborted": 0, "rejected": 0, "applied_txns": 5, "next_offset": position,
+                                  "position": position, "checkpointed": []}]
+        coordinator._update(coordinator._statuses)
+
+    stream = io.StringIO()
+    try:
+        progress = Progress(coordinator, stream=stream, every=0.0)
+        worker_read_up_to(end - 2)  # the outcomes counted, a record and its marker still unread
+        progress(coordinator.stats)
+        worker_read_up_to(end)  # read to the end: nothing moved, nothing waits
+        progress(coordinator.stats)
+        progress(coordinator.stats)  # idle: quiet
+    finally:
+        coordinator.stop()
+        coordinator.run()
+    lines = stream.getvalue().splitlines()
+    assert [line.rsplit("| ", 1)[1] for line in lines] == ["log lag 2", "log lag 0"], lines
+
+
+def test_a_new_data_directory_serves_once_the_backlog_is_executed(broker, namespace, tmp_path):
+    """`ordo run` on a new data directory against a log with a backlog: `ordo serving`
+    comes once every batch the log held is executed (after `ordo catching up: N batch(es)`
+    when its workers read that backlog with the sequencer's start record), so the outcomes of
+    the whole backlog are counted when it comes, and a request sent then waits on nothing."""
+    from tests.helpers import sequence_requests
+
+    # More batches than a worker reads at once (1000 records): the last of them are read with
+    # the start record of the sequencer `ordo run` starts, while the first are executed.
+    backlog = [{"id": f"b{i}", "proc": "micro_rmw", "args": {"keys": [i % 40, 40 + i % 7]}} for i in range(2700)]
+    last_batch, _ = sequence_requests(broker, namespace, backlog, max_txns=1, partitions=2)
+    engine = subprocess.Popen(
+        [sys.executable, "-m", "ordo.cli", "run", "--bootstrap-servers", broker, "--namespace", namespace,
+         "--data-dir", str(tmp_path / "new"), "--partitions", "2", "--metrics-port", "0", "--quiet"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1"}, stderr=subprocess.PIPE,
+        text=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in engine.stderr], daemon=True).start()
+    try:
+        said, port = [], None
+        deadline = time.monotonic() + 240
+        while not said or not said[-1].startswith("ordo serving: "):
+            said.append(lines.get(timeout=max(0.1, deadline - time.monotonic())))
+            if said[-1].startswith("metrics on http://127.0.0.1:"):
+                port = int(said[-1].split(":")[2].split("/")[0])
+        families = scrape(port)
+        decided = sum(value(families, "ordo_transactions", "ordo_transactions_total", status=status)
+                      for status in ("committed", "aborted", "rejected"))
+        assert decided == len(backlog), said
+        catching_up = [line for line in said if line.startswith("ordo catching up: ")]
+        for line in catching_up:  # no request came since: the backlog ends at the log's last batch
+            assert 0 < int(line.split()[3].replace(",", "")) <= last_batch, line
+            assert f"(up to batch {last_batch})" in line, line
+        print(f"\n{last_batch} batches of backlog: {catching_up} then {said[-1].strip()}")
+    finally:
+        assert stop(engine) == 0

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -26,7 +28,7 @@ from ordo.spark_jobs import changes_job, producer_job
 from ordo.spark_jobs import records as records_codec
 from ordo.spark_jobs.records import request_message
 from ordo.spark_jobs.samples import BAD_ROWS, SAMPLES_DIR
-from tests.helpers import ordo_output, topic_reader
+from tests.helpers import ROOT, ordo_output, topic_reader
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning")]
@@ -425,6 +427,20 @@ def test_cli_writes_the_checked_in_samples_and_parses_the_jobs(tmp_path):
     for job in ("produce", "changes"):
         usage = ordo_output("spark", job, "--help")
         assert "--bootstrap-servers" in usage and "--kafka-option" in usage and "--progress-seconds" in usage
+
+
+def test_a_job_says_nothing_on_stderr_but_its_own_lines(broker, namespace):
+    """`ordo spark produce` in a process of its own, its JVM started as a user's would be:
+    standard error holds the job's progress lines and nothing from Spark or the JVM (no
+    level announcement, no incubator-module notice)."""
+    ensure_topics(broker, namespace, request_partitions=2)
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    done = subprocess.run([sys.executable, "-m", "ordo.cli", "spark", "produce", "--bootstrap-servers", broker,
+                           "--namespace", namespace, "--input", sample("sl.csv"), "--format", "csv",
+                           "--master", "local[2]"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"published 300 requests to {namespace}.requests"), done.stdout
+    assert [line for line in done.stderr.splitlines() if not line.startswith("ordo-produce: ")] == [], done.stderr
 
 
 def test_column_mapping_builds_requests(spark):
