@@ -369,6 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--max-txns", type=int, default=200,
                    help="requests per batch at most (default %(default)s: Calvin's cap per 10 ms epoch)")
+    p.add_argument("--max-delay-ms", type=EPOCH_MS, default=SequencerConfig().max_delay_ms, metavar="MS",
+                   help="latency and scale: the sequencer's epoch length (default %(default)s)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON here")
     p.add_argument("--baseline", action="store_true", help="also the PostgreSQL baseline (micro, sl and tpcc)")
     p.add_argument("--quick", action="store_true", help="suite: fewer txns and fewer points (about 3 minutes)")
@@ -707,7 +709,7 @@ def cmd_bench(args) -> int:
                              "ordo bench latency micro --rate 500,1000")
         run_latency(args.scaled, [float(r) for r in args.rate.split(",")], int(args.partitions or 1),
                     args.scheduler, args.seconds, args.seed, parse_knobs(_workload(args.scaled), args.knob),
-                    args.max_txns, args.runtime, args.json)
+                    args.max_txns, args.runtime, args.json, args.max_delay_ms)
         return 0
     if args.workload == "compression":
         from ordo.benchmarks.compression import run_compression
@@ -744,7 +746,7 @@ def cmd_bench(args) -> int:
                 knobs["mp"], shares = shares[0], None
         counts = [int(n) for n in (args.partitions or "1,2").split(",")]
         run_scale(args.scaled, counts, args.scheduler, args.txns, args.seed, knobs, args.max_txns,
-                  not args.no_end_to_end, args.json, args.rounds, shares)
+                  not args.no_end_to_end, args.json, args.rounds, shares, args.max_delay_ms)
         return 0
     from ordo.benchmarks.configuration import run_bench
 
