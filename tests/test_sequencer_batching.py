@@ -1,6 +1,6 @@
-"""When the sequencer cuts a batch: with group commit (the default) as soon as the last
-append returned, with every request that came meanwhile; with Calvin's epochs
-(--max-delay-ms above 0) at most one batch per epoch length unless full."""
+"""When the sequencer cuts a batch: with Calvin's epochs (the default, --max-delay-ms 10)
+at most one batch per epoch length unless full; with group commit (--max-delay-ms 0) as
+soon as the last append returned, with every request that came meanwhile."""
 
 from __future__ import annotations
 
@@ -35,15 +35,15 @@ def _epoch_opened_by_a_request_during_the_last_append(sequencer: Sequencer) -> t
 
 
 def test_group_commit_cuts_as_soon_as_the_last_append_returns(sequencer_of):
-    sequencer = sequencer_of(SequencerConfig())
-    assert sequencer.config.max_delay_ms == 0
+    sequencer = sequencer_of(SequencerConfig(max_delay_ms=0))
     epoch, appended_at = _epoch_opened_by_a_request_during_the_last_append(sequencer)
     assert sequencer._due(epoch, appended_at)
     assert not sequencer._due(_Epoch(), appended_at)  # nothing to cut
 
 
 def test_calvin_epochs_wait_for_the_epoch_to_end(sequencer_of):
-    sequencer = sequencer_of(SequencerConfig(max_delay_ms=10))
+    sequencer = sequencer_of(SequencerConfig())
+    assert sequencer.config.max_delay_ms == 10
     epoch, appended_at = _epoch_opened_by_a_request_during_the_last_append(sequencer)
     assert not sequencer._due(epoch, appended_at)
     assert sequencer._due(epoch, appended_at + 0.006)  # 10 ms after the last cut
