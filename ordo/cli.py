@@ -56,7 +56,7 @@ def _seconds(low: float, high: float, *, above: bool = False):
 PORT = _integer(0, 65535)
 COUNT = _integer(1)
 BATCH_TXNS = _integer(1, 1_000_000)
-EPOCH_MS = _seconds(0, 60_000, above=True)
+EPOCH_MS = _seconds(0, 60_000)
 WAIT_S = _seconds(0, 86_400)
 
 
@@ -82,7 +82,8 @@ def _log_secret(p: argparse.ArgumentParser) -> None:
 def _sequencer_options(p: argparse.ArgumentParser) -> None:
     d = SequencerConfig()
     g = p.add_argument_group("sequencer")
-    g.add_argument("--max-delay-ms", type=EPOCH_MS, default=d.max_delay_ms, help="epoch length (default %(default)s)")
+    g.add_argument("--max-delay-ms", type=EPOCH_MS, default=d.max_delay_ms, help="epoch length; 0: group commit, each batch cut as soon as the previous append is "
+                        "acknowledged (default %(default)s)")
     g.add_argument("--max-txns", type=BATCH_TXNS, default=d.max_txns, help="requests per batch at most (default %(default)s)")
     g.add_argument("--max-bytes", type=COUNT, default=d.max_bytes, help="bytes per batch record at most (default %(default)s)")
     g.add_argument("--max-request-bytes", type=COUNT, default=d.max_request_bytes,
@@ -369,6 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--max-txns", type=int, default=200,
                    help="requests per batch at most (default %(default)s: Calvin's cap per 10 ms epoch)")
+    p.add_argument("--max-delay-ms", type=EPOCH_MS, default=SequencerConfig().max_delay_ms, metavar="MS",
+                   help="latency and scale: the sequencer's epoch length; 0: group commit (default %(default)s)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON here")
     p.add_argument("--baseline", action="store_true", help="also the PostgreSQL baseline (micro, sl and tpcc)")
     p.add_argument("--quick", action="store_true", help="suite: fewer txns and fewer points (about 3 minutes)")
@@ -707,7 +710,7 @@ def cmd_bench(args) -> int:
                              "ordo bench latency micro --rate 500,1000")
         run_latency(args.scaled, [float(r) for r in args.rate.split(",")], int(args.partitions or 1),
                     args.scheduler, args.seconds, args.seed, parse_knobs(_workload(args.scaled), args.knob),
-                    args.max_txns, args.runtime, args.json)
+                    args.max_txns, args.runtime, args.json, args.max_delay_ms)
         return 0
     if args.workload == "compression":
         from ordo.benchmarks.compression import run_compression
@@ -744,7 +747,7 @@ def cmd_bench(args) -> int:
                 knobs["mp"], shares = shares[0], None
         counts = [int(n) for n in (args.partitions or "1,2").split(",")]
         run_scale(args.scaled, counts, args.scheduler, args.txns, args.seed, knobs, args.max_txns,
-                  not args.no_end_to_end, args.json, args.rounds, shares)
+                  not args.no_end_to_end, args.json, args.rounds, shares, args.max_delay_ms)
         return 0
     from ordo.benchmarks.configuration import run_bench
 

@@ -36,8 +36,8 @@ def _one_line(done: subprocess.CompletedProcess) -> str:
 @pytest.mark.parametrize("setting, value, accepted", [
     ("ORDO_MAX_TXNS", "0", "from 1 to 1,000,000"),
     ("ORDO_MAX_TXNS", "-1", "from 1 to 1,000,000"),
-    ("ORDO_MAX_DELAY_MS", "nan", "above 0 and at most 60,000"),
-    ("ORDO_MAX_DELAY_MS", "0", "above 0 and at most 60,000"),
+    ("ORDO_MAX_DELAY_MS", "nan", "from 0 to 60,000"),
+    ("ORDO_MAX_DELAY_MS", "-1", "from 0 to 60,000"),
     ("ORDO_DEDUPE_WINDOW", "0", "of 1 or more"),
     ("ORDO_DEDUPE_WINDOW", "-1", "of 1 or more"),
     ("ORDO_METRICS_PORT", "99999", "from 0 to 65,535"),
@@ -56,7 +56,7 @@ def test_a_setting_out_of_range_is_refused_in_one_line(tmp_path, setting, value,
 def test_a_setting_out_of_range_on_the_command_line_names_the_option(tmp_path):
     done = _ordo("sequence", "--bootstrap-servers", "127.0.0.1:1", "--max-delay-ms", "nan")
     assert done.returncode == 2
-    assert "argument --max-delay-ms: 'nan' is not a number above 0" in done.stderr
+    assert "argument --max-delay-ms: 'nan' is not a number from 0 to 60,000" in done.stderr
 
 
 def test_a_kafka_settings_file_that_is_not_text_is_named(tmp_path):

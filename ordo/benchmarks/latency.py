@@ -9,16 +9,27 @@ Before the clock starts, a warm-up waits until the engine answers; before the fi
 an unreported round of BROKER_WARMUP_S seconds warms the broker's JVM.
 
 Where the time goes comes from the records' own Kafka timestamps (CreateTime, set by each
-producer; everything runs on one machine, so on one clock):
+producer as it takes a record) and from two moments the client notes itself: when the broker
+acknowledged each request, and when each log record became readable to a log reader (the
+client follows <ns>.log as the partition workers do, read_committed). Everything runs on
+one machine, so on one clock:
 
-    send        scheduled time → request record          (the client falling behind)
-    sequencing  request record → the log record of its batch   (epoch cut + the sequencer's transaction)
-    execution   log record → result record                (log fetch + execution + output)
-    delivery    result record → arrival at the client     (the engine's commit + the outcome fetch)
+    send        scheduled time → request record's CreateTime  (the client falling behind)
+    request     → the broker's acknowledgement of the request  (the producer's linger + its produce)
+    sequencing  → the log record of its batch                  (the sequencer's fetch + the epoch's cut)
+    commit      → the batch readable in the log                (the sequencer's transaction + a reader's fetch)
+    execution   → the result record                            (the partition's execution + its outputs)
+    delivery    → arrival at the client                        (the outputs' acknowledgement + the outcome's fetch)
 
-The four hops add up to the latency, so their shares (each hop's total over the latencies'
+The hops add up to the latency, so their shares (each hop's total over the latencies'
 total) add up to 100 %. Kafka timestamps are whole milliseconds (truncated), so a hop's
-figures are good to about a millisecond: a send that keeps its schedule reads about -0.5 ms.
+figures are good to about a millisecond: a send that keeps its schedule reads about -0.5 ms,
+and a hop that straddles a truncated stamp can read slightly negative. The client's log
+follower stands in for the partition workers, which may get a batch a little sooner on a
+busy machine: execution (from the follower's read) then reads short and commit long.
+
+As Styx's harness counts it, only requests scheduled after the first TIMED_AFTER of a
+rate's run are timed: the pipeline's first batches at a new rate do not count.
 """
 
 from __future__ import annotations
@@ -39,7 +50,8 @@ from ordo.benchmarks.machine import finish_report, machine
 from ordo.benchmarks.report import cell
 from ordo.benchmarks.requests import encode_requests, ordering_of, workload_requests
 
-HOPS = ("send", "sequencing", "execution", "delivery")
+HOPS = ("send", "request", "sequencing", "commit", "execution", "delivery")
+TIMED_AFTER = 0.2  # the share of each run, from its start, that is not timed
 WARMUP_REQUESTS = 20
 BROKER_WARMUP_S = 15.0
 
@@ -83,7 +95,14 @@ def _client(bootstrap: str, namespace: str, warmup: list, requests: list, rate: 
         "group.id": f"bench-latency-{uuid.uuid4().hex}", "enable.auto.commit": False}))
     consumer.assign([TopicPartition(topics.results, p, OFFSET_BEGINNING)
                      for p in range(partition_count(bootstrap, topics.results))])
+    # The log as the partition workers read it: what a batch's commit makes readable.
+    log_follower = Consumer(consumer_config(bootstrap, {
+        "group.id": f"bench-latency-{uuid.uuid4().hex}", "enable.auto.commit": False,
+        "isolation.level": "read_committed"}))
+    log_follower.assign([TopicPartition(topics.log, 0, OFFSET_BEGINNING)])
     outcomes: dict[str, tuple[float, int, int, str]] = {}  # id -> (arrival s, result CreateTime ms, type, status)
+    acknowledged: dict[str, float] = {}  # request id -> when the broker acknowledged it (s)
+    readable: dict[int, float] = {}  # log offset -> when it became readable (s)
     stop = threading.Event()
 
     def read() -> None:
@@ -99,22 +118,41 @@ def _client(bootstrap: str, namespace: str, warmup: list, requests: list, rate: 
                         kind, stamp = message.timestamp()
                         outcomes[key] = (now, stamp, kind, json.loads(message.value())["status"])
 
+    def follow_log() -> None:
+        while not stop.is_set():
+            first = log_follower.poll(0.05)
+            if first is None:
+                continue
+            now = time.time()
+            for message in [first, *log_follower.consume(10_000, 0)]:
+                if message.error() is None:
+                    readable.setdefault(message.offset(), now)
+
+    def acked(error, message) -> None:
+        if error is None:
+            acknowledged.setdefault(message.key().decode(), time.time())
+
+    def serve_acknowledgements() -> None:
+        # In a thread of its own, so an acknowledgement is noted when it comes, not at the next send.
+        while not stop.is_set():
+            producer.poll(0.005)
+
     def send(key: str, value: bytes) -> None:
         while True:
             try:
-                producer.produce(topics.requests, key=key.encode(), value=value)
-                producer.poll(0)
+                producer.produce(topics.requests, key=key.encode(), value=value, on_delivery=acked)
                 return
             except BufferError:
-                producer.poll(0.01)
+                time.sleep(0.01)
 
     def wait_for(ids: list[str], timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while any(i not in outcomes for i in ids) and time.monotonic() < deadline:
             time.sleep(0.01)
 
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    threads = [threading.Thread(target=target, daemon=True) for target in (read, follow_log, serve_acknowledgements)]
+    for thread in threads:
+        thread.start()
     try:
         started = time.monotonic()
         for key, value in warmup:
@@ -127,13 +165,18 @@ def _client(bootstrap: str, namespace: str, warmup: list, requests: list, rate: 
         scheduled = open_loop(lambda i: send(*requests[i]), rate, len(requests))
         producer.flush(60)
         wait_for([k for k, _ in requests], drain_s)
+        time.sleep(0.2)  # the log follower's last fetch
         return {"warmup_s": warmup_s,
                 "scheduled": [(key, due) for (key, _), due in zip(requests, scheduled)],
-                "outcomes": {key: outcomes[key] for key, _ in requests if key in outcomes}}
+                "outcomes": {key: outcomes[key] for key, _ in requests if key in outcomes},
+                "acknowledged": {key: acknowledged[key] for key, _ in requests if key in acknowledged},
+                "readable": dict(readable)}
     finally:
         stop.set()
-        reader.join(5)
+        for thread in threads:
+            thread.join(5)
         consumer.close()
+        log_follower.close()
 
 
 # -- the records' timestamps -----------------------------------------------------------
@@ -155,21 +198,21 @@ def request_times(bootstrap: str, namespace: str, ids: set[str], timeout: float 
     return found
 
 
-def log_times(bootstrap: str, namespace: str, ids: set[str], timeout: float = 60.0) -> dict[str, int]:
-    """CreateTime (ms) of the <ns>.log record holding the accepted batch of each request of `ids`."""
+def log_times(bootstrap: str, namespace: str, ids: set[str], timeout: float = 60.0) -> dict[str, tuple[int, int]]:
+    """(CreateTime ms, offset) of the <ns>.log record holding the accepted batch of each request of `ids`."""
     from ordo.sequencer.log import LogCursor
     from ordo.sequencer.topics import Topics
 
     cursor = LogCursor(namespace=namespace)
-    found: dict[str, int] = {}
+    found: dict[str, tuple[int, int]] = {}
 
     def take(message) -> None:
         batch = cursor.accept(message.value(), message.offset())
         if batch is not None:
-            stamp = message.timestamp()[1]
+            record = (message.timestamp()[1], message.offset())
             for entry in batch.entries:
                 if entry[0] in ids:
-                    found.setdefault(entry[0], stamp)
+                    found.setdefault(entry[0], record)
 
     _read_all(bootstrap, Topics(namespace).log, 1, take, lambda: len(found) >= len(ids), timeout)
     return found
@@ -197,23 +240,35 @@ def _read_all(bootstrap: str, topic: str, partitions: int, take, done: Callable[
 # -- the figures (pure) ------------------------------------------------------------------
 
 
-def hop_times(scheduled_s: float, request_ms: int, log_ms: int, result_ms: int, arrival_s: float) -> dict[str, float]:
+def hop_times(scheduled_s: float, request_ms: int, acknowledged_s: float, log_ms: int, readable_s: float,
+              result_ms: int, arrival_s: float) -> dict[str, float]:
     """One request's latency and its hops, in ms; the hops add up to the latency."""
     return {"latency": (arrival_s - scheduled_s) * 1000,
             "send": request_ms - scheduled_s * 1000,
-            "sequencing": log_ms - request_ms,
-            "execution": result_ms - log_ms,
+            "request": acknowledged_s * 1000 - request_ms,
+            "sequencing": log_ms - acknowledged_s * 1000,
+            "commit": (readable_s * 1000) - log_ms,
+            "execution": result_ms - readable_s * 1000,
             "delivery": arrival_s * 1000 - result_ms}
 
 
 def summarize(rate: float, seconds: float, scheduled: list[tuple[str, float]], outcomes: dict,
-              requested: dict[str, int], logged: dict[str, int]) -> dict[str, Any]:
-    """The figures of one rate. `scheduled`: (id, scheduled send time s); `outcomes`: id ->
-    (arrival s, result CreateTime ms, timestamp type, status); `requested`, `logged`: id ->
-    CreateTime ms of its request record, of its batch's log record. Achieved throughput:
-    outcomes over the time from the first scheduled send to the last arrival."""
-    rows = [hop_times(due, requested[key], logged[key], outcomes[key][1], outcomes[key][0])
-            for key, due in scheduled if key in outcomes and key in requested and key in logged]
+              requested: dict[str, int], acknowledged: dict[str, float], logged: dict[str, tuple[int, int]],
+              readable: dict[int, float]) -> dict[str, Any]:
+    """The figures of one rate. `scheduled`: (id, scheduled send time s), in schedule order;
+    `outcomes`: id -> (arrival s, result CreateTime ms, timestamp type, status); `requested`:
+    id -> CreateTime ms of its request record; `acknowledged`: id -> when the broker
+    acknowledged it (s); `logged`: id -> (CreateTime ms, offset) of its batch's log record;
+    `readable`: log offset -> when a log reader got it (s). Requests scheduled in the first
+    TIMED_AFTER of the run are not timed. Achieved throughput: outcomes over the time from
+    the first scheduled send to the last arrival."""
+    rows = []
+    for key, due in scheduled[int(len(scheduled) * TIMED_AFTER):]:
+        if key in outcomes and key in requested and key in acknowledged and key in logged:
+            log_ms, offset = logged[key]
+            if offset in readable:
+                rows.append(hop_times(due, requested[key], acknowledged[key], log_ms, readable[offset],
+                                      outcomes[key][1], outcomes[key][0]))
     latencies = [row["latency"] for row in rows]
     total = sum(latencies)
     statuses: dict[str, int] = {}
@@ -222,7 +277,7 @@ def summarize(rate: float, seconds: float, scheduled: list[tuple[str, float]], o
     span = max((o[0] for o in outcomes.values()), default=0.0) - (scheduled[0][1] if scheduled else 0.0)
     result: dict[str, Any] = {
         "rate_rps": rate, "seconds": seconds, "requests": len(scheduled), "answered": len(outcomes),
-        "timed": len(rows), "achieved_rps": round(len(outcomes) / span, 1) if span > 0 else None,
+        "timed": len(rows), "timed_after_pct": round(100 * TIMED_AFTER), "achieved_rps": round(len(outcomes) / span, 1) if span > 0 else None,
         "statuses": statuses,
         "latency_ms": {name: round(percentile(latencies, q), 2) for name, q in (("p50", 50), ("p90", 90),
                                                                                 ("p99", 99))},
@@ -241,7 +296,8 @@ def summarize(rate: float, seconds: float, scheduled: list[tuple[str, float]], o
 
 
 def measure_rate(bootstrap: str, workload: str, knobs: dict, rate: float, seconds: float, scheduler: str,
-                 partitions: int, max_txns: int, runtime: str, directory: str, seed: int) -> dict[str, Any]:
+                 partitions: int, max_txns: int, runtime: str, directory: str, seed: int,
+                 max_delay_ms: float | None = None) -> dict[str, Any]:
     """A fresh namespace, sequencer and engine; the open-loop client at `rate` for `seconds`."""
     import multiprocessing
     import queue
@@ -249,7 +305,7 @@ def measure_rate(bootstrap: str, workload: str, knobs: dict, rate: float, second
     from ordo.benchmarks.prefill import new_namespace
     from ordo.services import SequencerProcess
     from ordo.scheduler.coordinator import Coordinator
-    from ordo.sequencer.sequencer import SequencerConfig
+    from ordo.benchmarks.runners import sequencer_config
     from ordo.sequencer.topics import ensure_topics
 
     namespace = new_namespace("latency")
@@ -257,8 +313,9 @@ def measure_rate(bootstrap: str, workload: str, knobs: dict, rate: float, second
     warmup = encode_requests(workload_requests(workload, WARMUP_REQUESTS, WARMUP_SEED, knobs, partitions))
     requests = encode_requests(workload_requests(workload, max(1, round(rate * seconds)), seed, knobs, partitions))
     coordinator = Coordinator(bootstrap, namespace, directory, scheduler, partitions, runtime=runtime)
-    sequencer = SequencerProcess(bootstrap, namespace, SequencerConfig(max_txns=max_txns, partitions=partitions,
-                                                                       ordering=ordering_of(scheduler)))
+    sequencer = SequencerProcess(bootstrap, namespace, sequencer_config(max_delay_ms, max_txns=max_txns,
+                                                                        partitions=partitions,
+                                                                        ordering=ordering_of(scheduler)))
     engine_error: list[BaseException] = []
 
     def run_engine() -> None:
@@ -301,7 +358,9 @@ def measure_rate(bootstrap: str, workload: str, knobs: dict, rate: float, second
             client.kill()
     answered = set(result["outcomes"])
     figures = summarize(rate, seconds, result["scheduled"], result["outcomes"],
-                        request_times(bootstrap, namespace, answered), log_times(bootstrap, namespace, answered))
+                        request_times(bootstrap, namespace, answered), result["acknowledged"],
+                        log_times(bootstrap, namespace, answered),
+                        result["readable"])
     figures["warmup_s"] = round(result["warmup_s"], 2)
     kinds = {kind for _, _, kind, _ in result["outcomes"].values()}
     figures["result_timestamps"] = "CreateTime" if kinds == {1} else f"types {sorted(kinds)}"
@@ -309,7 +368,8 @@ def measure_rate(bootstrap: str, workload: str, knobs: dict, rate: float, second
 
 
 def run_latency(workload: str, rates: list[float], partitions: int, scheduler: str, seconds: float, seed: int,
-                knobs: dict, max_txns: int, runtime: str = "auto", json_path: str | None = None) -> dict[str, Any]:
+                knobs: dict, max_txns: int, runtime: str = "auto", json_path: str | None = None,
+                max_delay_ms: float | None = None) -> dict[str, Any]:
     from ordo.benchmarks.runners import shutdown_ray
     from ordo.sequencer.broker import local_broker
 
@@ -322,10 +382,13 @@ def run_latency(workload: str, rates: list[float], partitions: int, scheduler: s
     say = lambda text="": print(text, flush=True)  # noqa: E731
     report: dict[str, Any] = {"workload": workload, "scheduler": scheduler, "partitions": partitions,
                               "runtime": runtime, "seconds": seconds, "knobs": knobs, "batch_size": max_txns,
+                              "max_delay_ms": max_delay_ms,
                               "machine": machine(), "runs": []}
     say(f"ordo bench latency {workload} ({scheduler}, {partitions} partition(s), {runtime} runtime): "
         f"open loop at {', '.join(f'{r:g}' for r in rates)} req/s, {seconds:g} s each, "
-        f"{len(os.sched_getaffinity(0))} cores")
+        f"{len(os.sched_getaffinity(0))} cores"
+        + ("" if max_delay_ms is None else f", sequencer epochs of {max_delay_ms:g} ms" if max_delay_ms
+           else ", sequencer group commit"))
     root = tempfile.mkdtemp(prefix="ordo-latency-")
     try:
         with local_broker() as broker:
@@ -334,10 +397,10 @@ def run_latency(workload: str, rates: list[float], partitions: int, scheduler: s
             # round at the highest rate, not reported, warms it up as a long-running broker is.
             say(f"  warming up the broker: {BROKER_WARMUP_S:g} s at {max(rates):g} req/s, not reported")
             measure_rate(broker.bootstrap_servers, workload, knobs, max(rates), BROKER_WARMUP_S, scheduler, partitions,
-                         max_txns, runtime, os.path.join(root, "warm-up"), seed)
+                         max_txns, runtime, os.path.join(root, "warm-up"), seed, max_delay_ms)
             for i, rate in enumerate(rates):
                 run = measure_rate(broker.bootstrap_servers, workload, knobs, rate, seconds, scheduler, partitions,
-                                   max_txns, runtime, os.path.join(root, f"rate-{i}"), seed)
+                                   max_txns, runtime, os.path.join(root, f"rate-{i}"), seed, max_delay_ms)
                 report["runs"].append(run)
                 say(format_run(run))
     finally:
@@ -371,17 +434,19 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"{run['rate_rps']:>8,g} {cell(run['achieved_rps'], ',.0f', 9)} "
                      f"{run['answered']:>7,}/{run['requests']:<7,} {cell(lat['p50'], '.1f', 8)} "
                      f"{cell(lat['p90'], '.1f', 8)} {cell(lat['p99'], '.1f', 8)} {cell(lat['max'], '.1f', 8)}")
-    lines += ["", "where the time goes: share of the latency, median / p99 ms per hop",
-              f"{'rate':>8} " + " ".join(f"{hop:>22}" for hop in HOPS)]
+    lines += ["", f"where the time goes: share of the latency, median / p99 ms per hop (requests after the "
+                  f"first {TIMED_AFTER:.0%} of each run)",
+              f"{'rate':>8} " + " ".join(f"{hop:>20}" for hop in HOPS)]
     for run in report["runs"]:
         hops = []
         for hop in HOPS:
             h = run["hops"][hop]
-            hops.append(f"{cell(h['share_pct'], '.1f', 5)} % {cell(h['p50_ms'], '.1f', 6)} / "
-                        f"{cell(h['p99_ms'], '.1f', 6)}")
-        lines.append(f"{run['rate_rps']:>8,g} " + " ".join(f"{h:>22}" for h in hops))
-    lines.append("send: schedule → request record; sequencing: → log record (epoch cut + sequencer "
-                 "transaction); execution: → result record; delivery: → client (commit + fetch)")
+            hops.append(f"{cell(h['share_pct'], '.0f', 3)} % {cell(h['p50_ms'], '.1f', 5)} / "
+                        f"{cell(h['p99_ms'], '.1f', 5)}")
+        lines.append(f"{run['rate_rps']:>8,g} " + " ".join(f"{h:>20}" for h in hops))
+    lines.append("send: schedule → request record; request: → acknowledged by the broker; sequencing: → log "
+                 "record (epoch cut); commit: → readable in the log (the sequencer's transaction); execution: → "
+                 "result record; delivery: → client (outputs' acknowledgement + fetch)")
     m = report["machine"]
     lines += ["", f"machine: {m['cpus']} × {m['cpu_model']}, {m['memory_gb']} GB, Python {m['python']}, "
                   f"{m['broker']}; load average {m['load_average']} at start, {m.get('load_average_end')} at end"]

@@ -140,16 +140,16 @@ def replay_throughput(bootstrap: str, log: Log, scheduler: str, partitions: int,
 def end_to_end(bootstrap: str, workload: str, knobs: dict, requests: list[dict], scheduler: str,
                partitions: int, batch_size: int, directory: str,
                phases: list[tuple[str, float, float]] = (("latency_ms", LATENCY_LOAD, 3.0),),
-               modules: tuple[str, ...] = ()) -> dict:
+               modules: tuple[str, ...] = (), max_delay_ms: float | None = None) -> dict:
     """Sequencer (child process), engine (this process; Ray workers with 2+ partitions) and
     a client process on a fresh namespace: end-to-end throughput, latency at half of it,
-    and peak memory per process."""
+    and peak memory per process. `max_delay_ms`: the sequencer's epoch length (None: its
+    default)."""
     import multiprocessing
     import queue
 
     from ordo.services import SequencerProcess
     from ordo.scheduler.coordinator import Coordinator
-    from ordo.sequencer.sequencer import SequencerConfig
     from ordo.sequencer.topics import ensure_topics
 
     namespace = new_namespace("e2e")
@@ -159,8 +159,9 @@ def end_to_end(bootstrap: str, workload: str, knobs: dict, requests: list[dict],
     paced = encode_requests(workload_requests(workload, paced_count, PACED_SEED, knobs, partitions))
     reset = reset_own_peak()
     coordinator = Coordinator(bootstrap, namespace, directory, scheduler, partitions, procedure_modules=modules)
-    sequencer = SequencerProcess(bootstrap, namespace, SequencerConfig(max_txns=batch_size, partitions=partitions,
-                                                                       ordering=ordering_of(scheduler)), modules)
+    sequencer = SequencerProcess(bootstrap, namespace, sequencer_config(max_delay_ms, max_txns=batch_size,
+                                                                        partitions=partitions,
+                                                                        ordering=ordering_of(scheduler)), modules)
     engine_error: list[BaseException] = []
 
     def run_engine() -> None:
@@ -210,6 +211,13 @@ def end_to_end(bootstrap: str, workload: str, knobs: dict, requests: list[dict],
             client.kill()
     result["memory_mb"] = memory
     return result
+
+
+def sequencer_config(max_delay_ms: float | None, **settings):
+    """A benchmark's sequencer settings: its epoch length where one is given, else the default."""
+    from ordo.sequencer.sequencer import SequencerConfig
+
+    return SequencerConfig(**settings) if max_delay_ms is None else SequencerConfig(max_delay_ms, **settings)
 
 
 def rounded(values: dict) -> dict:

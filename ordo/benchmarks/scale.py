@@ -35,7 +35,7 @@ def cpu_per_ktxn(engine) -> dict[str, float]:
 
 def run_scale(workload: str, partition_counts: list[int], scheduler: str, txns: int, seed: int, knobs: dict,
               max_txns: int, end_to_end_too: bool = True, json_path: str | None = None, rounds: int = 1,
-              mp_shares: list[float] | None = None) -> dict[str, Any]:
+              mp_shares: list[float] | None = None, max_delay_ms: float | None = None) -> dict[str, Any]:
     """With `rounds` > 1 every configuration runs that many times, the configurations
     taking turns round by round, and each reports its median run: a shared machine's slow
     spells then fall on every configuration alike instead of on whichever ran during them.
@@ -104,7 +104,8 @@ def run_scale(workload: str, partition_counts: list[int], scheduler: str, txns: 
                     run["engine_tps_rounds"] = [round(e.tps) for e in measured[i]]
                 if end_to_end_too:
                     e2e = end_to_end(bootstrap, workload, share_knobs, requests, scheduler, partitions, max_txns,
-                                     os.path.join(root, f"e2e-{i}"), phases=[], modules=modules)
+                                     os.path.join(root, f"e2e-{i}"), phases=[], modules=modules,
+                                     max_delay_ms=max_delay_ms)
                     run["end_to_end_tps"] = round(e2e["end_to_end_tps"])
                 report["runs"].append(run)
                 say(format_run(run))
