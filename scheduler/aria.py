@@ -236,6 +236,7 @@ class _AriaBatch:
                 continue
             execution.outcomes.append(Outcome(p.index, p.txn.id, p.status, p.result, p.error))
             if p.status == COMMITTED:
+                execution.record(p.index, p.writes)
                 for key, write in p.writes.items():
                     writes[self.owner(key)].append((p.index, key, write))
         self.scheduler.fallbacks += len(fallback)
@@ -249,8 +250,8 @@ class _AriaBatch:
         by_txn: dict[int, dict] = {}
         for index, key, write in sorted(mine, key=lambda w: w[0]):
             by_txn.setdefault(index, {})[key] = write
-        for index, txn_writes in by_txn.items():
-            execution.apply(index, txn_writes)
+        for txn_writes in by_txn.values():
+            execution.apply(txn_writes)
         await self.fall_back(sorted(fallback))
         execution.outcomes.sort(key=lambda o: o.index)
 

@@ -246,7 +246,7 @@ class BatchExecution:
                     if writes is None:
                         raise exchange_failed(exchange)
                     if writes:
-                        self.apply(index, writes)
+                        self.apply(writes)
                 except BaseException as exc:
                     failed(exc)
                     return
@@ -275,6 +275,7 @@ class BatchExecution:
             for peer in others:
                 self.exchange.send(batch_id, index, (peer,), {})
             return
+        self.record(index, writes)
         by_owner: dict[int, dict[bytes, list]] = {p: {} for p in txn.active}
         owner, owners = self.owner, txn.owners or {}  # placed by the sequencer, if carried
         for encoded, write in writes.items():
@@ -285,7 +286,7 @@ class BatchExecution:
         for peer in others:
             self.exchange.send(batch_id, index, (peer,), by_owner[peer])
         if by_owner[here]:
-            self.apply(index, by_owner[here])
+            self.apply(by_owner[here])
 
     def _execute(self, txn: PreparedTxn, snapshot: dict[bytes, Any]):
         return execute(txn.procedure, txn.args, snapshot, txn.writes, self.defaults,
@@ -296,12 +297,20 @@ class BatchExecution:
         status, result, error, writes = self._execute(txn, snapshot)
         self.outcomes.append(Outcome(txn.index, txn.id, status, result, error))
         if status == COMMITTED and writes:
-            self.apply(txn.index, writes)
+            self.apply(writes)
+            self.record(txn.index, writes)
 
-    def apply(self, index: int, writes: dict[bytes, list]) -> None:
-        """Apply writes of keys this partition owns, in key order."""
+    def apply(self, writes: dict[bytes, list]) -> None:
+        """Apply writes of keys this partition owns."""
         put = self.overlay.put
+        for encoded, (_, _, value) in writes.items():
+            put(encoded, value)
+
+    def record(self, index: int, writes: dict[bytes, list]) -> None:
+        """The change data of a transaction this partition reports: all of its writes, in
+        key order, wherever they are applied, so a transaction's change data is the same
+        at every partition count."""
+        changes = self.changes
         for encoded in sorted(writes):
             table, key, value = writes[encoded]
-            put(encoded, value)
-            self.changes.append([index, table, key, None if value is ABSENT else value])
+            changes.append([index, table, key, None if value is ABSENT else value])
