@@ -197,6 +197,8 @@ class KafkaOutputs:
         if streamed:
             self._stream_topics.ensure(streamed)
             records += streamed
+        if not records:  # a partition that reports no transaction of the batch has nothing to send
+            return
         self._outstanding[batch_id] = self._outstanding.get(batch_id, 0) + len(records)
         acknowledged = self._acknowledger(batch_id)
         produce = self._producer.produce

@@ -54,3 +54,16 @@ def test_a_worker_waiting_for_acknowledgements_sends_at_once_whatever_the_linger
         assert outputs.delivered(1)
     finally:
         outputs.close()
+
+
+def test_a_partition_that_reports_nothing_of_a_batch_has_it_delivered_at_once(broker, namespace):
+    """A transaction's change data goes out with its outcome, so a partition that reports
+    none of a batch's transactions (the other one runs them all) sends nothing for it and
+    must not wait for an acknowledgement that never comes."""
+    topics = ensure_topics(broker, namespace)
+    outputs = KafkaOutputs(broker, topics)
+    try:
+        outputs.publish(1, 1, [], [])
+        assert outputs.delivered(1)
+    finally:
+        outputs.close()
