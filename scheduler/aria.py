@@ -250,8 +250,8 @@ class _AriaBatch:
         by_txn: dict[int, dict] = {}
         for index, key, write in sorted(mine, key=lambda w: w[0]):
             by_txn.setdefault(index, {})[key] = write
-        for txn_writes in by_txn.values():
-            execution.apply(txn_writes)
+        for index, txn_writes in by_txn.items():
+            execution.apply(index, txn_writes)
         await self.fall_back(sorted(fallback))
         execution.outcomes.sort(key=lambda o: o.index)
 
@@ -362,6 +362,8 @@ class _AriaBatch:
             # sorting by position keeps every key's history and makes the bytes the same.
             round_execution.changes.sort(key=_by_txn)
             execution.changes += round_execution.changes
+            round_execution.streamed.sort(key=_by_txn)
+            execution.streamed += round_execution.streamed
             retries = dict(round_execution.retries)
             for their_retries in (await self.exchange({peer: round_execution.retries for peer in self.peers})).values():
                 retries.update(their_retries)

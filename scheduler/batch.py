@@ -10,6 +10,7 @@ from typing import Any, Callable, Protocol
 
 from ordo.procedures.fingerprint import refused_entry
 from ordo.procedures.registry import Registry, RequestError
+from ordo.procedures.streams import OUTPUT_TABLE_PREFIX
 from ordo.scheduler.execution import COMMITTED, REJECTED, execute, txn_seed
 from ordo.sequencer.log import ARIA, Batch
 from ordo.storage.keys import encode_key
@@ -200,6 +201,10 @@ class BatchExecution:
         self.exchange = exchange
         self.outcomes: list[Outcome] = []
         self.changes: list[list] = []  # [txn index, table, key, value or None]
+        # Tuples for output streams applied here, [txn index, table, key, tuples]: a stream's
+        # row has one owner, which publishes them, so they reach its one-partition topic in
+        # log order (scheduler/stream_outputs.py).
+        self.streamed: list[list] = []
 
     def local_snapshot(self, txn: PreparedTxn) -> dict[bytes, Any]:
         get = self.overlay.get
@@ -246,7 +251,7 @@ class BatchExecution:
                     if writes is None:
                         raise exchange_failed(exchange)
                     if writes:
-                        self.apply(writes)
+                        self.apply(index, writes)
                 except BaseException as exc:
                     failed(exc)
                     return
@@ -286,7 +291,7 @@ class BatchExecution:
         for peer in others:
             self.exchange.send(batch_id, index, (peer,), by_owner[peer])
         if by_owner[here]:
-            self.apply(by_owner[here])
+            self.apply(index, by_owner[here])
 
     def _execute(self, txn: PreparedTxn, snapshot: dict[bytes, Any]):
         return execute(txn.procedure, txn.args, snapshot, txn.writes, self.defaults,
@@ -297,14 +302,16 @@ class BatchExecution:
         status, result, error, writes = self._execute(txn, snapshot)
         self.outcomes.append(Outcome(txn.index, txn.id, status, result, error))
         if status == COMMITTED and writes:
-            self.apply(writes)
+            self.apply(txn.index, writes)
             self.record(txn.index, writes)
 
-    def apply(self, writes: dict[bytes, list]) -> None:
+    def apply(self, index: int, writes: dict[bytes, list]) -> None:
         """Apply writes of keys this partition owns."""
         put = self.overlay.put
-        for encoded, (_, _, value) in writes.items():
+        for encoded, (table, key, value) in writes.items():
             put(encoded, value)
+            if table.startswith(OUTPUT_TABLE_PREFIX) and type(value) is list:
+                self.streamed.append([index, table, key, value])
 
     def record(self, index: int, writes: dict[bytes, list]) -> None:
         """The change data of a transaction this partition reports: all of its writes, in

@@ -139,10 +139,12 @@ class OutputSink(Protocol):
     can execute the next batch while the broker acknowledges this one; a batch is applied
     only once `delivered` says its outputs are durable."""
 
-    def publish(self, batch_id: int, txns: int, outcomes: list[Outcome], changes: list[list]) -> None:
+    def publish(self, batch_id: int, txns: int, outcomes: list[Outcome], changes: list[list],
+                streamed: list[list]) -> None:
         """Queue the outputs of one partition for one batch of `txns` transactions: the
-        outcomes it reports, in txn order, and every write of those transactions (wherever
-        it is applied) as [txn index, table, key, value or None], in txn order."""
+        outcomes it reports, in txn order, every write of those transactions (wherever it
+        is applied) as [txn index, table, key, value or None], in txn order, and the output
+        stream tuples applied here, as [txn index, table, key, tuples], in txn order."""
 
     def delivered(self, batch_id: int) -> bool:
         """Whether every output of `batch_id` and of the batches before it is acknowledged;
@@ -189,14 +191,15 @@ class KafkaOutputs:
                 del outstanding[batch_id]
         return acknowledged
 
-    def publish(self, batch_id: int, txns: int, outcomes: list[Outcome], changes: list[list]) -> None:
+    def publish(self, batch_id: int, txns: int, outcomes: list[Outcome], changes: list[list],
+                streamed: list[list]) -> None:
         topics = self.topics
         records = [outcome_message(outcome, batch_id, topics) for outcome in outcomes]
         records += [(topics.changes, key, value) for key, value in change_records(batch_id, txns, (o.index for o in outcomes), changes)]
-        streamed = stream_records(topics.namespace, batch_id, changes)
-        if streamed:
-            self._stream_topics.ensure(streamed)
-            records += streamed
+        tuples = stream_records(topics.namespace, batch_id, streamed)
+        if tuples:
+            self._stream_topics.ensure(tuples)
+            records += tuples
         if not records:  # a partition that reports no transaction of the batch has nothing to send
             return
         self._outstanding[batch_id] = self._outstanding.get(batch_id, 0) + len(records)
@@ -246,7 +249,8 @@ class CollectedOutputs:
         self._changes: list[tuple] = []  # (batch, txn index, encoded key, table, key, value or None)
         self._restarts: list[tuple] = []  # (batch, txn index, request message)
 
-    def publish(self, batch_id: int, txns: int, outcomes: list[Outcome], changes: list[list]) -> None:
+    def publish(self, batch_id: int, txns: int, outcomes: list[Outcome], changes: list[list],
+                streamed: list[list]) -> None:
         restarted = [o for o in outcomes if o.status == RESTARTED] if outcomes else ()
         if restarted:
             self._restarts.extend((batch_id, o.index, restart_request(o.id, o.result)) for o in restarted)

@@ -46,7 +46,7 @@ def test_a_worker_waiting_for_acknowledgements_sends_at_once_whatever_the_linger
     topics = ensure_topics(broker, namespace)
     outputs = KafkaOutputs(broker, topics, extra={"linger.ms": 120_000})
     try:
-        outputs.publish(1, 1, [Outcome(0, "r-1", "committed", None, None)], [[0, "kv", 1, 2]])
+        outputs.publish(1, 1, [Outcome(0, "r-1", "committed", None, None)], [[0, "kv", 1, 2]], [])
         assert not outputs.delivered(1)  # queued, lingering
         deadline = time.monotonic() + 60
         while not outputs.delivered(1) and time.monotonic() < deadline:
@@ -63,7 +63,7 @@ def test_a_partition_that_reports_nothing_of_a_batch_has_it_delivered_at_once(br
     topics = ensure_topics(broker, namespace)
     outputs = KafkaOutputs(broker, topics)
     try:
-        outputs.publish(1, 1, [], [])
+        outputs.publish(1, 1, [], [], [])
         assert outputs.delivered(1)
     finally:
         outputs.close()
