@@ -23,7 +23,7 @@ from typing import Any, AsyncIterator, Callable, Iterable, Iterator
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from ordo.reading import (
-    BEGINNING, Change, Outcome, Position, StreamTuple, changes_of, outcome_of, read_topic, tuple_of,
+    BEGINNING, Change, Outcome, Position, StreamTuple, WholeBatches, outcome_of, read_topic, tuple_of,
 )
 from ordo.scheduler.stream_outputs import stream_topic
 from ordo.errors import BrokerUnavailable, NotSent, OrdoError, OutcomeTimeout, Timeout, TopicMissing
@@ -359,10 +359,12 @@ class Client:
     def read_changes(self, table: str | None = None, start: Position = BEGINNING,
                      idle: float | None = None) -> Iterator[Change]:
         """Every committed write on <ns>.changes from `start` (of `table` only, if given), as
-        `Change` records, each batch's in transaction order on each partition; see
-        `read_outcomes`."""
+        `Change` records, a batch's once all of it is in, in transaction order (within one,
+        key order); see `read_outcomes`."""
+        whole = WholeBatches()
+
         def decode(message) -> list[Change]:
-            found = changes_of(message.value())
+            found = whole.add(message.value())
             return found if table is None else [change for change in found if change.table == table]
 
         return read_topic(self.bootstrap, self.settings, self.topics.changes, start, idle, decode, _batch,

@@ -93,14 +93,53 @@ def tuple_of(stream: str, key: bytes | None, value: bytes) -> StreamTuple:
         raise UnreadableRecord(f"not a tuple of stream {stream}: key {key!r}") from None
 
 
-def changes_of(value: bytes) -> list[Change]:
-    record = _object(value)
+def _record_changes(record: dict, value: bytes) -> tuple[tuple | None, list[Change]]:
+    """((batch, txn, txns, part, parts) or None for a record of the format before, the
+    record's writes)."""
     try:
         batch = record["batch"]
-        return [Change(batch, item["txn"], item["table"], item["key"], item.get("value"), bool(item.get("deleted")))
-                for item in record["changes"]]
-    except (KeyError, TypeError):
+        txn = record.get("txn")
+        if txn is None:  # one record per batch and partition: each change names its txn
+            return None, [Change(batch, item["txn"], item["table"], item["key"], item.get("value"),
+                                 bool(item.get("deleted"))) for item in record["changes"]]
+        place = (batch, txn, record["txns"], record["part"], record["parts"])
+        if not all(type(n) is int for n in place) or not (0 <= txn < place[2] and 0 <= place[3] < place[4]):
+            raise TypeError
+        return place, [Change(batch, txn, item["table"], item["key"], item.get("value"), bool(item.get("deleted")))
+                       for item in record["changes"]]
+    except (KeyError, TypeError, AttributeError):
         raise UnreadableRecord(f"not change data: {value[:200]!r}") from None
+
+
+class WholeBatches:
+    """Gathers <ns>.changes records into whole batches. A transaction's change data is one
+    record or more (`part` of `parts`), every transaction of a batch has one, and each
+    names the batch's size (`txns`); they reach a reader from several partitions of the
+    topic in any order. `add` gives a batch's writes once all of them are in, in
+    transaction order (within one, key order), and the same again if a replay publishes
+    the whole batch again. Records of the format before (one per batch and engine
+    partition) come out as they are read."""
+
+    def __init__(self) -> None:
+        self._pending: dict[int, tuple[int, dict[tuple[int, int], list[Change]], dict[int, int]]] = {}
+
+    def add(self, value: bytes) -> list[Change]:
+        place, changes = _record_changes(_object(value), value)
+        if place is None:
+            return changes
+        batch, txn, txns, part, parts = place
+        pending = self._pending.get(batch)
+        if pending is None:
+            pending = self._pending[batch] = (txns, {}, {})
+        expected, received, parts_of = pending
+        if txns != expected or parts_of.setdefault(txn, parts) != parts:
+            raise UnreadableRecord(f"change data of batch {batch} that disagrees with the batch's other records "
+                                   f"(txns {txns}, parts {parts}): {value[:200]!r}")
+        received[(txn, part)] = changes
+        if len(parts_of) < expected or len(received) < sum(parts_of.values()):
+            return []
+        del self._pending[batch]
+        return [change for place in sorted(received) for change in received[place]]
 
 
 def _object(value: bytes) -> dict:

@@ -236,6 +236,7 @@ class _AriaBatch:
                 continue
             execution.outcomes.append(Outcome(p.index, p.txn.id, p.status, p.result, p.error))
             if p.status == COMMITTED:
+                execution.record(p.index, p.writes)
                 for key, write in p.writes.items():
                     writes[self.owner(key)].append((p.index, key, write))
         self.scheduler.fallbacks += len(fallback)
@@ -361,6 +362,8 @@ class _AriaBatch:
             # sorting by position keeps every key's history and makes the bytes the same.
             round_execution.changes.sort(key=_by_txn)
             execution.changes += round_execution.changes
+            round_execution.streamed.sort(key=_by_txn)
+            execution.streamed += round_execution.streamed
             retries = dict(round_execution.retries)
             for their_retries in (await self.exchange({peer: round_execution.retries for peer in self.peers})).values():
                 retries.update(their_retries)

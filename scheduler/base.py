@@ -51,6 +51,7 @@ def in_log_order(execution: BatchExecution) -> None:
     The sort is stable, so each transaction's changes keep their encoded-key order."""
     execution.outcomes.sort(key=_by_index)
     execution.changes.sort(key=_by_txn)
+    execution.streamed.sort(key=_by_txn)
 
 
 def available_schedulers() -> list[str]:

@@ -10,6 +10,7 @@ from typing import Any, Callable, Protocol
 
 from ordo.procedures.fingerprint import refused_entry
 from ordo.procedures.registry import Registry, RequestError
+from ordo.procedures.streams import OUTPUT_TABLE_PREFIX
 from ordo.scheduler.execution import COMMITTED, REJECTED, execute, txn_seed
 from ordo.sequencer.log import ARIA, Batch
 from ordo.storage.keys import encode_key
@@ -200,6 +201,10 @@ class BatchExecution:
         self.exchange = exchange
         self.outcomes: list[Outcome] = []
         self.changes: list[list] = []  # [txn index, table, key, value or None]
+        # Tuples for output streams applied here, [txn index, table, key, tuples]: a stream's
+        # row has one owner, which publishes them, so they reach its one-partition topic in
+        # log order (scheduler/stream_outputs.py).
+        self.streamed: list[list] = []
 
     def local_snapshot(self, txn: PreparedTxn) -> dict[bytes, Any]:
         get = self.overlay.get
@@ -275,6 +280,7 @@ class BatchExecution:
             for peer in others:
                 self.exchange.send(batch_id, index, (peer,), {})
             return
+        self.record(index, writes)
         by_owner: dict[int, dict[bytes, list]] = {p: {} for p in txn.active}
         owner, owners = self.owner, txn.owners or {}  # placed by the sequencer, if carried
         for encoded, write in writes.items():
@@ -297,11 +303,21 @@ class BatchExecution:
         self.outcomes.append(Outcome(txn.index, txn.id, status, result, error))
         if status == COMMITTED and writes:
             self.apply(txn.index, writes)
+            self.record(txn.index, writes)
 
     def apply(self, index: int, writes: dict[bytes, list]) -> None:
-        """Apply writes of keys this partition owns, in key order."""
+        """Apply writes of keys this partition owns."""
         put = self.overlay.put
+        for encoded, (table, key, value) in writes.items():
+            put(encoded, value)
+            if table.startswith(OUTPUT_TABLE_PREFIX) and type(value) is list:
+                self.streamed.append([index, table, key, value])
+
+    def record(self, index: int, writes: dict[bytes, list]) -> None:
+        """The change data of a transaction this partition reports: all of its writes, in
+        key order, wherever they are applied, so a transaction's change data is the same
+        at every partition count."""
+        changes = self.changes
         for encoded in sorted(writes):
             table, key, value = writes[encoded]
-            put(encoded, value)
-            self.changes.append([index, table, key, None if value is ABSENT else value])
+            changes.append([index, table, key, None if value is ABSENT else value])

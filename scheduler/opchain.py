@@ -60,6 +60,7 @@ from typing import Any
 
 from ordo.procedures.args import WIRE_INT_MAX, WIRE_INT_MIN
 from ordo.procedures.operations import OP_MODIFY, OP_READ, OP_WRITE, as_operations
+from ordo.procedures.streams import OUTPUT_TABLE_PREFIX
 from ordo.scheduler.base import Scheduler, in_log_order, register
 from ordo.scheduler.batch import BatchExecution, Outcome, PreparedTxn
 from ordo.scheduler.execution import ABORTED, COMMITTED, execute, result_problem, stored_value, txn_seed
@@ -383,6 +384,7 @@ class _Evaluation:
         for encoded in self.dirty:
             put(encoded, values[encoded])
         outcomes, changes = self.execution.outcomes, self.execution.changes
+        first = len(changes)
         for state in self.states:
             txn = state.txn
             index = txn.index
@@ -398,6 +400,9 @@ class _Evaluation:
             elif state.changes:
                 for _, table, key, value in sorted(state.changes, key=_first):
                     changes.append([index, table, key, None if value is ABSENT else value])
+        # Each of these transactions has all of its keys here, its output streams' rows too.
+        self.execution.streamed += [change for change in changes[first:]
+                                    if change[1].startswith(OUTPUT_TABLE_PREFIX) and type(change[3]) is list]
 
 
 def _declares_range(txn: PreparedTxn) -> bool:

@@ -6,13 +6,17 @@
      "result": null, "error": null}
 A dependent transaction re-sequenced at its turn has no record there: its executor appends
 its next step to <ns>.requests instead, as part of the batch's outputs.
-<ns>.changes, key = "<batch>:<partition>:<part>", the change data of a batch on a
-partition in transaction order, split into parts that each fit in one Kafka message:
-    {"batch": 17, "partition": 0, "part": 0, "parts": 1, "changes": [
-        {"txn": 3, "table": "account", "key": 9, "value": 120},      # put
-        {"txn": 5, "table": "account", "key": 4, "value": null, "deleted": true}]}
-Every batch and partition has at least one part (possibly with no changes), so a consumer
-can tell that it has seen all of a batch.
+<ns>.changes, key = "<batch>.<txn>.<part>", the change data of one transaction: its writes
+in key order, split into parts that each fit in one Kafka message:
+    {"batch": 17, "txn": 3, "txns": 50, "part": 0, "parts": 1, "changes": [
+        {"table": "account", "key": 4, "value": null, "deleted": true},   # delete
+        {"table": "account", "key": 9, "value": 120}]}                    # put
+Every transaction of a batch has at least one part (possibly with no changes), and `txns`
+is the batch's size, so a consumer can tell that it has seen all of a batch. A record is
+published by the partition that reports the transaction's outcome (it knows all of its
+writes), so its key and content are the same at every partition count: a rebuild at
+another layout publishes the same records under the same keys. The keys' dots keep them
+apart from those of the format before, "<batch>:<partition>:<part>".
 
 <ns>.stream.<name>, key = "<batch>:<txn>:<seq>": each tuple a dataflow emitted to an output
 stream (scheduler/stream_outputs.py).
@@ -23,7 +27,7 @@ that keeps the last record per key sees duplicates only, never different data.
 from __future__ import annotations
 
 import json
-from typing import Any, Protocol
+from typing import Any, Iterable, Protocol
 
 from confluent_kafka import KafkaException, Producer
 
@@ -64,41 +68,51 @@ def outcome_message(outcome: Outcome, batch_id: int, topics: Topics) -> tuple[st
     return topics.results, outcome.id.encode(), outcome_record(outcome, batch_id)
 
 
-def change_key(batch_id: int, partition: int, part: int) -> bytes:
-    return f"{batch_id}:{partition}:{part}".encode()
+def change_key(batch_id: int, txn: int, part: int) -> bytes:
+    return f"{batch_id}.{txn}.{part}".encode()
 
 
-def change_records(batch_id: int, partition: int, changes: list[list],
+def change_records(batch_id: int, txns: int, reported: Iterable[int], changes: list[list],
                    max_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[bytes, bytes]]:
-    """(key, value) messages carrying `changes`, each at most about `max_bytes`."""
-    encoded = [_change_json(index, table, key, value) for index, table, key, value in changes]
-    groups: list[list[str]] = [[]]
-    size = 0
-    for item in encoded:
-        if groups[-1] and size + len(item) + 1 > max_bytes:
-            groups.append([])
-            size = 0
-        groups[-1].append(item)
-        size += len(item) + 1
-    parts = len(groups)
-    return [
-        (change_key(batch_id, partition, part),
-         f'{{"batch":{batch_id},"partition":{partition},"part":{part},"parts":{parts},'
-         f'"changes":[{",".join(group)}]}}'.encode())
-        for part, group in enumerate(groups)
-    ]
+    """(key, value) messages carrying the change data of every transaction `reported` (the
+    indexes whose outcomes this partition reports, out of the batch's `txns`), in txn
+    order, each at most about `max_bytes`. `changes` holds every write of those
+    transactions, in txn order."""
+    by_txn: dict[int, list[str]] = {index: [] for index in reported}
+    for index, table, key, value in changes:
+        items = by_txn.get(index)
+        if items is None:
+            items = by_txn[index] = []
+        items.append(_change_json(table, key, value))
+    records = []
+    head = f'{{"batch":{batch_id},"txn":'
+    for index in sorted(by_txn):
+        groups: list[list[str]] = [[]]
+        size = 0
+        for item in by_txn[index]:
+            if groups[-1] and size + len(item) + 1 > max_bytes:
+                groups.append([])
+                size = 0
+            groups[-1].append(item)
+            size += len(item) + 1
+        parts = len(groups)
+        records += [(change_key(batch_id, index, part),
+                     f'{head}{index},"txns":{txns},"part":{part},"parts":{parts},'
+                     f'"changes":[{",".join(group)}]}}'.encode())
+                    for part, group in enumerate(groups)]
+    return records
 
 
-def _change_json(index: int, table: str, key: Any, value: Any) -> str:
+def _change_json(table: str, key: Any, value: Any) -> str:
     if type(key) is int and type(value) is int:  # the common case, formatted directly
-        return f'{{"txn":{index},"table":{_dumps(table)},"key":{key},"value":{value}}}'
-    return _dumps(_change(index, table, key, value))
+        return f'{{"table":{_dumps(table)},"key":{key},"value":{value}}}'
+    return _dumps(_change(table, key, value))
 
 
-def _change(index: int, table: str, key: Any, value: Any) -> dict:
+def _change(table: str, key: Any, value: Any) -> dict:
     if value is None:
-        return {"txn": index, "table": table, "key": key, "value": None, "deleted": True}
-    return {"txn": index, "table": table, "key": key, "value": value}
+        return {"table": table, "key": key, "value": None, "deleted": True}
+    return {"table": table, "key": key, "value": value}
 
 
 # gzip at level 1: what every common Kafka client reads without a plugin (KafkaJS reads no
@@ -125,9 +139,12 @@ class OutputSink(Protocol):
     can execute the next batch while the broker acknowledges this one; a batch is applied
     only once `delivered` says its outputs are durable."""
 
-    def publish(self, batch_id: int, partition: int, outcomes: list[Outcome], changes: list[list]) -> None:
-        """Queue the outputs of one batch on one partition: outcomes in txn order, changes
-        as [txn index, table, key, value or None] in txn order."""
+    def publish(self, batch_id: int, txns: int, outcomes: list[Outcome], changes: list[list],
+                streamed: list[list]) -> None:
+        """Queue the outputs of one partition for one batch of `txns` transactions: the
+        outcomes it reports, in txn order, every write of those transactions (wherever it
+        is applied) as [txn index, table, key, value or None], in txn order, and the output
+        stream tuples applied here, as [txn index, table, key, tuples], in txn order."""
 
     def delivered(self, batch_id: int) -> bool:
         """Whether every output of `batch_id` and of the batches before it is acknowledged;
@@ -174,14 +191,17 @@ class KafkaOutputs:
                 del outstanding[batch_id]
         return acknowledged
 
-    def publish(self, batch_id: int, partition: int, outcomes: list[Outcome], changes: list[list]) -> None:
+    def publish(self, batch_id: int, txns: int, outcomes: list[Outcome], changes: list[list],
+                streamed: list[list]) -> None:
         topics = self.topics
         records = [outcome_message(outcome, batch_id, topics) for outcome in outcomes]
-        records += [(self.topics.changes, key, value) for key, value in change_records(batch_id, partition, changes)]
-        streamed = stream_records(topics.namespace, batch_id, changes)
-        if streamed:
-            self._stream_topics.ensure(streamed)
-            records += streamed
+        records += [(topics.changes, key, value) for key, value in change_records(batch_id, txns, (o.index for o in outcomes), changes)]
+        tuples = stream_records(topics.namespace, batch_id, streamed)
+        if tuples:
+            self._stream_topics.ensure(tuples)
+            records += tuples
+        if not records:  # a partition that reports no transaction of the batch has nothing to send
+            return
         self._outstanding[batch_id] = self._outstanding.get(batch_id, 0) + len(records)
         acknowledged = self._acknowledger(batch_id)
         produce = self._producer.produce
@@ -229,7 +249,8 @@ class CollectedOutputs:
         self._changes: list[tuple] = []  # (batch, txn index, encoded key, table, key, value or None)
         self._restarts: list[tuple] = []  # (batch, txn index, request message)
 
-    def publish(self, batch_id: int, partition: int, outcomes: list[Outcome], changes: list[list]) -> None:
+    def publish(self, batch_id: int, txns: int, outcomes: list[Outcome], changes: list[list],
+                streamed: list[list]) -> None:
         restarted = [o for o in outcomes if o.status == RESTARTED] if outcomes else ()
         if restarted:
             self._restarts.extend((batch_id, o.index, restart_request(o.id, o.result)) for o in restarted)

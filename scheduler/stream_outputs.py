@@ -21,7 +21,8 @@ def stream_topic(namespace: str, stream: str) -> str:
 
 
 def stream_records(namespace: str, batch_id: int, changes: Iterable[list]) -> list[tuple[str, bytes, bytes]]:
-    """(topic, key, value) for every output tuple in a batch's changes on one partition."""
+    """(topic, key, value) for every output tuple in `changes`, the writes to output
+    streams' rows a partition applied in a batch, in txn order."""
     records = []
     for index, table, _key, value in changes:
         if table.startswith(OUTPUT_TABLE_PREFIX) and type(value) is list:

@@ -112,6 +112,7 @@ class PartitionResult:
     partition: int
     outcomes: list[Outcome] = field(default_factory=list)
     changes: list[list] = field(default_factory=list)
+    streamed: list[list] = field(default_factory=list)
 
 
 class PartitionWorker:
@@ -172,7 +173,7 @@ class PartitionWorker:
         batch_id = batch.batch_id
         self._unapplied.append((batch_id, overlay.encoded_writes()))
         self._unapplied_values.update((key, (batch_id, value)) for key, value in overlay.written())
-        return PartitionResult(self.partition, rejected + execution.outcomes, execution.changes)
+        return PartitionResult(self.partition, rejected + execution.outcomes, execution.changes, execution.streamed)
 
     def aria_counts(self) -> tuple[int, int]:
         """(transactions homed here in aria batches, how many of them the first pass did not decide)."""

@@ -1,12 +1,14 @@
 """The change log's files, written by executors: one Parquet file per change record, i.e.
-per part of an engine batch's changes on a partition, at a path named by (batch, partition,
-part), replaced atomically.
+per part of a transaction's changes, at a path named by (batch, txn, part), replaced
+atomically.
 
-    <changelog>/batch=<B>/partition=<P>/part-<K>.parquet   columns part, seq, txn, table, key, value, deleted
+    <changelog>/batch=<B>/txn-<T>-part-<K>.parquet   columns part, seq, txn, table, key, value, deleted
 
-A file is a pure function of its (batch, partition, part) record, which the engine emits
-identically every time, so writing it again (a replayed micro-batch, a record the engine
-re-emitted) leaves the log as it was: idempotent by construction, with no staging folder to
+(a record of the format before, one per batch and engine partition, at
+<changelog>/batch=<B>/partition-<P>-part-<K>.parquet). A file is a pure function of its
+record, which the engine emits identically every time and at every partition count, so
+writing it again (a replayed micro-batch, a record the engine re-emitted, a rebuild at
+another layout) leaves the log as it was: idempotent by construction, with no staging folder to
 rename per partition. Parts without changes get no file. A reader never sees a half-written file (write to a hidden temporary
 file, then rename over the final name; Spark ignores names starting with '.').
 
@@ -29,15 +31,18 @@ def _schema():
                       ("value", pa.string()), ("deleted", pa.bool_())])
 
 
-def record_path(changelog: str, batch: int, partition: int, part: int) -> str:
-    return f"{changelog.rstrip('/')}/batch={batch}/partition={partition}/part-{part:05d}.parquet"
+def record_path(changelog: str, record: dict) -> str:
+    if record["txn"] is None:
+        name = f"partition-{record['partition']}-part-{record['part']:05d}"
+    else:
+        name = f"txn-{record['txn']:06d}-part-{record['part']:05d}"
+    return f"{changelog.rstrip('/')}/batch={record['batch']}/{name}.parquet"
 
 
-def _write(changelog: str, batch: int, partition: int, part: int, table) -> None:
+def _write(path: str, table) -> None:
     import pyarrow.parquet as pq
 
-    path = record_path(changelog, batch, partition, part)
-    if "://" in changelog:
+    if "://" in path:
         import pyarrow.fs as pafs
 
         fs, inner = pafs.FileSystem.from_uri(path)
@@ -59,7 +64,7 @@ def _write(changelog: str, batch: int, partition: int, part: int, table) -> None
 
 
 def write_records(changelog: str):
-    """A mapInArrow function: (batch, partition, part, changes) rows in, one file written
+    """A mapInArrow function: (batch, txn, partition, part, changes) rows in, one file written
     per row with changes; yields (table, changes) counts."""
 
     def write(batches: Iterator) -> Iterator:
@@ -81,7 +86,7 @@ def write_records(changelog: str):
                     "value": [c["value"] for c in changes],
                     "deleted": [bool(c["deleted"]) for c in changes],
                 }, schema=schema)
-                _write(changelog, record["batch"], record["partition"], record["part"], table)
+                _write(record_path(changelog, record), table)
                 for change in changes:
                     counts[change["table"]] = counts.get(change["table"], 0) + 1
         if counts:

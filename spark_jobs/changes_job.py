@@ -4,9 +4,9 @@
     spark-submit spark_jobs/changes_job.py --bootstrap-servers B --namespace NS --output DIR ...
 
 Output (under --output):
-  changelog/batch=B/partition=P/part-K.parquet
+  changelog/batch=B/txn-T-part-K.parquet
                         every change, append-only, one file per change record (engine batch,
-                        partition, part): part, seq, txn, table, key, value, deleted
+                        transaction, part): part, seq, txn, table, key, value, deleted
   tables/<table>/       the current state of each engine table: key, value (JSON texts) and
                         the batch and txn that wrote it
   _state/<version>/     internal: the merged state with its deletes (tombstones); the newest
@@ -18,7 +18,7 @@ partition of the topic); each record is decoded by spark_jobs/records.py.
 Exactly once (docs/spark.md): Spark's checkpoint holds the source offsets, and every write is
 idempotent, so replaying a micro-batch, or a record the engine re-emitted after a crash,
 changes nothing:
-  - a change-log file is named by its (batch, partition, part) and replaced atomically by a
+  - a change-log file is named by its (batch, txn, part) and replaced atomically by a
     file made from the one record of that name, which is the same every time the engine
     emits it (spark_jobs/changelog_files.py);
   - the state is a max-register per (table, key): the change with the greatest (batch, txn)
@@ -127,10 +127,10 @@ class ChangesWriter:
 
         started = time.monotonic()
         spark = df.sparkSession
-        records = (df.select("batch", "partition", "part", "changes")
-                   .dropDuplicates(["batch", "partition", "part"]).persist())
+        records = (df.select("batch", "txn", "partition", "part", "changes")
+                   .dropDuplicates(["batch", "txn", "partition", "part"]).persist())
         try:
-            # The change log: one file per (batch, partition), written by the executors.
+            # The change log: one file per record, written by the executors.
             per_table: dict[str, int] = {}
             for row in records.mapInArrow(write_records(changelog_path(self.output)),
                                           "table string, changes long").collect():
@@ -138,8 +138,8 @@ class ChangesWriter:
             step = self.stats.add("changelog", started)
             if per_table:
                 changes = (records
-                           .select("batch", "partition", "part", F.posexplode("changes").alias("seq", "change"))
-                           .select("batch", "partition", "part", "seq", "change.txn", "change.table", "change.key",
+                           .select("batch", "part", F.posexplode("changes").alias("seq", "change"))
+                           .select("batch", "part", "seq", "change.txn", "change.table", "change.key",
                                    "change.value", "change.deleted"))
                 self._merge_state(spark, changes, sorted(per_table), step)
         finally:

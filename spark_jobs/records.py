@@ -11,9 +11,12 @@ row with a clear error on `<ns>.results` (DESIGN.md invariant 2). The job never 
 requests: the engine does.
 
 Outputs (rows, one per Kafka record):
-  changes: batch BIGINT, partition INT, part INT, parts INT,
+  changes: batch BIGINT, txn INT, txns INT, partition INT, part INT, parts INT,
            changes ARRAY<STRUCT<txn INT, table STRING, key STRING, value STRING, deleted BOOLEAN>>,
            kafka_partition INT, kafka_offset BIGINT
+           (a record is one transaction's: `txn` of the batch's `txns`; `partition` is null,
+           but for a record of the format before, one per batch and engine partition, which
+           has `partition` and a null `txn` and `txns`)
   results: id, status, batch, result (JSON text), error, kafka_partition, kafka_offset
 `key`, `value` and `result` are canonical JSON texts (sorted keys, no spaces), so equal keys
 are equal strings whatever their JSON type; `value` is null for a delete. A record that is not
@@ -33,7 +36,7 @@ from collections.abc import Iterator
 from typing import Any
 
 REQUEST_COLUMNS = ("id", "proc", "args")
-CHANGES_SCHEMA = ("batch bigint, partition int, part int, parts int, "
+CHANGES_SCHEMA = ("batch bigint, txn int, txns int, partition int, part int, parts int, "
                   "changes array<struct<txn: int, table: string, key: string, value: string, deleted: boolean>>, "
                   "kafka_partition int, kafka_offset bigint")
 RESULTS_SCHEMA = ("id string, status string, batch bigint, result string, error string, "
@@ -129,9 +132,12 @@ def canonical(value: Any) -> str | None:
 
 def decode_change_record(value: bytes, partition: int, offset: int) -> dict:
     record = json.loads(value)
-    changes = [{"txn": c["txn"], "table": c["table"], "key": canonical(c["key"]), "value": canonical(c.get("value")),
-                "deleted": bool(c.get("deleted", False))} for c in record["changes"]]
-    return {"batch": record["batch"], "partition": record["partition"], "part": record.get("part", 0),
+    txn = record.get("txn")  # None: the format before, one record per batch and engine partition
+    changes = [{"txn": c["txn"] if txn is None else txn, "table": c["table"], "key": canonical(c["key"]),
+                "value": canonical(c.get("value")), "deleted": bool(c.get("deleted", False))}
+               for c in record["changes"]]
+    return {"batch": record["batch"], "txn": txn, "txns": record["txns"] if txn is not None else None,
+            "partition": record["partition"] if txn is None else None, "part": record.get("part", 0),
             "parts": record.get("parts", 1), "changes": changes, "kafka_partition": partition, "kafka_offset": offset}
 
 
@@ -149,7 +155,8 @@ def _arrow_schema(kind: str):
     if kind == "changes":
         change = pa.struct([("txn", pa.int32()), ("table", pa.string()), ("key", pa.string()),
                             ("value", pa.string()), ("deleted", pa.bool_())])
-        return pa.schema([("batch", pa.int64()), ("partition", pa.int32()), ("part", pa.int32()),
+        return pa.schema([("batch", pa.int64()), ("txn", pa.int32()), ("txns", pa.int32()),
+                          ("partition", pa.int32()), ("part", pa.int32()),
                           ("parts", pa.int32()), ("changes", pa.list_(change)), *kafka])
     return pa.schema([("id", pa.string()), ("status", pa.string()), ("batch", pa.int64()), ("result", pa.string()),
                       ("error", pa.string()), *kafka])

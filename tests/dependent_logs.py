@@ -60,7 +60,7 @@ def run_dependent(batches: list[list[dict]], scheduler: str, partitions: int, re
                     return await asyncio.wait_for(asyncio.gather(*(w.execute(batch) for w in workers)), 60)
 
                 for result in asyncio.run(all_partitions()):
-                    step.publish(batch_id, result.partition, result.outcomes, result.changes)
+                    step.publish(batch_id, len(batch), result.outcomes, result.changes, result.streamed)
                 for worker in workers:
                     worker.commit({"batch": batch_id, "cursor": {}})
                 outputs.merge(step)

@@ -182,4 +182,4 @@ def test_aria_engine_sigkilled_ends_as_if_it_never_crashed(broker, namespace, tm
     finally:
         stop(sequencer)
     assert all(b.ordering == ARIA for b in read_log(broker, namespace, 1))
-    check_against_serial_run(broker, namespace, data_dir, requests, 2)
+    check_against_serial_run(broker, namespace, data_dir, requests)

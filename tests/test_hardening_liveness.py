@@ -171,7 +171,7 @@ def test_a_stopped_partition_worker_is_named_and_sigterm_still_stops_the_engine(
         read_results(broker, f"{namespace}.results", len(requests), timeout=180)
     finally:
         assert stop(again.process, 60) == 0, again.text()
-    check_against_serial_run(broker, namespace, data_dir, requests, 2)
+    check_against_serial_run(broker, namespace, data_dir, requests)
 
 
 def test_a_stopped_sequencer_is_named_then_replaced(broker, namespace, tmp_path):

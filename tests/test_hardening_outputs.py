@@ -43,14 +43,14 @@ def test_a_refused_output_stops_the_engine_unapplied_and_a_restart_loses_nothing
     wide = [{"id": f"w-{i}", "proc": "micro_rmw", "args": {"keys": list(range(100 + 64 * i, 164 + 64 * i))}}
             for i in range(3)]
     # One request partition keeps them in order: batch 1 the small ones, batch 2 the wide
-    # ones, whose change data (192 changes) is one record of about 9 KB.
+    # ones, each of whose change data (64 changes) is one record of about 2.4 KB.
     last_batch, reference = sequence_requests(broker, namespace, small + wide, max_txns=3, request_partitions=1)
     assert last_batch == 2
     after_first = {key: value for key, value in reference_state(reference).items() if key[1] in range(3)}
     data_dir = str(tmp_path / "d")
 
     with open(tmp_path / "first.err", "w+") as log:
-        engine = _engine(broker, namespace, data_dir, log, ORDO_KAFKA_MESSAGE_MAX_BYTES="4000")
+        engine = _engine(broker, namespace, data_dir, log, ORDO_KAFKA_MESSAGE_MAX_BYTES="2000")
         try:
             code = engine.wait(120)
         finally:
@@ -81,12 +81,13 @@ def test_a_refused_output_stops_the_engine_unapplied_and_a_restart_loses_nothing
     assert _applied(data_dir) == last_batch
     assert dump_state(data_dir) == reference_state(reference)
     changes = _change_records(broker, f"{namespace}.changes")
-    assert [(c["batch"], c["part"], c["parts"]) for c in changes if c["batch"] == 2] == [(2, 0, 1)]
-    assert len([c for c in changes if c["batch"] == 2][0]["changes"]) == 192
+    batch_two = [c for c in changes if c["batch"] == 2]
+    assert [(c["txn"], c["txns"], c["part"], c["parts"]) for c in batch_two] == [(t, 3, 0, 1) for t in range(3)]
+    assert [len(c["changes"]) for c in batch_two] == [64, 64, 64]
 
 
 def _change_records(bootstrap: str, topic: str) -> list[dict]:
     consumer = topic_reader(bootstrap, topic, consumer_timeout_ms=2000)
     records = {message.key: json.loads(message.value) for message in consumer}  # last per key: replays repeat
     consumer.close()
-    return sorted(records.values(), key=lambda c: (c["batch"], c["part"]))
+    return sorted(records.values(), key=lambda c: (c["batch"], c["txn"], c["part"]))

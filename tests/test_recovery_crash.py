@@ -59,8 +59,7 @@ def read_topic(bootstrap: str, topic: str) -> list[tuple[str, bytes]]:
     return records
 
 
-def check_against_serial_run(broker: str, namespace: str, data_dir: str, requests: list[dict],
-                             partitions: int) -> dict:
+def check_against_serial_run(broker: str, namespace: str, data_dir: str, requests: list[dict]) -> dict:
     results = read_results(broker, f"{namespace}.results", len(requests), timeout=60)
     copies = defaultdict(list)
     for record in results:
@@ -79,9 +78,10 @@ def check_against_serial_run(broker: str, namespace: str, data_dir: str, request
         change_copies[key].add(value)
     assert all(len(values) == 1 for values in change_copies.values()), "a replay re-emitted different change data"
     parts = {key: json.loads(next(iter(values))) for key, values in change_copies.items()}
-    assert {(p["batch"], p["partition"]) for p in parts.values()} == {
-        (b, p) for b in range(1, last_batch + 1) for p in range(partitions)}
-    changes = sorted(((p["batch"], c["txn"], c["table"], c["key"], c["value"]) for p in parts.values()
+    txns = {p["batch"]: p["txns"] for p in parts.values()}
+    assert sorted(txns) == list(range(1, last_batch + 1))
+    assert {(p["batch"], p["txn"]) for p in parts.values()} == {(b, t) for b, n in txns.items() for t in range(n)}
+    changes = sorted(((p["batch"], p["txn"], c["table"], c["key"], c["value"]) for p in parts.values()
                       for c in p["changes"]), key=lambda c: (c[0], c[1], encode_key(c[2], c[3])))
     assert changes == reference.changes
 
@@ -149,7 +149,7 @@ def test_engine_sigkilled_again_and_again_ends_as_if_it_never_crashed(broker, na
     finally:
         stop(sequencer)
     assert kills == 10
-    summary = check_against_serial_run(broker, namespace, data_dir, requests, partitions)
+    summary = check_against_serial_run(broker, namespace, data_dir, requests)
     text = logs_text(tmp_path)
     print(summary, {"restores": text.count("restored every shard"), "rebuilds": text.count("wiped the shards"),
                     "disagreements": text.count("shards stopped at different batches"),
@@ -192,7 +192,7 @@ def test_a_killed_ray_worker_stops_the_engine_and_a_restart_recovers(broker, nam
                 assert stop(engine, timeout=60) == 0, logs_text(tmp_path)
     finally:
         stop(sequencer)
-    summary = check_against_serial_run(broker, namespace, data_dir, requests, 2)
+    summary = check_against_serial_run(broker, namespace, data_dir, requests)
     text = logs_text(tmp_path)
     print(summary, {"restores": text.count("restored every shard"), "rebuilds": text.count("wiped the shards"),
                     "disagreements": text.count("shards stopped at different batches")})

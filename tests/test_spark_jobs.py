@@ -110,34 +110,34 @@ def parquet_state(spark, output: str) -> dict:
 
 def changelog_rows(spark, output: str) -> list[tuple]:
     return sorted(tuple(r) for r in changes_job.load_changelog(spark, output)
-                  .select("batch", "partition", "part", "seq", "txn", "table", "key", "value", "deleted").collect())
+                  .select("batch", "part", "seq", "txn", "table", "key", "value", "deleted").collect())
 
 
 def topic_changes(bootstrap: str, namespace: str, last_batch: int, timeout: float = 60):
     """The change records on <ns>.changes of batches 1..last_batch, read with kafka-python
     (no code shared with the source under test): (raw messages, exploded rows of the
-    distinct (batch, partition, part) records)."""
+    distinct (batch, txn, part) records)."""
     consumer = topic_reader(bootstrap, f"{namespace}.changes", consumer_timeout_ms=500,
                             isolation_level="read_committed")
-    messages, by_record, parts = [], {}, {}
+    messages, by_record, parts, txns = [], {}, {}, {}
 
-    def complete() -> bool:  # every part of every batch and partition
-        return (len(parts) == last_batch * PARTITIONS
-                and all(sum(1 for k in by_record if k[:2] == bp) == n for bp, n in parts.items()))
+    def complete() -> bool:  # every part of every transaction of every batch
+        return (len(txns) == last_batch and len(parts) == sum(txns.values())
+                and len(by_record) == sum(parts.values()))
 
     deadline = time.monotonic() + timeout
     while not complete() and time.monotonic() < deadline:
         for message in consumer:
             messages.append(message)
             record = json.loads(message.value)
-            by_record.setdefault((record["batch"], record["partition"], record.get("part", 0)), record)
-            parts[record["batch"], record["partition"]] = record.get("parts", 1)
+            by_record.setdefault((record["batch"], record["txn"], record["part"]), record)
+            parts[record["batch"], record["txn"]] = record["parts"]
+            txns[record["batch"]] = record["txns"]
     consumer.close()
     assert complete(), f"{len(by_record)} change records on the topic, some missing"
     canonical = lambda v: None if v is None else json.dumps(v, separators=(",", ":"), sort_keys=True)  # noqa: E731
-    rows = sorted((b, p, k, seq, c["txn"], c["table"], canonical(c["key"]), canonical(c["value"]),
-                   bool(c.get("deleted")))
-                  for (b, p, k), record in by_record.items() for seq, c in enumerate(record["changes"]))
+    rows = sorted((b, k, seq, t, c["table"], canonical(c["key"]), canonical(c["value"]), bool(c.get("deleted")))
+                  for (b, t, k), record in by_record.items() for seq, c in enumerate(record["changes"]))
     return messages, rows
 
 
@@ -470,18 +470,22 @@ def test_column_mapping_builds_requests(spark):
 
 
 def test_parts_deletes_and_late_re_emissions_merge_by_batch_and_txn(spark, broker, namespace, tmp_path):
-    """Synthetic change records: a batch split into two parts, a later delete, and copies of
+    """Synthetic change records: a transaction split into two parts, a later delete, and copies of
     older records arriving after newer ones (an engine replay) leave the newest state."""
     from kafka import KafkaProducer
 
     ensure_topics(broker, namespace)
-    put = lambda txn, key, value: {"txn": txn, "table": "account", "key": key, "value": value}  # noqa: E731
+    put = lambda key, value: {"table": "account", "key": key, "value": value}  # noqa: E731
+    head = lambda batch, txn, txns, part=0, parts=1: {"batch": batch, "txn": txn, "txns": txns,  # noqa: E731
+                                                      "part": part, "parts": parts}
     records = {
-        "1:0:0": {"batch": 1, "partition": 0, "part": 0, "parts": 2, "changes": [put(0, 1, 10), put(0, "k", {"a": 1})]},
-        "1:0:1": {"batch": 1, "partition": 0, "part": 1, "parts": 2, "changes": [put(1, 2, 20), put(2, 1, 11)]},
-        "1:1:0": {"batch": 1, "partition": 1, "part": 0, "parts": 1, "changes": []},
-        "2:0:0": {"batch": 2, "partition": 0, "part": 0, "parts": 1,
-                  "changes": [{"txn": 0, "table": "account", "key": 2, "value": None, "deleted": True}, put(1, 3, 30)]},
+        "1.0.0": {**head(1, 0, 4, 0, 2), "changes": [put(1, 10)]},
+        "1.0.1": {**head(1, 0, 4, 1, 2), "changes": [put("k", {"a": 1})]},
+        "1.1.0": {**head(1, 1, 4), "changes": [put(2, 20)]},
+        "1.2.0": {**head(1, 2, 4), "changes": [put(1, 11)]},
+        "1.3.0": {**head(1, 3, 4), "changes": []},
+        "2.0.0": {**head(2, 0, 2), "changes": [{"table": "account", "key": 2, "value": None, "deleted": True}]},
+        "2.1.0": {**head(2, 1, 2), "changes": [put(3, 30)]},
     }
     producer = KafkaProducer(bootstrap_servers=broker)
 
@@ -491,16 +495,17 @@ def test_parts_deletes_and_late_re_emissions_merge_by_batch_and_txn(spark, broke
                           value=json.dumps(records[key], separators=(",", ":")).encode())
         producer.flush()
 
-    send("1:0:0", "1:0:1", "1:1:0", "2:0:0")
+    send(*records)
     output, checkpoint = str(tmp_path / "out"), str(tmp_path / "checkpoint")
     changes_job.run_consumer(spark, broker, namespace, output, checkpoint, once=True)
     expected = {("account", "1"): 11, ("account", '"k"'): {"a": 1}, ("account", "3"): 30}
     assert parquet_state(spark, output) == expected
     log = changelog_rows(spark, output)
-    assert [r[:4] for r in log] == [(1, 0, 0, 0), (1, 0, 0, 1), (1, 0, 1, 0), (1, 0, 1, 1), (2, 0, 0, 0), (2, 0, 0, 1)]
-    assert log[4][6:] == ("2", None, True)
+    # (batch, part, seq, txn): the empty transaction 3 has no rows
+    assert [r[:4] for r in log] == [(1, 0, 0, 0), (1, 0, 0, 1), (1, 0, 0, 2), (1, 1, 0, 0), (2, 0, 0, 0), (2, 0, 0, 1)]
+    assert log[4][5:] == ("2", None, True)
 
-    send("1:0:1", "1:0:0")  # re-emitted after batch 2: must neither resurrect key 2 nor add rows
+    send("1.0.1", "1.0.0")  # re-emitted after batch 2: must neither resurrect key 2 nor add rows
     changes_job.run_consumer(spark, broker, namespace, output, checkpoint, once=True)
     producer.close()
     assert parquet_state(spark, output) == expected

@@ -45,7 +45,8 @@ def workload_outputs(workload: str, txns: int, seed: int, knobs: dict) -> list[t
             for outcome in engine.outcomes[start:start + 200]:
                 out.append(("results", outcome["id"].encode(), json.dumps(outcome, separators=(",", ":")).encode()))
             changes = [[c.txn, c.table, c.key, c.value] for c in engine.changes[first_change:]]
-            out += [("changes", key, value) for key, value in change_records(batch, 0, changes)]
+            txns = len(requests[start:start + 200])
+            out += [("changes", key, value) for key, value in change_records(batch, txns, range(txns), changes)]
     finally:
         engine.close()
     return out

@@ -152,5 +152,6 @@ def test_outcome_records_batch(benchmark):
 
 def test_change_records_batch(benchmark):
     changes = [[i // 10, "micro", 1000 * i, i] for i in range(BATCH * 10)]
-    messages = benchmark(change_records, 17, 0, changes)
+    messages = benchmark(change_records, 17, BATCH, range(BATCH), changes)
+    assert len(messages) == BATCH
     assert sum(len(json.loads(value)["changes"]) for _, value in messages) == len(changes)
