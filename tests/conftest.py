@@ -66,7 +66,8 @@ def pytest_terminal_summary(terminalreporter):
 #  - the tests that stop, kill and restart brokers for minutes and time what follows are one
 #    unit, run one after another on one worker: never two outages at once;
 #  - a file whose tests share a module-scoped fixture (a log sequenced once, a PostgreSQL
-#    server, a Spark session, a SASL broker) is one unit, so the fixture is set up once;
+#    server, a Spark session, a SASL broker) is one unit, so the fixture is set up once (a
+#    file left off the list is still right, its fixture set up on each worker that needs it);
 #  - every other test is a unit of its own.
 # A name is a file, or a file and a test (all of its parameters).
 ONE_AT_A_TIME = (
@@ -74,6 +75,7 @@ ONE_AT_A_TIME = (
     "tests/test_bench.py::test_bench_soak_bounces_the_broker_and_checks_every_request_once_against_a_serial_reading",
 )
 MODULE_FIXTURE_FILES = (
+    "tests/benchmarks/test_hot_paths.py",
     "tests/test_bench.py",
     "tests/test_docker_compose.py",
     "tests/test_hardening_checkpoints.py",
@@ -123,12 +125,6 @@ def _unit(nodeid: str) -> str:
 
 
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        path = item.nodeid.partition("::")[0]
-        if path not in MODULE_FIXTURE_FILES and any(
-                fixturedefs[-1].scope == "module" for fixturedefs in item._fixtureinfo.name2fixturedefs.values()):
-            raise pytest.UsageError(f"{path} has a module-scoped fixture: add it to MODULE_FIXTURE_FILES in "
-                                    f"tests/conftest.py, so that its tests run on one xdist worker")
     items.sort(key=_rank)  # stable: everything else keeps its collection order
 
 
