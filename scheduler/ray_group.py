@@ -127,8 +127,10 @@ def start_ray(address: str | None = None) -> None:
         # cluster, on every start; the cluster keeps it, the log loses the line.
         logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
         before = {p.pid for p in psutil.Process().children(recursive=True)}
-        context = ray.init(include_dashboard=False, _node_ip_address=LOOPBACK, logging_level="WARNING",
-                           num_cpus=os.cpu_count())
+        # address="local": a Ray of its own, never the cluster a `ray start` (or another
+        # process's test cluster) last noted in /tmp/ray on this machine.
+        context = ray.init(address="local", include_dashboard=False, _node_ip_address=LOOPBACK,
+                           logging_level="WARNING", num_cpus=os.cpu_count())
         # The GCS and the raylet die with this process (the kernel's parent-death signal); the
         # dashboard agents under the raylet notice only a minute later, workers with their raylet.
         stop_with_owner([p.pid for p in psutil.Process().children(recursive=True) if p.pid not in before])

@@ -41,3 +41,33 @@ def test_workers_on_two_nodes_give_the_serial_result(broker, tmp_path):
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def test_a_local_ray_is_its_own_while_a_cluster_on_this_machine_is_noted_in_tmp_ray(fault_report):
+    """A Ray cluster started on this machine (`ray start`, or another test run's cluster) is
+    noted in /tmp/ray/ray_current_cluster; Ray joins it from any `ray.init()` without an
+    address. The engine's local Ray must be its own: another worker's or user's cluster has
+    other code, other cores, and goes away with its owner."""
+    import subprocess
+    import sys
+
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from tests.helpers import ROOT
+
+    ray.shutdown()
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "include_dashboard": False, "node_ip_address": "127.0.0.1"})
+    noted = cluster.address
+    try:
+        code = ("import ray; from ordo.scheduler.ray_group import start_ray; start_ray(); "
+                "print(ray.get_runtime_context().gcs_address); ray.shutdown()")
+        done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        joined = done.stdout.strip().splitlines()[-1]
+        assert noted and joined != noted, f"start_ray joined the cluster noted in /tmp/ray ({noted})"
+    finally:
+        cluster.shutdown()
+    fault_report(f"a Ray cluster noted in /tmp/ray at {noted} while the engine started its local Ray: "
+                 f"it started its own at {joined}")
