@@ -21,7 +21,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from ordo.sequencer.kafka import consumer_config
 
-ABSENT_GRACE = 30.0
+ABSENT_GRACE = 60.0  # a durable broker loading its logs on a busy machine has answered "no such topic" for over 30 s
 
 GONE = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC,
          KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET)

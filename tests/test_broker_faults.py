@@ -19,6 +19,7 @@ from ordo.client import Client
 from ordo.embedded import read_log
 from ordo.procedures.workloads import sl
 from ordo.sequencer.kafka_broker import KafkaCluster
+from ordo.sequencer.log_probe import ABSENT_GRACE
 from tests.helpers import dump_state, interpret_log, ordo, read_results, reference_state, stop
 
 pytestmark = pytest.mark.slow
@@ -226,7 +227,7 @@ def test_a_broker_stopped_for_longer_than_the_grace_is_not_called_lost(tmp_path)
             assert client.wait_one(client.submit("sl_deposit", {"account": 1, "asset": 1, "account_amount": 5,
                                                                "asset_amount": 5}), timeout=60)["status"] == "committed"
         kafka.nodes[0].stop()
-        time.sleep(45)  # longer than the grace a missing record gets (log_probe.ABSENT_GRACE, 30 s)
+        time.sleep(ABSENT_GRACE + 15)  # longer than the grace a missing record gets
         assert engine.poll() is None, engine.stderr.read()
         kafka.restart_node(0)
         with Client(bootstrap, namespace) as client:
