@@ -20,9 +20,9 @@ class stock:
     default = 0
 
 
-app.table("sku", default=None)        # SKU name -> item number
-app.table("delivered", default=0)     # warehouse -> units delivered so far
-app.table("low", default=0)           # warehouse -> low-stock alerts raised
+app.table("sku", default=None)  # SKU name -> item number
+app.table("delivered", default=0)  # warehouse -> units delivered so far
+app.table("low", default=0)  # warehouse -> low-stock alerts raised
 LOW_MARK = 10
 
 
@@ -32,8 +32,10 @@ def name_sku(ctx, args):
 
 
 # Keys from the arguments: ANALYZE is derived (read and write stock[warehouse, item]).
-@app.procedure(args={"warehouse": Int(0, 99), "item": Int(0, 999), "qty": Int(1, 10_000)},
-               keys=[("stock", ("warehouse", "item")), ("low", "warehouse")])
+@app.procedure(
+    args={"warehouse": Int(0, 99), "item": Int(0, 999), "qty": Int(1, 10_000)},
+    keys=[("stock", ("warehouse", "item")), ("low", "warehouse")],
+)
 def ship(ctx, args):
     key = (args["warehouse"], args["item"])
     left = ctx.read("stock", key) - args["qty"]
@@ -74,8 +76,7 @@ def _delivery_keys(args):
 
 
 # A request to `deliver` carries an atomic batch of lines: all are received, or none.
-@app.procedure(args={"warehouse": Int(0, 99), "item": Int(0, 999), "qty": Int(1, 10_000)},
-               analyze=_delivery_keys)
+@app.procedure(args={"warehouse": Int(0, 99), "item": Int(0, 999), "qty": Int(1, 10_000)}, analyze=_delivery_keys)
 def deliver(ctx, lines):
     for line in lines:
         key = (line["warehouse"], line["item"])
@@ -98,7 +99,7 @@ def tally(ctx, received):
     return len(ctx.window("recent"))
 
 
-app.stream("deliveries", consumers=["deliver"])                    # input: atomic batches
+app.stream("deliveries", consumers=["deliver"])  # input: atomic batches
 app.stream("received", producers=["deliver"], consumers=["tally"])
-app.stream("low_stock", producers=["ship"])                         # output: <ns>.stream.low_stock
+app.stream("low_stock", producers=["ship"])  # output: <ns>.stream.low_stock
 app.window("recent", owner="tally", rows=5, slide=1)

@@ -62,8 +62,10 @@ class App:
             raise TypeError("App needs a name, e.g. ordo.App('bank')")
         self.name = name
         defined_in = sys._getframe(1).f_globals.get("__name__")
-        self._code = [*([defined_in] if isinstance(defined_in, str) else []),
-                      *(m if isinstance(m, str) else getattr(m, "__name__", m) for m in code)]
+        self._code = [
+            *([defined_in] if isinstance(defined_in, str) else []),
+            *(m if isinstance(m, str) else getattr(m, "__name__", m) for m in code),
+        ]
         for item in self._code:
             if not isinstance(item, str):
                 raise TypeError(f"App code= takes modules or import paths, got {item!r}")
@@ -94,9 +96,11 @@ class App:
         for proc_name, tables in self._path_tables.items():
             for table in tables:
                 if table not in self._tables:
-                    raise ValueError(f"app '{self.name}', procedure '{proc_name}': its keys name table '{table}', "
-                                     f"which the app does not declare{did_you_mean(table, self._tables)} "
-                                     f"(tables: {', '.join(self._tables) or 'none'})")
+                    raise ValueError(
+                        f"app '{self.name}', procedure '{proc_name}': its keys name table '{table}', "
+                        f"which the app does not declare{did_you_mean(table, self._tables)} "
+                        f"(tables: {', '.join(self._tables) or 'none'})"
+                    )
         return list(self._procedures.values())
 
     @property
@@ -129,8 +133,15 @@ class App:
 
     # -- declarations ------------------------------------------------------------------------
 
-    def table(self, name: str | type | None = None, *, default: Any = 0, partitioner: str = "hash",
-              partition_by: int | None = None, range_by: int | None = None) -> Table | Callable:
+    def table(
+        self,
+        name: str | type | None = None,
+        *,
+        default: Any = 0,
+        partitioner: str = "hash",
+        partition_by: int | None = None,
+        range_by: int | None = None,
+    ) -> Table | Callable:
         """Declare a table: the value a never-written key reads as, how its keys map to
         partitions ("hash", "modulo", or `partition_by=i` for composite keys) and, with
         `range_by=k`, that transactions may declare ranges of it (docs/keys.md).
@@ -140,8 +151,7 @@ class App:
         if isinstance(name, type):
             return self._table_class(name, {})
         if name is None:
-            given = {"default": default, "partitioner": partitioner, "partition_by": partition_by,
-                     "range_by": range_by}
+            given = {"default": default, "partitioner": partitioner, "partition_by": partition_by, "range_by": range_by}
             return lambda target: self._table_class(target, given)
         if not isinstance(name, str) or not name:
             raise TypeError(f"app '{self.name}': a table needs a name, e.g. app.table('account')")
@@ -157,35 +167,50 @@ class App:
 
     def _table_class(self, target: Any, given: dict) -> Table:
         if not isinstance(target, type):
-            raise TypeError(f"app '{self.name}': @app.table decorates a class named after the table, "
-                            f"not {target!r}")
+            raise TypeError(f"app '{self.name}': @app.table decorates a class named after the table, not {target!r}")
         own = {n: v for n, v in vars(target).items() if not n.startswith("__")}
         for unknown in (n for n in own if n not in TABLE_SETTINGS):
             close = difflib.get_close_matches(unknown, TABLE_SETTINGS, n=1, cutoff=0.6)
             hint = f"; did you mean '{close[0]}'?" if close else ""
-            raise TypeError(f"app '{self.name}', table '{target.__name__}': '{unknown}' is not a table setting"
-                            f"{hint} (settings: {', '.join(TABLE_SETTINGS)})")
+            raise TypeError(
+                f"app '{self.name}', table '{target.__name__}': '{unknown}' is not a table setting"
+                f"{hint} (settings: {', '.join(TABLE_SETTINGS)})"
+            )
         settings = {"default": 0, "partitioner": "hash", "partition_by": None, "range_by": None, **given, **own}
         return self.table(target.__name__, **settings)
 
     # -- streams (docs/streaming.md) ----------------------------------------------------------
 
-    def stream(self, name: str, *, producers: list[str] | tuple = (), consumers: list[str] | tuple = (),
-               on_insert: Callable | None = None) -> Stream:
+    def stream(
+        self,
+        name: str,
+        *,
+        producers: list[str] | tuple = (),
+        consumers: list[str] | tuple = (),
+        on_insert: Callable | None = None,
+    ) -> Stream:
         """A stream from its producers to its consumers (each consumer is triggered by it). No
         producers: an input stream, whose requests carry atomic batches of tuples for its
         consumer; no consumers: an output stream, published as `<ns>.stream.<name>`.
         `on_insert(ctx, tuple)` runs inside the emitting transaction for each tuple."""
-        return self._flow(Stream, name, producers=tuple(producers), consumers=tuple(consumers),
-                          on_insert=on_insert)
+        return self._flow(Stream, name, producers=tuple(producers), consumers=tuple(consumers), on_insert=on_insert)
 
-    def window(self, name: str, *, owner: str, rows: int | None = None, slide: int | None = None,
-               range_ms: int | None = None, slide_ms: int | None = None,
-               on_slide: Callable | None = None) -> Window:
+    def window(
+        self,
+        name: str,
+        *,
+        owner: str,
+        rows: int | None = None,
+        slide: int | None = None,
+        range_ms: int | None = None,
+        slide_ms: int | None = None,
+        on_slide: Callable | None = None,
+    ) -> Window:
         """A window owned by a procedure of a dataflow: `rows=n, slide=m` (ROWS n SLIDE m) or
         `range_ms=r, slide_ms=s` (by the batch's time)."""
-        return self._flow(Window, name, owner=owner, rows=rows, slide=slide, range_ms=range_ms,
-                          slide_ms=slide_ms, on_slide=on_slide)
+        return self._flow(
+            Window, name, owner=owner, rows=rows, slide=slide, range_ms=range_ms, slide_ms=slide_ms, on_slide=on_slide
+        )
 
     def nested(self, name: str, procedures: list[str] | tuple) -> Nested:
         """Triggered procedures that commit or abort as one."""
@@ -195,8 +220,10 @@ class App:
         if not isinstance(name, str) or not name:
             raise TypeError(f"app '{self.name}': a {kind.__name__.lower()} needs a name")
         if name in self._flows:
-            raise ValueError(f"app '{self.name}': '{name}' declared twice (streams, windows and nested "
-                             f"transactions share one namespace)")
+            raise ValueError(
+                f"app '{self.name}': '{name}' declared twice (streams, windows and nested "
+                f"transactions share one namespace)"
+            )
         try:
             declared = kind(name, **settings)
         except ValueError as exc:
@@ -204,10 +231,19 @@ class App:
         self._flows[name] = declared
         return declared
 
-    def procedure(self, name: str | None = None, *, args: dict | None = None,
-                  analyze: Callable | None = None, operations: Callable | None = None,
-                  reconnoiter: Callable | None = None, keys: list | None = None, reads: list | None = None,
-                  writes: list | None = None, home: tuple | Callable | None = None) -> Callable:
+    def procedure(
+        self,
+        name: str | None = None,
+        *,
+        args: dict | None = None,
+        analyze: Callable | None = None,
+        operations: Callable | None = None,
+        reconnoiter: Callable | None = None,
+        keys: list | None = None,
+        reads: list | None = None,
+        writes: list | None = None,
+        home: tuple | Callable | None = None,
+    ) -> Callable:
         """Decorator: `@app.procedure(args={...})` over a class with `analyze` and `run`,
         or over a RUN function with `analyze=`, or with its keys as argument paths —
         `keys=` (read and written), `reads=`, `writes=`: lists of `(table, path)` where
@@ -217,11 +253,14 @@ class App:
         (table, key)), whose keys are found by running it. The procedure's name is the class's or function's unless
         `name` is given. Returns the registered `Procedure`."""
         if callable(name):
-            raise TypeError(f"app '{self.name}': write @app.procedure(args={{...}}), with the argument "
-                            f"schema, not a bare @app.procedure over '{getattr(name, '__name__', name)}'")
+            raise TypeError(
+                f"app '{self.name}': write @app.procedure(args={{...}}), with the argument "
+                f"schema, not a bare @app.procedure over '{getattr(name, '__name__', name)}'"
+            )
         if args is None:
-            raise TypeError(f"app '{self.name}': @app.procedure needs args={{name: Int() | Str() | List(...)}} "
-                            f"(args={{}} for none)")
+            raise TypeError(
+                f"app '{self.name}': @app.procedure needs args={{name: Int() | Str() | List(...)}} (args={{}} for none)"
+            )
         schema = self._schema(name, args)
         paths = (keys, reads, writes)
 
@@ -233,15 +272,24 @@ class App:
             if any(p is not None for p in paths):
                 where = f"app '{self.name}', procedure '{proc_name}'"
                 if analyze is not None or reconnoiter is not None or home is not None:
-                    raise TypeError(f"{where}: give its keys either as argument paths (keys=, reads=, writes=) "
-                                    f"or as analyze=, not both (nor home=)")
+                    raise TypeError(
+                        f"{where}: give its keys either as argument paths (keys=, reads=, writes=) "
+                        f"or as analyze=, not both (nor home=)"
+                    )
                 derived = derived_analyze(where, schema, *paths)
             parts = self._parts(proc_name, target, derived or analyze, operations, reconnoiter, home)
             if proc_name in self._procedures:
                 raise ValueError(f"app '{self.name}': procedure '{proc_name}' declared twice")
             try:
-                procedure = Procedure(proc_name, schema, parts.get("analyze"), parts["run"], parts.get("operations"),
-                                      parts.get("reconnoiter"), home=parts.get("home"))
+                procedure = Procedure(
+                    proc_name,
+                    schema,
+                    parts.get("analyze"),
+                    parts["run"],
+                    parts.get("operations"),
+                    parts.get("reconnoiter"),
+                    home=parts.get("home"),
+                )
             except TypeError as exc:
                 raise TypeError(f"app '{self.name}', {exc}") from None
             self._procedures[proc_name] = procedure
@@ -254,12 +302,16 @@ class App:
     def _schema(self, name: str | None, args: Any) -> dict:
         where = f"app '{self.name}', procedure '{name}'" if name else f"app '{self.name}'"
         if not isinstance(args, dict):
-            raise TypeError(f"{where}: args must be a dict of argument name to a field: Int(), Str(), Float(), "
-                            f"Bool(), Object(), Optional(...) or List(...)")
+            raise TypeError(
+                f"{where}: args must be a dict of argument name to a field: Int(), Str(), Float(), "
+                f"Bool(), Object(), Optional(...) or List(...)"
+            )
         for arg, field in args.items():
             if not isinstance(arg, str) or not isinstance(field, FIELD_TYPES):
-                raise TypeError(f"{where}: args[{arg!r}] must be Int(), Str(), Float(), Bool(), Object(), "
-                                f"Optional(...) or List(...), got {field!r}")
+                raise TypeError(
+                    f"{where}: args[{arg!r}] must be Int(), Str(), Float(), Bool(), Object(), "
+                    f"Optional(...) or List(...), got {field!r}"
+                )
         return dict(args)
 
     def _parts(self, proc_name: str, target: Any, analyze, operations, reconnoiter, home) -> dict[str, Callable]:
@@ -270,26 +322,39 @@ class App:
             for part, value in given.items():
                 if value is not None:
                     parts[part] = value
-            parts = {part: (value.__func__ if isinstance(value, staticmethod) else value)
-                     for part, value in parts.items()}
+            parts = {
+                part: (value.__func__ if isinstance(value, staticmethod) else value) for part, value in parts.items()
+            }
             own = [n for n in vars(target) if not n.startswith("__")]
             for unknown in (n for n in own if n not in PARTS):
                 close = difflib.get_close_matches(unknown, PARTS, n=1, cutoff=0.6)
                 if close and close[0] not in vars(target):
-                    raise TypeError(f"{where}: '{unknown}' is not a part of a procedure; did you mean "
-                                    f"'{close[0]}'? (parts: {', '.join(PARTS)})")
-            missing = [part for part in ("analyze", "run") if part not in parts
-                       and not (part == "analyze" and "home" in parts)]
+                    raise TypeError(
+                        f"{where}: '{unknown}' is not a part of a procedure; did you mean "
+                        f"'{close[0]}'? (parts: {', '.join(PARTS)})"
+                    )
+            missing = [
+                part for part in ("analyze", "run") if part not in parts and not (part == "analyze" and "home" in parts)
+            ]
             if missing:
-                raise TypeError(f"{where}: the class needs {' and '.join(missing)} "
-                                f"(def analyze(args) -> (reads, writes), or home = (table, argument) to have "
-                                f"its keys found by running it; def run(ctx, args))")
+                raise TypeError(
+                    f"{where}: the class needs {' and '.join(missing)} "
+                    f"(def analyze(args) -> (reads, writes), or home = (table, argument) to have "
+                    f"its keys found by running it; def run(ctx, args))"
+                )
         elif callable(target):
             if analyze is None and home is None:
-                raise TypeError(f"{where}: a RUN function needs analyze= in the decorator, or home= to have "
-                                f"its keys found by running it (or decorate a class with analyze and run)")
-            parts = {"run": target, "analyze": analyze, "operations": operations, "reconnoiter": reconnoiter,
-                     "home": home}
+                raise TypeError(
+                    f"{where}: a RUN function needs analyze= in the decorator, or home= to have "
+                    f"its keys found by running it (or decorate a class with analyze and run)"
+                )
+            parts = {
+                "run": target,
+                "analyze": analyze,
+                "operations": operations,
+                "reconnoiter": reconnoiter,
+                "home": home,
+            }
         else:
             raise TypeError(f"{where}: @app.procedure decorates a class or a function, not {target!r}")
         for part, value in parts.items():
@@ -301,10 +366,10 @@ class App:
         return f"App({self.name!r}: {len(self._tables)} tables, {len(self._procedures)} procedures)"
 
 
-def derived_analyze(where: str, schema: dict, keys: list | None, reads: list | None,
-                    writes: list | None) -> Callable:
+def derived_analyze(where: str, schema: dict, keys: list | None, reads: list | None, writes: list | None) -> Callable:
     """ANALYZE from keys given as argument paths: a pure function of the arguments by
     construction, so it gives the same sets on every call, as ANALYZE must."""
+
     def resolve(given: list | None, what: str) -> list[tuple[str, Any]]:
         if given is None:
             return []
@@ -313,14 +378,17 @@ def derived_analyze(where: str, schema: dict, keys: list | None, reads: list | N
         resolved = []
         for item in given:
             if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)):
-                raise TypeError(f"{where}: {what}= holds {item!r}; each key is (table, argument name) or "
-                                f"(table, (argument, …)) for a composite key")
+                raise TypeError(
+                    f"{where}: {what}= holds {item!r}; each key is (table, argument name) or "
+                    f"(table, (argument, …)) for a composite key"
+                )
             table, path = item
             names = path if isinstance(path, tuple) else (path,)
             for arg in names:
                 if arg not in schema:
-                    raise TypeError(f"{where}: {what}= names argument '{arg}', which is not in args"
-                                    f"{did_you_mean(str(arg), schema)}")
+                    raise TypeError(
+                        f"{where}: {what}= names argument '{arg}', which is not in args{did_you_mean(str(arg), schema)}"
+                    )
                 if isinstance(schema[arg], List) and isinstance(path, tuple):
                     raise TypeError(f"{where}: {what}=: list argument '{arg}' cannot be part of a composite key")
             resolved.append((table, path))
@@ -343,4 +411,5 @@ def derived_analyze(where: str, schema: dict, keys: list | None, reads: list | N
     def analyze(args: dict):
         shared = expand(both, args)
         return shared + expand(read_only, args), shared + expand(write_only, args)
+
     return analyze

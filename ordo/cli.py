@@ -25,6 +25,7 @@ SCHEDULER_CHOICES = ("serial", "locking", "vll", "opchain", "aria")
 def _integer(low: int, high: int | None = None):
     """An argparse type: an integer from `low` to `high`; the error names the range, and
     argparse (or ordo.config, for ORDO_* and the settings file) names the option."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -34,20 +35,25 @@ def _integer(low: int, high: int | None = None):
             within = f"of {low:,} or more" if high is None else f"from {low:,} to {high:,}"
             raise argparse.ArgumentTypeError(f"{text!r} is not an integer {within}")
         return value
+
     return parse
 
 
 def _seconds(low: float, high: float, *, above: bool = False):
     """An argparse type: a finite number from `low` (excluded with `above`) to `high`."""
+
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             value = math.nan
         if not (value > low if above else value >= low) or not value <= high:  # NaN fails both
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number {'above' if above else 'from'} {low:g} "
-                                             f"{'and at most' if above else 'to'} {high:,g}")
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a number {'above' if above else 'from'} {low:g} "
+                f"{'and at most' if above else 'to'} {high:,g}"
+            )
         return value
+
     return parse
 
 
@@ -62,43 +68,83 @@ WAIT_S = _seconds(0, 86_400)
 
 def _kafka(p: argparse.ArgumentParser, namespace: bool = True) -> None:
     p.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT", help="Kafka bootstrap servers")
-    p.add_argument("--kafka-config", metavar="FILE",
-                   help="librdkafka settings for every Kafka client (security, timeouts…): a .properties, .toml "
-                        "or .json file; ORDO_KAFKA_<SETTING> in the environment wins over it")
-    p.add_argument("--wait-for-broker", type=WAIT_S, default=0.0, metavar="S",
-                   help="wait up to S seconds for a broker that is still starting (default: a broker must "
-                        "answer within 5 s)")
+    p.add_argument(
+        "--kafka-config",
+        metavar="FILE",
+        help="librdkafka settings for every Kafka client (security, timeouts…): a .properties, .toml "
+        "or .json file; ORDO_KAFKA_<SETTING> in the environment wins over it",
+    )
+    p.add_argument(
+        "--wait-for-broker",
+        type=WAIT_S,
+        default=0.0,
+        metavar="S",
+        help="wait up to S seconds for a broker that is still starting (default: a broker must answer within 5 s)",
+    )
     if namespace:
         p.add_argument("--namespace", default="ordo", metavar="NS", help="topic prefix (default: ordo)")
 
 
 def _log_secret(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--log-secret-file", metavar="FILE",
-                   help="the namespace's log secret, shared by its sequencers and engines, which sign and check "
-                        "every log record with it; ORDO_LOG_SECRET (the secret itself) wins over it (default: "
-                        "this user's own, made on first use; docs/operations.md, 'Security')")
+    p.add_argument(
+        "--log-secret-file",
+        metavar="FILE",
+        help="the namespace's log secret, shared by its sequencers and engines, which sign and check "
+        "every log record with it; ORDO_LOG_SECRET (the secret itself) wins over it (default: "
+        "this user's own, made on first use; docs/operations.md, 'Security')",
+    )
 
 
 def _sequencer_options(p: argparse.ArgumentParser) -> None:
     d = SequencerConfig()
     g = p.add_argument_group("sequencer")
-    g.add_argument("--max-delay-ms", type=EPOCH_MS, default=d.max_delay_ms, help="epoch length; 0: group commit, each batch cut as soon as the previous append is "
-                        "acknowledged (default %(default)s)")
-    g.add_argument("--max-txns", type=BATCH_TXNS, default=d.max_txns, help="requests per batch at most (default %(default)s)")
-    g.add_argument("--max-bytes", type=COUNT, default=d.max_bytes, help="bytes per batch record at most (default %(default)s)")
-    g.add_argument("--max-request-bytes", type=COUNT, default=d.max_request_bytes,
-                   help="larger requests are rejected (default %(default)s)")
-    g.add_argument("--dedupe-window", type=COUNT, default=d.dedupe_window,
-                   help="recent request ids remembered to reject duplicates (default %(default)s)")
-    g.add_argument("--sequencers", type=COUNT, default=d.sequencers, metavar="S",
-                   help="sequencers sharing the request partitions, each with its own process and producer; "
-                        "needs at least S request partitions (default %(default)s)")
+    g.add_argument(
+        "--max-delay-ms",
+        type=EPOCH_MS,
+        default=d.max_delay_ms,
+        help="epoch length; 0: group commit, each batch cut as soon as the previous append is "
+        "acknowledged (default %(default)s)",
+    )
+    g.add_argument(
+        "--max-txns", type=BATCH_TXNS, default=d.max_txns, help="requests per batch at most (default %(default)s)"
+    )
+    g.add_argument(
+        "--max-bytes", type=COUNT, default=d.max_bytes, help="bytes per batch record at most (default %(default)s)"
+    )
+    g.add_argument(
+        "--max-request-bytes",
+        type=COUNT,
+        default=d.max_request_bytes,
+        help="larger requests are rejected (default %(default)s)",
+    )
+    g.add_argument(
+        "--dedupe-window",
+        type=COUNT,
+        default=d.dedupe_window,
+        help="recent request ids remembered to reject duplicates (default %(default)s)",
+    )
+    g.add_argument(
+        "--sequencers",
+        type=COUNT,
+        default=d.sequencers,
+        metavar="S",
+        help="sequencers sharing the request partitions, each with its own process and producer; "
+        "needs at least S request partitions (default %(default)s)",
+    )
 
 
 def _sequencer_config(args) -> SequencerConfig:
-    return SequencerConfig(args.max_delay_ms, args.max_txns, args.max_bytes, args.max_request_bytes,
-                           args.dedupe_window, args.partitions, args.sequencers, getattr(args, "sequencer_index", 0),
-                           _ordering(args))
+    return SequencerConfig(
+        args.max_delay_ms,
+        args.max_txns,
+        args.max_bytes,
+        args.max_request_bytes,
+        args.dedupe_window,
+        args.partitions,
+        args.sequencers,
+        getattr(args, "sequencer_index", 0),
+        _ordering(args),
+    )
 
 
 def _ordering(args) -> str | None:
@@ -113,29 +159,49 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--partitions", type=COUNT, default=1, metavar="N", help="partition workers (default 1)")
     _placement_options(p)
     p.add_argument("--quiet", action="store_true", help="no progress lines")
-    p.add_argument("--metrics-port", type=PORT, metavar="PORT",
-                   help="serve Prometheus metrics on 127.0.0.1:PORT (0: a free port, printed at start)")
+    p.add_argument(
+        "--metrics-port",
+        type=PORT,
+        metavar="PORT",
+        help="serve Prometheus metrics on 127.0.0.1:PORT (0: a free port, printed at start)",
+    )
 
 
 def _placement_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("placement")
-    g.add_argument("--runtime", choices=("auto", "local", "ray"), default="auto",
-                   help="partition workers in this process (local) or as Ray actors (ray); "
-                        "auto: Ray when there is more than one partition")
+    g.add_argument(
+        "--runtime",
+        choices=("auto", "local", "ray"),
+        default="auto",
+        help="partition workers in this process (local) or as Ray actors (ray); "
+        "auto: Ray when there is more than one partition",
+    )
     g.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster instead of starting one")
     g.add_argument("--cores", type=_cores, metavar="LIST", help="cores to pin workers to, e.g. 0,1 (default: all)")
     _procedure_options(g)
 
 
 def _procedure_options(g) -> None:
-    g.add_argument("--app", action="append", default=[], metavar="MODULE:APP",
-                   help="an ordo.App to run, by import path relative to the current directory, e.g. bank:app "
-                        "(repeatable)")
-    g.add_argument("--procedures", action="append", default=[], metavar="MODULE",
-                   help="import path of a module with TABLES and PROCEDURES to register (repeatable)")
-    g.add_argument("--workloads", metavar="LIST",
-                   help="built-in workloads to register beside --app/--procedures, e.g. sl,micro or all "
-                        "(without --app and --procedures: all of them)")
+    g.add_argument(
+        "--app",
+        action="append",
+        default=[],
+        metavar="MODULE:APP",
+        help="an ordo.App to run, by import path relative to the current directory, e.g. bank:app (repeatable)",
+    )
+    g.add_argument(
+        "--procedures",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import path of a module with TABLES and PROCEDURES to register (repeatable)",
+    )
+    g.add_argument(
+        "--workloads",
+        metavar="LIST",
+        help="built-in workloads to register beside --app/--procedures, e.g. sl,micro or all "
+        "(without --app and --procedures: all of them)",
+    )
 
 
 def _procedure_specs(args) -> tuple[str, ...]:
@@ -148,8 +214,9 @@ def _procedure_specs(args) -> tuple[str, ...]:
 
     for app in args.app:
         if ":" not in app:
-            raise ValueError(f"--app takes MODULE:APP, e.g. bank:app (got {app!r}; a module with "
-                             f"PROCEDURES goes to --procedures)")
+            raise ValueError(
+                f"--app takes MODULE:APP, e.g. bank:app (got {app!r}; a module with PROCEDURES goes to --procedures)"
+            )
     specs = [*args.procedures, *args.app]
     if args.workloads:
         specs += workload_specs(args.workloads)
@@ -167,23 +234,36 @@ def _procedure_specs(args) -> tuple[str, ...]:
 
 def _checkpoint_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("checkpoints and recovery")
-    g.add_argument("--checkpoint-every", type=_integer(0), default=100, metavar="K",
-                   help="checkpoint every shard each K batches (0: never; default %(default)s); "
-                        "SIGUSR1 asks a running engine for one at the next batch")
-    g.add_argument("--keep-checkpoints", type=COUNT, default=2, metavar="N",
-                   help="complete checkpoints kept, older ones pruned (default %(default)s)")
+    g.add_argument(
+        "--checkpoint-every",
+        type=_integer(0),
+        default=100,
+        metavar="K",
+        help="checkpoint every shard each K batches (0: never; default %(default)s); "
+        "SIGUSR1 asks a running engine for one at the next batch",
+    )
+    g.add_argument(
+        "--keep-checkpoints",
+        type=COUNT,
+        default=2,
+        metavar="N",
+        help="complete checkpoints kept, older ones pruned (default %(default)s)",
+    )
     how = g.add_mutually_exclusive_group()
-    how.add_argument("--from-checkpoint", action="store_true",
-                     help="restore every shard from the newest checkpoint and replay the log from there, "
-                          "even if the shards agree (by default only shards that disagree are restored)")
-    how.add_argument("--from-scratch", action="store_true",
-                     help="wipe the shards and rebuild them from the beginning of the log")
+    how.add_argument(
+        "--from-checkpoint",
+        action="store_true",
+        help="restore every shard from the newest checkpoint and replay the log from there, "
+        "even if the shards agree (by default only shards that disagree are restored)",
+    )
+    how.add_argument(
+        "--from-scratch", action="store_true", help="wipe the shards and rebuild them from the beginning of the log"
+    )
 
 
 def _checkpointing(args) -> dict:
     restore = "checkpoint" if args.from_checkpoint else "scratch" if args.from_scratch else "auto"
-    return {"checkpoint_every": args.checkpoint_every, "keep_checkpoints": args.keep_checkpoints,
-            "restore": restore}
+    return {"checkpoint_every": args.checkpoint_every, "keep_checkpoints": args.keep_checkpoints, "restore": restore}
 
 
 def _cores(text: str) -> list[int]:
@@ -197,8 +277,12 @@ def _cores(text: str) -> list[int]:
 
 
 def _placement(args) -> dict:
-    return {"runtime": args.runtime, "ray_address": args.ray_address, "cores": args.cores,
-            "procedure_modules": _procedure_specs(args)}
+    return {
+        "runtime": args.runtime,
+        "ray_address": args.ray_address,
+        "cores": args.cores,
+        "procedure_modules": _procedure_specs(args),
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -206,45 +290,86 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("broker", help="run Apache Kafka (KRaft) on 127.0.0.1 in the foreground")
-    p.add_argument("--port", type=PORT, default=None,
-                   help="client port of the first node on 127.0.0.1 (default: a free one, kept in --data-dir)")
-    p.add_argument("--data-dir", default="ordo-broker-data", metavar="DIR",
-                   help="where the nodes keep their logs; started again on it, the broker has everything "
-                        "it had (default %(default)s)")
-    p.add_argument("--nodes", type=COUNT, default=1, metavar="N",
-                   help="KRaft nodes (broker and controller each) on loopback ports; 3 for replication, "
-                        "a node that dies started again while the others serve (default %(default)s)")
-    p.add_argument("--engine", choices=("kafka", "tansu"), default=None,
-                   help="kafka (default), or tansu: a memory-only fallback for machines without Java, "
-                        "which forgets everything when it stops (also ORDO_BROKER_ENGINE)")
+    p.add_argument(
+        "--port",
+        type=PORT,
+        default=None,
+        help="client port of the first node on 127.0.0.1 (default: a free one, kept in --data-dir)",
+    )
+    p.add_argument(
+        "--data-dir",
+        default="ordo-broker-data",
+        metavar="DIR",
+        help="where the nodes keep their logs; started again on it, the broker has everything "
+        "it had (default %(default)s)",
+    )
+    p.add_argument(
+        "--nodes",
+        type=COUNT,
+        default=1,
+        metavar="N",
+        help="KRaft nodes (broker and controller each) on loopback ports; 3 for replication, "
+        "a node that dies started again while the others serve (default %(default)s)",
+    )
+    p.add_argument(
+        "--engine",
+        choices=("kafka", "tansu"),
+        default=None,
+        help="kafka (default), or tansu: a memory-only fallback for machines without Java, "
+        "which forgets everything when it stops (also ORDO_BROKER_ENGINE)",
+    )
 
     p = sub.add_parser("run", help="create topics if missing, run sequencer and engine until stopped")
     _kafka(p)
     _log_secret(p)
     _engine_options(p)
     _checkpoint_options(p)
-    p.add_argument("--request-partitions", type=COUNT, default=None, metavar="R",
-                   help="partitions of <ns>.requests when it is created (default: the sequencer count)")
-    p.add_argument("--log-replication", type=COUNT, default=1, metavar="N",
-                   help="replicas of the namespace's topics when they are created; with 3 or more, "
-                        "<ns>.log also gets min.insync.replicas=2 (default 1)")
+    p.add_argument(
+        "--request-partitions",
+        type=COUNT,
+        default=None,
+        metavar="R",
+        help="partitions of <ns>.requests when it is created (default: the sequencer count)",
+    )
+    p.add_argument(
+        "--log-replication",
+        type=COUNT,
+        default=1,
+        metavar="N",
+        help="replicas of the namespace's topics when they are created; with 3 or more, "
+        "<ns>.log also gets min.insync.replicas=2 (default 1)",
+    )
     _sequencer_options(p)
 
     p = sub.add_parser("sequence", help="run only the sequencer (one of --sequencers)")
     _kafka(p)
     _log_secret(p)
     _sequencer_options(p)
-    p.add_argument("--sequencer-index", type=_integer(0), default=0, metavar="K",
-                   help="with --sequencers S: this is sequencer K, 0 <= K < S; it takes the request partitions "
-                        "p with p %% S == K (default 0)")
-    p.add_argument("--partitions", type=COUNT, default=1, metavar="N",
-                   help="the engine's partition count, for which each batch records its routing (default 1; "
-                        "an engine with another count places every entry itself)")
+    p.add_argument(
+        "--sequencer-index",
+        type=_integer(0),
+        default=0,
+        metavar="K",
+        help="with --sequencers S: this is sequencer K, 0 <= K < S; it takes the request partitions "
+        "p with p %% S == K (default 0)",
+    )
+    p.add_argument(
+        "--partitions",
+        type=COUNT,
+        default=1,
+        metavar="N",
+        help="the engine's partition count, for which each batch records its routing (default 1; "
+        "an engine with another count places every entry itself)",
+    )
     p.add_argument("--quiet", action="store_true", help="no start line (errors are still said)")
-    p.add_argument("--ordering", choices=("log", ARIA), default="log",
-                   help="the serial order of each batch: log order, or aria's (Aria's deterministic reordering, "
-                        "what `ordo run --scheduler aria` asks for; docs/architecture.md); every engine follows the "
-                        "stamp whatever its --scheduler (default %(default)s)")
+    p.add_argument(
+        "--ordering",
+        choices=("log", ARIA),
+        default="log",
+        help="the serial order of each batch: log order, or aria's (Aria's deterministic reordering, "
+        "what `ordo run --scheduler aria` asks for; docs/architecture.md); every engine follows the "
+        "stamp whatever its --scheduler (default %(default)s)",
+    )
     _procedure_options(p)
 
     p = sub.add_parser("execute", help="run only the engine (follows <ns>.log)")
@@ -253,36 +378,58 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_options(p)
     _checkpoint_options(p)
 
-    p = sub.add_parser("recover", help="restore or rebuild the shards if they need it, replay <ns>.log "
-                                       "to its head, exit")
+    p = sub.add_parser(
+        "recover", help="restore or rebuild the shards if they need it, replay <ns>.log to its head, exit"
+    )
     _kafka(p)
     _log_secret(p)
     p.add_argument("--data-dir", required=True, metavar="DIR", help="where the RocksDB shards live")
     p.add_argument("--scheduler", choices=SCHEDULER_CHOICES, default="serial")
-    p.add_argument("--partitions", type=COUNT, default=None, metavar="N",
-                   help="partition workers (default: as DIR is laid out, else 1)")
+    p.add_argument(
+        "--partitions",
+        type=COUNT,
+        default=None,
+        metavar="N",
+        help="partition workers (default: as DIR is laid out, else 1)",
+    )
     _placement_options(p)
     p.add_argument("--quiet", action="store_true", help="no progress line")
     _checkpoint_options(p)
-    p.add_argument("--idle", type=_seconds(0, 86_400), default=2.0, metavar="SECONDS",
-                   help="once the log's end measured at the start is applied, wait this long for more "
-                        "batches before exiting (0: none; default %(default)s)")
+    p.add_argument(
+        "--idle",
+        type=_seconds(0, 86_400),
+        default=2.0,
+        metavar="SECONDS",
+        help="once the log's end measured at the start is applied, wait this long for more "
+        "batches before exiting (0: none; default %(default)s)",
+    )
     p.add_argument("--checkpoint", action="store_true", help="checkpoint the shards at the head before exiting")
-    p.add_argument("--app-version", action="append", default=[], metavar="SPECS",
-                   help="an earlier version of the procedures, for the batches it sequenced: MODULE:APP (or a "
-                        "comma-separated list of MODULE:APP and modules), matched by its procedure-set identity "
-                        "(repeatable; docs/operations.md, 'Upgrading procedures')")
+    p.add_argument(
+        "--app-version",
+        action="append",
+        default=[],
+        metavar="SPECS",
+        help="an earlier version of the procedures, for the batches it sequenced: MODULE:APP (or a "
+        "comma-separated list of MODULE:APP and modules), matched by its procedure-set identity "
+        "(repeatable; docs/operations.md, 'Upgrading procedures')",
+    )
 
-    p = sub.add_parser("upgrade", help="move <ns>.log to these procedures from its next batch on (an upgrade "
-                                       "record); a running engine of the set before stops there")
+    p = sub.add_parser(
+        "upgrade",
+        help="move <ns>.log to these procedures from its next batch on (an upgrade "
+        "record); a running engine of the set before stops there",
+    )
     _kafka(p)
     _log_secret(p)
     _procedure_options(p)
 
     p = sub.add_parser("log", help="operator commands on <ns>.log")
     log_commands = p.add_subparsers(dest="log_command", required=True, metavar="LOG_COMMAND")
-    p = log_commands.add_parser("skip", help="append a signed record that has every reader and replay pass over "
-                                             "the record at --offset, one that stops the log's readers")
+    p = log_commands.add_parser(
+        "skip",
+        help="append a signed record that has every reader and replay pass over "
+        "the record at --offset, one that stops the log's readers",
+    )
     _kafka(p)
     _log_secret(p)
     p.add_argument("--offset", type=int, required=True, metavar="N", help="the offset of the record to pass over")
@@ -298,12 +445,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=WAIT_S, default=120.0, help="seconds to wait for outcomes")
 
     p = sub.add_parser("gen", help="print workload requests as JSON lines")
-    p.add_argument("workload", nargs="?", help=f"one of {', '.join(WORKLOAD_NAMES)} (`ordo gen --list` describes "
-                                                 f"each and its knobs)")
+    p.add_argument(
+        "workload",
+        nargs="?",
+        help=f"one of {', '.join(WORKLOAD_NAMES)} (`ordo gen --list` describes each and its knobs)",
+    )
     p.add_argument("--count", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
-                   help="workload knob, repeatable (see --list)")
+    p.add_argument(
+        "--knob", action="append", default=[], metavar="NAME=VALUE", help="workload knob, repeatable (see --list)"
+    )
     p.add_argument("--list", action="store_true", help="describe every workload and its knobs")
 
     p = sub.add_parser("dump", help="print stored records as sorted JSON lines (safe while running)")
@@ -320,65 +471,133 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--partitions", type=int, default=1)
     p.add_argument("--data-dir", default=None, metavar="DIR", help="default: a temporary directory")
 
-    p = sub.add_parser("bench", help="one configuration (WORKLOAD) or the whole grid (suite), beside the "
-                                     "storage limit and the PostgreSQL baseline")
-    p.add_argument("workload", help="micro, sl, gs, ob or tp: one configuration; suite: the grid of BENCHMARKS.md; "
-                                    "scale WORKLOAD: the same log at several partition counts; "
-                                    "sequence WORKLOAD: requests/s into the log for several sequencer counts "
-                                    "(--sequencers 1,2); "
-                                    "tpcc: TPC-C engine throughput per partition count (--partitions 1,2); "
-                                    "alias: dependent transactions end to end, with their restart rate; "
-                                    "voter: S-Store's leaderboards, votes/s end to end; "
-                                    "latency WORKLOAD: open-loop latency at fixed rates (--rate 500,1000), "
-                                    "with the share of each hop (sequencing, execution, delivery); "
-                                    "soak WORKLOAD: memory of every process under a steady rate "
-                                    "(--rate 500 --seconds 1800), warm-up told from a leak; "
-                                    "compression WORKLOAD: bytes and CPU of each output codec (--rounds 3)")
-    p.add_argument("scaled", nargs="?", metavar="WORKLOAD",
-                   help="scale, sequence, latency, soak and compression: the workload to measure")
-    p.add_argument("--sequencers", default="1,2", metavar="S[,S…]",
-                   help="sequence: the sequencer counts, comma-separated (default %(default)s)")
+    p = sub.add_parser(
+        "bench",
+        help="one configuration (WORKLOAD) or the whole grid (suite), beside the "
+        "storage limit and the PostgreSQL baseline",
+    )
+    p.add_argument(
+        "workload",
+        help="micro, sl, gs, ob or tp: one configuration; suite: the grid of BENCHMARKS.md; "
+        "scale WORKLOAD: the same log at several partition counts; "
+        "sequence WORKLOAD: requests/s into the log for several sequencer counts "
+        "(--sequencers 1,2); "
+        "tpcc: TPC-C engine throughput per partition count (--partitions 1,2); "
+        "alias: dependent transactions end to end, with their restart rate; "
+        "voter: S-Store's leaderboards, votes/s end to end; "
+        "latency WORKLOAD: open-loop latency at fixed rates (--rate 500,1000), "
+        "with the share of each hop (sequencing, execution, delivery); "
+        "soak WORKLOAD: memory of every process under a steady rate "
+        "(--rate 500 --seconds 1800), warm-up told from a leak; "
+        "compression WORKLOAD: bytes and CPU of each output codec (--rounds 3)",
+    )
+    p.add_argument(
+        "scaled",
+        nargs="?",
+        metavar="WORKLOAD",
+        help="scale, sequence, latency, soak and compression: the workload to measure",
+    )
+    p.add_argument(
+        "--sequencers",
+        default="1,2",
+        metavar="S[,S…]",
+        help="sequence: the sequencer counts, comma-separated (default %(default)s)",
+    )
     p.add_argument("--scheduler", choices=SCHEDULER_CHOICES, default="serial")
-    p.add_argument("--partitions", default=None, metavar="N[,N…]",
-                   help="partition workers; scale: a comma-separated list (default 1; scale: 1,2)")
-    p.add_argument("--mp", default=None, metavar="SHARE[,SHARE…]",
-                   help="scale, micro: share of multi-partition transactions (the knob mp); several, "
-                        "comma-separated, are measured in the same run (0,1: 100 %% against 0 %%)")
-    p.add_argument("--rounds", type=int, default=1, metavar="N",
-                   help="scale and sequence: run every configuration N times, taking turns, and report the medians "
-                        "(default 1)")
+    p.add_argument(
+        "--partitions",
+        default=None,
+        metavar="N[,N…]",
+        help="partition workers; scale: a comma-separated list (default 1; scale: 1,2)",
+    )
+    p.add_argument(
+        "--mp",
+        default=None,
+        metavar="SHARE[,SHARE…]",
+        help="scale, micro: share of multi-partition transactions (the knob mp); several, "
+        "comma-separated, are measured in the same run (0,1: 100 %% against 0 %%)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        metavar="N",
+        help="scale and sequence: run every configuration N times, taking turns, and report the medians (default 1)",
+    )
     p.add_argument("--no-end-to-end", action="store_true", help="scale and tpcc: the engine only")
-    p.add_argument("--rate", default=None, metavar="REQ_PER_S[,…]",
-                   help="alias: the client sends at this rate (default: all at once); latency: the rates, "
-                        "comma-separated, each measured on a fresh namespace, sequencer and engine")
-    p.add_argument("--seconds", type=float, default=10.0, metavar="T",
-                   help="latency: how long the client sends at each rate, after a warm-up (default %(default)s); "
-                        "soak: how long it sends")
-    p.add_argument("--every", type=float, default=30.0, metavar="T",
-                   help="soak: seconds between memory samples (default %(default)s)")
-    p.add_argument("--bounce-broker-every", type=float, default=None, metavar="T",
-                   help="soak: stop the broker every T seconds (SIGTERM and SIGKILL in turn) and start it again "
-                        "on its data, then check every request answered once and the state against a serial "
-                        "reading of the log")
-    p.add_argument("--broker-down", type=float, default=15.0, metavar="S",
-                   help="soak with --bounce-broker-every: seconds the broker stays stopped (default %(default)s)")
-    p.add_argument("--runtime", choices=("auto", "local", "ray"), default="auto",
-                   help="latency: partition workers in the engine's process (local) or as Ray actors (ray); "
-                        "auto: Ray when there is more than one partition")
+    p.add_argument(
+        "--rate",
+        default=None,
+        metavar="REQ_PER_S[,…]",
+        help="alias: the client sends at this rate (default: all at once); latency: the rates, "
+        "comma-separated, each measured on a fresh namespace, sequencer and engine",
+    )
+    p.add_argument(
+        "--seconds",
+        type=float,
+        default=10.0,
+        metavar="T",
+        help="latency: how long the client sends at each rate, after a warm-up (default %(default)s); "
+        "soak: how long it sends",
+    )
+    p.add_argument(
+        "--every",
+        type=float,
+        default=30.0,
+        metavar="T",
+        help="soak: seconds between memory samples (default %(default)s)",
+    )
+    p.add_argument(
+        "--bounce-broker-every",
+        type=float,
+        default=None,
+        metavar="T",
+        help="soak: stop the broker every T seconds (SIGTERM and SIGKILL in turn) and start it again "
+        "on its data, then check every request answered once and the state against a serial "
+        "reading of the log",
+    )
+    p.add_argument(
+        "--broker-down",
+        type=float,
+        default=15.0,
+        metavar="S",
+        help="soak with --bounce-broker-every: seconds the broker stays stopped (default %(default)s)",
+    )
+    p.add_argument(
+        "--runtime",
+        choices=("auto", "local", "ray"),
+        default="auto",
+        help="latency: partition workers in the engine's process (local) or as Ray actors (ray); "
+        "auto: Ray when there is more than one partition",
+    )
     p.add_argument("--txns", type=int, default=50_000)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE")
-    p.add_argument("--max-txns", type=int, default=200,
-                   help="requests per batch at most (default %(default)s: Calvin's cap per 10 ms epoch)")
-    p.add_argument("--max-delay-ms", type=EPOCH_MS, default=SequencerConfig().max_delay_ms, metavar="MS",
-                   help="latency and scale: the sequencer's epoch length; 0: group commit (default %(default)s)")
+    p.add_argument(
+        "--max-txns",
+        type=int,
+        default=200,
+        help="requests per batch at most (default %(default)s: Calvin's cap per 10 ms epoch)",
+    )
+    p.add_argument(
+        "--max-delay-ms",
+        type=EPOCH_MS,
+        default=SequencerConfig().max_delay_ms,
+        metavar="MS",
+        help="latency and scale: the sequencer's epoch length; 0: group commit (default %(default)s)",
+    )
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON here")
     p.add_argument("--baseline", action="store_true", help="also the PostgreSQL baseline (micro, sl and tpcc)")
     p.add_argument("--quick", action="store_true", help="suite: fewer txns and fewer points (about 3 minutes)")
-    p.add_argument("--out", default="bench-results", metavar="DIR",
-                   help="suite: where bench.json and bench-plot.png go (default %(default)s)")
+    p.add_argument(
+        "--out",
+        default="bench-results",
+        metavar="DIR",
+        help="suite: where bench.json and bench-plot.png go (default %(default)s)",
+    )
 
     from ordo.spark_jobs.cli import add_spark_commands  # lazy: pyspark loads only when a spark job runs
+
     add_spark_commands(sub)
     return parser
 
@@ -455,9 +674,20 @@ def cmd_broker(args) -> int:
 def cmd_run(args) -> int:
     from ordo.services import serve_all
 
-    return serve_all(args.bootstrap_servers, args.namespace, args.data_dir, args.scheduler, args.partitions,
-                     args.request_partitions or args.sequencers, _sequencer_config(args), args.quiet, _placement(args),
-                     _checkpointing(args), args.log_replication, metrics_port=args.metrics_port)
+    return serve_all(
+        args.bootstrap_servers,
+        args.namespace,
+        args.data_dir,
+        args.scheduler,
+        args.partitions,
+        args.request_partitions or args.sequencers,
+        _sequencer_config(args),
+        args.quiet,
+        _placement(args),
+        _checkpointing(args),
+        args.log_replication,
+        metrics_port=args.metrics_port,
+    )
 
 
 def cmd_sequence(args) -> int:
@@ -468,8 +698,9 @@ def cmd_sequence(args) -> int:
     die_with_parent()  # when an engine started this sequencer, it goes when the engine goes
     send_heartbeats()  # and the engine knows it is alive
     try:
-        return serve_sequencer(args.bootstrap_servers, args.namespace, _sequencer_config(args),
-                               _procedure_specs(args), args.quiet)
+        return serve_sequencer(
+            args.bootstrap_servers, args.namespace, _sequencer_config(args), _procedure_specs(args), args.quiet
+        )
     except (LaneTaken, Superseded) as exc:
         print(f"ordo sequence: {exc}", file=sys.stderr, flush=True)
         return EXIT_ANOTHER_ENGINE
@@ -481,8 +712,17 @@ def cmd_sequence(args) -> int:
 def cmd_execute(args) -> int:
     from ordo.services import serve_engine
 
-    return serve_engine(args.bootstrap_servers, args.namespace, args.data_dir, args.scheduler,
-                        args.partitions, args.quiet, _placement(args), _checkpointing(args), args.metrics_port)
+    return serve_engine(
+        args.bootstrap_servers,
+        args.namespace,
+        args.data_dir,
+        args.scheduler,
+        args.partitions,
+        args.quiet,
+        _placement(args),
+        _checkpointing(args),
+        args.metrics_port,
+    )
 
 
 def cmd_recover(args) -> int:
@@ -492,8 +732,20 @@ def cmd_recover(args) -> int:
     mode = options.pop("restore")
     placement = _placement(args)
     versions = [placement.pop("procedure_modules"), *(_version_specs(text) for text in args.app_version)]
-    recover_across_versions(versions, args.bootstrap_servers, args.namespace, args.data_dir, args.scheduler,
-                            args.partitions, mode, args.idle, args.checkpoint, args.quiet, **options, **placement)
+    recover_across_versions(
+        versions,
+        args.bootstrap_servers,
+        args.namespace,
+        args.data_dir,
+        args.scheduler,
+        args.partitions,
+        mode,
+        args.idle,
+        args.checkpoint,
+        args.quiet,
+        **options,
+        **placement,
+    )
     return 0
 
 
@@ -514,10 +766,13 @@ def cmd_upgrade(args) -> int:
     if done is None:
         print(f"{args.namespace}.log already runs these procedures; nothing written", file=sys.stderr)
         return 0
-    print(f"{args.namespace}.log moved from procedure set {done.before.name} to v{done.version} "
-          f"({short(done.identity)}) at offset {done.offset}, in {time.monotonic() - started:.2f} s: the batches "
-          f"after it run these procedures; engines of {done.before.name} stop there. Start `ordo run` with them "
-          f"(docs/operations.md, 'Upgrading procedures')", file=sys.stderr)
+    print(
+        f"{args.namespace}.log moved from procedure set {done.before.name} to v{done.version} "
+        f"({short(done.identity)}) at offset {done.offset}, in {time.monotonic() - started:.2f} s: the batches "
+        f"after it run these procedures; engines of {done.before.name} stop there. Start `ordo run` with them "
+        f"(docs/operations.md, 'Upgrading procedures')",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -525,8 +780,11 @@ def cmd_log(args) -> int:
     from ordo.sequencer.log_skip import skip_record
 
     why, at = skip_record(args.bootstrap_servers, args.namespace, args.offset)
-    print(f"the record at offset {args.offset} stopped the log's readers ({why}); the skip record at offset {at} "
-          f"has every reader and replay pass over it", file=sys.stderr)
+    print(
+        f"the record at offset {args.offset} stopped the log's readers ({why}); the skip record at offset {at} "
+        f"has every reader and replay pass over it",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -583,8 +841,10 @@ def _submission_notes(submission, lines: list[int], single: bool) -> list[str]:
     if len(submission.by_position) > 5:
         notes.append(f"and {len(submission.by_position) - 5} more answered by position")
     for request_id, copies in sorted(submission.duplicates().items())[:5]:
-        notes.append(f"id {request_id!r} sent {copies} times: each copy gets an outcome (a copy the sequencer "
-                     f"still remembers is rejected as a duplicate)")
+        notes.append(
+            f"id {request_id!r} sent {copies} times: each copy gets an outcome (a copy the sequencer "
+            f"still remembers is rejected as a duplicate)"
+        )
     return notes
 
 
@@ -648,8 +908,10 @@ def cmd_dump(args) -> int:
         from ordo.procedures.registry import did_you_mean
 
         stored = table_names(args.data_dir)
-        raise ValueError(f"no records of table {args.table!r} in {args.data_dir}{did_you_mean(args.table, stored)}; "
-                         f"tables with records there: {', '.join(stored) or 'none'}")
+        raise ValueError(
+            f"no records of table {args.table!r} in {args.data_dir}{did_you_mean(args.table, stored)}; "
+            f"tables with records there: {', '.join(stored) or 'none'}"
+        )
     return 0
 
 
@@ -677,62 +939,121 @@ def cmd_bench(args) -> int:
     if args.workload == "alias":
         from ordo.benchmarks.dependent import run_alias
 
-        run_alias(args.scheduler, int(args.partitions or 1), args.txns, args.seed, parse_knobs(_workload("alias"),
-                  args.knob), args.max_txns, args.json, None if args.rate is None else float(args.rate))
+        run_alias(
+            args.scheduler,
+            int(args.partitions or 1),
+            args.txns,
+            args.seed,
+            parse_knobs(_workload("alias"), args.knob),
+            args.max_txns,
+            args.json,
+            None if args.rate is None else float(args.rate),
+        )
         return 0
     if args.workload == "voter":
         from ordo.benchmarks.voter import run_voter
 
-        run_voter(args.scheduler, int(args.partitions or 1), args.txns, args.seed, args.max_txns, args.json,
-                  args.baseline, parse_knobs(_workload("voter"), args.knob))
+        run_voter(
+            args.scheduler,
+            int(args.partitions or 1),
+            args.txns,
+            args.seed,
+            args.max_txns,
+            args.json,
+            args.baseline,
+            parse_knobs(_workload("voter"), args.knob),
+        )
         return 0
     if args.workload == "tpcc":
         from ordo.benchmarks.tpcc import run_tpcc
 
         knobs = parse_knobs(_workload("tpcc"), args.knob)
-        run_tpcc([int(n) for n in (args.partitions or "1").split(",")], args.scheduler, args.txns, args.seed, knobs,
-                 args.max_txns, args.json, args.baseline, not args.no_end_to_end)
+        run_tpcc(
+            [int(n) for n in (args.partitions or "1").split(",")],
+            args.scheduler,
+            args.txns,
+            args.seed,
+            knobs,
+            args.max_txns,
+            args.json,
+            args.baseline,
+            not args.no_end_to_end,
+        )
         return 0
     if args.workload == "sequence":
         from ordo.benchmarks.sequencing import run_sequencing
 
         if args.scaled is None:
             raise ValueError("ordo bench sequence needs a workload: ordo bench sequence micro --sequencers 1,2")
-        run_sequencing(args.scaled, [int(s) for s in args.sequencers.split(",")], args.txns, args.seed,
-                       parse_knobs(_workload(args.scaled), args.knob), int(args.partitions or 1), args.max_txns,
-                       args.json, args.rounds)
+        run_sequencing(
+            args.scaled,
+            [int(s) for s in args.sequencers.split(",")],
+            args.txns,
+            args.seed,
+            parse_knobs(_workload(args.scaled), args.knob),
+            int(args.partitions or 1),
+            args.max_txns,
+            args.json,
+            args.rounds,
+        )
         return 0
     if args.workload == "latency":
         from ordo.benchmarks.latency import run_latency
 
         if args.scaled is None or args.rate is None:
-            raise ValueError("ordo bench latency needs a workload and rates: "
-                             "ordo bench latency micro --rate 500,1000")
-        run_latency(args.scaled, [float(r) for r in args.rate.split(",")], int(args.partitions or 1),
-                    args.scheduler, args.seconds, args.seed, parse_knobs(_workload(args.scaled), args.knob),
-                    args.max_txns, args.runtime, args.json, args.max_delay_ms)
+            raise ValueError("ordo bench latency needs a workload and rates: ordo bench latency micro --rate 500,1000")
+        run_latency(
+            args.scaled,
+            [float(r) for r in args.rate.split(",")],
+            int(args.partitions or 1),
+            args.scheduler,
+            args.seconds,
+            args.seed,
+            parse_knobs(_workload(args.scaled), args.knob),
+            args.max_txns,
+            args.runtime,
+            args.json,
+            args.max_delay_ms,
+        )
         return 0
     if args.workload == "compression":
         from ordo.benchmarks.compression import run_compression
 
         if args.scaled is None:
             raise ValueError("ordo bench compression needs a workload: ordo bench compression sl")
-        run_compression(args.scaled, args.txns, args.seed, parse_knobs(_workload(args.scaled), args.knob),
-                        max(args.rounds, 1), args.json)
+        run_compression(
+            args.scaled,
+            args.txns,
+            args.seed,
+            parse_knobs(_workload(args.scaled), args.knob),
+            max(args.rounds, 1),
+            args.json,
+        )
         return 0
     if args.workload == "soak":
         from ordo.benchmarks.soak import run_soak
 
         if args.scaled is None or args.rate is None or "," in args.rate:
-            raise ValueError("ordo bench soak needs a workload and one rate: "
-                             "ordo bench soak micro --rate 500 --seconds 1800")
+            raise ValueError(
+                "ordo bench soak needs a workload and one rate: ordo bench soak micro --rate 500 --seconds 1800"
+            )
         if not (float(args.rate) > 0 and args.seconds > 0 and args.every > 0):
             raise ValueError("ordo bench soak needs --rate, --seconds and --every above 0")
         if args.bounce_broker_every is not None and not (args.bounce_broker_every > 0 and args.broker_down >= 0):
             raise ValueError("ordo bench soak needs --bounce-broker-every above 0 and --broker-down of 0 or more")
-        run_soak(args.scaled, float(args.rate), args.seconds, int(args.partitions or 1), args.scheduler,
-                 args.every, args.seed, parse_knobs(_workload(args.scaled), args.knob), args.json,
-                 args.bounce_broker_every, args.broker_down)
+        run_soak(
+            args.scaled,
+            float(args.rate),
+            args.seconds,
+            int(args.partitions or 1),
+            args.scheduler,
+            args.every,
+            args.seed,
+            parse_knobs(_workload(args.scaled), args.knob),
+            args.json,
+            args.bounce_broker_every,
+            args.broker_down,
+        )
         return 0
     if args.workload == "scale":
         from ordo.benchmarks.scale import run_scale
@@ -746,14 +1067,35 @@ def cmd_bench(args) -> int:
             if len(shares) == 1:
                 knobs["mp"], shares = shares[0], None
         counts = [int(n) for n in (args.partitions or "1,2").split(",")]
-        run_scale(args.scaled, counts, args.scheduler, args.txns, args.seed, knobs, args.max_txns,
-                  not args.no_end_to_end, args.json, args.rounds, shares, args.max_delay_ms)
+        run_scale(
+            args.scaled,
+            counts,
+            args.scheduler,
+            args.txns,
+            args.seed,
+            knobs,
+            args.max_txns,
+            not args.no_end_to_end,
+            args.json,
+            args.rounds,
+            shares,
+            args.max_delay_ms,
+        )
         return 0
     from ordo.benchmarks.configuration import run_bench
 
     module = _workload(args.workload)
-    return run_bench(args.workload, args.scheduler, int(args.partitions or 1), args.txns, args.seed,
-                     parse_knobs(module, args.knob), args.max_txns, args.json, args.baseline)
+    return run_bench(
+        args.workload,
+        args.scheduler,
+        int(args.partitions or 1),
+        args.txns,
+        args.seed,
+        parse_knobs(module, args.knob),
+        args.max_txns,
+        args.json,
+        args.baseline,
+    )
 
 
 def cmd_spark(args) -> int:

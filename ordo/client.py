@@ -23,7 +23,15 @@ from typing import Any, AsyncIterator, Callable, Iterable, Iterator
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from ordo.reading import (
-    BEGINNING, Change, Outcome, Position, StreamTuple, WholeBatches, outcome_of, read_topic, tuple_of,
+    BEGINNING,
+    Change,
+    Outcome,
+    Position,
+    StreamTuple,
+    WholeBatches,
+    outcome_of,
+    read_topic,
+    tuple_of,
 )
 from ordo.scheduler.stream_outputs import stream_topic
 from ordo.errors import BrokerUnavailable, NotSent, OrdoError, OutcomeTimeout, Timeout, TopicMissing
@@ -80,19 +88,30 @@ class Client:
 
     def _ensure_producer(self) -> Producer:
         if self._producer is None:
-            self._producer = Producer(kafka_config(self.bootstrap, {
-                "enable.idempotence": True,
-                **REQUEST_BATCHING,  # a flush (every submit ends with one) sends at once
-                "queue.buffering.max.messages": 1_000_000,
-                # A request waits in the client for a broker that is away, however long,
-                # rather than expiring unsent after librdkafka's five minutes.
-                "message.timeout.ms": 0,
-                **self.settings,
-            }))
+            self._producer = Producer(
+                kafka_config(
+                    self.bootstrap,
+                    {
+                        "enable.idempotence": True,
+                        **REQUEST_BATCHING,  # a flush (every submit ends with one) sends at once
+                        "queue.buffering.max.messages": 1_000_000,
+                        # A request waits in the client for a broker that is away, however long,
+                        # rather than expiring unsent after librdkafka's five minutes.
+                        "message.timeout.ms": 0,
+                        **self.settings,
+                    },
+                )
+            )
         return self._producer
 
-    def submit(self, proc: str | Iterable[Request], args: dict[str, Any] | None = None, *,
-               request_id: str | None = None, timeout: float | None = 60.0) -> str | list[str]:
+    def submit(
+        self,
+        proc: str | Iterable[Request],
+        args: dict[str, Any] | None = None,
+        *,
+        request_id: str | None = None,
+        timeout: float | None = 60.0,
+    ) -> str | list[str]:
         """`submit("deposit", {...})` (or `submit(proc="deposit", args={...})`): one request,
         returns its id. `submit([...])`: many, as `submit_many`, returns their ids and raises
         if the broker refused any."""
@@ -104,8 +123,10 @@ class Client:
         submission = self.submit_many(proc, timeout)
         if submission.failed:
             first = min(submission.failed)
-            raise NotSent(f"{len(submission.failed)} requests were not acknowledged by the broker "
-                               f"(request {first}: {submission.failed[first]})")
+            raise NotSent(
+                f"{len(submission.failed)} requests were not acknowledged by the broker "
+                f"(request {first}: {submission.failed[first]})"
+            )
         return submission.sent
 
     def submit_many(self, requests: Iterable[Request], timeout: float | None = 60.0) -> Submission:
@@ -141,8 +162,9 @@ class Client:
             report = lambda error, message, index=index: delivered(index, error, message)  # noqa: E731
             while True:
                 try:
-                    producer.produce(self.topics.requests, key=key.encode() if key else None, value=value,
-                                     on_delivery=report)
+                    producer.produce(
+                        self.topics.requests, key=key.encode() if key else None, value=value, on_delivery=report
+                    )
                     break
                 except BufferError:
                     producer.poll(0.05)
@@ -153,8 +175,10 @@ class Client:
             producer.poll(0)
         remaining = producer.flush(-1 if timeout is None else timeout)
         if remaining:
-            raise NotSent(f"{remaining} requests were not acknowledged by the broker at {self.bootstrap} within "
-                          f"{timeout:.0f} s; they stay queued in this client and are sent when the broker answers")
+            raise NotSent(
+                f"{remaining} requests were not acknowledged by the broker at {self.bootstrap} within "
+                f"{timeout:.0f} s; they stay queued in this client and are sent when the broker answers"
+            )
         if unknown_topic:
             raise self._missing(self.topics.requests)
         return submission
@@ -180,8 +204,10 @@ class Client:
                 if time.monotonic() >= deadline:
                     if not answered and failure is not None:
                         raise self._unavailable(failure, timeout)
-                    raise Timeout(f"topics {self.topics.requests} and {self.topics.results} do not exist after "
-                                  f"{timeout:.0f} s: is an engine (`ordo run`) running on this namespace?")
+                    raise Timeout(
+                        f"topics {self.topics.requests} and {self.topics.results} do not exist after "
+                        f"{timeout:.0f} s: is an engine (`ordo run`) running on this namespace?"
+                    )
                 time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
         finally:
             consumer.close()
@@ -194,8 +220,10 @@ class Client:
 
     def _unavailable(self, exc: KafkaException, timeout: float) -> BrokerUnavailable:
         error = exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else str(exc)
-        return BrokerUnavailable(f"no Kafka broker answers at {self.bootstrap} within {timeout:.0f} s ({error}): "
-                                 f"is it running, and are these its address and settings?")
+        return BrokerUnavailable(
+            f"no Kafka broker answers at {self.bootstrap} within {timeout:.0f} s ({error}): "
+            f"is it running, and are these its address and settings?"
+        )
 
     def _missing(self, topic: str) -> TopicMissing:
         """The namespace's `topic` is not on the broker: name the namespaces that are, the
@@ -210,11 +238,15 @@ class Client:
         finally:
             consumer.close()
         suffix = "." + topic.rsplit(".", 1)[1]
-        namespaces = sorted(name[:-len(suffix)] for name in listed if name.endswith(suffix))
-        there = f"namespaces on the broker: {', '.join(namespaces)}" if namespaces else "the broker has no namespace yet"
-        return TopicMissing(f"namespace {self.topics.namespace!r} has no topic {topic} on {self.bootstrap}"
-                            f"{did_you_mean(self.topics.namespace, namespaces)}; {there}. Has `ordo run` created "
-                            f"its topics?")
+        namespaces = sorted(name[: -len(suffix)] for name in listed if name.endswith(suffix))
+        there = (
+            f"namespaces on the broker: {', '.join(namespaces)}" if namespaces else "the broker has no namespace yet"
+        )
+        return TopicMissing(
+            f"namespace {self.topics.namespace!r} has no topic {topic} on {self.bootstrap}"
+            f"{did_you_mean(self.topics.namespace, namespaces)}; {there}. Has `ordo run` created "
+            f"its topics?"
+        )
 
     def _partitions(self, consumer: Consumer, timeout: float = 10.0) -> list[int]:
         topic = self.topics.results
@@ -234,8 +266,10 @@ class Client:
         timeout = min(timeout, 10.0)
         try:
             try:
-                ends = {p: max(0, watermarks(consumer, TopicPartition(topic, p), timeout)[1])
-                        for p in self._partitions(consumer, timeout)}
+                ends = {
+                    p: max(0, watermarks(consumer, TopicPartition(topic, p), timeout)[1])
+                    for p in self._partitions(consumer, timeout)
+                }
             except KafkaException as exc:
                 raise self._unavailable(exc, timeout) from None
             if not ends:
@@ -256,12 +290,17 @@ class Client:
             consumer.close()
 
     def _consumer(self) -> Consumer:
-        return Consumer(consumer_config(self.bootstrap, {
-            "group.id": f"ordo-client-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            **self.settings,
-        }))
+        return Consumer(
+            consumer_config(
+                self.bootstrap,
+                {
+                    "group.id": f"ordo-client-{uuid.uuid4().hex}",
+                    "enable.auto.commit": False,
+                    "isolation.level": "read_committed",
+                    **self.settings,
+                },
+            )
+        )
 
     def _reader(self, from_beginning: bool, timeout: float | None = 10.0) -> Consumer:
         warn_if_unauthenticated(kafka_config(self.bootstrap, self.settings), self.topics.results)
@@ -274,8 +313,7 @@ class Client:
         if not partitions:
             consumer.close()
             raise self._missing(self.topics.results)
-        consumer.assign([TopicPartition(self.topics.results, p, start.get(p, OFFSET_BEGINNING))
-                         for p in partitions])
+        consumer.assign([TopicPartition(self.topics.results, p, start.get(p, OFFSET_BEGINNING)) for p in partitions])
         return consumer
 
     def stream(self, from_beginning: bool = False, idle: float | None = None) -> Iterator[dict]:
@@ -297,8 +335,13 @@ class Client:
         finally:
             consumer.close()
 
-    def collect(self, ids: Iterable[str], timeout: float | None = 60.0, from_beginning: bool = False,
-                on_outcome: Callable[[dict], None] | None = None) -> dict[str, list[dict]]:
+    def collect(
+        self,
+        ids: Iterable[str],
+        timeout: float | None = 60.0,
+        from_beginning: bool = False,
+        on_outcome: Callable[[dict], None] | None = None,
+    ) -> dict[str, list[dict]]:
         """Wait for the outcomes of `ids`, one per time an id is listed (a request sent twice
         gets two outcomes); returns what arrived before the timeout, by id, in arrival order.
         `timeout=None` waits until every one has come, through any broker outage."""
@@ -320,8 +363,9 @@ class Client:
                 break
         return found
 
-    def wait(self, ids: Iterable[str], timeout: float | None = 60.0, on_outcome=None,
-             from_beginning: bool = False) -> dict[str, dict]:
+    def wait(
+        self, ids: Iterable[str], timeout: float | None = 60.0, on_outcome=None, from_beginning: bool = False
+    ) -> dict[str, dict]:
         """The first outcome of each id since this client's first request; ids without one
         by the timeout are absent."""
         found = self.collect(list(dict.fromkeys(ids)), timeout, from_beginning, on_outcome)
@@ -345,19 +389,36 @@ class Client:
         """Every outcome on <ns>.results from `start` ("beginning", "end": from now on, or a
         batch number: that batch and later ones), as `Outcome` records, until `idle` seconds
         pass without one (None: never). TopicMissing if the namespace has no such topic."""
-        return read_topic(self.bootstrap, self.settings, self.topics.results, start, idle,
-                          lambda message: [outcome_of(message.value())], _batch, self._missing)
+        return read_topic(
+            self.bootstrap,
+            self.settings,
+            self.topics.results,
+            start,
+            idle,
+            lambda message: [outcome_of(message.value())],
+            _batch,
+            self._missing,
+        )
 
     def read_stream(self, name: str, start: Position = BEGINNING, idle: float | None = None) -> Iterator[StreamTuple]:
         """The tuples of output stream `name` (<ns>.stream.<name>) in log order from `start`,
         as `StreamTuple` records; see `read_outcomes`. The engine makes the topic with the
         stream's first tuple: until then, TopicMissing."""
         topic = stream_topic(self.topics.namespace, name)
-        return read_topic(self.bootstrap, self.settings, topic, start, idle,
-                          lambda message: [tuple_of(name, message.key(), message.value())], _batch, self._missing)
+        return read_topic(
+            self.bootstrap,
+            self.settings,
+            topic,
+            start,
+            idle,
+            lambda message: [tuple_of(name, message.key(), message.value())],
+            _batch,
+            self._missing,
+        )
 
-    def read_changes(self, table: str | None = None, start: Position = BEGINNING,
-                     idle: float | None = None) -> Iterator[Change]:
+    def read_changes(
+        self, table: str | None = None, start: Position = BEGINNING, idle: float | None = None
+    ) -> Iterator[Change]:
         """Every committed write on <ns>.changes from `start` (of `table` only, if given), as
         `Change` records, a batch's once all of it is in, in transaction order (within one,
         key order); see `read_outcomes`."""
@@ -367,8 +428,9 @@ class Client:
             found = whole.add(message.value())
             return found if table is None else [change for change in found if change.table == table]
 
-        return read_topic(self.bootstrap, self.settings, self.topics.changes, start, idle, decode, _batch,
-                          self._missing)
+        return read_topic(
+            self.bootstrap, self.settings, self.topics.changes, start, idle, decode, _batch, self._missing
+        )
 
     def close(self) -> None:
         """Wait (up to 10 s) until the broker has every request sent, and let go of the producer."""
@@ -419,13 +481,15 @@ class AsyncClient:
         """`Client.read_outcomes`, as an async iterator."""
         return _async_iterate(lambda: self.client.read_outcomes(start, idle))
 
-    def read_stream(self, name: str, start: Position = BEGINNING,
-                    idle: float | None = None) -> AsyncIterator[StreamTuple]:
+    def read_stream(
+        self, name: str, start: Position = BEGINNING, idle: float | None = None
+    ) -> AsyncIterator[StreamTuple]:
         """`Client.read_stream`, as an async iterator."""
         return _async_iterate(lambda: self.client.read_stream(name, start, idle))
 
-    def read_changes(self, table: str | None = None, start: Position = BEGINNING,
-                     idle: float | None = None) -> AsyncIterator[Change]:
+    def read_changes(
+        self, table: str | None = None, start: Position = BEGINNING, idle: float | None = None
+    ) -> AsyncIterator[Change]:
         """`Client.read_changes`, as an async iterator."""
         return _async_iterate(lambda: self.client.read_changes(table, start, idle))
 
@@ -472,7 +536,11 @@ def warn_if_unauthenticated(settings: dict[str, Any], topic: str) -> None:
     logging.getLogger("ordo.client").warning(
         "reading outcomes from %s over %s, where clients do not authenticate: unless the broker's ACLs "
         "let only the engine write %s, any client can forge an outcome there (docs/operations.md, 'What an "
-        "outcome proves')", topic, protocol.upper(), topic)
+        "outcome proves')",
+        topic,
+        protocol.upper(),
+        topic,
+    )
 
 
 def _key_and_value(request: Request) -> tuple[str, bytes, str]:

@@ -69,8 +69,9 @@ def load_file(path: str) -> dict[str, Any]:
         raise ConfigError(f"configuration file {path} is not valid TOML: {exc}") from None
 
 
-def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
-             ) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+def commands(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
     """(command path, parser) of the top level and of every command, nested ones too."""
     yield path, parser
     for action in parser._actions:
@@ -157,8 +158,7 @@ def check_parsed(args: argparse.Namespace) -> None:
             raise value.error
 
 
-def _set_default(parser: argparse.ArgumentParser, action: argparse.Action, name: str, value: Any,
-                 source: str) -> None:
+def _set_default(parser: argparse.ArgumentParser, action: argparse.Action, name: str, value: Any, source: str) -> None:
     try:
         converted = _convert(action, name, value, source)
     except ConfigError as exc:
@@ -212,13 +212,20 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
     from ordo import __version__
 
     parser.add_argument("--version", action="version", version=f"ordo {__version__}")
-    parser.add_argument("--config", metavar="FILE",
-                        help="settings file (TOML); also ORDO_CONFIG. Every option can also come from "
-                             "ORDO_<OPTION>; the command line wins, then the environment, then the file")
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="settings file (TOML); also ORDO_CONFIG. Every option can also come from "
+        "ORDO_<OPTION>; the command line wins, then the environment, then the file",
+    )
     for command, sub in commands(parser):
         if command and "log_level" not in {a.dest for a in sub._actions}:
-            sub.add_argument("--log-level", choices=LOG_LEVELS, default="warning",
-                             help="what Ordo logs to standard error (default %(default)s)")
+            sub.add_argument(
+                "--log-level",
+                choices=LOG_LEVELS,
+                default="warning",
+                help="what Ordo logs to standard error (default %(default)s)",
+            )
 
 
 def without_config(argv: list[str]) -> list[str]:
@@ -238,8 +245,7 @@ def setup_logging(args: argparse.Namespace) -> None:
     import logging
 
     level = getattr(args, "log_level", None) or "warning"
-    logging.basicConfig(level=getattr(logging, level.upper()),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=getattr(logging, level.upper()), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # librdkafka repeats connection failures for as long as a broker is away; Ordo says
     # what fails in one line of its own, so its lines show only when asked for.
     logging.getLogger("ordo.librdkafka").setLevel(logging.DEBUG if level in ("debug", "info") else logging.CRITICAL)

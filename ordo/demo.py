@@ -28,11 +28,21 @@ from ordo.storage.digest import to_hex
 BAD_REQUESTS = [
     ("demo-bad-json", b'{"id": "demo-bad-json", "proc": "sl_deposit", "args": {'),
     ("demo-unknown", json.dumps({"id": "demo-unknown", "proc": "no_such_procedure", "args": {}}).encode()),
-    ("demo-bad-args", json.dumps({"id": "demo-bad-args", "proc": "sl_deposit", "args": {
-        "account": "three", "asset": 1, "account_amount": 5, "asset_amount": 5}}).encode()),
+    (
+        "demo-bad-args",
+        json.dumps(
+            {
+                "id": "demo-bad-args",
+                "proc": "sl_deposit",
+                "args": {"account": "three", "asset": 1, "account_amount": 5, "asset_amount": 5},
+            }
+        ).encode(),
+    ),
 ]
-NEXT = ("Next: your own app — README.md, 'Quick start' (examples/bank.py under `ordo run --app bank:app`); "
-        "or this demo on another scheduler: ordo demo --scheduler vll --partitions 2")
+NEXT = (
+    "Next: your own app — README.md, 'Quick start' (examples/bank.py under `ordo run --app bank:app`); "
+    "or this demo on another scheduler: ordo demo --scheduler vll --partitions 2"
+)
 
 
 def say(text: str = "") -> None:
@@ -62,8 +72,7 @@ def run_demo(workload: str, count: int, scheduler: str, partitions: int, data_di
     data_dir = data_dir or tempfile.mkdtemp(prefix="ordo-demo-")
     namespace = "demo"
     say(f"Ordo demo — {summary(module)}")
-    say(f"{count:,} requests of workload {workload}, run by the {scheduler} scheduler on {partitions} "
-        f"partition(s).")
+    say(f"{count:,} requests of workload {workload}, run by the {scheduler} scheduler on {partitions} partition(s).")
     try:
         with local_broker() as broker:
             return _run(module, workload, count, scheduler, partitions, data_dir, namespace, broker)
@@ -72,22 +81,27 @@ def run_demo(workload: str, count: int, scheduler: str, partitions: int, data_di
             shutil.rmtree(data_dir, ignore_errors=True)
 
 
-def _run(module, workload: str, count: int, scheduler: str, partitions: int, data_dir: str, namespace: str,
-         broker) -> int:
+def _run(
+    module, workload: str, count: int, scheduler: str, partitions: int, data_dir: str, namespace: str, broker
+) -> int:
     bootstrap = broker.bootstrap_servers
     say()
     say("What runs")
     say(f"  A Kafka broker on {bootstrap} keeps the log; the engine keeps its state in {data_dir}.")
-    say(f"  A client sends the requests to {namespace}.requests, with a copy of the first one and three "
-        f"malformed ones.")
-    say(f"  The sequencer cuts them into numbered batches on {namespace}.log; the engine executes every batch "
-        f"and publishes each request's outcome on {namespace}.results.")
+    say(
+        f"  A client sends the requests to {namespace}.requests, with a copy of the first one and three malformed ones."
+    )
+    say(
+        f"  The sequencer cuts them into numbered batches on {namespace}.log; the engine executes every batch "
+        f"and publishes each request's outcome on {namespace}.results."
+    )
     ensure_topics(bootstrap, namespace, request_partitions=2)
     coordinator = Coordinator(bootstrap, namespace, data_dir, scheduler, partitions)
     interrupt = _Interrupt(coordinator)
     ordering = ARIA if scheduler == ARIA else None  # aria's order is stamped in the log by the sequencer
-    sequencer = SequencerProcess(bootstrap, namespace, SequencerConfig(partitions=partitions, ordering=ordering),
-                                 quiet=True)
+    sequencer = SequencerProcess(
+        bootstrap, namespace, SequencerConfig(partitions=partitions, ordering=ordering), quiet=True
+    )
     client = Client(bootstrap, namespace)
     try:
         sequencer.start()
@@ -107,27 +121,54 @@ def _run(module, workload: str, count: int, scheduler: str, partitions: int, dat
         elapsed = time.monotonic() - started
         if interrupt.signal is not None:
             say()
-            say(f"Stopped by {signal.Signals(interrupt.signal).name} after {stats.txns:,} of {expected:,} "
-                f"outcomes (batch {stats.last_batch}); the broker, the sequencer and the demo's files are removed.")
+            say(
+                f"Stopped by {signal.Signals(interrupt.signal).name} after {stats.txns:,} of {expected:,} "
+                f"outcomes (batch {stats.last_batch}); the broker, the sequencer and the demo's files are removed."
+            )
             return 130
         feeder.join(30)
     finally:
         sequencer.stop()
         client.close()
         interrupt.restore()
-    return _tell(module, requests, sent[-len(BAD_REQUESTS):], expected, stats, elapsed, client, bootstrap, namespace,
-                 data_dir, workload)
+    return _tell(
+        module,
+        requests,
+        sent[-len(BAD_REQUESTS) :],
+        expected,
+        stats,
+        elapsed,
+        client,
+        bootstrap,
+        namespace,
+        data_dir,
+        workload,
+    )
 
 
-def _tell(module, requests: list, bad_ids: list[str], expected: int, stats, elapsed: float, client: Client,
-          bootstrap: str, namespace: str, data_dir: str, workload: str) -> int:
+def _tell(
+    module,
+    requests: list,
+    bad_ids: list[str],
+    expected: int,
+    stats,
+    elapsed: float,
+    client: Client,
+    bootstrap: str,
+    namespace: str,
+    data_dir: str,
+    workload: str,
+) -> int:
     """`bad_ids`: the ids the outcomes of BAD_REQUESTS carry (a message that is not a
     request is answered under its position)."""
     say()
-    say(f"What happened ({elapsed:.1f} s, {stats.txns / elapsed:,.0f} requests/s end to end, "
-        f"{stats.batches:,} batches)")
-    say(f"  {stats.txns:,} of {expected:,} requests answered: {stats.committed:,} committed, {stats.aborted:,} "
-        f"aborted, {stats.rejected:,} rejected.")
+    say(
+        f"What happened ({elapsed:.1f} s, {stats.txns / elapsed:,.0f} requests/s end to end, {stats.batches:,} batches)"
+    )
+    say(
+        f"  {stats.txns:,} of {expected:,} requests answered: {stats.committed:,} committed, {stats.aborted:,} "
+        f"aborted, {stats.rejected:,} rejected."
+    )
     ids = [r["id"] for r in requests[:-1]] + bad_ids
     found = client.collect(ids + [requests[0]["id"]], timeout=60, from_beginning=True)
     outcomes = [o for request_id in dict.fromkeys(ids) for o in found.get(request_id, [])]
@@ -137,8 +178,10 @@ def _tell(module, requests: list, bad_ids: list[str], expected: int, stats, elap
         for reason, n in reasons.most_common(3):
             say(f"    {n:,} × {reason}")
         if len(reasons) > 3:
-            say(f"    and {sum(reasons.values()) - sum(n for _, n in reasons.most_common(3)):,} for "
-                f"{len(reasons) - 3} other reason(s)")
+            say(
+                f"    and {sum(reasons.values()) - sum(n for _, n in reasons.most_common(3)):,} for "
+                f"{len(reasons) - 3} other reason(s)"
+            )
     say("  Rejected: the request never ran (each one answered, the pipeline went on):")
     for (name, _), outcome_id in zip(BAD_REQUESTS, bad_ids):
         outcome = (found.get(outcome_id) or [{}])[0]
@@ -151,11 +194,15 @@ def _tell(module, requests: list, bad_ids: list[str], expected: int, stats, elap
     say()
     say("What the check proved")
     if same:
-        say(f"  Executing the logged requests one by one, in log order, from an empty state gives exactly the "
-            f"state the engine built (digest {to_hex(state_digest)}, batches 1–{applied}).")
+        say(
+            f"  Executing the logged requests one by one, in log order, from an empty state gives exactly the "
+            f"state the engine built (digest {to_hex(state_digest)}, batches 1–{applied})."
+        )
     else:
-        say(f"  The engine's state DIFFERS from executing the logged requests one by one in log order "
-            f"(through batch {applied}): please report this.")
+        say(
+            f"  The engine's state DIFFERS from executing the logged requests one by one in log order "
+            f"(through batch {applied}): please report this."
+        )
     say("  Three of its records:")
     for _, record in zip(range(3), records(data_dir)):
         say(f"    {json.dumps(record)}")

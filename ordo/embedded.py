@@ -16,8 +16,13 @@ class SequencerThread:
     """A sequencer on a thread of this process, for tools that sequence a known set of
     requests and stop."""
 
-    def __init__(self, bootstrap: str, namespace: str, config: SequencerConfig = SequencerConfig(),
-                 procedure_modules: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        bootstrap: str,
+        namespace: str,
+        config: SequencerConfig = SequencerConfig(),
+        procedure_modules: tuple[str, ...] = (),
+    ):
         from ordo.procedures.loading import load_registry
 
         self.sequencer = Sequencer(bootstrap, namespace, load_registry(procedure_modules), config)

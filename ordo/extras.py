@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import importlib.util
 
-EXTRAS = {"spark": "PySpark jobs (ordo spark …)", "bench": "the benchmark plot and the PostgreSQL baseline",
-          "tansu": "the memory-only fallback broker (--engine tansu)"}
+EXTRAS = {
+    "spark": "PySpark jobs (ordo spark …)",
+    "bench": "the benchmark plot and the PostgreSQL baseline",
+    "tansu": "the memory-only fallback broker (--engine tansu)",
+}
 
 
 class MissingExtra(RuntimeError):
@@ -15,5 +18,7 @@ class MissingExtra(RuntimeError):
 
 def require(module: str, extra: str, what: str) -> None:
     if importlib.util.find_spec(module) is None:
-        raise MissingExtra(f"{what} needs {module}, which the core install leaves out: "
-                           f"pip install 'ordo[{extra}]' (in a clone: pip install -e '.[{extra}]')")
+        raise MissingExtra(
+            f"{what} needs {module}, which the core install leaves out: "
+            f"pip install 'ordo[{extra}]' (in a clone: pip install -e '.[{extra}]')"
+        )

@@ -43,10 +43,14 @@ class Lifeline:
     def __init__(self) -> None:
         read_end, self._write_end = os.pipe()  # close-on-exec: no other child inherits the write end
         try:
-            subprocess.Popen([sys.executable, "-m", "ordo.lifeline", str(read_end)], pass_fds=(read_end,),
-                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                             env={k: v for k, v in os.environ.items() if k != OWNER_ENV},  # not one to stop
-                             start_new_session=True)  # a Ctrl-C to the owner's process group does not reach it
+            subprocess.Popen(
+                [sys.executable, "-m", "ordo.lifeline", str(read_end)],
+                pass_fds=(read_end,),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                env={k: v for k, v in os.environ.items() if k != OWNER_ENV},  # not one to stop
+                start_new_session=True,
+            )  # a Ctrl-C to the owner's process group does not reach it
         finally:
             os.close(read_end)
 

@@ -43,16 +43,21 @@ def java_binary() -> str:
     home = os.environ.get("JAVA_HOME")
     candidate = os.path.join(home, "bin", "java") if home else shutil.which("java")
     if not candidate or not os.access(candidate, os.X_OK):
-        raise MissingTool("Apache Kafka needs a Java 17+ runtime and none was found (no `java` on PATH): install "
-                          "one (e.g. apt-get install openjdk-17-jre-headless), or run the memory-only fallback "
-                          "broker with --engine tansu (ORDO_BROKER_ENGINE=tansu)")
+        raise MissingTool(
+            "Apache Kafka needs a Java 17+ runtime and none was found (no `java` on PATH): install "
+            "one (e.g. apt-get install openjdk-17-jre-headless), or run the memory-only fallback "
+            "broker with --engine tansu (ORDO_BROKER_ENGINE=tansu)"
+        )
     return candidate
 
 
 def pom(artifacts: Artifacts) -> str:
     dependencies = "\n".join(
-        "    <dependency><groupId>{}</groupId><artifactId>{}</artifactId><version>{}</version></dependency>"
-        .format(*coordinate.split(":")) for coordinate in artifacts.coordinates)
+        "    <dependency><groupId>{}</groupId><artifactId>{}</artifactId><version>{}</version></dependency>".format(
+            *coordinate.split(":")
+        )
+        for coordinate in artifacts.coordinates
+    )
     return f"""<project xmlns="http://maven.apache.org/POM/4.0.0">
   <modelVersion>4.0.0</modelVersion>
   <groupId>ordo.cache</groupId>
@@ -71,8 +76,9 @@ def jars(artifacts: Artifacts) -> list[str]:
     done = os.path.join(folder, "complete")
     if not os.path.exists(done):
         _fetch(artifacts, folder, done)
-    return sorted(os.path.join(folder, "jars", name) for name in os.listdir(os.path.join(folder, "jars"))
-                  if name.endswith(".jar"))
+    return sorted(
+        os.path.join(folder, "jars", name) for name in os.listdir(os.path.join(folder, "jars")) if name.endswith(".jar")
+    )
 
 
 def _fetch(artifacts: Artifacts, folder: str, done: str) -> None:
@@ -85,24 +91,40 @@ def _fetch(artifacts: Artifacts, folder: str, done: str) -> None:
             return
         maven = shutil.which("mvn")
         if maven is None:
-            raise MissingTool(f"fetching {artifacts.name} needs Maven and none was found (no `mvn` on PATH): install "
-                              f"it (e.g. apt-get install maven), or run the memory-only fallback broker with "
-                              f"--engine tansu (ORDO_BROKER_ENGINE=tansu)")
-        print(f"ordo: fetching {', '.join(artifacts.coordinates)} through Maven into {folder} "
-              f"(first use only)", file=sys.stderr, flush=True)
+            raise MissingTool(
+                f"fetching {artifacts.name} needs Maven and none was found (no `mvn` on PATH): install "
+                f"it (e.g. apt-get install maven), or run the memory-only fallback broker with "
+                f"--engine tansu (ORDO_BROKER_ENGINE=tansu)"
+            )
+        print(
+            f"ordo: fetching {', '.join(artifacts.coordinates)} through Maven into {folder} (first use only)",
+            file=sys.stderr,
+            flush=True,
+        )
         shutil.rmtree(folder, ignore_errors=True)
         with tempfile.TemporaryDirectory(prefix="ordo-maven-") as work:
             with open(os.path.join(work, "pom.xml"), "w") as f:
                 f.write(pom(artifacts))
             staging = os.path.join(work, "jars")
             result = subprocess.run(
-                [maven, "-B", "-q", "dependency:copy-dependencies", f"-DoutputDirectory={staging}",
-                 "-DincludeScope=runtime"],
-                cwd=work, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+                [
+                    maven,
+                    "-B",
+                    "-q",
+                    "dependency:copy-dependencies",
+                    f"-DoutputDirectory={staging}",
+                    "-DincludeScope=runtime",
+                ],
+                cwd=work,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+            )
             if result.returncode != 0:
                 tail = " ".join((result.stdout + result.stderr).split())[-400:]
-                raise RuntimeError(f"Maven could not fetch {', '.join(artifacts.coordinates)} (exit "
-                                   f"{result.returncode}): {tail}")
+                raise RuntimeError(
+                    f"Maven could not fetch {', '.join(artifacts.coordinates)} (exit {result.returncode}): {tail}"
+                )
             os.makedirs(folder)
             shutil.move(staging, os.path.join(folder, "jars"))
         with open(done, "w") as f:

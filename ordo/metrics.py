@@ -73,8 +73,14 @@ class Lags:
 class EngineCollector:
     """The Prometheus view of a coordinator's polled statuses, plus the lags."""
 
-    def __init__(self, coordinator, lags: Lags | None = None, sequencer_restarts: Callable[[], int] | None = None,
-                 readiness=None, silences: Callable[[], list] | None = None):
+    def __init__(
+        self,
+        coordinator,
+        lags: Lags | None = None,
+        sequencer_restarts: Callable[[], int] | None = None,
+        readiness=None,
+        silences: Callable[[], list] | None = None,
+    ):
         self.coordinator = coordinator
         self.lags = lags
         self.sequencer_restarts = sequencer_restarts
@@ -85,20 +91,26 @@ class EngineCollector:
         statuses = list(self.coordinator.statuses)
         stats = self.coordinator.stats
         if self.readiness is not None:
-            yield _gauge("ordo_serving", "1 once the sequencer sequences and every partition worker has read the "
-                                         "log up to its start and executed the backlog before it "
-                                         "(ordo/readiness.py), else 0",
-                         float(self.readiness.since is not None))
+            yield _gauge(
+                "ordo_serving",
+                "1 once the sequencer sequences and every partition worker has read the "
+                "log up to its start and executed the backlog before it "
+                "(ordo/readiness.py), else 0",
+                float(self.readiness.since is not None),
+            )
         yield _gauge("ordo_last_applied_batch", "the newest batch applied on every partition", stats.last_batch)
-        yield _counter("ordo_batches", "batches applied on every partition since this engine started",
-                       stats.batches)
-        txns = CounterMetricFamily("ordo_transactions", "requests decided, by outcome (each request once)",
-                                   labels=["status"])
-        by_partition = CounterMetricFamily("ordo_partition_transactions",
-                                           "transaction outcomes reported by each partition",
-                                           labels=["partition", "status"])
-        busy = CounterMetricFamily("ordo_worker_busy_seconds", "time each partition worker spent executing "
-                                                               "batches", labels=["partition"])
+        yield _counter("ordo_batches", "batches applied on every partition since this engine started", stats.batches)
+        txns = CounterMetricFamily(
+            "ordo_transactions", "requests decided, by outcome (each request once)", labels=["status"]
+        )
+        by_partition = CounterMetricFamily(
+            "ordo_partition_transactions",
+            "transaction outcomes reported by each partition",
+            labels=["partition", "status"],
+        )
+        busy = CounterMetricFamily(
+            "ordo_worker_busy_seconds", "time each partition worker spent executing batches", labels=["partition"]
+        )
         for status in STATUSES:
             txns.add_metric([status], sum(s.get(status, 0) for s in statuses))
             for s in statuses:
@@ -106,36 +118,48 @@ class EngineCollector:
         for s in statuses:
             busy.add_metric([str(s["partition"])], s.get("busy_s", 0.0))
         yield txns
-        yield _counter("ordo_restarts", "dependent transactions re-sequenced because a value their keys depend on "
-                                        "changed (a step towards an outcome, not one; docs/ollp.md)",
-                       sum(s.get("restarted", 0) for s in statuses))
-        yield _counter("ordo_reconnaissance_passes", "requests re-sequenced after their first pass, which is "
-                                                     "not a restart: a dependent transaction's reconnaissance, "
-                                                     "or the first turn of a procedure without ANALYZE",
-                       sum(s.get("reconnoitred", 0) for s in statuses))
+        yield _counter(
+            "ordo_restarts",
+            "dependent transactions re-sequenced because a value their keys depend on "
+            "changed (a step towards an outcome, not one; docs/ollp.md)",
+            sum(s.get("restarted", 0) for s in statuses),
+        )
+        yield _counter(
+            "ordo_reconnaissance_passes",
+            "requests re-sequenced after their first pass, which is "
+            "not a restart: a dependent transaction's reconnaissance, "
+            "or the first turn of a procedure without ANALYZE",
+            sum(s.get("reconnoitred", 0) for s in statuses),
+        )
         yield by_partition
         yield busy
         yield _histogram(statuses)
         yield _memory(statuses)
         yield _counter("ordo_checkpoints", "checkpoints listed since this engine started", stats.checkpoints)
-        yield _counter("ordo_log_records_passed_over", "log records the engine read since it started and passed "
-                                                       "over: not signed with the log secret, or named by "
-                                                       "`ordo log skip`", stats.dropped_records)
+        yield _counter(
+            "ordo_log_records_passed_over",
+            "log records the engine read since it started and passed "
+            "over: not signed with the log secret, or named by "
+            "`ordo log skip`",
+            stats.dropped_records,
+        )
         log_lag, requests_lag = (self.lags.log, self.lags.requests) if self.lags is not None else (None, None)
         if log_lag is not None:
-            yield _gauge("ordo_log_lag_records", "log records not yet read by the slowest partition worker",
-                         log_lag)
+            yield _gauge("ordo_log_lag_records", "log records not yet read by the slowest partition worker", log_lag)
         if requests_lag is not None:
             yield _gauge("ordo_requests_lag_messages", "requests not yet sequenced into the log", requests_lag)
-        unanswered = GaugeMetricFamily("ordo_unanswered_seconds", "how long a partition worker or sequencer "
-                                       f"process has not answered (listed from {SILENT_AFTER:g} s on)",
-                                       labels=["process", "pid"])
+        unanswered = GaugeMetricFamily(
+            "ordo_unanswered_seconds",
+            f"how long a partition worker or sequencer process has not answered (listed from {SILENT_AFTER:g} s on)",
+            labels=["process", "pid"],
+        )
         for silence in self.silences():
             unanswered.add_metric([silence.name, str(silence.pid)], silence.seconds)
         yield unanswered
         if self.sequencer_restarts is not None:
-            yield _counter("ordo_sequencer_restarts", "times the engine restarted its sequencer process",
-                           self.sequencer_restarts())
+            yield _counter(
+                "ordo_sequencer_restarts", "times the engine restarted its sequencer process", self.sequencer_restarts()
+            )
 
 
 def _gauge(name: str, text: str, value: float) -> GaugeMetricFamily:
@@ -147,9 +171,12 @@ def _counter(name: str, text: str, value: float) -> CounterMetricFamily:
 
 
 def _memory(statuses: list[dict]) -> GaugeMetricFamily:
-    memory = GaugeMetricFamily("ordo_partition_memory_bytes",
-                               "each partition worker's process resident set (resident) and its shard's "
-                               "RocksDB block cache, memtables and table readers", labels=["partition", "kind"])
+    memory = GaugeMetricFamily(
+        "ordo_partition_memory_bytes",
+        "each partition worker's process resident set (resident) and its shard's "
+        "RocksDB block cache, memtables and table readers",
+        labels=["partition", "kind"],
+    )
     for s in statuses:
         for kind, value in s.get("memory", {}).items():
             memory.add_metric([str(s["partition"]), kind], value)
@@ -167,9 +194,11 @@ def _histogram(statuses: list[dict]) -> HistogramMetricFamily:
     for bound, n in zip([*map(str, BATCH_LATENCY_BUCKETS), "+Inf"], counts):
         running += n
         buckets.append((bound, running))
-    histogram = HistogramMetricFamily("ordo_batch_latency_seconds",
-                                      "from the sequencer cutting a batch to a partition having executed it "
-                                      "(one observation per batch and partition)")
+    histogram = HistogramMetricFamily(
+        "ordo_batch_latency_seconds",
+        "from the sequencer cutting a batch to a partition having executed it "
+        "(one observation per batch and partition)",
+    )
     histogram.add_metric([], buckets, total)
     return histogram
 
@@ -189,9 +218,17 @@ class MetricsServer:
         self._server.server_close()
 
 
-def engine_observer(coordinator, bootstrap: str, namespace: str, quiet: bool, metrics_port: int | None,
-                    sequencer=None, stream=None, readiness=None,
-                    sources: tuple[str, ...] = ()) -> tuple[Callable | None, Callable[[], None]]:
+def engine_observer(
+    coordinator,
+    bootstrap: str,
+    namespace: str,
+    quiet: bool,
+    metrics_port: int | None,
+    sequencer=None,
+    stream=None,
+    readiness=None,
+    sources: tuple[str, ...] = (),
+) -> tuple[Callable | None, Callable[[], None]]:
     """The engine loop's progress hook (the progress line, the lags, the metrics endpoint
     on `metrics_port`) and what closes them. `sources`: the app's source topics, whose
     unread records the requests lag counts too."""
@@ -203,8 +240,9 @@ def engine_observer(coordinator, bootstrap: str, namespace: str, quiet: bool, me
         return None, lambda: None
     requests_lag = RequestsLag(bootstrap, namespace, sources)
     lags = Lags(coordinator, requests_lag)
-    silences = (lambda: coordinator.silences() + sequencer.silences()) if sequencer is not None \
-        else coordinator.silences
+    silences = (
+        (lambda: coordinator.silences() + sequencer.silences()) if sequencer is not None else coordinator.silences
+    )
     server = None
     if metrics_port is not None:
         restarts = (lambda: sequencer.restarts) if sequencer is not None else None

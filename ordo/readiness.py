@@ -57,10 +57,17 @@ class Readiness:
         if self.backlog_end is None:
             self.backlog_end = newest_read(statuses)
             if self.backlog_end > executed:
-                print(f"ordo catching up: {self.backlog_end - executed:,} batch(es) of the log's backlog are "
-                      f"executed first (up to batch {self.backlog_end}); requests sent now are answered after "
-                      f"them", file=self.stream, flush=True)
+                print(
+                    f"ordo catching up: {self.backlog_end - executed:,} batch(es) of the log's backlog are "
+                    f"executed first (up to batch {self.backlog_end}); requests sent now are answered after "
+                    f"them",
+                    file=self.stream,
+                    flush=True,
+                )
         if executed >= self.backlog_end:
             self.since = time.monotonic() - self.started
-            print(f"ordo serving: requests are sequenced and executed from now on "
-                  f"({self.since:.1f} s after start)", file=self.stream, flush=True)
+            print(
+                f"ordo serving: requests are sequenced and executed from now on ({self.since:.1f} s after start)",
+                file=self.stream,
+                flush=True,
+            )

@@ -78,9 +78,16 @@ class UnreadableRecord(OrdoError, ValueError):
 def outcome_of(value: bytes) -> Outcome:
     record = _object(value)
     try:
-        return Outcome(record["id"], record["status"], record.get("batch"), record.get("txn"),
-                       record.get("restarts", 0), record.get("result"), record.get("error"),
-                       tuple(record.get("steps") or ()))
+        return Outcome(
+            record["id"],
+            record["status"],
+            record.get("batch"),
+            record.get("txn"),
+            record.get("restarts", 0),
+            record.get("result"),
+            record.get("error"),
+            tuple(record.get("steps") or ()),
+        )
     except (KeyError, TypeError):
         raise UnreadableRecord(f"not an outcome: {value[:200]!r}") from None
 
@@ -100,13 +107,17 @@ def _record_changes(record: dict, value: bytes) -> tuple[tuple | None, list[Chan
         batch = record["batch"]
         txn = record.get("txn")
         if txn is None:  # one record per batch and partition: each change names its txn
-            return None, [Change(batch, item["txn"], item["table"], item["key"], item.get("value"),
-                                 bool(item.get("deleted"))) for item in record["changes"]]
+            return None, [
+                Change(batch, item["txn"], item["table"], item["key"], item.get("value"), bool(item.get("deleted")))
+                for item in record["changes"]
+            ]
         place = (batch, txn, record["txns"], record["part"], record["parts"])
         if not all(type(n) is int for n in place) or not (0 <= txn < place[2] and 0 <= place[3] < place[4]):
             raise TypeError
-        return place, [Change(batch, txn, item["table"], item["key"], item.get("value"), bool(item.get("deleted")))
-                       for item in record["changes"]]
+        return place, [
+            Change(batch, txn, item["table"], item["key"], item.get("value"), bool(item.get("deleted")))
+            for item in record["changes"]
+        ]
     except (KeyError, TypeError, AttributeError):
         raise UnreadableRecord(f"not change data: {value[:200]!r}") from None
 
@@ -133,8 +144,10 @@ class WholeBatches:
             pending = self._pending[batch] = (txns, {}, {})
         expected, received, parts_of = pending
         if txns != expected or parts_of.setdefault(txn, parts) != parts:
-            raise UnreadableRecord(f"change data of batch {batch} that disagrees with the batch's other records "
-                                   f"(txns {txns}, parts {parts}): {value[:200]!r}")
+            raise UnreadableRecord(
+                f"change data of batch {batch} that disagrees with the batch's other records "
+                f"(txns {txns}, parts {parts}): {value[:200]!r}"
+            )
         received[(txn, part)] = changes
         if len(parts_of) < expected or len(received) < sum(parts_of.values()):
             return []
@@ -152,16 +165,32 @@ def _object(value: bytes) -> dict:
     return record
 
 
-def read_topic(bootstrap: str, settings: dict, topic: str, start: Position, idle: float | None,
-               decode: Callable[[Any], list], batch_of: Callable[[Any], int | None], missing: Callable[[str], Exception],
-               timeout: float = 10.0) -> Iterator[Any]:
+def read_topic(
+    bootstrap: str,
+    settings: dict,
+    topic: str,
+    start: Position,
+    idle: float | None,
+    decode: Callable[[Any], list],
+    batch_of: Callable[[Any], int | None],
+    missing: Callable[[str], Exception],
+    timeout: float = 10.0,
+) -> Iterator[Any]:
     """Records of every partition of `topic` from `start`, decoded (`decode(message)` gives
     a list of records), until `idle` seconds pass without one (None: never)."""
     if start not in (BEGINNING, END) and not (type(start) is int and start >= 1):
         raise ValueError(f"a position is 'beginning', 'end' or a batch number from 1, got {start!r}")
-    consumer = Consumer(consumer_config(bootstrap, {
-        "group.id": f"ordo-reader-{uuid.uuid4().hex}", "enable.auto.commit": False,
-        "isolation.level": "read_committed", **settings}))
+    consumer = Consumer(
+        consumer_config(
+            bootstrap,
+            {
+                "group.id": f"ordo-reader-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                **settings,
+            },
+        )
+    )
     try:
         try:
             metadata = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
@@ -184,13 +213,16 @@ def read_topic(bootstrap: str, settings: dict, topic: str, start: Position, idle
                 try:
                     records = decode(message)
                 except UnreadableRecord as exc:  # anyone who may write the topic can put one there
-                    logging.getLogger("ordo.client").warning("passed over the record at offset %d of %s "
-                                                             "partition %d: %s", message.offset(), topic,
-                                                             message.partition(), exc)
+                    logging.getLogger("ordo.client").warning(
+                        "passed over the record at offset %d of %s partition %d: %s",
+                        message.offset(),
+                        topic,
+                        message.partition(),
+                        exc,
+                    )
                     continue
                 for record in records:
                     if from_batch is None or (batch_of(record) or 0) >= from_batch:
                         yield record
     finally:
         consumer.close()
-

@@ -29,8 +29,10 @@ from ordo.sequencer.versions import EXIT_UPGRADED, check_set, upgrade_command
 
 def on_termination(stop: Callable[[], None]) -> None:
     """SIGINT and SIGTERM stop the service cleanly (the current batch finishes)."""
+
     def handler(signum, frame):
         stop()
+
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
 
@@ -47,27 +49,43 @@ def announce_start(coordinator: Coordinator, stream=sys.stderr) -> None:
     for path in plan.cleaned:
         print(f"removed {path} (left behind by a crash)", file=stream, flush=True)
     if plan.action in ("restore", "rebuild"):
-        print(f"{plan.describe()}; replaying the log from batch {coordinator.cursor.next_batch}",
-              file=stream, flush=True)
+        print(
+            f"{plan.describe()}; replaying the log from batch {coordinator.cursor.next_batch}", file=stream, flush=True
+        )
     where = getattr(coordinator.group, "where", None)
     if where is not None:
         for worker in where():
-            print(f"partition {worker['partition']}: pid {worker['pid']}, cores {worker['cores']}",
-                  file=stream, flush=True)
+            print(
+                f"partition {worker['partition']}: pid {worker['pid']}, cores {worker['cores']}",
+                file=stream,
+                flush=True,
+            )
 
 
-def serve_sequencer(bootstrap: str, namespace: str, config: SequencerConfig,
-                    procedure_modules: tuple[str, ...] = (), quiet: bool = False) -> int:
-    sequencer = Sequencer(bootstrap, namespace, load_registry(procedure_modules), config,
-                          procedure_specs=procedure_modules)
+def serve_sequencer(
+    bootstrap: str,
+    namespace: str,
+    config: SequencerConfig,
+    procedure_modules: tuple[str, ...] = (),
+    quiet: bool = False,
+) -> int:
+    sequencer = Sequencer(
+        bootstrap, namespace, load_registry(procedure_modules), config, procedure_specs=procedure_modules
+    )
     on_termination(sequencer.stop)
     sequencer.start()
     if not quiet and config.sequencers == 1:
-        print(f"sequencer generation {sequencer.generation} resumes at batch {sequencer.next_batch}",
-              file=sys.stderr, flush=True)
+        print(
+            f"sequencer generation {sequencer.generation} resumes at batch {sequencer.next_batch}",
+            file=sys.stderr,
+            flush=True,
+        )
     elif not quiet:
-        print(f"sequencer {config.index} of {config.sequencers} resumes at its batch {sequencer.next_epoch}",
-              file=sys.stderr, flush=True)
+        print(
+            f"sequencer {config.index} of {config.sequencers} resumes at its batch {sequencer.next_epoch}",
+            file=sys.stderr,
+            flush=True,
+        )
     sequencer.run()
     return 0
 
@@ -77,8 +95,14 @@ class Progress:
     with the outcomes through it, throughput, log lag and requests not yet sequenced; none
     while the engine is idle."""
 
-    def __init__(self, coordinator: Coordinator, stream=sys.stderr, every: float = 1.0, lags=None,
-                 silences: Callable[[], list[Silence]] | None = None):
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        stream=sys.stderr,
+        every: float = 1.0,
+        lags=None,
+        silences: Callable[[], list[Silence]] | None = None,
+    ):
         self._coordinator = coordinator
         self._stream = stream
         self._every = every
@@ -106,30 +130,44 @@ class Progress:
             return
         self._shown_waiting = bool(requests_lag) or bool(log_lag)
         unknown = lambda value: "?" if value is None else value  # noqa: E731
-        print(f"batch {stats.executed_batch} | {stats.txns} txns ({rate:,.0f}/s) | committed {stats.committed} "
-              f"aborted {stats.aborted} rejected {stats.rejected} | log lag {unknown(log_lag)}"
-              + ("" if self._lags is None else f" | requests lag {unknown(requests_lag)}")
-              + (f" | passed over {stats.dropped_records} log records" if stats.dropped_records else "")
-              + "".join(f" | {silence}" for silence in silences),
-              file=self._stream, flush=True)
+        print(
+            f"batch {stats.executed_batch} | {stats.txns} txns ({rate:,.0f}/s) | committed {stats.committed} "
+            f"aborted {stats.aborted} rejected {stats.rejected} | log lag {unknown(log_lag)}"
+            + ("" if self._lags is None else f" | requests lag {unknown(requests_lag)}")
+            + (f" | passed over {stats.dropped_records} log records" if stats.dropped_records else "")
+            + "".join(f" | {silence}" for silence in silences),
+            file=self._stream,
+            flush=True,
+        )
 
 
-def serve_engine(bootstrap: str, namespace: str, data_dir: str, scheduler: str, partitions: int,
-                 quiet: bool = False, placement: dict | None = None, checkpointing: dict | None = None,
-                 metrics_port: int | None = None) -> int:
+def serve_engine(
+    bootstrap: str,
+    namespace: str,
+    data_dir: str,
+    scheduler: str,
+    partitions: int,
+    quiet: bool = False,
+    placement: dict | None = None,
+    checkpointing: dict | None = None,
+    metrics_port: int | None = None,
+) -> int:
     from ordo.metrics import engine_observer
 
-    coordinator = Coordinator(bootstrap, namespace, data_dir, scheduler, partitions, **(placement or {}),
-                              **(checkpointing or {}))
+    coordinator = Coordinator(
+        bootstrap, namespace, data_dir, scheduler, partitions, **(placement or {}), **(checkpointing or {})
+    )
     on_termination(coordinator.stop)
     on_checkpoint_signal(coordinator)
     announce_start(coordinator)
-    print(f"engine ({scheduler}, {partitions} partition(s)) resumes after batch {coordinator.stats.last_batch}",
-          file=sys.stderr, flush=True)
+    print(
+        f"engine ({scheduler}, {partitions} partition(s)) resumes after batch {coordinator.stats.last_batch}",
+        file=sys.stderr,
+        flush=True,
+    )
     say_log_order(scheduler)
     sources = tuple(load_registry(placement.get("procedure_modules", ())).sources) if placement else ()
-    progress, close_observer = engine_observer(coordinator, bootstrap, namespace, quiet, metrics_port,
-                                               sources=sources)
+    progress, close_observer = engine_observer(coordinator, bootstrap, namespace, quiet, metrics_port, sources=sources)
     broker = BrokerWatch(bootstrap).start()
     try:
         coordinator.run(progress=progress)
@@ -202,18 +240,44 @@ def send_heartbeats() -> None:
     threading.Thread(target=beat, name="heartbeat", daemon=True).start()
 
 
-def sequencer_command(bootstrap: str, namespace: str, config: SequencerConfig,
-                      procedure_modules: tuple[str, ...] = (), quiet: bool = False) -> list[str]:
+def sequencer_command(
+    bootstrap: str,
+    namespace: str,
+    config: SequencerConfig,
+    procedure_modules: tuple[str, ...] = (),
+    quiet: bool = False,
+) -> list[str]:
     return [
-        sys.executable, "-m", "ordo.cli", "sequence",
-        "--bootstrap-servers", bootstrap, "--namespace", namespace,
-        "--max-delay-ms", str(config.max_delay_ms), "--max-txns", str(config.max_txns),
-        "--max-bytes", str(config.max_bytes), "--max-request-bytes", str(config.max_request_bytes),
-        "--dedupe-window", str(config.dedupe_window), "--partitions", str(config.partitions),
-        "--sequencers", str(config.sequencers), "--sequencer-index", str(config.index),
-        "--ordering", config.ordering or "log",
+        sys.executable,
+        "-m",
+        "ordo.cli",
+        "sequence",
+        "--bootstrap-servers",
+        bootstrap,
+        "--namespace",
+        namespace,
+        "--max-delay-ms",
+        str(config.max_delay_ms),
+        "--max-txns",
+        str(config.max_txns),
+        "--max-bytes",
+        str(config.max_bytes),
+        "--max-request-bytes",
+        str(config.max_request_bytes),
+        "--dedupe-window",
+        str(config.dedupe_window),
+        "--partitions",
+        str(config.partitions),
+        "--sequencers",
+        str(config.sequencers),
+        "--sequencer-index",
+        str(config.index),
+        "--ordering",
+        config.ordering or "log",
         *(arg for module in procedure_modules for arg in ("--procedures", module)),
-        "--log-level", _log_level(), *(["--quiet"] if quiet else []),
+        "--log-level",
+        _log_level(),
+        *(["--quiet"] if quiet else []),
     ]
 
 
@@ -241,9 +305,16 @@ class SequencerProcess:
     that stops beating (SIGSTOP, a hang) is named, then killed and restarted. One that
     exits while the broker is away is started again once `broker` sees it answer."""
 
-    def __init__(self, bootstrap: str, namespace: str, config: SequencerConfig,
-                 procedure_modules: tuple[str, ...] = (), quiet: bool = False,
-                 on_failure: Callable[[], None] | None = None, broker: BrokerWatch | None = None):
+    def __init__(
+        self,
+        bootstrap: str,
+        namespace: str,
+        config: SequencerConfig,
+        procedure_modules: tuple[str, ...] = (),
+        quiet: bool = False,
+        on_failure: Callable[[], None] | None = None,
+        broker: BrokerWatch | None = None,
+    ):
         self._command = sequencer_command(bootstrap, namespace, config, procedure_modules, quiet)
         self._name = "sequencer" if config.sequencers == 1 else f"sequencer {config.index}"
         self._process: subprocess.Popen | None = None
@@ -268,9 +339,13 @@ class SequencerProcess:
         # being taken for a crash.
         beats, beat = os.pipe()
         try:
-            process = subprocess.Popen(self._command, stderr=subprocess.PIPE, process_group=0, pass_fds=(beat,),
-                                       env={**os.environ, "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid()),
-                                            HEARTBEAT_ENV: str(beat)})
+            process = subprocess.Popen(
+                self._command,
+                stderr=subprocess.PIPE,
+                process_group=0,
+                pass_fds=(beat,),
+                env={**os.environ, "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid()), HEARTBEAT_ENV: str(beat)},
+            )
         except BaseException:
             os.close(beats)
             raise
@@ -348,8 +423,11 @@ class SequencerProcess:
                 return
             self._pass_on_held_line()
             if code > 0 and self._broker is not None and self._broker.away_since(started):
-                print(f"{self._name} exited with {code} while the broker was away; restarting it when the broker "
-                      f"answers", file=sys.stderr, flush=True)
+                print(
+                    f"{self._name} exited with {code} while the broker was away; restarting it when the broker answers",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 self._broker.wait_until_back(self._stopping)
                 if self._stopping.is_set():
                     return
@@ -367,8 +445,10 @@ class SequencerProcess:
 
     def _give_up(self, code: int) -> None:
         reason = self._last_line or f"exit status {code}"
-        self._stop_engine(f"the {self._name} failed {FAST_FAILURES} times within {FAST_FAILURE_S:.0f} s of "
-                          f"starting, not restarting it: {reason}")
+        self._stop_engine(
+            f"the {self._name} failed {FAST_FAILURES} times within {FAST_FAILURE_S:.0f} s of "
+            f"starting, not restarting it: {reason}"
+        )
 
     def _stop_engine(self, failure: str) -> None:
         self.failure = failure
@@ -391,12 +471,21 @@ class SequencerProcess:
 class SequencerProcesses:
     """The S sequencers of `--sequencers S`, each a SequencerProcess."""
 
-    def __init__(self, bootstrap: str, namespace: str, config: SequencerConfig,
-                 procedure_modules: tuple[str, ...] = (), on_failure: Callable[[], None] | None = None,
-                 broker: BrokerWatch | None = None):
-        self.processes = [SequencerProcess(bootstrap, namespace, replace(config, index=k), procedure_modules,
-                                           on_failure=on_failure, broker=broker)
-                          for k in range(config.sequencers)]
+    def __init__(
+        self,
+        bootstrap: str,
+        namespace: str,
+        config: SequencerConfig,
+        procedure_modules: tuple[str, ...] = (),
+        on_failure: Callable[[], None] | None = None,
+        broker: BrokerWatch | None = None,
+    ):
+        self.processes = [
+            SequencerProcess(
+                bootstrap, namespace, replace(config, index=k), procedure_modules, on_failure=on_failure, broker=broker
+            )
+            for k in range(config.sequencers)
+        ]
 
     def start(self) -> None:
         for process in self.processes:
@@ -419,10 +508,20 @@ class SequencerProcesses:
             process.stop(timeout)
 
 
-def serve_all(bootstrap: str, namespace: str, data_dir: str, scheduler: str, partitions: int,
-              request_partitions: int, config: SequencerConfig, quiet: bool = False,
-              placement: dict | None = None, checkpointing: dict | None = None, log_replication: int = 1,
-              metrics_port: int | None = None) -> int:
+def serve_all(
+    bootstrap: str,
+    namespace: str,
+    data_dir: str,
+    scheduler: str,
+    partitions: int,
+    request_partitions: int,
+    config: SequencerConfig,
+    quiet: bool = False,
+    placement: dict | None = None,
+    checkpointing: dict | None = None,
+    log_replication: int = 1,
+    metrics_port: int | None = None,
+) -> int:
     from ordo.metrics import engine_observer
     from ordo.readiness import Readiness, log_end
 
@@ -440,15 +539,24 @@ def serve_all(bootstrap: str, namespace: str, data_dir: str, scheduler: str, par
     check_sources(bootstrap, registry.sources.values(), namespace)
     # One engine per namespace: before this one replays anything. Its sequencers, and any it
     # restarts, sequence for it (OWNER_ENV), so they never wait on each other's notes.
-    os.environ[OWNER_ENV] = owner_env(f"ordo run (pid {os.getpid()} on {socket.gethostname()}, "
-                                      f"data dir {os.path.abspath(data_dir)})")
-    refuse_if_taken(bootstrap, namespace, sequencer_group(namespace), topics.requests,
-                    list(range(partition_count)), own_owner("ordo run"))
-    coordinator = Coordinator(bootstrap, namespace, data_dir, scheduler, partitions, **placement,
-                              **(checkpointing or {}))
+    os.environ[OWNER_ENV] = owner_env(
+        f"ordo run (pid {os.getpid()} on {socket.gethostname()}, data dir {os.path.abspath(data_dir)})"
+    )
+    refuse_if_taken(
+        bootstrap,
+        namespace,
+        sequencer_group(namespace),
+        topics.requests,
+        list(range(partition_count)),
+        own_owner("ordo run"),
+    )
+    coordinator = Coordinator(
+        bootstrap, namespace, data_dir, scheduler, partitions, **placement, **(checkpointing or {})
+    )
     broker = BrokerWatch(bootstrap)
-    sequencer = SequencerProcesses(bootstrap, namespace, config, placement.get("procedure_modules", ()),
-                                   on_failure=coordinator.stop, broker=broker)
+    sequencer = SequencerProcesses(
+        bootstrap, namespace, config, placement.get("procedure_modules", ()), on_failure=coordinator.stop, broker=broker
+    )
     on_termination(coordinator.stop)
     on_checkpoint_signal(coordinator)
     announce_start(coordinator)
@@ -456,11 +564,23 @@ def serve_all(bootstrap: str, namespace: str, data_dir: str, scheduler: str, par
     broker.start()
     sequencer.start()
     sequencers = f"{config.sequencers} sequencers, " if config.sequencers > 1 else ""
-    print(f"ordo running: namespace {namespace}, {sequencers}{scheduler} scheduler, {partitions} partition(s), "
-          f"data in {data_dir}; Ctrl-C stops", file=sys.stderr, flush=True)
+    print(
+        f"ordo running: namespace {namespace}, {sequencers}{scheduler} scheduler, {partitions} partition(s), "
+        f"data in {data_dir}; Ctrl-C stops",
+        file=sys.stderr,
+        flush=True,
+    )
     say_log_order(scheduler)
-    progress, close_observer = engine_observer(coordinator, bootstrap, namespace, quiet, metrics_port, sequencer,
-                                               readiness=readiness, sources=tuple(registry.sources))
+    progress, close_observer = engine_observer(
+        coordinator,
+        bootstrap,
+        namespace,
+        quiet,
+        metrics_port,
+        sequencer,
+        readiness=readiness,
+        sources=tuple(registry.sources),
+    )
 
     def observe(stats) -> None:
         readiness.check(coordinator.statuses)

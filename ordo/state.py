@@ -27,7 +27,8 @@ def _corrupt(data_dir: str, exc: ShardCorrupt) -> CorruptShardError:
         f"restore the shards from a checkpoint with `ordo recover --from-checkpoint --data-dir {data_dir} "
         f"--bootstrap-servers H:P --namespace NS`, or rebuild them from the log with "
         f"`ordo recover --from-scratch` and the same options (a checkpoint can share damaged files with the "
-        f"shard; see docs/operations.md)")
+        f"shard; see docs/operations.md)"
+    )
 
 
 def open_shards(data_dir: str) -> list[RocksShard]:

@@ -50,8 +50,9 @@ def as_registry(procedures: Any, workloads: Iterable[str] = ()) -> Registry:
         registry = procedures.registry()
     elif hasattr(procedures, "PROCEDURES"):
         registry = Registry()
-        registry.add_workload(getattr(procedures, "TABLES", ()), procedures.PROCEDURES,
-                              getattr(procedures, "STREAMS", ()))
+        registry.add_workload(
+            getattr(procedures, "TABLES", ()), procedures.PROCEDURES, getattr(procedures, "STREAMS", ())
+        )
     else:
         raise TypeError(f"expected an ordo.App, a procedures module, a spec or a Registry, got {procedures!r}")
     for name in workloads:
@@ -78,8 +79,14 @@ class TestEngine:
 
     __test__ = False  # not a pytest test class, whatever its name
 
-    def __init__(self, procedures: Any, scheduler: str = "serial", partitions: int = 1,
-                 data_dir: str | None = None, max_request_bytes: int = SequencerConfig().max_request_bytes):
+    def __init__(
+        self,
+        procedures: Any,
+        scheduler: str = "serial",
+        partitions: int = 1,
+        data_dir: str | None = None,
+        max_request_bytes: int = SequencerConfig().max_request_bytes,
+    ):
         self.registry = as_registry(procedures)
         # The check a sequencer's start record makes possible: a procedure set that cannot
         # describe itself the same way in every process fails here, not in production.
@@ -94,8 +101,10 @@ class TestEngine:
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="ordo-test-engine-")
         check_layout(self.data_dir, partitions)  # a data directory `ordo dump` and `ordo digest` read
         exchange = LocalExchange()
-        self.workers = [PartitionWorker(self.data_dir, p, partitions, scheduler, self.registry, exchange.endpoint(p))
-                        for p in range(partitions)]
+        self.workers = [
+            PartitionWorker(self.data_dir, p, partitions, scheduler, self.registry, exchange.endpoint(p))
+            for p in range(partitions)
+        ]
         self.next_batch = 1
         self.outcomes: list[dict] = []  # every outcome so far, in log order
         self.changes: list[Change] = []  # in log order
@@ -113,7 +122,7 @@ class TestEngine:
         """Requests in batches of `batch_size`, in order; their outcomes in log order."""
         requests, outcomes = list(requests), []
         for start in range(0, len(requests), batch_size):
-            outcomes += self.run_batch(requests[start:start + batch_size])
+            outcomes += self.run_batch(requests[start : start + batch_size])
         return outcomes
 
     def run_batch(self, requests: Iterable[dict | bytes]) -> list[dict]:
@@ -134,9 +143,19 @@ class TestEngine:
                 if o.status == RESTARTED:  # the next step as the engine publishes it: signed
                     step = json.loads(restart_request(o.id, value))
                     value = {"proc": step["proc"], "args": step["args"]}
-                by_index.setdefault(o.index, {"id": o.id, "status": o.status, "batch": batch.batch_id,
-                                              "txn": o.index, "restarts": o.restarts, "result": value,
-                                              "error": o.error, **({"steps": steps} if steps is not None else {})})
+                by_index.setdefault(
+                    o.index,
+                    {
+                        "id": o.id,
+                        "status": o.status,
+                        "batch": batch.batch_id,
+                        "txn": o.index,
+                        "restarts": o.restarts,
+                        "result": value,
+                        "error": o.error,
+                        **({"steps": steps} if steps is not None else {}),
+                    },
+                )
             changes += [Change(batch.batch_id, *change) for change in result.changes]
         for worker in self.workers:
             worker.commit({"batch": batch.batch_id, "cursor": {}})
@@ -149,8 +168,15 @@ class TestEngine:
     def _entry(self, request: dict | bytes) -> list:
         raw = request if isinstance(request, bytes) else json.dumps(request).encode()
         key = request.get("id") if isinstance(request, dict) else None
-        entry = parse_request(raw, key.encode() if isinstance(key, str) else None, 0, self._position,
-                              self.registry, self.max_request_bytes, self.ordering)
+        entry = parse_request(
+            raw,
+            key.encode() if isinstance(key, str) else None,
+            0,
+            self._position,
+            self.registry,
+            self.max_request_bytes,
+            self.ordering,
+        )
         self._position += 1
         if entry[1] is not None:
             identity = request_identity(entry[0], entry[2])  # as the sequencer remembers it: a step is new
@@ -194,8 +220,13 @@ class TestEngine:
         self.close()
 
 
-def check_deterministic(procedures: Any, requests: Iterable[dict], batch_size: int = 50,
-                        schedulers: Iterable[str] = SCHEDULERS, partitions: Iterable[int] = (1, 2)) -> list[dict]:
+def check_deterministic(
+    procedures: Any,
+    requests: Iterable[dict],
+    batch_size: int = 50,
+    schedulers: Iterable[str] = SCHEDULERS,
+    partitions: Iterable[int] = (1, 2),
+) -> list[dict]:
     """Run `requests` under every scheduler and partition count, and through the plain
     serial interpretation of the same batches; raise AssertionError naming the first
     configuration whose outcomes, change data or final state differ. Returns the outcomes."""
@@ -212,7 +243,7 @@ def check_deterministic(procedures: Any, requests: Iterable[dict], batch_size: i
     batches, engine = [], TestEngine(registry)
     try:
         for start in range(0, len(requests), batch_size):
-            entries = [engine._entry(r) for r in requests[start:start + batch_size]]
+            entries = [engine._entry(r) for r in requests[start : start + batch_size]]
             batches.append(Batch(len(batches) + 1, 1, START_MS + 10 * (len(batches) + 1), {}, entries))
     finally:
         engine.close()
@@ -220,8 +251,13 @@ def check_deterministic(procedures: Any, requests: Iterable[dict], batch_size: i
     (first, (outcomes, changes, state)), *others = runs.items()
     expected = [(o["id"], o["status"], o["result"], o["error"]) for o in reference.outcomes]
     plain_state = {decode_key(k): v for k, v in reference.state.items()}
-    _same("serial interpretation", first, "outcomes", expected,
-          [(o["id"], o["status"], o["result"], o["error"]) for o in outcomes])
+    _same(
+        "serial interpretation",
+        first,
+        "outcomes",
+        expected,
+        [(o["id"], o["status"], o["result"], o["error"]) for o in outcomes],
+    )
     _same("serial interpretation", first, "state", plain_state, state)
     for name, (other_outcomes, other_changes, other_state) in others:
         _same(first, name, "outcomes", outcomes, other_outcomes)
@@ -239,6 +275,8 @@ def _same(a: str, b: str, what: str, left, right) -> None:
         detail = f"{diff}: {left.get(diff)!r} vs {right.get(diff)!r}"
     else:
         index = next((i for i, (x, y) in enumerate(zip(left, right)) if x != y), min(len(left), len(right)))
-        detail = (f"item {index}: {left[index] if index < len(left) else 'nothing'!r} vs "
-                  f"{right[index] if index < len(right) else 'nothing'!r}")
+        detail = (
+            f"item {index}: {left[index] if index < len(left) else 'nothing'!r} vs "
+            f"{right[index] if index < len(right) else 'nothing'!r}"
+        )
     raise AssertionError(f"not deterministic: {what} of {a} and {b} differ at {detail}")

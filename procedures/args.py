@@ -173,9 +173,7 @@ class List:
         if type(value) is not list:
             raise ArgumentError(f"argument '{name}': expected list, got {_kind(value)}")
         if not self.min_len <= len(value) <= self.max_len:
-            raise ArgumentError(
-                f"argument '{name}': expected {self.min_len}..{self.max_len} items, got {len(value)}"
-            )
+            raise ArgumentError(f"argument '{name}': expected {self.min_len}..{self.max_len} items, got {len(value)}")
         check = self.item.check
         for i, item in enumerate(value):
             checked = check(f"{name}[{i}]", item)

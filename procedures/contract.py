@@ -70,8 +70,9 @@ class Table:
     range_by: int | None = None
 
     def __post_init__(self) -> None:
-        if self.range_by is not None and (self.partition_by is None or type(self.range_by) is not int
-                                          or not self.partition_by < self.range_by):
+        if self.range_by is not None and (
+            self.partition_by is None or type(self.range_by) is not int or not self.partition_by < self.range_by
+        ):
             raise ValueError(f"table '{self.name}': range_by needs partition_by, and must exceed it")
         if self.partition_by is not None:
             if type(self.partition_by) is not int or self.partition_by < 0:
@@ -122,14 +123,19 @@ class Procedure:
         if self.analyze is not None:
             return
         if self.home is None:
-            raise TypeError(f"procedure '{self.name}': without analyze it needs home= (the key that routes "
-                            "it, e.g. home=('account', 'src')); its keys are then found by running it")
+            raise TypeError(
+                f"procedure '{self.name}': without analyze it needs home= (the key that routes "
+                "it, e.g. home=('account', 'src')); its keys are then found by running it"
+            )
         if self.operations is not None or self.reconnoiter is not None:
             raise TypeError(f"procedure '{self.name}': operations and reconnoiter need analyze")
-        if not callable(self.home) and not (type(self.home) is tuple and len(self.home) == 2
-                                            and all(type(part) is str for part in self.home)):
-            raise TypeError(f"procedure '{self.name}': home must be a (table, argument name) pair or a "
-                            f"function of the arguments returning (table, key), got {self.home!r}")
+        if not callable(self.home) and not (
+            type(self.home) is tuple and len(self.home) == 2 and all(type(part) is str for part in self.home)
+        ):
+            raise TypeError(
+                f"procedure '{self.name}': home must be a (table, argument name) pair or a "
+                f"function of the arguments returning (table, key), got {self.home!r}"
+            )
 
 
 def home_key(procedure: Procedure, args: dict) -> Key:

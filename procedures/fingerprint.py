@@ -74,20 +74,28 @@ def describe(registry: Registry, code: bool = True) -> dict:
         try:
             text = by_value(sorted(procedure.args.items()))
             if procedure.dataflow is not None:
-                text += " " + (procedure.dataflow if not code else
-                               _without_modules(procedure.dataflow, registry.code.get(name, ())))
+                text += " " + (
+                    procedure.dataflow
+                    if not code
+                    else _without_modules(procedure.dataflow, registry.code.get(name, ()))
+                )
         except ValueError as exc:
-            raise ValueError(f"procedure '{name}': its argument schema cannot be compared across processes: "
-                             f"{exc}") from None
+            raise ValueError(
+                f"procedure '{name}': its argument schema cannot be compared across processes: {exc}"
+            ) from None
         text += "" if procedure.analyze is not None else " home"
         if code:
             text += " code " + code_digest(registry.code.get(name, ()))
         procedures[name] = _digest(text)
-    described = {"procedures": procedures,
-                 "tables": {name: _digest(by_value(t)) for name, t in sorted(registry.tables.items())}}
+    described = {
+        "procedures": procedures,
+        "tables": {name: _digest(by_value(t)) for name, t in sorted(registry.tables.items())},
+    }
     if registry.sources:  # a set without sources is described as before them
-        described["sources"] = {topic: _source_digest(source, registry.source_code.get(topic, ()), code)
-                                for topic, source in sorted(registry.sources.items())}
+        described["sources"] = {
+            topic: _source_digest(source, registry.source_code.get(topic, ()), code)
+            for topic, source in sorted(registry.sources.items())
+        }
     if code:
         described["format"] = FORMAT
     return described
@@ -217,8 +225,10 @@ class VersionBoundary(RuntimeError):
         self.batch, self.identity, self.version = batch, identity, version
 
 
-WAY_OUT = ("run the engine with the procedures the sequencer had (the same --app, --procedures and --workloads); "
-           "see docs/operations.md, 'Upgrading procedures'")
+WAY_OUT = (
+    "run the engine with the procedures the sequencer had (the same --app, --procedures and --workloads); "
+    "see docs/operations.md, 'Upgrading procedures'"
+)
 
 
 def refused_entry(batch_id: int, index: int, request_id, reason: str) -> ProcedureSetMismatch:
@@ -226,9 +236,11 @@ def refused_entry(batch_id: int, index: int, request_id, reason: str) -> Procedu
     reject what the sequencer's procedures accepted, a silent divergence."""
     return ProcedureSetMismatch(
         f"batch {batch_id}, entry {index}: the sequencer accepted request {request_id!r}, which this "
-        f"engine refuses ({reason}): {WAY_OUT}")
+        f"engine refuses ({reason}): {WAY_OUT}"
+    )
 
 
 def refused_start(problems: list[str]) -> ProcedureSetMismatch:
-    return ProcedureSetMismatch(f"the log was sequenced with procedures this engine lacks ({shown(problems)}): "
-                                f"{WAY_OUT}")
+    return ProcedureSetMismatch(
+        f"the log was sequenced with procedures this engine lacks ({shown(problems)}): {WAY_OUT}"
+    )

@@ -69,8 +69,10 @@ def load_spec(spec: str) -> tuple[list[Table], list[Procedure], list, list, list
     module = import_user_module(module_name)
     if attribute:
         if not hasattr(module, attribute):
-            raise ValueError(f"module '{module_name}' has no attribute '{attribute}'"
-                             f"{did_you_mean(attribute, [n for n in vars(module) if not n.startswith('_')])}")
+            raise ValueError(
+                f"module '{module_name}' has no attribute '{attribute}'"
+                f"{did_you_mean(attribute, [n for n in vars(module) if not n.startswith('_')])}"
+            )
         holder: Any = getattr(module, attribute)
         what = f"'{spec}'"
     else:
@@ -80,8 +82,11 @@ def load_spec(spec: str) -> tuple[list[Table], list[Procedure], list, list, list
         hint = ""
         if not attribute:
             apps = [n for n, v in vars(module).items() if hasattr(type(v), "procedure") and hasattr(v, "PROCEDURES")]
-            hint = (f" (it defines an app: use --app {module_name}:{apps[0]})" if apps else
-                    did_you_mean("PROCEDURES", [n for n in vars(module) if n.isupper()]))
+            hint = (
+                f" (it defines an app: use --app {module_name}:{apps[0]})"
+                if apps
+                else did_you_mean("PROCEDURES", [n for n in vars(module) if n.isupper()])
+            )
         raise ValueError(f"{what} defines no PROCEDURES{hint}")
     procedures = list(holder.PROCEDURES)
     tables = list(getattr(holder, "TABLES", ()))
@@ -116,8 +121,10 @@ def import_user_module(name: str):
         return importlib.import_module(name)
     except ModuleNotFoundError as exc:
         if exc.name and name.startswith(exc.name):
-            raise ValueError(f"cannot import '{name}': no module named '{exc.name}' (the path is relative "
-                             f"to the current directory, {here})") from None
+            raise ValueError(
+                f"cannot import '{name}': no module named '{exc.name}' (the path is relative "
+                f"to the current directory, {here})"
+            ) from None
         raise ValueError(f"cannot import '{name}': {exc}") from None
     except Exception as exc:
         raise ValueError(f"cannot import '{name}': {type(exc).__name__}: {exc}") from None

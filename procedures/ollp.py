@@ -66,6 +66,7 @@ def first_pass(result: dict) -> bool:
     transaction's reconnaissance, a procedure without ANALYZE finding its keys), not a restart."""
     return result["args"][OLLP_FIELD]["restarts"] == 0
 
+
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 
 
@@ -119,16 +120,20 @@ def _checked_step(record: Any, own: tuple[str, ...]) -> None:
     if type(record) is not dict or not required <= fields <= required | {"at", "late"}:
         names = ("restarts", *own)
         listed = ", ".join(f"'{name}'" for name in names[:-1]) + f" and '{names[-1]}'"
-        raise AssumptionError(f"'{OLLP_FIELD}' must be an object with {listed} (perhaps 'at' and "
-                              f"'late', and 'sig' in a step the engine re-sequenced)")
+        raise AssumptionError(
+            f"'{OLLP_FIELD}' must be an object with {listed} (perhaps 'at' and "
+            f"'late', and 'sig' in a step the engine re-sequenced)"
+        )
     restarts = record["restarts"]
     if type(restarts) is not int or not 0 <= restarts <= MAX_RESTARTS + MAX_LATE_RESTARTS:
-        raise AssumptionError(f"'{OLLP_FIELD}.restarts' must be an integer from 0 to "
-                              f"{MAX_RESTARTS + MAX_LATE_RESTARTS}")
+        raise AssumptionError(
+            f"'{OLLP_FIELD}.restarts' must be an integer from 0 to {MAX_RESTARTS + MAX_LATE_RESTARTS}"
+        )
     late, at = record.get("late", 0), record.get("at", 0)
     if type(late) is not int or not 0 <= late <= min(restarts, MAX_LATE_RESTARTS):
-        raise AssumptionError(f"'{OLLP_FIELD}.late' must be an integer from 0 to 'restarts' "
-                              f"(at most {MAX_LATE_RESTARTS})")
+        raise AssumptionError(
+            f"'{OLLP_FIELD}.late' must be an integer from 0 to 'restarts' (at most {MAX_LATE_RESTARTS})"
+        )
     if type(at) is not int or at < 0:
         raise AssumptionError(f"'{OLLP_FIELD}.at' must be a time in milliseconds")
 
@@ -168,8 +173,7 @@ def wire_normal(value: Any) -> Any:
     return json.loads(_dumps(value))
 
 
-def check_turn(procedure, args: dict, snapshot: dict, defaults: dict,
-               now: int) -> tuple[str, Any, str | None] | None:
+def check_turn(procedure, args: dict, snapshot: dict, defaults: dict, now: int) -> tuple[str, Any, str | None] | None:
     """At the transaction's turn (`now`: its batch's time): None if it may run (its
     assumptions hold), else its decision: re-sequenced with the values read now, or
     rejected past the bound."""
@@ -181,12 +185,14 @@ def check_turn(procedure, args: dict, snapshot: dict, defaults: dict,
         current.append(wire_normal(defaults.get(table, 0) if value is ABSENT else value))
     if record is not None and all(encode_value(a) == encode_value(c) for a, c in zip(record["assumed"], current)):
         return None
-    return _next_step(procedure, plain, record, {"assumed": current}, now,
-                      "the values its keys depend on changed before its turn")
+    return _next_step(
+        procedure, plain, record, {"assumed": current}, now, "the values its keys depend on changed before its turn"
+    )
 
 
-def found_step(procedure, plain: dict, record: dict | None, read: Iterable[bytes], written: Iterable[bytes],
-               now: int) -> tuple[str, Any, str | None]:
+def found_step(
+    procedure, plain: dict, record: dict | None, read: Iterable[bytes], written: Iterable[bytes], now: int
+) -> tuple[str, Any, str | None]:
     """A procedure without ANALYZE whose run at its turn reached keys outside its sets:
     re-sequenced with the keys of its record (its earlier runs) and the encoded keys this
     run read and wrote, or rejected past the bound. The sets only grow, so a run that
@@ -195,8 +201,14 @@ def found_step(procedure, plain: dict, record: dict | None, read: Iterable[bytes
     for name, touched in (("reads", read), ("writes", written)):
         known = [encode_key(table, normal_key(key)) for table, key in record[name]] if record is not None else []
         sets.append([_as_json(*decode_key(key)) for key in dict.fromkeys([*known, *touched])])
-    return _next_step(procedure, plain, record, {"reads": sets[0], "writes": sets[1]}, now,
-                      "its run reached keys outside those found for it")
+    return _next_step(
+        procedure,
+        plain,
+        record,
+        {"reads": sets[0], "writes": sets[1]},
+        now,
+        "its run reached keys outside those found for it",
+    )
 
 
 def _as_json(table: str, key: Any) -> list:
@@ -204,8 +216,9 @@ def _as_json(table: str, key: Any) -> list:
     return [table, list(key) if type(key) is tuple else key]
 
 
-def _next_step(procedure, plain: dict, record: dict | None, found: dict, now: int,
-               why: str) -> tuple[str, Any, str | None]:
+def _next_step(
+    procedure, plain: dict, record: dict | None, found: dict, now: int, why: str
+) -> tuple[str, Any, str | None]:
     """The request re-sequenced with what its turn `found`, or rejected past the bound."""
     if record is not None:
         restarts = record["restarts"] + 1
@@ -214,8 +227,11 @@ def _next_step(procedure, plain: dict, record: dict | None, found: dict, now: in
             late += 1  # it lost its race to a backlog: not counted
         if restarts - late > MAX_RESTARTS:
             not_counted = f", not counting {late} after a wait of over {LATE_MS} ms" if late else ""
-            return ("rejected", None, f"{procedure.name}: {why} "
-                    f"{restarts} times in a row (limit {MAX_RESTARTS} restarts{not_counted})")
+            return (
+                "rejected",
+                None,
+                f"{procedure.name}: {why} {restarts} times in a row (limit {MAX_RESTARTS} restarts{not_counted})",
+            )
     else:
         restarts = late = 0
     step = {"restarts": restarts, **found, "at": now, "late": late}
@@ -237,8 +253,13 @@ def step_signature(request_id: str, proc: str, args: dict) -> str:
 
 def _step_body(request_id: str, proc: str, args: dict) -> bytes:
     record = {k: v for k, v in args[OLLP_FIELD].items() if k != SIGNATURE}
-    body = json.dumps([request_id, proc, {**args, OLLP_FIELD: record}], sort_keys=True, separators=(",", ":"),
-                      ensure_ascii=False, allow_nan=False)
+    body = json.dumps(
+        [request_id, proc, {**args, OLLP_FIELD: record}],
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+        allow_nan=False,
+    )
     return body.encode("utf-8", "surrogatepass")
 
 
@@ -250,9 +271,11 @@ def step_problem(request_id: str, proc: str, args: Any) -> str | None:
         return None
     signature = record[SIGNATURE]
     if type(signature) is not str or not _signed(signature, _step_body(request_id, proc, args)):
-        return (f"'{OLLP_FIELD}.{SIGNATURE}' is not the engine's signature of this step: only the engine "
-                f"re-sequences a step; a client may send '{OLLP_FIELD}' without '{SIGNATURE}' (its own "
-                f"reconnaissance, a request like any other)")
+        return (
+            f"'{OLLP_FIELD}.{SIGNATURE}' is not the engine's signature of this step: only the engine "
+            f"re-sequences a step; a client may send '{OLLP_FIELD}' without '{SIGNATURE}' (its own "
+            f"reconnaissance, a request like any other)"
+        )
     return None
 
 

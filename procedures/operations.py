@@ -77,13 +77,22 @@ def READ(table: str, key: int | str) -> Operation:  # noqa: N802  (TStream's API
     return (OP_READ, table, key, None, (), None)
 
 
-def WRITE(table: str, key: int | str, value: Any,  # noqa: N802
-          condition: Condition | None = None) -> Operation:
+def WRITE(  # noqa: N802
+    table: str,
+    key: int | str,
+    value: Any,
+    condition: Condition | None = None,
+) -> Operation:
     return (OP_WRITE, table, key, value, (), condition)
 
 
-def READ_MODIFY(table: str, key: int | str, fn: Callable[..., Any],  # noqa: N802
-                deps: Iterable[Key] = (), condition: Condition | None = None) -> Operation:
+def READ_MODIFY(  # noqa: N802
+    table: str,
+    key: int | str,
+    fn: Callable[..., Any],
+    deps: Iterable[Key] = (),
+    condition: Condition | None = None,
+) -> Operation:
     return (OP_MODIFY, table, key, fn, deps if type(deps) is tuple else tuple(deps), condition)
 
 

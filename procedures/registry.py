@@ -52,8 +52,14 @@ class Registry:
 
             self.code[procedure.name] = tuple(sorted(modules_of(_callables(procedure))))
 
-    def add_workload(self, tables: Iterable[Table], procedures: Iterable[Procedure], streams: Iterable = (),
-                     code: Iterable[Any] = (), sources: Iterable = ()) -> None:
+    def add_workload(
+        self,
+        tables: Iterable[Table],
+        procedures: Iterable[Procedure],
+        streams: Iterable = (),
+        code: Iterable[Any] = (),
+        sources: Iterable = (),
+    ) -> None:
         """`streams`: the module's STREAMS (procedures/streams.py); a procedure that starts a
         dataflow is registered with the dataflow composed in, so every scheduler runs it
         as one transaction. `sources`: its SOURCES (sequencer/sources.py). Every procedure
@@ -88,8 +94,10 @@ class Registry:
         if source.topic in self.sources:
             raise ValueError(f"topic '{source.topic}' declared as a source twice")
         if source.proc not in self.procedures:
-            raise ValueError(f"source '{source.topic}' names procedure '{source.proc}', which is not declared"
-                             f"{did_you_mean(source.proc, self.procedures)}")
+            raise ValueError(
+                f"source '{source.topic}' names procedure '{source.proc}', which is not declared"
+                f"{did_you_mean(source.proc, self.procedures)}"
+            )
         self.sources[source.topic] = source
         self.source_code[source.topic] = tuple(sorted(modules))
 
@@ -101,8 +109,9 @@ class Registry:
         except KeyError:
             raise RequestError(f"unknown procedure '{name}'{did_you_mean(name, self.procedures)}") from None
 
-    def analyze(self, name: Any, args: Any,
-                ordering: str | None = None) -> tuple[Procedure, tuple[Key, ...], tuple[Key, ...]]:
+    def analyze(
+        self, name: Any, args: Any, ordering: str | None = None
+    ) -> tuple[Procedure, tuple[Key, ...], tuple[Key, ...]]:
         """Validate a request and return its procedure with its read and write sets.
 
         Sets keep first-seen order and drop repeats, so the same arguments always give
@@ -152,15 +161,17 @@ class Registry:
                 if type(key) is KeyRange:
                     if shape is None or len(key.components) != shape[0]:
                         need = "no ranges" if shape is None else f"ranges of {shape[0]} components"
-                        raise RequestError(f"{name}: {which} range {table}{list(key.components)}: "
-                                           f"table '{table}' takes {need}")
+                        raise RequestError(
+                            f"{name}: {which} range {table}{list(key.components)}: table '{table}' takes {need}"
+                        )
                     if which == "read":
                         read_ranges.append((table, key))
                 elif shape is not None:
                     if type(key) is not tuple or len(key) < shape[0]:
-                        raise RequestError(f"{name}: key {key!r} of table '{table}' needs at least "
-                                           f"{shape[0]} components")
-                    implied.append((table, KeyRange(key[:shape[0]])))
+                        raise RequestError(
+                            f"{name}: key {key!r} of table '{table}' needs at least {shape[0]} components"
+                        )
+                    implied.append((table, KeyRange(key[: shape[0]])))
         if read_ranges:
             self._check_confined(name, read_ranges, reads + writes)
         if not implied:
@@ -176,13 +187,16 @@ class Registry:
             spec = self.tables[table].partitioner
             components = key.components if type(key) is KeyRange else key
             if not spec.startswith("component:"):
-                raise RequestError(f"{name}: a transaction that reads a range may only touch tables partitioned "
-                                   f"like it; '{table}' is not")
-            index = int(spec[len("component:"):])
+                raise RequestError(
+                    f"{name}: a transaction that reads a range may only touch tables partitioned "
+                    f"like it; '{table}' is not"
+                )
+            index = int(spec[len("component:") :])
             if type(components) is not tuple or index >= len(components) or components[index] != home:
-                raise RequestError(f"{name}: a transaction that reads a range must keep to its partition "
-                                   f"(component {home!r}); {table}{key!r} does not")
-
+                raise RequestError(
+                    f"{name}: a transaction that reads a range must keep to its partition "
+                    f"(component {home!r}); {table}{key!r} does not"
+                )
 
     @staticmethod
     def _without_analyze(procedure: Procedure, args: Any, ordering: str | None) -> tuple[tuple, tuple]:
@@ -268,6 +282,7 @@ def default_registry(extra_modules: Iterable[str] = ()) -> Registry:
             module = importlib.import_module(name)
         except ImportError as exc:
             raise ValueError(f"cannot import procedures module '{name}': {exc}") from None
-        registry.add_workload(getattr(module, "TABLES", ()), getattr(module, "PROCEDURES", ()),
-                              getattr(module, "STREAMS", ()))
+        registry.add_workload(
+            getattr(module, "TABLES", ()), getattr(module, "PROCEDURES", ()), getattr(module, "STREAMS", ())
+        )
     return registry

@@ -131,7 +131,7 @@ def window_insert(ctx, window: Window, item: Any) -> bool:
         staged.append(item)
         if len(staged) >= window.slide:
             state = ctx.read(window.table, _ROWS) or {"rows": [], "edge": None}
-            state["rows"] = (state["rows"] + staged)[-window.rows:]
+            state["rows"] = (state["rows"] + staged)[-window.rows :]
             ctx.write(window.table, _ROWS, state)
             staged, slid = [], True
     else:
@@ -213,7 +213,9 @@ class StreamContext:
     def emit(self, stream: str, item: Any) -> None:
         declared = self._flow.streams.get(stream)
         if declared is None or self._current not in declared.producers:
-            raise UndeclaredAccess(f"{self._current} emitted to stream '{stream}', which does not name it as a producer")
+            raise UndeclaredAccess(
+                f"{self._current} emitted to stream '{stream}', which does not name it as a producer"
+            )
         if type(item) is tuple:
             item = list(item)
         self._emitted.setdefault(stream, []).append(item)
@@ -234,22 +236,32 @@ class StreamContext:
 class Dataflow:
     """The plan of one input procedure: the triggered procedures it reaches, in graph order."""
 
-    def __init__(self, input_procedure: Procedure, steps: list[Procedure], streams: dict[str, Stream],
-                 windows: dict[str, Window], groups: dict[str, Nested], input_stream: Stream | None):
+    def __init__(
+        self,
+        input_procedure: Procedure,
+        steps: list[Procedure],
+        streams: dict[str, Stream],
+        windows: dict[str, Window],
+        groups: dict[str, Nested],
+        input_stream: Stream | None,
+    ):
         self.input = input_procedure
         self.steps = steps
         self.streams = streams
         self.windows = windows
         self.groups = groups  # procedure name -> its nested transaction
         self.input_stream = input_stream
-        self.window_keys = tuple(key for w in windows.values()
-                                 if w.owner == input_procedure.name or any(w.owner == s.name for s in steps)
-                                 for key in w.keys)
-        self.inputs_of = {s.name: tuple(st.name for st in streams.values() if s.name in st.consumers)
-                          for s in steps}
+        self.window_keys = tuple(
+            key
+            for w in windows.values()
+            if w.owner == input_procedure.name or any(w.owner == s.name for s in steps)
+            for key in w.keys
+        )
+        self.inputs_of = {s.name: tuple(st.name for st in streams.values() if s.name in st.consumers) for s in steps}
         members = {input_procedure.name, *(s.name for s in steps)}
-        self.outputs = tuple(st.name for st in streams.values()
-                             if not st.consumers and members.intersection(st.producers))
+        self.outputs = tuple(
+            st.name for st in streams.values() if not st.consumers and members.intersection(st.producers)
+        )
         self.output_keys = tuple((OUTPUT_TABLE_PREFIX + name, 0) for name in self.outputs)
 
     def describe(self) -> str:
@@ -258,10 +270,15 @@ class Dataflow:
         transactions, triggers by their import paths."""
         from ordo.procedures.fingerprint import by_value
 
-        return by_value({"input_stream": self.input_stream, "steps": [(s.name, sorted(s.args.items()))
-                                                                       for s in self.steps],
-                         "streams": sorted(self.streams.items()), "windows": sorted(self.windows.items()),
-                         "groups": sorted(self.groups.items())})
+        return by_value(
+            {
+                "input_stream": self.input_stream,
+                "steps": [(s.name, sorted(s.args.items())) for s in self.steps],
+                "streams": sorted(self.streams.items()),
+                "windows": sorted(self.windows.items()),
+                "groups": sorted(self.groups.items()),
+            }
+        )
 
     def window(self, name: str) -> Window:
         try:
@@ -313,7 +330,7 @@ class Dataflow:
                 if group is not None:
                     failed_groups.add(group.name)
                     saved_writes, saved_emitted = group_mark[1], group_mark[2]
-                    for earlier in steps[group_mark[3]:-1]:
+                    for earlier in steps[group_mark[3] : -1]:
                         earlier.update(status="aborted", error=f"nested transaction '{group.name}': {reason}")
                 writes.clear()
                 writes.update(saved_writes)
@@ -411,8 +428,10 @@ def _check_groups(input_name: str, steps: list[str], nested: list[Nested]) -> No
     for group in nested:
         at = [i for i, s in enumerate(steps) if s in group.procedures]
         if at and (at[-1] - at[0] + 1 != len(at)):
-            raise ValueError(f"nested transaction '{group.name}': its procedures must follow one another "
-                             f"in the graph order of {input_name}'s dataflow")
+            raise ValueError(
+                f"nested transaction '{group.name}': its procedures must follow one another "
+                f"in the graph order of {input_name}'s dataflow"
+            )
         if input_name in group.procedures:
             raise ValueError(f"nested transaction '{group.name}' may not hold the input procedure {input_name}")
 
@@ -424,8 +443,10 @@ class TriggeredOnly:
 
     def __init__(self, name: str, feeding: list[Stream]) -> None:
         how = "; ".join(f"stream '{s.name}' (emitted to by {', '.join(s.producers)})" for s in feeding)
-        self.message = (f"procedure '{name}' takes no requests of its own: it runs when {how} "
-                        f"triggers it; send the request to the procedure that starts the dataflow")
+        self.message = (
+            f"procedure '{name}' takes no requests of its own: it runs when {how} "
+            f"triggers it; send the request to the procedure that starts the dataflow"
+        )
 
     def __call__(self, args):
         from ordo.procedures.registry import RequestError

@@ -129,7 +129,7 @@ class CheckpointStore:
             entry["seconds"] = round(seconds, 4)
         entries = [e for e in self.entries() if e["batch"] != batch] + [entry]
         entries.sort(key=lambda e: e["batch"])
-        kept, pruned = entries[-self.keep:], entries[:-self.keep]
+        kept, pruned = entries[-self.keep :], entries[: -self.keep]
         self._write(kept)
         for old in pruned:  # unlisted first, removed after: a crash between leaves only litter
             shutil.rmtree(os.path.join(self.root, checkpoint_name(old["batch"])), ignore_errors=True)

@@ -32,6 +32,7 @@ def check_applied_once(data_dir: str, last_batch: int) -> None:
         assert sorted(trace) == list(range(1, last_batch + 1)), (
             f"shard {partition}: applied batches are not 1..{last_batch}: "
             f"missing {sorted(set(range(1, last_batch + 1)) - set(trace))[:10]}, "
-            f"extra {sorted(set(trace) - set(range(1, last_batch + 1)))[:10]}")
+            f"extra {sorted(set(trace) - set(range(1, last_batch + 1)))[:10]}"
+        )
         twice = {batch: n for batch, n in trace.items() if n != 1}
         assert not twice, f"shard {partition}: batches applied more than once: {dict(list(twice.items())[:10])}"

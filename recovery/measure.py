@@ -61,12 +61,21 @@ def _checkpoint_now(bootstrap: str, namespace: str, data_dir: str) -> None:
 
 
 def _recover(bootstrap: str, namespace: str, data_dir: str, mode: str) -> ReplayReport:
-    return recover(bootstrap, namespace, data_dir, "serial", 1, mode, idle=1.0, stream=io.StringIO(),
-                   runtime="local", checkpoint_every=0)
+    return recover(
+        bootstrap,
+        namespace,
+        data_dir,
+        "serial",
+        1,
+        mode,
+        idle=1.0,
+        stream=io.StringIO(),
+        runtime="local",
+        checkpoint_every=0,
+    )
 
 
-def measure(txns: int = 20_000, max_txns: int = 50, distances: tuple[int, ...] = (0, 50, 200),
-            repeat: int = 3) -> dict:
+def measure(txns: int = 20_000, max_txns: int = 50, distances: tuple[int, ...] = (0, 50, 200), repeat: int = 3) -> dict:
     root = tempfile.mkdtemp(prefix="ordo-recovery-")
     namespace = f"recovery-measure-{os.getpid()}"
     result: dict = {"workload": "micro", "txns": txns, "max_txns": max_txns, "cpus": os.cpu_count()}
@@ -75,11 +84,13 @@ def measure(txns: int = 20_000, max_txns: int = 50, distances: tuple[int, ...] =
             bootstrap = broker.bootstrap_servers
             last = _sequence(bootstrap, namespace, txns, max_txns)
             result["batches"] = last
-            engine_s = statistics.median(_run(bootstrap, namespace, os.path.join(root, f"engine-{i}"), last)
-                                         for i in range(repeat))
+            engine_s = statistics.median(
+                _run(bootstrap, namespace, os.path.join(root, f"engine-{i}"), last) for i in range(repeat)
+            )
             result["engine"] = {"seconds": round(engine_s, 3), "txns_per_s": round(txns / engine_s)}
-            rebuilds = [_recover(bootstrap, namespace, os.path.join(root, "engine-0"), "scratch")
-                        for _ in range(repeat)]
+            rebuilds = [
+                _recover(bootstrap, namespace, os.path.join(root, "engine-0"), "scratch") for _ in range(repeat)
+            ]
             assert all(r.to_batch == last for r in rebuilds)
             result["rebuild"] = _summary(rebuilds)
             result["after_checkpoint"] = []
@@ -119,13 +130,17 @@ def main() -> None:
     engine, rebuild = result["engine"], result["rebuild"]
     print(f"micro, {result['txns']:,} txns in {result['batches']} batches, {result['cpus']} cpus, serial, 1 partition")
     print(f"  engine (fresh, to head)        {engine['txns_per_s']:>9,} txns/s  {engine['seconds']:>7.2f} s")
-    print(f"  rebuild from scratch (replay)  {rebuild['txns_per_s']:>9,} txns/s  {rebuild['replay_s']:>7.2f} s "
-          f"(+ {rebuild['restore_s']:.2f} s to wipe the shards and start)")
+    print(
+        f"  rebuild from scratch (replay)  {rebuild['txns_per_s']:>9,} txns/s  {rebuild['replay_s']:>7.2f} s "
+        f"(+ {rebuild['restore_s']:.2f} s to wipe the shards and start)"
+    )
     print("  restore from checkpoint + replay to head:")
     for row in result["after_checkpoint"]:
-        print(f"    {row['batches_since_checkpoint']:>4} batches since checkpoint: recovery {row['recovery_s']:6.2f} s "
-              f"(restore {row['restore_s']:.2f} s, replay {row['replay_s']:.2f} s"
-              + (f", {row['txns_per_s']:,} txns/s)" if row["batches"] else ")"))
+        print(
+            f"    {row['batches_since_checkpoint']:>4} batches since checkpoint: recovery {row['recovery_s']:6.2f} s "
+            f"(restore {row['restore_s']:.2f} s, replay {row['replay_s']:.2f} s"
+            + (f", {row['txns_per_s']:,} txns/s)" if row["batches"] else ")")
+        )
     print(json.dumps(result))
 
 

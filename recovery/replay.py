@@ -64,9 +64,17 @@ class ReplayProgress:
     batch is applied for `stall_limit` seconds before that. Shows one status line
     (rewritten in place on a terminal)."""
 
-    def __init__(self, coordinator: Coordinator, idle: float, checkpoint_at_end: bool,
-                 stream=sys.stderr, quiet: bool = False, every: float = 1.0, head: int = 0,
-                 stall_limit: float = STALL_LIMIT):
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        idle: float,
+        checkpoint_at_end: bool,
+        stream=sys.stderr,
+        quiet: bool = False,
+        every: float = 1.0,
+        head: int = 0,
+        stall_limit: float = STALL_LIMIT,
+    ):
         self.coordinator = coordinator
         self.idle = idle
         self.head = head
@@ -112,38 +120,51 @@ class ReplayProgress:
     def _caught_up(self) -> bool:
         """Every worker has read the log up to the head and applied all it read."""
         statuses = self.coordinator.statuses
-        return bool(statuses) and all(s["position"] >= self.head and s["ready"] == 0 and s["unapplied"] == 0
-                                      for s in statuses)
+        return bool(statuses) and all(
+            s["position"] >= self.head and s["ready"] == 0 and s["unapplied"] == 0 for s in statuses
+        )
 
     def shortfall(self, why: str) -> str:
         statuses = self.coordinator.statuses
         at = f"log offset {self.coordinator.read_position()}" if statuses else "the start"
-        return (f"replay stopped at batch {self.coordinator.stats.last_batch} ({at}), short of the log's head at "
-                f"offset {self.head} when recovery started: {why}; the shards are consistent, run `ordo recover` "
-                f"again")
+        return (
+            f"replay stopped at batch {self.coordinator.stats.last_batch} ({at}), short of the log's head at "
+            f"offset {self.head} when recovery started: {why}; the shards are consistent, run `ordo recover` "
+            f"again"
+        )
 
     def _show(self, stats: EngineStats, now: float) -> None:
         elapsed = self.last_new - self.started
         replayed = stats.last_batch - self.start_batch
-        line = (f"replay: batch {stats.last_batch} | {replayed} batches ({per_second(replayed, elapsed)}) | "
-                f"{stats.txns:,} txns ({per_second(stats.txns, elapsed)}) | log lag ~{self.coordinator.log_lag()}")
+        line = (
+            f"replay: batch {stats.last_batch} | {replayed} batches ({per_second(replayed, elapsed)}) | "
+            f"{stats.txns:,} txns ({per_second(stats.txns, elapsed)}) | log lag ~{self.coordinator.log_lag()}"
+        )
         if self.tty:
             print("\r" + line.ljust(100), end="", file=self.stream, flush=True)
         else:
             print(line, file=self.stream, flush=True)
 
 
-def recover(bootstrap: str, namespace: str, data_dir: str, scheduler: str = "serial",
-            partitions: int | None = None, mode: str = "auto", idle: float = 2.0,
-            checkpoint_at_end: bool = False, quiet: bool = False, stream=sys.stderr,
-            **engine_options) -> ReplayReport:
+def recover(
+    bootstrap: str,
+    namespace: str,
+    data_dir: str,
+    scheduler: str = "serial",
+    partitions: int | None = None,
+    mode: str = "auto",
+    idle: float = 2.0,
+    checkpoint_at_end: bool = False,
+    quiet: bool = False,
+    stream=sys.stderr,
+    **engine_options,
+) -> ReplayReport:
     """Restore or rebuild the shards if they need it, replay the log to its head, stop.
     `engine_options` go to the Coordinator (placement, checkpoint_every, keep_checkpoints)."""
     if partitions is None:
         partitions = layout_partitions(data_dir) if os.path.exists(os.path.join(data_dir, LAYOUT_FILE)) else 1
     started = time.monotonic()
-    coordinator = Coordinator(bootstrap, namespace, data_dir, scheduler, partitions, restore=mode,
-                              **engine_options)
+    coordinator = Coordinator(bootstrap, namespace, data_dir, scheduler, partitions, restore=mode, **engine_options)
     restore_s = time.monotonic() - started
     plan = coordinator.recovery
     say = (lambda text: None) if quiet else (lambda text: print(text, file=stream, flush=True))
@@ -154,8 +175,10 @@ def recover(bootstrap: str, namespace: str, data_dir: str, scheduler: str = "ser
         from ordo.scheduler.aria import LOG_ORDER_NOTE
 
         say(LOG_ORDER_NOTE)
-    say(f"{plan.describe()}; replaying {namespace}.log from batch {coordinator.cursor.next_batch} to its end "
-        f"at offset {head}, then until no batch arrives for {idle:g}s")
+    say(
+        f"{plan.describe()}; replaying {namespace}.log from batch {coordinator.cursor.next_batch} to its end "
+        f"at offset {head}, then until no batch arrives for {idle:g}s"
+    )
     from_batch = coordinator.stats.last_batch
     progress = ReplayProgress(coordinator, idle, checkpoint_at_end, stream, quiet, head=head)
     stats = coordinator.run(progress=progress)
@@ -164,23 +187,41 @@ def recover(bootstrap: str, namespace: str, data_dir: str, scheduler: str = "ser
     if progress.reached_at is None:
         raise ReplayShort(progress.shortfall("the replay ended before it"))
     replayed = stats.last_batch > from_batch
-    report = ReplayReport(plan.action, from_batch, stats.last_batch, stats.txns, restore_s,
-                          progress.last_new - progress.started if replayed else 0.0)
+    report = ReplayReport(
+        plan.action,
+        from_batch,
+        stats.last_batch,
+        stats.txns,
+        restore_s,
+        progress.last_new - progress.started if replayed else 0.0,
+    )
     if replayed and progress.first_new is not None:
         first_at, first_txns = progress.first_new
         report.steady_txns = progress.last_txns - first_txns
         report.steady_s = progress.last_new - first_at
-    say(f"recovered: {plan.action} + replay of {report.batches} batches, {report.txns:,} txns in "
+    say(
+        f"recovered: {plan.action} + replay of {report.batches} batches, {report.txns:,} txns in "
         f"{report.replay_s:.2f}s ({per_second(report.batches, report.replay_s, 'batches')}, "
         f"{per_second(report.txns, report.replay_s, 'txns')}; shards ready in {report.restore_s:.2f}s); "
-        f"applied through batch {report.to_batch}")
+        f"applied through batch {report.to_batch}"
+    )
     return report
 
 
-def recover_across_versions(versions: list[tuple[str, ...]], bootstrap: str, namespace: str, data_dir: str,
-                            scheduler: str = "serial", partitions: int | None = None, mode: str = "auto",
-                            idle: float = 2.0, checkpoint_at_end: bool = False, quiet: bool = False,
-                            stream=sys.stderr, **engine_options) -> ReplayReport:
+def recover_across_versions(
+    versions: list[tuple[str, ...]],
+    bootstrap: str,
+    namespace: str,
+    data_dir: str,
+    scheduler: str = "serial",
+    partitions: int | None = None,
+    mode: str = "auto",
+    idle: float = 2.0,
+    checkpoint_at_end: bool = False,
+    quiet: bool = False,
+    stream=sys.stderr,
+    **engine_options,
+) -> ReplayReport:
     """`recover` with the procedure sets in `versions` (the current one first, each a tuple of
     specs): each stretch of the log replays with the set it was sequenced with. A replay
     stops where the log moves to another set (scheduler/follower.py); it goes on with the
@@ -192,23 +233,41 @@ def recover_across_versions(versions: list[tuple[str, ...]], bootstrap: str, nam
     specs, seen = versions[0], set()
     while True:
         try:
-            return recover(bootstrap, namespace, data_dir, scheduler, partitions, mode, idle, checkpoint_at_end,
-                           quiet, stream, procedure_modules=specs, **engine_options)
+            return recover(
+                bootstrap,
+                namespace,
+                data_dir,
+                scheduler,
+                partitions,
+                mode,
+                idle,
+                checkpoint_at_end,
+                quiet,
+                stream,
+                procedure_modules=specs,
+                **engine_options,
+            )
         except VersionBoundary as boundary:
             found = identities.get(boundary.identity)
             if found is None or (boundary.batch, boundary.identity) in seen:
-                given = ", ".join(f"{','.join(v) or 'the built-in workloads'} ({short(i)})"
-                                  for i, v in identities.items())
+                given = ", ".join(
+                    f"{','.join(v) or 'the built-in workloads'} ({short(i)})" for i, v in identities.items()
+                )
                 version = f"v{boundary.version} " if boundary.version else ""
                 raise RuntimeError(
                     f"the batches from {boundary.batch} on were sequenced with procedure set {version}"
                     f"({short(boundary.identity)}), which none of the procedures given is ({given}): every batch "
                     f"before {boundary.batch} is applied; give that version's code with --app-version MODULE:APP "
-                    f"and run `ordo recover` again (docs/operations.md, 'Upgrading procedures')") from None
+                    f"and run `ordo recover` again (docs/operations.md, 'Upgrading procedures')"
+                ) from None
             seen.add((boundary.batch, boundary.identity))
             if not quiet:
-                print(f"from batch {boundary.batch}: procedure set {short(boundary.identity)} "
-                      f"({','.join(found) or 'the built-in workloads'})", file=stream, flush=True)
+                print(
+                    f"from batch {boundary.batch}: procedure set {short(boundary.identity)} "
+                    f"({','.join(found) or 'the built-in workloads'})",
+                    file=stream,
+                    flush=True,
+                )
             specs, mode = found, "auto"  # on from the shards as the boundary left them
 
 
@@ -230,6 +289,8 @@ def log_head(coordinator: Coordinator, timeout: float = 30.0) -> int:
         return coordinator.log_end(timeout)
     except Exception as exc:
         coordinator.close()
-        raise ReplayShort(f"the broker did not say where {coordinator.topics.log} ends within {timeout:.0f} s "
-                          f"({exc}); recovery needs it to know the replay is complete: check the broker, then "
-                          f"run `ordo recover` again") from None
+        raise ReplayShort(
+            f"the broker did not say where {coordinator.topics.log} ends within {timeout:.0f} s "
+            f"({exc}); recovery needs it to know the replay is complete: check the broker, then "
+            f"run `ordo recover` again"
+        ) from None

@@ -104,8 +104,13 @@ def _disagreement(states: list[ShardState]) -> str | None:
     return None
 
 
-def prepare_shards(data_dir: str, partitions: int, store: CheckpointStore, mode: str = AUTO,
-                   log_head: Callable[[], str | None] | None = None) -> Plan:
+def prepare_shards(
+    data_dir: str,
+    partitions: int,
+    store: CheckpointStore,
+    mode: str = AUTO,
+    log_head: Callable[[], str | None] | None = None,
+) -> Plan:
     """Bring the shards to a state all of them agree on (see the module docstring).
     Call it before any worker opens a shard, holding the data directory's lock.
     `log_head` says what is wrong with the log's beginning (None: it holds the first
@@ -120,10 +125,14 @@ def prepare_shards(data_dir: str, partitions: int, store: CheckpointStore, mode:
         restored, broken = restore_newest_usable(data_dir, store)
         if restored is None:
             if broken:
-                raise RecoveryError(f"no usable checkpoint in {data_dir} ({'; '.join(broken)}): "
-                                    "rebuild the shards from the log with --from-scratch")
-            raise RecoveryError(f"no complete checkpoint in {data_dir}: start without --from-checkpoint, "
-                                "or rebuild the shards from the log with --from-scratch")
+                raise RecoveryError(
+                    f"no usable checkpoint in {data_dir} ({'; '.join(broken)}): "
+                    "rebuild the shards from the log with --from-scratch"
+                )
+            raise RecoveryError(
+                f"no complete checkpoint in {data_dir}: start without --from-checkpoint, "
+                "or rebuild the shards from the log with --from-scratch"
+            )
         return Plan("restore", _noting("asked to restore from a checkpoint", broken), restored, cleaned)
     states = inspect_shards(data_dir, partitions)
     if all(s.marker is None and s.problem in (None, "missing") for s in states):
@@ -150,8 +159,9 @@ def _noting(reason: str, broken: list[str]) -> str:
     return f"{reason}; skipped {len(broken)} unusable newer checkpoint(s)"
 
 
-def restore_newest_usable(data_dir: str, store: CheckpointStore,
-                          stream=None) -> tuple[dict[str, Any] | None, list[str]]:
+def restore_newest_usable(
+    data_dir: str, store: CheckpointStore, stream=None
+) -> tuple[dict[str, Any] | None, list[str]]:
     """Restore every shard from the newest checkpoint that works, trying older ones in
     turn. Returns that checkpoint's entry (None if none worked) and, for each one that did
     not, why; each is also reported on `stream` as it is skipped."""
@@ -163,10 +173,16 @@ def restore_newest_usable(data_dir: str, store: CheckpointStore,
             return entry, broken
         except CheckpointError as exc:
             broken.append(f"batch {entry['batch']}: {exc}")
-            following = (f"trying the one of batch {candidates[i + 1]['batch']}" if i + 1 < len(candidates)
-                         else "no older checkpoint")
-            print(f"checkpoint of batch {entry['batch']} is unusable ({exc}); {following}",
-                  file=stream or sys.stderr, flush=True)
+            following = (
+                f"trying the one of batch {candidates[i + 1]['batch']}"
+                if i + 1 < len(candidates)
+                else "no older checkpoint"
+            )
+            print(
+                f"checkpoint of batch {entry['batch']} is unusable ({exc}); {following}",
+                file=stream or sys.stderr,
+                flush=True,
+            )
     return None, broken
 
 
@@ -242,7 +258,8 @@ def _wipe_for_rebuild(data_dir: str, partitions: int, log_head: Callable[[], str
             through = max(s.marker["batch"] for s in held)
             raise RecoveryError(
                 f"not rebuilding the shards from the log: {problem}; the shards hold state through batch "
-                f"{through} and are left as they are (see docs/operations.md, 'Broker lost')")
+                f"{through} and are left as they are (see docs/operations.md, 'Broker lost')"
+            )
     _wipe(data_dir, partitions)
 
 
@@ -297,7 +314,8 @@ def check_log_holds(bootstrap: str, topic: str, cursor: LogCursor) -> None:
     if low > cursor.next_offset:
         raise RecoveryError(
             f"the log no longer holds batch {cursor.next_batch}: replay must start at offset "
-            f"{cursor.next_offset} of {topic}, which begins at offset {low} now")
+            f"{cursor.next_offset} of {topic}, which begins at offset {low} now"
+        )
 
 
 def log_head_problem(bootstrap: str, topic: str, timeout: float = 10.0) -> str | None:
@@ -332,8 +350,10 @@ def log_head_problem(bootstrap: str, topic: str, timeout: float = 10.0) -> str |
                 log_identity(bootstrap, topic, timeout, f"{topic}.head-check")
             except SecretMismatch as exc:
                 return str(exc)
-            return (f"{topic} begins with a record not signed with this engine's log secret: sequencers and "
-                    f"engines must share one (docs/operations.md, 'The log secret')")
+            return (
+                f"{topic} begins with a record not signed with this engine's log secret: sequencers and "
+                f"engines must share one (docs/operations.md, 'The log secret')"
+            )
     except LogError:
         kind = None
     if message.offset() != 0 or kind != START:

@@ -69,8 +69,10 @@ RETRY = "retry"  # a fallback outcome that is no outcome: the transaction goes t
 
 
 def kept_changing(procedure: str) -> str:
-    return (f"aria: {procedure} reached keys outside those it had touched in each of {FALLBACK_ROUNDS} "
-            "fallback rounds (its keys kept changing)")
+    return (
+        f"aria: {procedure} reached keys outside those it had touched in each of {FALLBACK_ROUNDS} "
+        "fallback rounds (its keys kept changing)"
+    )
 
 
 class _NeedsRemote(BaseException):
@@ -139,8 +141,16 @@ class FirstPass:
 
     __slots__ = ("txn", "status", "result", "error", "writes", "read", "written")
 
-    def __init__(self, txn: PreparedTxn, status: str, result: Any, error: str | None,
-                 writes: dict[bytes, list], read: set[bytes], written: set[bytes]):
+    def __init__(
+        self,
+        txn: PreparedTxn,
+        status: str,
+        result: Any,
+        error: str | None,
+        writes: dict[bytes, list],
+        read: set[bytes],
+        written: set[bytes],
+    ):
         self.txn, self.status, self.result, self.error = txn, status, result, error
         self.writes, self.read, self.written = writes, read, written
 
@@ -158,13 +168,14 @@ def written_keys(writes: dict[bytes, list], range_tables: dict[str, tuple[int, i
         for table, key, _ in writes.values():
             shape = range_tables.get(table)
             if shape is not None and type(key) is tuple and len(key) >= shape[0]:
-                written.add(encode_key(table, KeyRange(key[:shape[0]])))
+                written.add(encode_key(table, KeyRange(key[: shape[0]])))
     return written
 
 
 # What an engine started with --scheduler aria says once: the stamp, not the flag, decides.
-LOG_ORDER_NOTE = ("aria: batches the sequencer stamped aria run with aria; the others keep their log order "
-                  "and run with locking")
+LOG_ORDER_NOTE = (
+    "aria: batches the sequencer stamped aria run with aria; the others keep their log order and run with locking"
+)
 
 
 @register
@@ -276,8 +287,7 @@ class _AriaBatch:
             if not waiting and not any(more for more, _ in asked.values()):
                 break
             get = self.overlay.get
-            answers = await self.exchange({peer: {key: get(key) for key in keys}
-                                           for peer, (_, keys) in asked.items()})
+            answers = await self.exchange({peer: {key: get(key) for key in keys} for peer, (_, keys) in asked.items()})
             for values in answers.values():
                 self.remote.update(values)
             needed = {}
@@ -298,18 +308,34 @@ class _AriaBatch:
         if txn.declared:
             snapshot = RecordingSnapshot({}, None)
             read, remote, here = snapshot.read, self.remote, self.here
-            snapshot.update((key, RangeView(_RecordedRange(overlay, key, read), key) if is_range_key(key)
-                             else overlay.get(key) if txn.single or self.owner(key) == here else remote[key])
-                            for key in txn.reads)
+            snapshot.update(
+                (
+                    key,
+                    RangeView(_RecordedRange(overlay, key, read), key)
+                    if is_range_key(key)
+                    else overlay.get(key)
+                    if txn.single or self.owner(key) == here
+                    else remote[key],
+                )
+                for key in txn.reads
+            )
             write_set = txn.writes
         else:
             snapshot = RecordingSnapshot({}, self._any_key)
             write_set = ANY_KEY
-        status, result, error, writes = execute(txn.procedure, txn.args, snapshot, write_set, execution.defaults,
-                                                execution.batch.time_ms, txn_seed(execution.batch.batch_id, txn.index),
-                                                in_log_order=False)
-        return FirstPass(txn, status, result, error, writes, snapshot.read,
-                         written_keys(writes, execution.range_tables))
+        status, result, error, writes = execute(
+            txn.procedure,
+            txn.args,
+            snapshot,
+            write_set,
+            execution.defaults,
+            execution.batch.time_ms,
+            txn_seed(execution.batch.batch_id, txn.index),
+            in_log_order=False,
+        )
+        return FirstPass(
+            txn, status, result, error, writes, snapshot.read, written_keys(writes, execution.range_tables)
+        )
 
     def _any_key(self, key: bytes) -> Any:
         """What a procedure without ANALYZE reads in its first pass: any key at the batch's
@@ -393,8 +419,19 @@ class _AriaBatch:
         local = tuple(key for key in keys if self.owner(key) == here)
         writes = {key: decode_key(key) for key in keys}
         single = len(participants) == 1
-        return PreparedTxn(index, txn.id, txn.procedure, txn.args, tuple(keys), writes, local, participants,
-                           participants, () if single else local, declared=False)
+        return PreparedTxn(
+            index,
+            txn.id,
+            txn.procedure,
+            txn.args,
+            tuple(keys),
+            writes,
+            local,
+            participants,
+            participants,
+            () if single else local,
+            declared=False,
+        )
 
 
 def _owner_flags(received: dict[int, list]) -> dict[int, dict[int, int]]:
@@ -440,16 +477,32 @@ class _FallbackExecution(BatchExecution):
     to the keys locked for them; one that reaches another key is a retry, not an outcome."""
 
     def __init__(self, execution: BatchExecution):
-        super().__init__(execution.batch, execution.partition, execution.overlay, execution.defaults,
-                         execution.owner, execution.exchange, execution.range_tables, execution.partitions)
+        super().__init__(
+            execution.batch,
+            execution.partition,
+            execution.overlay,
+            execution.defaults,
+            execution.owner,
+            execution.exchange,
+            execution.range_tables,
+            execution.partitions,
+        )
         self.retries: dict[int, list[bytes]] = {}  # position -> the keys to lock next round
 
     def _execute(self, txn: PreparedTxn, snapshot: dict[bytes, Any]):
         if txn.declared:
             return super()._execute(txn, snapshot)
         try:
-            return execute(txn.procedure, txn.args, _Locked(snapshot), _LockedWrites(txn.writes), self.defaults,
-                           self.batch.time_ms, txn_seed(self.batch.batch_id, txn.index), in_log_order=False)
+            return execute(
+                txn.procedure,
+                txn.args,
+                _Locked(snapshot),
+                _LockedWrites(txn.writes),
+                self.defaults,
+                self.batch.time_ms,
+                txn_seed(self.batch.batch_id, txn.index),
+                in_log_order=False,
+            )
         except _Outside as outside:
             self.retries[txn.index] = sorted({*txn.writes, outside.key})
             return RETRY, None, None, {}

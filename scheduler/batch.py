@@ -62,8 +62,9 @@ class Outcome:
 ONLY = (0,)
 
 
-def prepare(batch: Batch, registry: Registry, partitioner: Partitioner,
-            partition: int) -> tuple[list[PreparedTxn], list[Outcome]]:
+def prepare(
+    batch: Batch, registry: Registry, partitioner: Partitioner, partition: int
+) -> tuple[list[PreparedTxn], list[Outcome]]:
     """The transactions of `batch` that involve `partition`, and the rejections this
     partition reports. With routing made for this partition count, only the entries of
     this partition's slice are decoded and analyzed; otherwise every entry is placed here
@@ -75,8 +76,9 @@ def prepare(batch: Batch, registry: Registry, partitioner: Partitioner,
     return _prepare_all(batch, registry, partitioner, partition)
 
 
-def _prepare_slice(batch: Batch, items: list, registry: Registry, partitioner: Partitioner,
-                   partition: int) -> tuple[list[PreparedTxn], list[Outcome]]:
+def _prepare_slice(
+    batch: Batch, items: list, registry: Registry, partitioner: Partitioner, partition: int
+) -> tuple[list[PreparedTxn], list[Outcome]]:
     txns: list[PreparedTxn] = []
     rejected: list[Outcome] = []
     of = partitioner.of
@@ -93,16 +95,41 @@ def _prepare_slice(batch: Batch, items: list, registry: Registry, partitioner: P
                 local_reads, local_writes = carried
                 owners = writers(item, partition, local_writes)
                 if owners is None:  # taking part without executing: the keys are all it needs
-                    txns.append(PreparedTxn(index, None, None, None, local_reads, dict.fromkeys(local_writes),
-                                            local_reads, participants, active, local_writes))
+                    txns.append(
+                        PreparedTxn(
+                            index,
+                            None,
+                            None,
+                            None,
+                            local_reads,
+                            dict.fromkeys(local_writes),
+                            local_reads,
+                            participants,
+                            active,
+                            local_writes,
+                        )
+                    )
                     continue
                 request_id, proc, args = entry(index)
                 try:
                     procedure = registry.procedure(proc)
                 except RequestError as exc:
                     raise refused_entry(batch.batch_id, index, request_id, str(exc)) from None
-                txns.append(PreparedTxn(index, request_id, procedure, args, local_reads, dict.fromkeys(owners),
-                                        local_reads, participants, active, local_writes, owners))
+                txns.append(
+                    PreparedTxn(
+                        index,
+                        request_id,
+                        procedure,
+                        args,
+                        local_reads,
+                        dict.fromkeys(owners),
+                        local_reads,
+                        participants,
+                        active,
+                        local_writes,
+                        owners,
+                    )
+                )
                 continue
         request_id, proc, args = entry(index)
         if proc is None:
@@ -119,13 +146,17 @@ def _prepare_slice(batch: Batch, items: list, registry: Registry, partitioner: P
             continue
         local_reads = tuple(k for k, (table, key) in zip(reads, read_set) if of(table, key, k) == partition)
         local_writes = tuple(k for k, (table, key) in writes.items() if of(table, key, k) == partition)
-        txns.append(PreparedTxn(index, request_id, procedure, args, reads, writes, local_reads, participants, active,
-                                local_writes))
+        txns.append(
+            PreparedTxn(
+                index, request_id, procedure, args, reads, writes, local_reads, participants, active, local_writes
+            )
+        )
     return txns, rejected
 
 
-def _prepare_all(batch: Batch, registry: Registry, partitioner: Partitioner,
-                 partition: int) -> tuple[list[PreparedTxn], list[Outcome]]:
+def _prepare_all(
+    batch: Batch, registry: Registry, partitioner: Partitioner, partition: int
+) -> tuple[list[PreparedTxn], list[Outcome]]:
     txns: list[PreparedTxn] = []
     rejected: list[Outcome] = []
     partitions = partitioner.partitions
@@ -155,10 +186,16 @@ def _prepare_all(batch: Batch, registry: Registry, partitioner: Partitioner,
             continue
         of = partitioner.of
         local_reads = tuple(k for k, (table, key) in zip(reads, read_set) if of(table, key, k) == partition)
-        local_writes = () if len(participants) == 1 else tuple(
-            k for k, (table, key) in writes.items() if of(table, key, k) == partition)
-        txns.append(PreparedTxn(index, request_id, procedure, args, reads, writes,
-                                local_reads, participants, active, local_writes))
+        local_writes = (
+            ()
+            if len(participants) == 1
+            else tuple(k for k, (table, key) in writes.items() if of(table, key, k) == partition)
+        )
+        txns.append(
+            PreparedTxn(
+                index, request_id, procedure, args, reads, writes, local_reads, participants, active, local_writes
+            )
+        )
     return txns, rejected
 
 
@@ -171,8 +208,9 @@ class ReadExchange(Protocol):
         """Deliver what `send` may have held back to aggregate; called before waiting and
         at the end of a batch."""
 
-    def when_received(self, batch_id: int, index: int, senders: int,
-                      callback: Callable[[dict[bytes, Any] | None], None]) -> None:
+    def when_received(
+        self, batch_id: int, index: int, senders: int, callback: Callable[[dict[bytes, Any] | None], None]
+    ) -> None:
         """Calls `callback` with the values `senders` peers sent for this transaction
         (merged), or with None if the exchange failed; always from the event loop, never
         from inside this call (scheduler/exchange.py, Mailbox)."""
@@ -188,9 +226,17 @@ class BatchExecution:
     """Executes transactions of one batch on one partition. Schedulers decide the order
     and the overlap; this class does the same thing for every scheduler."""
 
-    def __init__(self, batch: Batch, partition: int, overlay: BatchOverlay,
-                 defaults: dict[str, Any], writes_owner, exchange: ReadExchange | None = None,
-                 range_tables: dict[str, tuple[int, int]] | None = None, partitions: int = 1):
+    def __init__(
+        self,
+        batch: Batch,
+        partition: int,
+        overlay: BatchOverlay,
+        defaults: dict[str, Any],
+        writes_owner,
+        exchange: ReadExchange | None = None,
+        range_tables: dict[str, tuple[int, int]] | None = None,
+        partitions: int = 1,
+    ):
         self.batch = batch
         self.partitions = partitions
         self.range_tables = range_tables or {}  # table -> (range_by, partition_by): procedures/registry.py
@@ -256,6 +302,7 @@ class BatchExecution:
                     failed(exc)
                     return
                 finished()
+
             exchange.when_received(batch_id, index, 1, written)
             return
 
@@ -269,6 +316,7 @@ class BatchExecution:
                 failed(exc)
                 return
             finished()
+
         exchange.when_received(batch_id, index, len(txn.participants) - 1, complete)
 
     def _run_on_executor(self, txn: PreparedTxn, snapshot: dict[bytes, Any]) -> None:
@@ -294,8 +342,15 @@ class BatchExecution:
             self.apply(index, by_owner[here])
 
     def _execute(self, txn: PreparedTxn, snapshot: dict[bytes, Any]):
-        return execute(txn.procedure, txn.args, snapshot, txn.writes, self.defaults,
-                       self.batch.time_ms, txn_seed(self.batch.batch_id, txn.index))
+        return execute(
+            txn.procedure,
+            txn.args,
+            snapshot,
+            txn.writes,
+            self.defaults,
+            self.batch.time_ms,
+            txn_seed(self.batch.batch_id, txn.index),
+        )
 
     def finish(self, txn: PreparedTxn, snapshot: dict[bytes, Any]) -> None:
         """Run a transaction whose keys are all here."""

@@ -49,12 +49,25 @@ class EngineStats:
 
 
 class Coordinator:
-    def __init__(self, bootstrap: str, namespace: str, data_dir: str, scheduler: str = "serial",
-                 partitions: int = 1, registry: Registry | None = None, sync: bool = False,
-                 runtime: str = "auto", ray_address: str | None = None, cores: list[int] | None = None,
-                 procedure_modules: tuple[str, ...] = (), outputs: CollectedOutputs | None = None,
-                 checkpoint_every: int = 100, keep_checkpoints: int = 2, restore: str = AUTO,
-                 pipeline_depth: int = 8):
+    def __init__(
+        self,
+        bootstrap: str,
+        namespace: str,
+        data_dir: str,
+        scheduler: str = "serial",
+        partitions: int = 1,
+        registry: Registry | None = None,
+        sync: bool = False,
+        runtime: str = "auto",
+        ray_address: str | None = None,
+        cores: list[int] | None = None,
+        procedure_modules: tuple[str, ...] = (),
+        outputs: CollectedOutputs | None = None,
+        checkpoint_every: int = 100,
+        keep_checkpoints: int = 2,
+        restore: str = AUTO,
+        pipeline_depth: int = 8,
+    ):
         """`restore`: "auto" (restore only shards that disagree), "checkpoint" or "scratch".
         `outputs`: collect outcomes and change data here instead of publishing them."""
         check_layout(data_dir, partitions, namespace)
@@ -67,10 +80,12 @@ class Coordinator:
         self._lock = DataDirLock(data_dir)
         try:
             self.checkpoints = CheckpointStore(data_dir, partitions, keep_checkpoints)
-            self.recovery = prepare_shards(data_dir, partitions, self.checkpoints, restore,
-                                           lambda: log_head_problem(bootstrap, self.topics.log))
-            self.group = make_group(data_dir, partitions, scheduler, registry, sync, runtime, ray_address, cores,
-                                    procedure_modules)
+            self.recovery = prepare_shards(
+                data_dir, partitions, self.checkpoints, restore, lambda: log_head_problem(bootstrap, self.topics.log)
+            )
+            self.group = make_group(
+                data_dir, partitions, scheduler, registry, sync, runtime, ray_address, cores, procedure_modules
+            )
         except BaseException:
             self._lock.release()
             raise
@@ -82,10 +97,16 @@ class Coordinator:
             raise
         self.stats.last_batch = self.stats.executed_batch = self.cursor.next_batch - 1
         self.outputs = outputs
-        self._options = FollowOptions(bootstrap, namespace, collect=outputs is not None,
-                                      checkpoint_every=checkpoint_every, checkpoint_root=self.checkpoints.root,
-                                      depth=pipeline_depth, log_keys=log_keys(),
-                                      log_secret_source=secret_source())
+        self._options = FollowOptions(
+            bootstrap,
+            namespace,
+            collect=outputs is not None,
+            checkpoint_every=checkpoint_every,
+            checkpoint_root=self.checkpoints.root,
+            depth=pipeline_depth,
+            log_keys=log_keys(),
+            log_secret_source=secret_source(),
+        )
         self._started = False
         self._finished = False
         self._seen_batch = -1
@@ -121,8 +142,7 @@ class Coordinator:
             self._started = True
             self.group.start(replace(self._options, stop_after=until_batch, hold_at=hold_at))
 
-    def run(self, idle_exit: float | None = None, until_batch: int | None = None,
-            progress=None) -> EngineStats:
+    def run(self, idle_exit: float | None = None, until_batch: int | None = None, progress=None) -> EngineStats:
         """Follow the log until stopped; with `idle_exit`, also stop after that many seconds
         without a new batch; with `until_batch`, stop once that batch is applied.
         `progress(stats)` is called a few times a second."""
@@ -178,8 +198,11 @@ class Coordinator:
 
     def silences(self) -> list[Silence]:
         """The partition workers whose answer the last watch still waited for."""
-        return [Silence(f"partition {s['partition']}", s.get("pid"), s["unanswered_s"]) for s in self._statuses
-                if s.get("unanswered_s")]
+        return [
+            Silence(f"partition {s['partition']}", s.get("pid"), s["unanswered_s"])
+            for s in self._statuses
+            if s.get("unanswered_s")
+        ]
 
     @property
     def finished(self) -> bool:
@@ -249,8 +272,9 @@ class Coordinator:
                     return None  # stopping comes first; the workers checkpoint on their own too
                 silent = [silence for silence in self.silences() if silence.seconds >= CALL_TIMEOUT]
                 if silent:
-                    raise CheckpointError(f"{silent[0]}: no checkpoint of batch {target} could be taken; restart "
-                                          f"the engine to recover")
+                    raise CheckpointError(
+                        f"{silent[0]}: no checkpoint of batch {target} could be taken; restart the engine to recover"
+                    )
             entry = self.checkpoints.take(self.group, self.group.applied()[0])
             self.stats.checkpoints += 1
             self._listed_checkpoint = max(self._listed_checkpoint, target)
@@ -283,10 +307,12 @@ class Coordinator:
         from ordo.sequencer.kafka import kafka_config
 
         if self._lag_consumer is None:
-            self._lag_consumer = Consumer(kafka_config(self.bootstrap, {"group.id": f"{self.topics.namespace}.lag",
-                                                                        "enable.auto.commit": False}))
-        return self._lag_consumer.get_watermark_offsets(TopicPartition(self.topics.log, 0), timeout=timeout,
-                                                        cached=False)[1]
+            self._lag_consumer = Consumer(
+                kafka_config(self.bootstrap, {"group.id": f"{self.topics.namespace}.lag", "enable.auto.commit": False})
+            )
+        return self._lag_consumer.get_watermark_offsets(
+            TopicPartition(self.topics.log, 0), timeout=timeout, cached=False
+        )[1]
 
     def close(self) -> None:
         """Stop the workers; what they executed is applied once its outputs are out."""
@@ -325,12 +351,24 @@ def version_boundary(log: str, boundary: dict, ours: int | None) -> VersionBound
         f"{log} runs procedure set {name} from batch {batch}, and this engine runs {short(ours)}: every batch "
         f"before {batch} is applied; to go on, start the engine with the procedures of {name} (after "
         f"`ordo upgrade`, the new --app); to replay across versions, give `ordo recover` each version's app "
-        f"(--app-version) (docs/operations.md, 'Upgrading procedures')", batch, identity, version)
+        f"(--app-version) (docs/operations.md, 'Upgrading procedures')",
+        batch,
+        identity,
+        version,
+    )
 
 
-def make_group(data_dir: str, partitions: int, scheduler: str, registry: Registry | None, sync: bool,
-               runtime: str, ray_address: str | None, cores: list[int] | None,
-               procedure_modules: tuple[str, ...]) -> WorkerGroup:
+def make_group(
+    data_dir: str,
+    partitions: int,
+    scheduler: str,
+    registry: Registry | None,
+    sync: bool,
+    runtime: str,
+    ray_address: str | None,
+    cores: list[int] | None,
+    procedure_modules: tuple[str, ...],
+) -> WorkerGroup:
     """`local`: workers in this process; `ray`: one Ray actor per partition; `auto`: Ray
     when there is more than one partition."""
     if runtime == "auto":

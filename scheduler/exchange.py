@@ -35,8 +35,9 @@ class Mailbox:
             del slots[key]
             asyncio.get_running_loop().call_soon(callback, slot[0])
 
-    def when_received(self, key: tuple[int, int], senders: int,
-                      callback: Callable[[dict[bytes, Any] | None], None]) -> None:
+    def when_received(
+        self, key: tuple[int, int], senders: int, callback: Callable[[dict[bytes, Any] | None], None]
+    ) -> None:
         """Calls `callback` from the event loop, never from inside this call: with the
         values, or with None once the exchange has failed."""
         slot = self._slots.get(key)

@@ -72,6 +72,7 @@ def _short(text: str) -> str:
 # operation form standing in for it) hands back, so no scheduler can commit what
 # another aborts. Both rest on `value_problem`, the rule the request wire uses too.
 
+
 def stored_value(value: Any) -> Any:
     """`value` as a shard will hold it, or BadValue. A container comes back as a private
     copy, normalized as reading it back from the shard gives it (tuples as lists, maps in
@@ -180,8 +181,14 @@ class TxnContext:
 
     __slots__ = ("_snapshot", "_write_set", "_defaults", "writes", "now", "_seed", "_random", "_write_ranges")
 
-    def __init__(self, snapshot: dict[bytes, Any], write_set: frozenset[bytes] | dict,
-                 defaults: dict[str, Any], now: int, seed: int):
+    def __init__(
+        self,
+        snapshot: dict[bytes, Any],
+        write_set: frozenset[bytes] | dict,
+        defaults: dict[str, Any],
+        now: int,
+        seed: int,
+    ):
         self._snapshot = snapshot
         self._write_set = write_set
         self._defaults = defaults
@@ -267,17 +274,27 @@ class TxnContext:
         for written, (_, _, value) in self.writes.items():
             if written.startswith(view.prefix):
                 found[written] = value
-        return [(decode_key(k)[1], v if type(v) in _SCALARS else _unpackb(_packb(v), strict_map_key=False))
-                for k, v in sorted(found.items()) if v is not ABSENT]
+        return [
+            (decode_key(k)[1], v if type(v) in _SCALARS else _unpackb(_packb(v), strict_map_key=False))
+            for k, v in sorted(found.items())
+            if v is not ABSENT
+        ]
 
 
 def txn_seed(batch_id: int, index: int) -> int:
     return (batch_id << 32) | index
 
 
-def execute(procedure: Procedure, args: dict, snapshot: dict[bytes, Any], write_set,
-            defaults: dict[str, Any], now: int, seed: int,
-            in_log_order: bool = True) -> tuple[str, Any, str | None, dict[bytes, list]]:
+def execute(
+    procedure: Procedure,
+    args: dict,
+    snapshot: dict[bytes, Any],
+    write_set,
+    defaults: dict[str, Any],
+    now: int,
+    seed: int,
+    in_log_order: bool = True,
+) -> tuple[str, Any, str | None, dict[bytes, list]]:
     """Run RUN once: (status, result, error, writes). Never raises for a procedure's fault.
 
     A procedure without ANALYZE runs in log order on the sets found for it so far (see
@@ -313,8 +330,16 @@ def execute(procedure: Procedure, args: dict, snapshot: dict[bytes, Any], write_
     return COMMITTED, result, None, ctx.writes
 
 
-def _found(procedure: Procedure, args: dict, record: dict | None, snapshot: dict[bytes, Any], write_set,
-           defaults: dict[str, Any], now: int, seed: int) -> tuple[str, Any, str | None, dict[bytes, list]]:
+def _found(
+    procedure: Procedure,
+    args: dict,
+    record: dict | None,
+    snapshot: dict[bytes, Any],
+    write_set,
+    defaults: dict[str, Any],
+    now: int,
+    seed: int,
+) -> tuple[str, Any, str | None, dict[bytes, list]]:
     """A procedure without ANALYZE at its turn in log order: RUN on the sets found for it
     (procedures/ollp.py). If it stays within them, its outcome is RUN's. If it reaches a
     key outside them, nothing is kept and it is re-sequenced with every key it touched:

@@ -83,9 +83,14 @@ class LogFollower:
         self._foreign_generations: dict[int, list[str]] = {}
         self.boundary: dict | None = None  # where the log moved to another procedure set
         self.applied = self.executed = self.cursor.next_batch - 1
-        self._reader = LogReader(options.bootstrap, topics.log, self.cursor,
-                                 f"{options.namespace}.engine-{self.partition}", self._check_procedures,
-                                 self._dropped)
+        self._reader = LogReader(
+            options.bootstrap,
+            topics.log,
+            self.cursor,
+            f"{options.namespace}.engine-{self.partition}",
+            self._check_procedures,
+            self._dropped,
+        )
         # Log records passed over (forged, or named by a skip record): how many, the latest ones.
         self.dropped = 0
         self.dropped_records: deque[tuple[int, str]] = deque(maxlen=KEPT_DROPPED_REPORTS)
@@ -153,8 +158,11 @@ class LogFollower:
             await self._follow()
             await self._apply_delivered(limit=0)
         except BaseException as exc:
-            self.error = f"partition {self.partition}: {exc}" if str(exc) else \
-                f"partition {self.partition}: {type(exc).__name__}"
+            self.error = (
+                f"partition {self.partition}: {exc}"
+                if str(exc)
+                else f"partition {self.partition}: {type(exc).__name__}"
+            )
             raise
         finally:
             self.running = False
@@ -250,9 +258,15 @@ class LogFollower:
         self._unapplied.append((batch.batch_id, cursor, len(result.outcomes)))
         self.executed = batch.batch_id
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("partition %d: batch %d executed (%d outcomes, %d changes) in %.1f ms, %.1f ms after it was cut",
-                      self.partition, batch.batch_id, len(result.outcomes), len(result.changes),
-                      (time.perf_counter() - started) * 1000, max(0.0, time.time() * 1000 - batch.time_ms))
+            log.debug(
+                "partition %d: batch %d executed (%d outcomes, %d changes) in %.1f ms, %.1f ms after it was cut",
+                self.partition,
+                batch.batch_id,
+                len(result.outcomes),
+                len(result.changes),
+                (time.perf_counter() - started) * 1000,
+                max(0.0, time.time() * 1000 - batch.time_ms),
+            )
         await self._apply_delivered(limit=self.options.depth)
 
     def _observe_latency(self, seconds: float) -> None:
@@ -281,8 +295,9 @@ class LogFollower:
             unapplied.popleft()
             self.worker.commit({"batch": batch_id, "cursor": cursor})
             self.applied = batch_id
-            log.debug("partition %d: batch %d applied to the shard (its outputs acknowledged)", self.partition,
-                      batch_id)
+            log.debug(
+                "partition %d: batch %d applied to the shard (its outputs acknowledged)", self.partition, batch_id
+            )
             self.applied_at = time.monotonic()
             self.applied_txns += outcomes
             every = self.options.checkpoint_every

@@ -44,13 +44,19 @@ class WorkerGroup(Protocol):
 
 
 class LocalGroup:
-    def __init__(self, data_dir: str, partitions: int, scheduler: str, registry=None, sync: bool = False,
-                 procedure_modules: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        data_dir: str,
+        partitions: int,
+        scheduler: str,
+        registry=None,
+        sync: bool = False,
+        procedure_modules: tuple[str, ...] = (),
+    ):
         exchange = LocalExchange()
         self.partitions = partitions
         self.workers = [
-            PartitionWorker(data_dir, p, partitions, scheduler, registry, exchange.endpoint(p), sync,
-                            procedure_modules)
+            PartitionWorker(data_dir, p, partitions, scheduler, registry, exchange.endpoint(p), sync, procedure_modules)
             for p in range(partitions)
         ]
         self.followers: list[LogFollower] = []
@@ -71,8 +77,7 @@ class LocalGroup:
     def drive(self, seconds: float) -> bool:
         pending = [t for t in self._tasks if not t.done()]
         if pending:
-            self._loop.run_until_complete(asyncio.wait(pending, timeout=seconds,
-                                                       return_when=asyncio.FIRST_EXCEPTION))
+            self._loop.run_until_complete(asyncio.wait(pending, timeout=seconds, return_when=asyncio.FIRST_EXCEPTION))
         for task in self._tasks:
             if task.done() and task.exception() is not None:
                 raise task.exception()

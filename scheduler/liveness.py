@@ -21,4 +21,6 @@ class Silence:
     seconds: float
 
     def __str__(self) -> str:
-        return f"{self.name} (pid {self.pid if self.pid is not None else '?'}) has not answered for {self.seconds:.0f} s"
+        return (
+            f"{self.name} (pid {self.pid if self.pid is not None else '?'}) has not answered for {self.seconds:.0f} s"
+        )

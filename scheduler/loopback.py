@@ -31,5 +31,9 @@ def check_node_address(address: str, stream=None) -> None:
     """One line if Ray ended up elsewhere (a Ray version that resolves the address some
     other way): then it listens beyond this machine."""
     if address != LOOPBACK:
-        print(f"warning: Ray's node address is {address}, not {LOOPBACK}: Ray listens beyond this machine "
-              f"(run Ray yourself and pass --ray-address to decide where)", file=stream or sys.stderr, flush=True)
+        print(
+            f"warning: Ray's node address is {address}, not {LOOPBACK}: Ray listens beyond this machine "
+            f"(run Ray yourself and pass --ray-address to decide where)",
+            file=stream or sys.stderr,
+            flush=True,
+        )

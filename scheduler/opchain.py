@@ -86,8 +86,22 @@ def _view(value: Any, default: Any) -> Any:
 class _Txn:
     """One transaction's state while its chains are evaluated."""
 
-    __slots__ = ("txn", "ops", "deps", "result", "whole", "conditions", "missing", "versions",
-                 "parked", "aborted", "outputs", "changes", "outcome", "writes")
+    __slots__ = (
+        "txn",
+        "ops",
+        "deps",
+        "result",
+        "whole",
+        "conditions",
+        "missing",
+        "versions",
+        "parked",
+        "aborted",
+        "outputs",
+        "changes",
+        "outcome",
+        "writes",
+    )
 
     def __init__(self, txn: PreparedTxn):
         self.txn = txn
@@ -298,7 +312,7 @@ class _Evaluation:
                     continue  # the chain carries on from the value it had
                 outputs = state.outputs
                 wrote = False
-                for i in ((ops,) if type(ops) is int else ops):
+                for i in (ops,) if type(ops) is int else ops:
                     kind, table, key, arg, deps, _ = state.ops[i]
                     if kind == OP_MODIFY:
                         own = value if type(value) in _SCALARS else _view(value, defaults.get(table, 0))
@@ -337,8 +351,14 @@ class _Evaluation:
             execution = self.execution
             snapshot = {key: versions[key] for key in txn.reads}
             status, result, error, writes = execute(
-                txn.procedure, txn.args, snapshot, txn.writes, self.defaults,
-                execution.batch.time_ms, txn_seed(execution.batch.batch_id, txn.index))
+                txn.procedure,
+                txn.args,
+                snapshot,
+                txn.writes,
+                self.defaults,
+                execution.batch.time_ms,
+                txn_seed(execution.batch.batch_id, txn.index),
+            )
             state.outcome = (status, result, error)
             if status == COMMITTED:
                 state.writes = writes
@@ -401,8 +421,11 @@ class _Evaluation:
                 for _, table, key, value in sorted(state.changes, key=_first):
                     changes.append([index, table, key, None if value is ABSENT else value])
         # Each of these transactions has all of its keys here, its output streams' rows too.
-        self.execution.streamed += [change for change in changes[first:]
-                                    if change[1].startswith(OUTPUT_TABLE_PREFIX) and type(change[3]) is list]
+        self.execution.streamed += [
+            change
+            for change in changes[first:]
+            if change[1].startswith(OUTPUT_TABLE_PREFIX) and type(change[3]) is list
+        ]
 
 
 def _declares_range(txn: PreparedTxn) -> bool:

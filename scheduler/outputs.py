@@ -56,8 +56,10 @@ OUTPUT_LINGER_MS = 50
 
 def outcome_record(outcome: Outcome, batch_id: int) -> bytes:
     if outcome.result is None and outcome.error is None:  # the common case, formatted directly
-        return (f'{{"id":{_dumps(outcome.id)},"status":"{outcome.status}","batch":{batch_id},'
-                f'"txn":{outcome.index},"restarts":{outcome.restarts},"result":null,"error":null}}').encode()
+        return (
+            f'{{"id":{_dumps(outcome.id)},"status":"{outcome.status}","batch":{batch_id},'
+            f'"txn":{outcome.index},"restarts":{outcome.restarts},"result":null,"error":null}}'
+        ).encode()
     return _dumps(_collected(outcome, batch_id)).encode()
 
 
@@ -72,8 +74,9 @@ def change_key(batch_id: int, txn: int, part: int) -> bytes:
     return f"{batch_id}.{txn}.{part}".encode()
 
 
-def change_records(batch_id: int, txns: int, reported: Iterable[int], changes: list[list],
-                   max_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[bytes, bytes]]:
+def change_records(
+    batch_id: int, txns: int, reported: Iterable[int], changes: list[list], max_bytes: int = MAX_MESSAGE_BYTES
+) -> list[tuple[bytes, bytes]]:
     """(key, value) messages carrying the change data of every transaction `reported` (the
     indexes whose outcomes this partition reports, out of the batch's `txns`), in txn
     order, each at most about `max_bytes`. `changes` holds every write of those
@@ -96,10 +99,13 @@ def change_records(batch_id: int, txns: int, reported: Iterable[int], changes: l
             groups[-1].append(item)
             size += len(item) + 1
         parts = len(groups)
-        records += [(change_key(batch_id, index, part),
-                     f'{head}{index},"txns":{txns},"part":{part},"parts":{parts},'
-                     f'"changes":[{",".join(group)}]}}'.encode())
-                    for part, group in enumerate(groups)]
+        records += [
+            (
+                change_key(batch_id, index, part),
+                f'{head}{index},"txns":{txns},"part":{part},"parts":{parts},"changes":[{",".join(group)}]}}'.encode(),
+            )
+            for part, group in enumerate(groups)
+        ]
     return records
 
 
@@ -139,8 +145,9 @@ class OutputSink(Protocol):
     can execute the next batch while the broker acknowledges this one; a batch is applied
     only once `delivered` says its outputs are durable."""
 
-    def publish(self, batch_id: int, txns: int, outcomes: list[Outcome], changes: list[list],
-                streamed: list[list]) -> None:
+    def publish(
+        self, batch_id: int, txns: int, outcomes: list[Outcome], changes: list[list], streamed: list[list]
+    ) -> None:
         """Queue the outputs of one partition for one batch of `txns` transactions: the
         outcomes it reports, in txn order, every write of those transactions (wherever it
         is applied) as [txn index, table, key, value or None], in txn order, and the output
@@ -159,16 +166,21 @@ class OutputSink(Protocol):
 class KafkaOutputs:
     def __init__(self, bootstrap: str, topics: Topics, extra: dict | None = None):
         self.topics = topics
-        self._producer = Producer(kafka_config(bootstrap, {
-            "enable.idempotence": True,
-            "linger.ms": OUTPUT_LINGER_MS,
-            "batch.num.messages": 10_000,
-            "queue.buffering.max.messages": 1_000_000,
-            # Outputs wait for a broker that is away, however long: none expires unsent.
-            "message.timeout.ms": 0,
-            **output_compression(user_kafka_settings()),
-            **(extra or {}),
-        }))
+        self._producer = Producer(
+            kafka_config(
+                bootstrap,
+                {
+                    "enable.idempotence": True,
+                    "linger.ms": OUTPUT_LINGER_MS,
+                    "batch.num.messages": 10_000,
+                    "queue.buffering.max.messages": 1_000_000,
+                    # Outputs wait for a broker that is away, however long: none expires unsent.
+                    "message.timeout.ms": 0,
+                    **output_compression(user_kafka_settings()),
+                    **(extra or {}),
+                },
+            )
+        )
         # Unacknowledged messages per batch; batches enter in order, so the first key is
         # the oldest batch not yet fully acknowledged.
         self._outstanding: dict[int, int] = {}
@@ -181,21 +193,27 @@ class KafkaOutputs:
         def acknowledged(error, message) -> None:
             if error is not None:
                 if self._failure is None:
-                    self._failure = (f"the broker refused an output of batch {batch_id} "
-                                     f"(topic {message.topic()}): {error.str()}")
+                    self._failure = (
+                        f"the broker refused an output of batch {batch_id} (topic {message.topic()}): {error.str()}"
+                    )
                 return
             left = outstanding[batch_id] - 1
             if left:
                 outstanding[batch_id] = left
             else:
                 del outstanding[batch_id]
+
         return acknowledged
 
-    def publish(self, batch_id: int, txns: int, outcomes: list[Outcome], changes: list[list],
-                streamed: list[list]) -> None:
+    def publish(
+        self, batch_id: int, txns: int, outcomes: list[Outcome], changes: list[list], streamed: list[list]
+    ) -> None:
         topics = self.topics
         records = [outcome_message(outcome, batch_id, topics) for outcome in outcomes]
-        records += [(topics.changes, key, value) for key, value in change_records(batch_id, txns, (o.index for o in outcomes), changes)]
+        records += [
+            (topics.changes, key, value)
+            for key, value in change_records(batch_id, txns, (o.index for o in outcomes), changes)
+        ]
         tuples = stream_records(topics.namespace, batch_id, streamed)
         if tuples:
             self._stream_topics.ensure(tuples)
@@ -216,7 +234,8 @@ class KafkaOutputs:
                     error = exc.args[0] if exc.args else exc
                     self._failure = self._failure or (
                         f"an output of batch {batch_id} (topic {topic}, {len(value)} bytes) cannot be sent: "
-                        f"{error.str() if hasattr(error, 'str') else error}")
+                        f"{error.str() if hasattr(error, 'str') else error}"
+                    )
                     self._check()
 
     def delivered(self, batch_id: int) -> bool:
@@ -233,8 +252,10 @@ class KafkaOutputs:
 
     def _check(self) -> None:
         if self._failure is not None:
-            raise OutputLost(f"{self._failure}; nothing was applied after it, and a restart of the engine "
-                             "publishes it again from the log")
+            raise OutputLost(
+                f"{self._failure}; nothing was applied after it, and a restart of the engine "
+                "publishes it again from the log"
+            )
 
     def close(self) -> None:
         self._producer.flush(10)
@@ -249,15 +270,17 @@ class CollectedOutputs:
         self._changes: list[tuple] = []  # (batch, txn index, encoded key, table, key, value or None)
         self._restarts: list[tuple] = []  # (batch, txn index, request message)
 
-    def publish(self, batch_id: int, txns: int, outcomes: list[Outcome], changes: list[list],
-                streamed: list[list]) -> None:
+    def publish(
+        self, batch_id: int, txns: int, outcomes: list[Outcome], changes: list[list], streamed: list[list]
+    ) -> None:
         restarted = [o for o in outcomes if o.status == RESTARTED] if outcomes else ()
         if restarted:
             self._restarts.extend((batch_id, o.index, restart_request(o.id, o.result)) for o in restarted)
             outcomes = [o for o in outcomes if o.status != RESTARTED]
         self._outcomes.extend((batch_id, o.index, _collected(o, batch_id)) for o in outcomes)
-        self._changes.extend((batch_id, index, encode_key(table, key), table, key, value)
-                             for index, table, key, value in changes)
+        self._changes.extend(
+            (batch_id, index, encode_key(table, key), table, key, value) for index, table, key, value in changes
+        )
 
     def delivered(self, batch_id: int) -> bool:
         return True
@@ -298,8 +321,15 @@ def _collected(o: Outcome, batch_id: int) -> dict[str, Any]:
     """The outcome record as <ns>.results carries it, decoded; a streaming dataflow's adds
     the status of each triggered procedure (procedures/streams.py)."""
     result, steps = split_result(o.result)
-    record = {"id": o.id, "status": o.status, "batch": batch_id, "txn": o.index, "restarts": o.restarts,
-              "result": result, "error": o.error}
+    record = {
+        "id": o.id,
+        "status": o.status,
+        "batch": batch_id,
+        "txn": o.index,
+        "restarts": o.restarts,
+        "result": result,
+        "error": o.error,
+    }
     if steps is not None:
         record["steps"] = steps
     return record

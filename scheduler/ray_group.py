@@ -29,6 +29,7 @@ class WorkerDied(RuntimeError):
 class WorkerSilent(RuntimeError):
     """A partition worker did not answer a call within its timeout."""
 
+
 # How long a status poll waits for the workers' answers before it goes on with the last
 # answers of those that have not answered yet.
 STATUS_WAIT = 1.0
@@ -38,13 +39,22 @@ STOP_WAIT = 10.0
 
 @ray.remote
 class PartitionActor:
-    def __init__(self, core: int | None, data_dir: str, partition: int, partitions: int, scheduler: str,
-                 sync: bool, procedure_modules: tuple[str, ...]):
+    def __init__(
+        self,
+        core: int | None,
+        data_dir: str,
+        partition: int,
+        partitions: int,
+        scheduler: str,
+        sync: bool,
+        procedure_modules: tuple[str, ...],
+    ):
         if core is not None:
             os.sched_setaffinity(0, {core})
         self.exchange = SocketExchange(partition)
-        self.worker = PartitionWorker(data_dir, partition, partitions, scheduler, None, self.exchange, sync,
-                                      procedure_modules)
+        self.worker = PartitionWorker(
+            data_dir, partition, partitions, scheduler, None, self.exchange, sync, procedure_modules
+        )
         self.follower: LogFollower | None = None
 
     async def listen(self, on_cluster: bool) -> tuple[str, int]:
@@ -68,10 +78,24 @@ class PartitionActor:
         marker = self.worker.applied()
         applied = marker["batch"] if marker else 0
         next_offset = marker["cursor"]["next_offset"] if marker else 0
-        return {"partition": self.worker.partition, "executed": applied, "applied": applied, "applied_at": 0.0,
-                "applied_txns": 0, "unapplied": 0, "next_offset": next_offset, "read_batch": applied, "position": next_offset, "ready": 0,
-                "committed": 0, "aborted": 0, "rejected": 0,
-                "checkpointed": [], "running": False, "error": None}
+        return {
+            "partition": self.worker.partition,
+            "executed": applied,
+            "applied": applied,
+            "applied_at": 0.0,
+            "applied_txns": 0,
+            "unapplied": 0,
+            "next_offset": next_offset,
+            "read_batch": applied,
+            "position": next_offset,
+            "ready": 0,
+            "committed": 0,
+            "aborted": 0,
+            "rejected": 0,
+            "checkpointed": [],
+            "running": False,
+            "error": None,
+        }
 
     async def hold(self, batch_id: int | None) -> None:
         if self.follower is not None:
@@ -92,8 +116,12 @@ class PartitionActor:
         return self.worker.checkpoint(path)
 
     async def where(self) -> dict[str, Any]:
-        return {"partition": self.worker.partition, "pid": os.getpid(),
-                "cores": sorted(os.sched_getaffinity(0)), "node": ray.get_runtime_context().get_node_id()}
+        return {
+            "partition": self.worker.partition,
+            "pid": os.getpid(),
+            "cores": sorted(os.sched_getaffinity(0)),
+            "node": ray.get_runtime_context().get_node_id(),
+        }
 
     async def close(self) -> None:
         """Stop following first (what was executed is applied once its outputs are out),
@@ -129,8 +157,13 @@ def start_ray(address: str | None = None) -> None:
         before = {p.pid for p in psutil.Process().children(recursive=True)}
         # address="local": a Ray of its own, never the cluster a `ray start` (or another
         # process's test cluster) last noted in /tmp/ray on this machine.
-        context = ray.init(address="local", include_dashboard=False, _node_ip_address=LOOPBACK,
-                           logging_level="WARNING", num_cpus=os.cpu_count())
+        context = ray.init(
+            address="local",
+            include_dashboard=False,
+            _node_ip_address=LOOPBACK,
+            logging_level="WARNING",
+            num_cpus=os.cpu_count(),
+        )
         # The GCS and the raylet die with this process (the kernel's parent-death signal); the
         # dashboard agents under the raylet notice only a minute later, workers with their raylet.
         stop_with_owner([p.pid for p in psutil.Process().children(recursive=True) if p.pid not in before])
@@ -138,9 +171,16 @@ def start_ray(address: str | None = None) -> None:
 
 
 class RayGroup:
-    def __init__(self, data_dir: str, partitions: int, scheduler: str, sync: bool = False,
-                 procedure_modules: tuple[str, ...] = (), address: str | None = None,
-                 cores: list[int] | None = None):
+    def __init__(
+        self,
+        data_dir: str,
+        partitions: int,
+        scheduler: str,
+        sync: bool = False,
+        procedure_modules: tuple[str, ...] = (),
+        address: str | None = None,
+        cores: list[int] | None = None,
+    ):
         start_ray(address)
         nodes = sorted(node["NodeID"] for node in ray.nodes() if node["Alive"])
         self.partitions = partitions
@@ -156,15 +196,26 @@ class RayGroup:
                 options["runtime_env"] = {"env_vars": kafka_env}
         self.actors = [
             PartitionActor.options(**options, **_placement(p, nodes)).remote(
-                cores[p % len(cores)] if cores else None, os.path.abspath(data_dir), p, partitions, scheduler,
-                sync, tuple(procedure_modules))
+                cores[p % len(cores)] if cores else None,
+                os.path.abspath(data_dir),
+                p,
+                partitions,
+                scheduler,
+                sync,
+                tuple(procedure_modules),
+            )
             for p in range(partitions)
         ]
         self._where: list[dict[str, Any]] = []
         self._silent: set[int] = set()  # partitions that let a call time out
         # A worker's first call waits for its process to start, which takes Ray seconds.
-        addresses = dict(enumerate(self._get([actor.listen.remote(bool(address)) for actor in self.actors],
-                                             timeout=max(CALL_TIMEOUT, 120.0))))
+        addresses = dict(
+            enumerate(
+                self._get(
+                    [actor.listen.remote(bool(address)) for actor in self.actors], timeout=max(CALL_TIMEOUT, 120.0)
+                )
+            )
+        )
         self._get([actor.connect.remote(addresses) for actor in self.actors])
         self._where = self._get([actor.where.remote() for actor in self.actors])
         self._runs: list = []
@@ -184,9 +235,11 @@ class RayGroup:
             _, waiting = ray.wait(refs, num_returns=len(refs), timeout=0)
             silent = [p for p, ref in enumerate(refs) if ref in waiting]
             self._silent.update(silent)
-            raise WorkerSilent("; ".join(str(self._silence(p, time.monotonic() - started)) for p in silent) +
-                               ": restart the engine to recover (the shards are restored or replayed as after "
-                               "a crash)") from None
+            raise WorkerSilent(
+                "; ".join(str(self._silence(p, time.monotonic() - started)) for p in silent)
+                + ": restart the engine to recover (the shards are restored or replayed as after "
+                "a crash)"
+            ) from None
         except RayTaskError as exc:
             cause = getattr(exc, "cause", None)
             if cause is not None and not isinstance(cause, RayActorError):
@@ -195,9 +248,11 @@ class RayGroup:
         except RayActorError as exc:
             dead = [p for p, actor in enumerate(self.actors) if not _alive(actor)]
             first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise WorkerDied(f"partition worker(s) {dead or '?'} died ({first_line}); restart the engine to "
-                             "recover: the shards are restored from the last checkpoint if they disagree, "
-                             "then the log is replayed") from None
+            raise WorkerDied(
+                f"partition worker(s) {dead or '?'} died ({first_line}); restart the engine to "
+                "recover: the shards are restored from the last checkpoint if they disagree, "
+                "then the log is replayed"
+            ) from None
 
     def applied(self) -> list[dict[str, Any] | None]:
         return self._get([actor.applied.remote() for actor in self.actors])
@@ -224,8 +279,9 @@ class RayGroup:
             if self._asked[p] is None:
                 self._asked[p], self._asked_at[p] = actor.status.remote(), now
         first = any(last is None for last in self._last)
-        ready, _ = ray.wait(list(self._asked), num_returns=len(self._asked),
-                            timeout=CALL_TIMEOUT if first else STATUS_WAIT)
+        ready, _ = ray.wait(
+            list(self._asked), num_returns=len(self._asked), timeout=CALL_TIMEOUT if first else STATUS_WAIT
+        )
         for p, ref in enumerate(self._asked):
             if ref in ready:
                 self._last[p] = self._get([ref])[0]
@@ -234,11 +290,15 @@ class RayGroup:
         missing = [p for p, last in enumerate(self._last) if last is None]
         if missing:
             self._silent.update(missing)
-            raise WorkerSilent("; ".join(str(self._silence(p, time.monotonic() - self._asked_at[p]))
-                                         for p in missing) + ": restart the engine")
+            raise WorkerSilent(
+                "; ".join(str(self._silence(p, time.monotonic() - self._asked_at[p])) for p in missing)
+                + ": restart the engine"
+            )
         now = time.monotonic()
-        return [{**last, "pid": self._where[p]["pid"], "unanswered_s": self._unanswered(p, now)}
-                for p, last in enumerate(self._last)]
+        return [
+            {**last, "pid": self._where[p]["pid"], "unanswered_s": self._unanswered(p, now)}
+            for p, last in enumerate(self._last)
+        ]
 
     def _unanswered(self, partition: int, now: float) -> float:
         if self._asked[partition] is None:
@@ -259,8 +319,10 @@ class RayGroup:
         except WorkerSilent:
             now = time.monotonic()
             silent = "; ".join(str(self._silence(p, self._silent_for(p, now))) for p in sorted(self._silent))
-            raise WorkerSilent(f"{silent}: stopped without waiting for it; restart the engine to recover (the "
-                               "shards are restored or replayed as after a crash)") from None
+            raise WorkerSilent(
+                f"{silent}: stopped without waiting for it; restart the engine to recover (the "
+                "shards are restored or replayed as after a crash)"
+            ) from None
 
     def _silent_for(self, partition: int, now: float) -> float:
         """Since the oldest call this worker has not answered."""

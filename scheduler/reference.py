@@ -82,8 +82,11 @@ class SerialInterpreter:
         for index in range(len(entries)):
             if index not in touched:  # rejected
                 self._one(batch, index, *entries[index])
-        fallback = [(t, None if declared else read | written)
-                    for t, (read, written, declared) in touched.items() if t not in placed]
+        fallback = [
+            (t, None if declared else read | written)
+            for t, (read, written, declared) in touched.items()
+            if t not in placed
+        ]
         for _ in range(FALLBACK_ROUNDS):
             going_on = []
             for index, keys in fallback:
@@ -94,14 +97,15 @@ class SerialInterpreter:
             fallback = going_on
         for index, _ in fallback:
             request_id, proc, args = entries[index]
-            self.outcomes.append(self._outcome(batch, index, request_id, proc, args, ABORTED, None,
-                                               kept_changing(proc)))
+            self.outcomes.append(
+                self._outcome(batch, index, request_id, proc, args, ABORTED, None, kept_changing(proc))
+            )
         self.aria_orders[batch.batch_id] = order
         self.aria_commits[batch.batch_id] = sorted(first)
         # Published as every engine publishes them: outcomes by position; change data as
         # CollectedOutputs lists it, by position then key (its serial order is `aria_orders`).
-        self.outcomes[start[0]:] = sorted(self.outcomes[start[0]:], key=lambda o: o["txn"])
-        self.changes[start[1]:] = sorted(self.changes[start[1]:], key=lambda c: (c[1], encode_key(c[2], c[3])))
+        self.outcomes[start[0] :] = sorted(self.outcomes[start[0] :], key=lambda o: o["txn"])
+        self.changes[start[1] :] = sorted(self.changes[start[1] :], key=lambda c: (c[1], encode_key(c[2], c[3])))
 
     def _touched(self, batch: Batch, index: int, proc, args) -> tuple[set, set, bool]:
         """The keys a request reads and writes running at the batch's start (nothing
@@ -111,16 +115,29 @@ class SerialInterpreter:
         snapshot = _Watched(read, None if procedure.analyze is not None else self._value)
         for table, key in reads if procedure.analyze is not None else ():
             encoded = encode_key(table, key)
-            dict.__setitem__(snapshot, encoded, RangeView(_WatchedRange(self._ranges, encoded, read), encoded)
-                             if type(key) is KeyRange else self._value(encoded))
+            dict.__setitem__(
+                snapshot,
+                encoded,
+                RangeView(_WatchedRange(self._ranges, encoded, read), encoded)
+                if type(key) is KeyRange
+                else self._value(encoded),
+            )
         write_set = {encode_key(table, key) for table, key in writes} if procedure.analyze is not None else ANY_KEY
-        _, _, _, written = execute(procedure, args, snapshot, write_set, self.defaults, batch.time_ms,
-                                   txn_seed(batch.batch_id, index), in_log_order=False)
+        _, _, _, written = execute(
+            procedure,
+            args,
+            snapshot,
+            write_set,
+            self.defaults,
+            batch.time_ms,
+            txn_seed(batch.batch_id, index),
+            in_log_order=False,
+        )
         keys = set(written)
         for table, key, _ in written.values():
             shape = self.registry.range_tables.get(table)
             if shape is not None and type(key) is tuple and len(key) >= shape[0]:
-                keys.add(encode_key(table, KeyRange(key[:shape[0]])))
+                keys.add(encode_key(table, KeyRange(key[: shape[0]])))
         return read, keys, procedure.analyze is not None
 
     def _value(self, encoded: bytes):
@@ -149,14 +166,22 @@ class SerialInterpreter:
                 snapshot, write_set = _Fenced(), _FencedWrites()
         for table, key in reads:
             encoded = encode_key(table, key)
-            snapshot[encoded] = (RangeView(self._ranges, encoded) if type(key) is KeyRange
-                                 else self.state.get(encoded, ABSENT))
+            snapshot[encoded] = (
+                RangeView(self._ranges, encoded) if type(key) is KeyRange else self.state.get(encoded, ABSENT)
+            )
         if write_set is not ANY_KEY:
             write_set.update(encode_key(table, key) for table, key in writes)
         try:
-            status, result, error, written = execute(procedure, args, snapshot, write_set, self.defaults,
-                                                     batch.time_ms, txn_seed(batch.batch_id, index),
-                                                     in_log_order=not aria)
+            status, result, error, written = execute(
+                procedure,
+                args,
+                snapshot,
+                write_set,
+                self.defaults,
+                batch.time_ms,
+                txn_seed(batch.batch_id, index),
+                in_log_order=not aria,
+            )
         except _OutsideFence as outside:
             return outside.key
         self.outcomes.append(self._outcome(batch, index, request_id, proc, args, status, result, error))
@@ -173,9 +198,16 @@ class SerialInterpreter:
     @staticmethod
     def _outcome(batch: Batch, index: int, request_id: str, proc, args, status, result, error) -> dict:
         result, steps = split_result(result)
-        return {"id": request_id, "status": status, "batch": batch.batch_id, "txn": index,
-                "restarts": restarts_of(args) if proc is not None else 0,
-                "result": result, "error": error, **({"steps": steps} if steps is not None else {})}
+        return {
+            "id": request_id,
+            "status": status,
+            "batch": batch.batch_id,
+            "txn": index,
+            "restarts": restarts_of(args) if proc is not None else 0,
+            "result": result,
+            "error": error,
+            **({"steps": steps} if steps is not None else {}),
+        }
 
     def digest(self) -> int:
         return digest_pairs((key, encode_value(value)) for key, value in self.state.items())

@@ -26,11 +26,11 @@ def stream_records(namespace: str, batch_id: int, changes: Iterable[list]) -> li
     records = []
     for index, table, _key, value in changes:
         if table.startswith(OUTPUT_TABLE_PREFIX) and type(value) is list:
-            topic = stream_topic(namespace, table[len(OUTPUT_TABLE_PREFIX):])
-            records += [(topic, f"{batch_id}:{index}:{seq}".encode(), _dumps(item).encode())
-                        for seq, item in enumerate(value)]
+            topic = stream_topic(namespace, table[len(OUTPUT_TABLE_PREFIX) :])
+            records += [
+                (topic, f"{batch_id}:{index}:{seq}".encode(), _dumps(item).encode()) for seq, item in enumerate(value)
+            ]
     return records
-
 
 
 class StreamTopics:
@@ -53,7 +53,7 @@ class StreamTopics:
         admin = AdminClient(kafka_config(self._bootstrap, self._extra))
         existing = admin.list_topics(timeout=timeout).topics
         new = [NewTopic(topic, 1, 1) for topic in sorted(wanted) if topic not in existing]
-        for topic, future in (admin.create_topics(new, operation_timeout=timeout).items() if new else ()):
+        for topic, future in admin.create_topics(new, operation_timeout=timeout).items() if new else ():
             try:
                 future.result(timeout)
             except Exception as exc:  # created meanwhile by another worker is fine

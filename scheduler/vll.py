@@ -153,8 +153,7 @@ class _Counters(ConcurrentBatch):
                 else:
                     self.start(active)
                     started = True
-            if (walked or self.blocked <= self.sca_threshold
-                    or self.finished_since_sca * SCA_AMORTIZE < len(self.queue)):
+            if walked or self.blocked <= self.sca_threshold or self.finished_since_sca * SCA_AMORTIZE < len(self.queue):
                 return started
             walked = True
             self.sca()

@@ -69,13 +69,16 @@ def check_layout(data_dir: str, partitions: int, namespace: str | None = None) -
         if existing != partitions:
             raise ValueError(
                 f"{data_dir} holds {existing} partition(s), not {partitions}: use --partitions {existing} "
-                "or a new data directory (the log rebuilds any layout from scratch)")
+                "or a new data directory (the log rebuilds any layout from scratch)"
+            )
         recorded = layout.get("namespace")
         if namespace is None or recorded == namespace:
             return
         if recorded is not None:
-            raise ValueError(f"{data_dir} holds the state of namespace '{recorded}', not '{namespace}': use "
-                             f"--namespace {recorded} or a new data directory")
+            raise ValueError(
+                f"{data_dir} holds the state of namespace '{recorded}', not '{namespace}': use "
+                f"--namespace {recorded} or a new data directory"
+            )
     layout.update({"partitions": partitions, **({"namespace": namespace} if namespace is not None else {})})
     with open(path, "w") as f:
         json.dump(layout, f)
@@ -100,8 +103,11 @@ def relax_garbage_collection() -> None:
 def count_restarts(txns: list, outcomes: list[Outcome]) -> None:
     """Give each outcome of a re-sequenced kind of transaction (a dependent one, or one
     without ANALYZE) its restart count (from its request)."""
-    restarts = {t.index: restarts_of(t.args) for t in txns
-                if t.procedure is not None and (t.procedure.reconnoiter is not None or t.procedure.analyze is None)}
+    restarts = {
+        t.index: restarts_of(t.args)
+        for t in txns
+        if t.procedure is not None and (t.procedure.reconnoiter is not None or t.procedure.analyze is None)
+    }
     if restarts:
         for outcome in outcomes:
             outcome.restarts = restarts.get(outcome.index, 0)
@@ -116,9 +122,17 @@ class PartitionResult:
 
 
 class PartitionWorker:
-    def __init__(self, data_dir: str, partition: int, partitions: int, scheduler: str,
-                 registry: Registry | None = None, exchange: ReadExchange | None = None,
-                 sync: bool = False, procedure_modules: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        data_dir: str,
+        partition: int,
+        partitions: int,
+        scheduler: str,
+        registry: Registry | None = None,
+        exchange: ReadExchange | None = None,
+        sync: bool = False,
+        procedure_modules: tuple[str, ...] = (),
+    ):
         relax_garbage_collection()
         self.partition = partition
         self.registry = registry or load_registry(procedure_modules)
@@ -141,8 +155,9 @@ class PartitionWorker:
     def owner(self, table: str, key: Any, encoded: bytes) -> int:
         return self.partitioner.of(table, key, encoded)
 
-    async def execute(self, batch: Batch, commit: dict[str, Any] | None = None,
-                      upcoming: Batch | None = None) -> PartitionResult:
+    async def execute(
+        self, batch: Batch, commit: dict[str, Any] | None = None, upcoming: Batch | None = None
+    ) -> PartitionResult:
         """Run this partition's share of `batch` on an overlay; nothing reaches the shard
         until `commit`. `commit`, if given, first applies the oldest executed batch. Batches
         executed before this one and not yet applied are read through their overlays.
@@ -157,8 +172,16 @@ class PartitionWorker:
         self._prepared_ahead = None
         overlay = BatchOverlay(self.shard, self._unapplied_values)
         overlay.prefetch(key for txn in txns for key in txn.local_reads)
-        execution = BatchExecution(batch, self.partition, overlay, self.defaults, self.owner, self.exchange,
-                                   self.registry.range_tables, self.partitioner.partitions)
+        execution = BatchExecution(
+            batch,
+            self.partition,
+            overlay,
+            self.defaults,
+            self.owner,
+            self.exchange,
+            self.registry.range_tables,
+            self.partitioner.partitions,
+        )
         mailbox = None if self.exchange is None else self.exchange.mailbox
         if upcoming is not None and mailbox is not None:
             mailbox.on_wait = lambda: self._prepare_ahead(upcoming)
@@ -186,8 +209,10 @@ class PartitionWorker:
         if batch.ordering is None:
             return self.scheduler
         if batch.ordering != ARIA:
-            raise RuntimeError(f"batch {batch.batch_id} asks for ordering {batch.ordering!r}, which this engine "
-                               "does not know: run a version of Ordo that does")
+            raise RuntimeError(
+                f"batch {batch.batch_id} asks for ordering {batch.ordering!r}, which this engine "
+                "does not know: run a version of Ordo that does"
+            )
         if self.scheduler.name == "aria":
             return self.scheduler
         if self._aria is None:

@@ -67,7 +67,8 @@ class AppendTurn:
                     raise TimeoutError(
                         f"another sequencer of {self.topic} has held its append turn on the local broker for "
                         f"over {waited:.0f} s ({self.path}): it is hung; stop that sequencer process and this "
-                        f"one goes on (docs/local-broker.md, 'Transactions ending together')") from None
+                        f"one goes on (docs/local-broker.md, 'Transactions ending together')"
+                    ) from None
                 time.sleep(pause)
                 pause = min(pause * 2, 0.005)
 

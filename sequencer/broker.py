@@ -20,8 +20,15 @@ from ordo.sequencer.tansu_broker import TansuBroker, free_port
 
 ENGINES = ("kafka", "tansu")
 
-__all__ = ["ENGINES", "KafkaCluster", "TansuBroker", "default_engine", "free_port", "local_broker",
-           "run_broker_foreground"]
+__all__ = [
+    "ENGINES",
+    "KafkaCluster",
+    "TansuBroker",
+    "default_engine",
+    "free_port",
+    "local_broker",
+    "run_broker_foreground",
+]
 
 
 def default_engine() -> str:
@@ -31,16 +38,24 @@ def default_engine() -> str:
     return engine
 
 
-def local_broker(engine: str | None = None, *, port: int | None = None, nodes: int = 1,
-                 data_dir: str | None = None, log_path: str | None = None) -> KafkaCluster | TansuBroker:
+def local_broker(
+    engine: str | None = None,
+    *,
+    port: int | None = None,
+    nodes: int = 1,
+    data_dir: str | None = None,
+    log_path: str | None = None,
+) -> KafkaCluster | TansuBroker:
     """A broker on 127.0.0.1, not started yet: `with local_broker() as b: b.bootstrap_servers`.
     Apache Kafka keeps its logs in `data_dir` (a temporary directory, removed at stop, if none);
     the fallback keeps nothing and runs one node only."""
     engine = engine or default_engine()
     if engine == "tansu":
         if nodes != 1 or data_dir is not None:
-            raise ValueError("the tansu fallback broker is one memory-only node: it takes neither --nodes nor "
-                             "--data-dir (use --engine kafka)")
+            raise ValueError(
+                "the tansu fallback broker is one memory-only node: it takes neither --nodes nor "
+                "--data-dir (use --engine kafka)"
+            )
         return TansuBroker(port=port, log_path=log_path)
     return KafkaCluster(nodes=nodes, data_dir=data_dir, port=port)
 
@@ -84,46 +99,64 @@ def _serve_on_node_loss(cluster: KafkaCluster, stop_requested: threading.Event) 
             fast_exits[node.node_id] = fast_exits[node.node_id] + 1 if fast else 0
             if fast_exits[node.node_id] >= NODE_FAST_EXITS:
                 given_up.add(node.node_id)
-                print(f"ordo broker: Kafka node {node.node_id} ({node.address}) exited {NODE_FAST_EXITS} times within "
-                      f"{NODE_FAST_EXIT_S:.0f} s of starting (code {code}; its log: {node.log_path}); not restarting "
-                      f"it, {serving} node(s) serve on", flush=True)
+                print(
+                    f"ordo broker: Kafka node {node.node_id} ({node.address}) exited {NODE_FAST_EXITS} times within "
+                    f"{NODE_FAST_EXIT_S:.0f} s of starting (code {code}; its log: {node.log_path}); not restarting "
+                    f"it, {serving} node(s) serve on",
+                    flush=True,
+                )
                 continue
-            print(f"ordo broker: Kafka node {node.node_id} ({node.address}) exited (code {code}); restarting it, "
-                  f"{serving} node(s) serve on", flush=True)
+            print(
+                f"ordo broker: Kafka node {node.node_id} ({node.address}) exited (code {code}); restarting it, "
+                f"{serving} node(s) serve on",
+                flush=True,
+            )
             node.start()
             started[node.node_id] = time.monotonic()
         if len(given_up) == len(cluster.nodes):
             return
 
 
-def run_broker_foreground(port: int | None, engine: str | None = None, nodes: int = 1,
-                          data_dir: str | None = None) -> int:
+def run_broker_foreground(
+    port: int | None, engine: str | None = None, nodes: int = 1, data_dir: str | None = None
+) -> int:
     """`ordo broker`: serve until SIGINT/SIGTERM, then stop cleanly. Problems it can name
     (no Java, a taken port, a data directory of another cluster) are one line, exit 2."""
     stop_requested = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop_requested.set())
-                for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, lambda *_: stop_requested.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     broker = None
     try:
         engine = engine or default_engine()
         if port is not None and _port_taken(port) and data_dir is not None and node_still_running(data_dir):
-            print(f"ordo broker: the previous broker on {data_dir} is still stopping; waiting up to "
-                  f"{PREVIOUS_BROKER_GRACE:.0f} s for it to free port {port}", flush=True)
+            print(
+                f"ordo broker: the previous broker on {data_dir} is still stopping; waiting up to "
+                f"{PREVIOUS_BROKER_GRACE:.0f} s for it to free port {port}",
+                flush=True,
+            )
             deadline = time.monotonic() + PREVIOUS_BROKER_GRACE
             while node_still_running(data_dir) and time.monotonic() < deadline and not stop_requested.is_set():
                 stop_requested.wait(0.2)
         if port is not None and _port_taken(port):
-            print(f"ordo broker: port {port} on 127.0.0.1 is in use (another broker?): stop that process or "
-                  f"choose another --port", flush=True)
+            print(
+                f"ordo broker: port {port} on 127.0.0.1 is in use (another broker?): stop that process or "
+                f"choose another --port",
+                flush=True,
+            )
             return 2
         broker = local_broker(engine, port=port, nodes=nodes, data_dir=data_dir)
         address = broker.start()
         if engine == "tansu":
-            print(f"broker listening on {address} (tansu, memory only: everything is gone when it stops; "
-                  f"stop with Ctrl-C)", flush=True)
+            print(
+                f"broker listening on {address} (tansu, memory only: everything is gone when it stops; "
+                f"stop with Ctrl-C)",
+                flush=True,
+            )
         else:
-            print(f"broker listening on {address} (Apache Kafka {KAFKA_VERSION}, {nodes} node(s), data in "
-                  f"{broker.data_dir}; stop with Ctrl-C)", flush=True)
+            print(
+                f"broker listening on {address} (Apache Kafka {KAFKA_VERSION}, {nodes} node(s), data in "
+                f"{broker.data_dir}; stop with Ctrl-C)",
+                flush=True,
+            )
         if isinstance(broker, KafkaCluster) and len(broker.nodes) > 1:
             _serve_on_node_loss(broker, stop_requested)
         while not stop_requested.is_set() and broker.is_running():

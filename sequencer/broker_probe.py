@@ -36,19 +36,37 @@ class Probe:
 
     def topic(self, name: str) -> str:
         topic = f"ordo-probe-{self.run_id}-{name}"
-        futures = self.admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)],
-                                           operation_timeout=TIMEOUT, request_timeout=TIMEOUT)
+        futures = self.admin.create_topics(
+            [NewTopic(topic, num_partitions=1, replication_factor=1)],
+            operation_timeout=TIMEOUT,
+            request_timeout=TIMEOUT,
+        )
         futures[topic].result(TIMEOUT)
         return topic
 
     def producer(self, **extra) -> Producer:
-        return Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 50, **QUIET,
-                         "message.timeout.ms": int(TIMEOUT * 1000), **extra})
+        return Producer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "linger.ms": 50,
+                **QUIET,
+                "message.timeout.ms": int(TIMEOUT * 1000),
+                **extra,
+            }
+        )
 
     def consumer(self, **extra) -> Consumer:
-        return Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"ordo-probe-{self.run_id}", **QUIET,
-                         "enable.auto.commit": False, "auto.offset.reset": "earliest",
-                         "enable.partition.eof": True, **extra})
+        return Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": f"ordo-probe-{self.run_id}",
+                **QUIET,
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+                "enable.partition.eof": True,
+                **extra,
+            }
+        )
 
     def read_all(self, topic: str, **extra) -> list:
         """(offset, value) of every record delivered, from offset 0 to end of partition."""
@@ -94,8 +112,7 @@ class Probe:
         _low, high = self.watermarks(topic)
         offsets = [o for o, _ in self.read_all(topic)]
         expected = offsets[-1] + 1
-        detail = (f"1 record then a batch of 5 at offsets {offsets}: high watermark {high}, "
-                  f"Kafka reports {expected}")
+        detail = f"1 record then a batch of 5 at offsets {offsets}: high watermark {high}, Kafka reports {expected}"
         return high == expected, detail
 
     def aborted_hidden(self) -> tuple[bool, str]:
@@ -111,8 +128,7 @@ class Probe:
         producer.commit_transaction(TIMEOUT)
         seen = self.read_all(topic, **{"isolation.level": "read_committed"})
         values = [v.decode() for _, v in seen]
-        detail = (f"read_committed saw {values} at offsets {[o for o, _ in seen]} "
-                  f"(expected only ['committed'])")
+        detail = f"read_committed saw {values} at offsets {[o for o, _ in seen]} (expected only ['committed'])"
         return values == ["committed"], detail
 
     def fencing(self) -> tuple[bool, str]:
@@ -130,8 +146,10 @@ class Probe:
             new.produce(topic, value=b"new", partition=0)
             new.commit_transaction(TIMEOUT)
             values = [v.decode() for _, v in self.read_all(topic, **{"isolation.level": "read_committed"})]
-            fenced = error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
-                                      KafkaError.INVALID_PRODUCER_EPOCH) or error.fatal()
+            fenced = (
+                error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
+                or error.fatal()
+            )
             return fenced and values == ["new"], f"zombie commit refused ({error.name()}); committed: {values}"
         values = [v.decode() for _, v in self.read_all(topic, **{"isolation.level": "read_committed"})]
         return False, f"zombie producer committed after being replaced; committed: {values}"
@@ -144,8 +162,9 @@ class Probe:
         try:
             producer.begin_transaction()
             producer.produce(topic, value=b"x", partition=0)
-            producer.send_offsets_to_transaction([TopicPartition(topic, 0, 42)],
-                                                 consumer.consumer_group_metadata(), TIMEOUT)
+            producer.send_offsets_to_transaction(
+                [TopicPartition(topic, 0, 42)], consumer.consumer_group_metadata(), TIMEOUT
+            )
             producer.commit_transaction(TIMEOUT)
             committed = consumer.committed([TopicPartition(topic, 0)], timeout=TIMEOUT)[0].offset
         finally:
@@ -167,8 +186,10 @@ class Probe:
             whole.append((done - start) * 1000)
             commit.append((done - flushed) * 1000)
         whole.sort(), commit.sort()
-        return True, (f"20 one-record transactions: median {whole[10]:.1f} ms each (max {whole[-1]:.1f}), "
-                      f"of which commit_transaction {commit[10]:.1f} ms")
+        return True, (
+            f"20 one-record transactions: median {whole[10]:.1f} ms each (max {whole[-1]:.1f}), "
+            f"of which commit_transaction {commit[10]:.1f} ms"
+        )
 
     def max_message_size(self) -> tuple[bool, str]:
         topic = self.topic("size")
@@ -183,20 +204,29 @@ class Probe:
         for mib in (0.9, 1, 2, 4, 8, 16, 32):
             size = int(mib * (1 << 20))
             errors = []
-            producer.produce(topic, value=b"x" * size, partition=0,
-                             on_delivery=lambda err, _msg: err and errors.append(err))
+            producer.produce(
+                topic, value=b"x" * size, partition=0, on_delivery=lambda err, _msg: err and errors.append(err)
+            )
             _flush(producer)
             if errors:
                 refused = (mib, errors[0].name())
                 break
             accepted.append(mib)
-        read_back = self.read_all(topic, **{"fetch.max.bytes": 64 << 20, "max.partition.fetch.bytes": 64 << 20,
-                                            "receive.message.max.bytes": 80 << 20})
+        read_back = self.read_all(
+            topic,
+            **{
+                "fetch.max.bytes": 64 << 20,
+                "max.partition.fetch.bytes": 64 << 20,
+                "receive.message.max.bytes": 80 << 20,
+            },
+        )
         biggest = max((len(v) for _, v in read_back), default=0) / (1 << 20)
         limit = f"refused {refused[0]} MiB ({refused[1]})" if refused else "no limit up to 32 MiB"
-        detail = (f"{default_client}; with the client limit raised, broker accepted up to "
-                  f"{accepted[-1] if accepted else 0} MiB, {limit}, read back {biggest:.0f} MiB "
-                  f"(Kafka refuses > 1 MiB by default)")
+        detail = (
+            f"{default_client}; with the client limit raised, broker accepted up to "
+            f"{accepted[-1] if accepted else 0} MiB, {limit}, read back {biggest:.0f} MiB "
+            f"(Kafka refuses > 1 MiB by default)"
+        )
         # Kafka refuses > ~1 MiB by default; a broker that accepts more is lenient, not wrong.
         return bool(refused) and refused[0] <= 2, detail
 
@@ -205,8 +235,9 @@ class Probe:
         from kafka import TopicPartition as KTopicPartition
 
         topic = self.topic("kafka-python")
-        producer = KafkaProducer(bootstrap_servers=self.bootstrap, request_timeout_ms=int(TIMEOUT * 1000),
-                                 max_block_ms=int(TIMEOUT * 1000))
+        producer = KafkaProducer(
+            bootstrap_servers=self.bootstrap, request_timeout_ms=int(TIMEOUT * 1000), max_block_ms=int(TIMEOUT * 1000)
+        )
         producer.send(topic, b"from-kafka-python", partition=0).get(TIMEOUT)
         producer.close(TIMEOUT)
         confluent_saw = [v for _, v in self.read_all(topic)]
@@ -214,8 +245,12 @@ class Probe:
         writer = self.producer()
         writer.produce(topic, value=b"from-confluent", partition=0)
         _flush(writer)
-        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, auto_offset_reset="earliest",
-                                 enable_auto_commit=False, consumer_timeout_ms=2000)
+        consumer = KafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            consumer_timeout_ms=2000,
+        )
         consumer.assign([KTopicPartition(topic, 0)])
         consumer.seek_to_beginning()
         python_saw, deadline = [], time.monotonic() + TIMEOUT
@@ -273,8 +308,7 @@ def run(bootstrap: str, out=sys.stdout) -> dict[str, tuple[str, str]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sequencer.broker_probe", description=__doc__.splitlines()[0])
-    parser.add_argument("--bootstrap-servers", metavar="HOST:PORT",
-                        help="broker to probe (default: start a local one)")
+    parser.add_argument("--bootstrap-servers", metavar="HOST:PORT", help="broker to probe (default: start a local one)")
     args = parser.parse_args(argv)
     if args.bootstrap_servers:
         run(args.bootstrap_servers)

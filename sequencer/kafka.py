@@ -58,8 +58,13 @@ def kafka_config(bootstrap: str, settings: dict[str, Any] | None = None) -> dict
     """librdkafka settings: quiet about connections a broker closes at shutdown (normal,
     not an error), then the user's settings for every client (sequencer/kafka_settings.py),
     then the caller's own, and the bootstrap servers."""
-    return {"log.connection.close": False, "logger": LIBRDKAFKA_LOGGER, **user_kafka_settings(),
-            **(settings or {}), "bootstrap.servers": bootstrap}
+    return {
+        "log.connection.close": False,
+        "logger": LIBRDKAFKA_LOGGER,
+        **user_kafka_settings(),
+        **(settings or {}),
+        "bootstrap.servers": bootstrap,
+    }
 
 
 TAIL_FETCH_WAIT_MS = 50  # see consumer_config
@@ -79,18 +84,28 @@ def consumer_config(bootstrap: str, settings: dict[str, Any] | None = None) -> d
     5 ms, two idle log followers cost the local broker 15 % of a core, measured). An empty
     or failed fetch is retried after 5 ms, not librdkafka's 500 ms default (which would put
     half-second outliers into latencies)."""
-    return kafka_config(bootstrap, {
-        "fetch.wait.max.ms": TAIL_FETCH_WAIT_MS,
-        "fetch.error.backoff.ms": 5,
-        "enable.partition.eof": False,
-        **(settings or {}),
-    })
+    return kafka_config(
+        bootstrap,
+        {
+            "fetch.wait.max.ms": TAIL_FETCH_WAIT_MS,
+            "fetch.error.backoff.ms": 5,
+            "enable.partition.eof": False,
+            **(settings or {}),
+        },
+    )
 
 
 # What a partition answers while it is being created or its leader moves; a node of a cluster
 # that has not learned of a new topic yet has the client call the partition unknown.
-_MOVING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
-           KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC, KafkaError._TRANSPORT, KafkaError._TIMED_OUT}
+_MOVING = {
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._UNKNOWN_PARTITION,
+    KafkaError._UNKNOWN_TOPIC,
+    KafkaError._TRANSPORT,
+    KafkaError._TIMED_OUT,
+}
 
 
 def watermarks(consumer, partition, timeout: float) -> tuple[int, int]:
@@ -100,8 +115,9 @@ def watermarks(consumer, partition, timeout: float) -> tuple[int, int]:
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return consumer.get_watermark_offsets(partition, timeout=max(0.5, deadline - time.monotonic()),
-                                                  cached=False)
+            return consumer.get_watermark_offsets(
+                partition, timeout=max(0.5, deadline - time.monotonic()), cached=False
+            )
         except KafkaException as exc:
             code = exc.args[0].code() if exc.args and hasattr(exc.args[0], "code") else None
             if code not in _MOVING or time.monotonic() > deadline:

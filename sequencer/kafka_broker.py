@@ -26,9 +26,14 @@ from dataclasses import dataclass, field
 from ordo.maven import Artifacts, java_binary, jars
 
 KAFKA_VERSION = "4.1.1"
-KAFKA = Artifacts("kafka", (f"org.apache.kafka:kafka_2.13:{KAFKA_VERSION}",
-                            # Kafka logs through SLF4J 1.7; this routes it to Log4j 2.
-                            "org.apache.logging.log4j:log4j-slf4j-impl:2.24.3"))
+KAFKA = Artifacts(
+    "kafka",
+    (
+        f"org.apache.kafka:kafka_2.13:{KAFKA_VERSION}",
+        # Kafka logs through SLF4J 1.7; this routes it to Log4j 2.
+        "org.apache.logging.log4j:log4j-slf4j-impl:2.24.3",
+    ),
+)
 
 _live: weakref.WeakSet[KafkaCluster] = weakref.WeakSet()
 
@@ -108,8 +113,9 @@ class Listener:
 class KafkaNode:
     """One KRaft node process of a cluster."""
 
-    def __init__(self, cluster: KafkaCluster, node_id: int, port: int, controller_port: int,
-                 extra_ports: dict[str, int]):
+    def __init__(
+        self, cluster: KafkaCluster, node_id: int, port: int, controller_port: int, extra_ports: dict[str, int]
+    ):
         self.cluster, self.node_id = cluster, node_id
         self.port, self.controller_port, self.extra_ports = port, controller_port, extra_ports
         self.log_dir = os.path.join(cluster.data_dir, f"node-{node_id}")
@@ -130,15 +136,19 @@ class KafkaNode:
     def properties(self) -> dict[str, str]:
         host = self.cluster.host
         listeners = {"PLAINTEXT": self.port, "CONTROLLER": self.controller_port, **self.extra_ports}
-        protocols = {"PLAINTEXT": "PLAINTEXT", "CONTROLLER": "PLAINTEXT",
-                     **{listener.name: listener.protocol for listener in self.cluster.listeners}}
+        protocols = {
+            "PLAINTEXT": "PLAINTEXT",
+            "CONTROLLER": "PLAINTEXT",
+            **{listener.name: listener.protocol for listener in self.cluster.listeners},
+        }
         settings = {
             "process.roles": "broker,controller",
             "node.id": str(self.node_id),
             "controller.quorum.voters": self.cluster.voters,
             "listeners": ",".join(f"{name}://{host}:{port}" for name, port in listeners.items()),
-            "advertised.listeners": ",".join(f"{name}://{host}:{port}" for name, port in listeners.items()
-                                             if name != "CONTROLLER"),
+            "advertised.listeners": ",".join(
+                f"{name}://{host}:{port}" for name, port in listeners.items() if name != "CONTROLLER"
+            ),
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
             "listener.security.protocol.map": ",".join(f"{name}:{protocol}" for name, protocol in protocols.items()),
@@ -148,8 +158,9 @@ class KafkaNode:
         }
         for listener in self.cluster.listeners:
             for key, value in listener.settings.items():
-                settings[key.format(node=self.node_id)] = value.format(node=self.node_id,
-                                                                       port=self.extra_ports[listener.name])
+                settings[key.format(node=self.node_id)] = value.format(
+                    node=self.node_id, port=self.extra_ports[listener.name]
+                )
         return settings
 
     def _write_properties(self) -> str:
@@ -162,12 +173,28 @@ class KafkaNode:
         if os.path.exists(os.path.join(self.log_dir, "meta.properties")):
             return  # a node that has data keeps it: formatting is for a new node only
         result = subprocess.run(
-            [java_binary(), "-cp", self.cluster.classpath, "kafka.tools.StorageTool", "format",
-             "-t", self.cluster.cluster_id, "-c", properties, "--ignore-formatted", *self.cluster.format_args],
-            stdin=subprocess.DEVNULL, capture_output=True, text=True)
+            [
+                java_binary(),
+                "-cp",
+                self.cluster.classpath,
+                "kafka.tools.StorageTool",
+                "format",
+                "-t",
+                self.cluster.cluster_id,
+                "-c",
+                properties,
+                "--ignore-formatted",
+                *self.cluster.format_args,
+            ],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+        )
         if result.returncode != 0:
-            raise RuntimeError(f"could not format Kafka node {self.node_id}'s log directory {self.log_dir}: "
-                               f"{' '.join((result.stdout + result.stderr).split())[-300:]}")
+            raise RuntimeError(
+                f"could not format Kafka node {self.node_id}'s log directory {self.log_dir}: "
+                f"{' '.join((result.stdout + result.stderr).split())[-300:]}"
+            )
 
     def start(self) -> None:
         if self.is_running():
@@ -178,15 +205,32 @@ class KafkaNode:
         with open(log4j, "w") as f:
             f.write(_LOG4J)
         heap = os.environ.get("ORDO_KAFKA_HEAP", "768m")
-        command = [java_binary(), f"-Xmx{heap}", "-Xms128m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
-                   "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={log4j}",
-                   *self.cluster.jvm_options, "-cp", self.cluster.classpath, "kafka.Kafka", properties]
+        command = [
+            java_binary(),
+            f"-Xmx{heap}",
+            "-Xms128m",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={log4j}",
+            *self.cluster.jvm_options,
+            "-cp",
+            self.cluster.classpath,
+            "kafka.Kafka",
+            properties,
+        ]
         with open(self.log_path, "ab") as out:
             # Own process group, so a Ctrl-C aimed at the caller reaches the broker only
             # through the caller's shutdown; and the parent's death stops it (no orphan
             # holding the port).
-            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                            start_new_session=True, preexec_fn=_stop_with_parent)
+            self.process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_stop_with_parent,
+            )
 
     def signal(self, sig: int) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -220,8 +264,11 @@ class KafkaNode:
         except OSError:
             return "(no broker log)"
         tail = "\n".join(text.splitlines()[-lines:])
-        return f"--- Kafka node {self.node_id} log {self.log_path} (tail) ---\n{tail}" if tail else \
-            f"(Kafka node {self.node_id}'s log is empty)"
+        return (
+            f"--- Kafka node {self.node_id} log {self.log_path} (tail) ---\n{tail}"
+            if tail
+            else f"(Kafka node {self.node_id}'s log is empty)"
+        )
 
 
 def node_still_running(data_dir: str) -> bool:
@@ -260,10 +307,18 @@ class KafkaCluster:
 
     engine = "kafka"
 
-    def __init__(self, nodes: int = 1, data_dir: str | None = None, port: int | None = None,
-                 host: str = "127.0.0.1", settings: dict[str, str] | None = None,
-                 listeners: list[Listener] | None = None, jvm_options: list[str] | None = None,
-                 cluster_id: str | None = None, format_args: list[str] | None = None):
+    def __init__(
+        self,
+        nodes: int = 1,
+        data_dir: str | None = None,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        settings: dict[str, str] | None = None,
+        listeners: list[Listener] | None = None,
+        jvm_options: list[str] | None = None,
+        cluster_id: str | None = None,
+        format_args: list[str] | None = None,
+    ):
         if nodes < 1:
             raise ValueError(f"a Kafka cluster needs at least one node, not {nodes}")
         self.host = host
@@ -280,8 +335,10 @@ class KafkaCluster:
         os.makedirs(self.data_dir, exist_ok=True)
         layout = self._layout(nodes, port)
         self.cluster_id = layout["cluster_id"]
-        self.nodes = [KafkaNode(self, node["id"], node["port"], node["controller_port"], node.get("extra", {}))
-                      for node in layout["nodes"]]
+        self.nodes = [
+            KafkaNode(self, node["id"], node["port"], node["controller_port"], node.get("extra", {}))
+            for node in layout["nodes"]
+        ]
         self.classpath = ""
 
     def _layout(self, nodes: int, port: int | None) -> dict:
@@ -292,23 +349,39 @@ class KafkaCluster:
             with open(path) as f:
                 layout = json.load(f)
             if len(layout["nodes"]) != nodes:
-                raise RuntimeError(f"{self.data_dir} holds a Kafka cluster of {len(layout['nodes'])} node(s), not "
-                                   f"{nodes}: use --nodes {len(layout['nodes'])} or another data directory")
+                raise RuntimeError(
+                    f"{self.data_dir} holds a Kafka cluster of {len(layout['nodes'])} node(s), not "
+                    f"{nodes}: use --nodes {len(layout['nodes'])} or another data directory"
+                )
             if port is not None and layout["nodes"][0]["port"] != port:
-                raise RuntimeError(f"{self.data_dir} holds a Kafka cluster on port {layout['nodes'][0]['port']}, "
-                                   f"not {port}: leave --port out or use another data directory")
+                raise RuntimeError(
+                    f"{self.data_dir} holds a Kafka cluster on port {layout['nodes'][0]['port']}, "
+                    f"not {port}: leave --port out or use another data directory"
+                )
             if [listener.name for listener in self.listeners] != layout.get("listeners", []):
-                raise RuntimeError(f"{self.data_dir} holds a Kafka cluster with listeners "
-                                   f"{layout.get('listeners', [])}, not those asked for")
+                raise RuntimeError(
+                    f"{self.data_dir} holds a Kafka cluster with listeners "
+                    f"{layout.get('listeners', [])}, not those asked for"
+                )
             return layout
         names = [listener.name for listener in self.listeners]
         ports = _free_ports(nodes * (2 + len(names)), self.host)
         if port is not None:
             ports[0] = port
-        layout = {"cluster_id": self._new_cluster_id or new_cluster_id(), "version": KAFKA_VERSION, "listeners": names, "nodes": [
-            {"id": i + 1, "port": ports[i * (2 + len(names))], "controller_port": ports[i * (2 + len(names)) + 1],
-             "extra": {name: ports[i * (2 + len(names)) + 2 + k] for k, name in enumerate(names)}}
-            for i in range(nodes)]}
+        layout = {
+            "cluster_id": self._new_cluster_id or new_cluster_id(),
+            "version": KAFKA_VERSION,
+            "listeners": names,
+            "nodes": [
+                {
+                    "id": i + 1,
+                    "port": ports[i * (2 + len(names))],
+                    "controller_port": ports[i * (2 + len(names)) + 1],
+                    "extra": {name: ports[i * (2 + len(names)) + 2 + k] for k, name in enumerate(names)},
+                }
+                for i in range(nodes)
+            ],
+        }
         with open(path, "w") as f:
             json.dump(layout, f, indent=1)
         return layout
@@ -362,12 +435,16 @@ class KafkaCluster:
         while True:
             for node in self.nodes:
                 if node.process is not None and node.process.poll() is not None:
-                    raise RuntimeError(f"Kafka node {node.node_id} exited with code {node.process.returncode} while "
-                                       f"starting on {node.address} (its log: {node.log_path})\n{node.log_tail()}")
+                    raise RuntimeError(
+                        f"Kafka node {node.node_id} exited with code {node.process.returncode} while "
+                        f"starting on {node.address} (its log: {node.log_path})\n{node.log_tail()}"
+                    )
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise RuntimeError(f"Kafka on {self.bootstrap_servers} did not serve metadata within {timeout:.0f}s "
-                                   f"({last}; logs in {self.data_dir})\n{self.nodes[0].log_tail()}")
+                raise RuntimeError(
+                    f"Kafka on {self.bootstrap_servers} did not serve metadata within {timeout:.0f}s "
+                    f"({last}; logs in {self.data_dir})\n{self.nodes[0].log_tail()}"
+                )
             try:
                 brokers = admin.list_topics(timeout=min(1.0, remaining)).brokers
                 if len(brokers) >= len(self.nodes):

@@ -41,7 +41,7 @@ def setting_from_env_name(name: str) -> str | None:
     for ORDO_KAFKA_CONFIG (the file)."""
     if not name.startswith(ENV_PREFIX) or name == FILE_ENV or len(name) == len(ENV_PREFIX):
         return None
-    rest = name[len(ENV_PREFIX):].lower()
+    rest = name[len(ENV_PREFIX) :].lower()
     return ".".join(part.replace("\0", "_") for part in rest.replace("__", "\0").split("_"))
 
 
@@ -82,7 +82,7 @@ def parse_settings_text(text: str, kind: str, source: str = "the Kafka settings"
         cut = min((i for i in (line.find("="), line.find(":")) if i > 0), default=-1)
         if cut < 0:
             raise KafkaSettingsError(f"{source}, line {number}: expected name=value, got {line!r}")
-        settings[line[:cut].strip()] = line[cut + 1:].strip()
+        settings[line[:cut].strip()] = line[cut + 1 :].strip()
     return settings
 
 

@@ -27,8 +27,9 @@ def lag(end_offsets: Mapping[Hashable, int], committed: Mapping[Hashable, int]) 
     return sum(max(0, end - max(committed.get(partition, 0), 0)) for partition, end in end_offsets.items())
 
 
-def requests_lag(consumer_or_bootstrap, namespace: str, group: str | None = None,
-                 timeout: float = 2.0, sources: Iterable[str] = ()) -> int | None:
+def requests_lag(
+    consumer_or_bootstrap, namespace: str, group: str | None = None, timeout: float = 2.0, sources: Iterable[str] = ()
+) -> int | None:
     """The requests lag as the broker reports it now, source topics (`sources`) included,
     or None if it cannot tell (no topic, no answer). `consumer_or_bootstrap`: the bootstrap servers, or a confluent-kafka
     Consumer whose group.id is the sequencer's group (`group`, by default
@@ -39,8 +40,11 @@ def requests_lag(consumer_or_bootstrap, namespace: str, group: str | None = None
 
     group = group or sequencer_group(namespace)
     own = isinstance(consumer_or_bootstrap, str)
-    consumer = (Consumer(kafka_config(consumer_or_bootstrap, {"group.id": group, "enable.auto.commit": False}))
-                if own else consumer_or_bootstrap)
+    consumer = (
+        Consumer(kafka_config(consumer_or_bootstrap, {"group.id": group, "enable.auto.commit": False}))
+        if own
+        else consumer_or_bootstrap
+    )
     try:
         partitions = []
         for topic in (Topics(namespace).requests, *sources):
@@ -49,8 +53,10 @@ def requests_lag(consumer_or_bootstrap, namespace: str, group: str | None = None
                 return None
             partitions += [TopicPartition(topic, p) for p in sorted(metadata.partitions)]
         committed = {(tp.topic, tp.partition): tp.offset for tp in consumer.committed(partitions, timeout=timeout)}
-        ends = {(tp.topic, tp.partition): consumer.get_watermark_offsets(tp, timeout=timeout, cached=False)[1]
-                for tp in partitions}
+        ends = {
+            (tp.topic, tp.partition): consumer.get_watermark_offsets(tp, timeout=timeout, cached=False)[1]
+            for tp in partitions
+        }
         return lag(ends, committed)
     except Exception:  # a display: the broker not answering now is not an error here
         return None

@@ -75,8 +75,15 @@ def owner_env(who: str) -> str:
 def note(owner: dict, stopped: bool = False) -> str:
     """The metadata a sequencer commits with its request positions; `stopped` for its last,
     when it stops of its own accord, so that a start right after it need not watch."""
-    return json.dumps({"id": owner["id"], "who": owner["who"], "at": int(time.time() * 1000),
-                       **({"stopped": True} if stopped else {})}, separators=(",", ":"))
+    return json.dumps(
+        {
+            "id": owner["id"],
+            "who": owner["who"],
+            "at": int(time.time() * 1000),
+            **({"stopped": True} if stopped else {}),
+        },
+        separators=(",", ":"),
+    )
 
 
 def _read_notes(consumer: Consumer, topic: str, partitions: list[int], timeout: float) -> dict[int, dict]:
@@ -85,8 +92,9 @@ def _read_notes(consumer: Consumer, topic: str, partitions: list[int], timeout: 
     deadline = time.monotonic() + timeout
     while True:
         try:
-            committed = consumer.committed([TopicPartition(topic, p) for p in partitions],
-                                           timeout=max(deadline - time.monotonic(), 0.5))
+            committed = consumer.committed(
+                [TopicPartition(topic, p) for p in partitions], timeout=max(deadline - time.monotonic(), 0.5)
+            )
             break
         except KafkaException:
             if time.monotonic() > deadline:
@@ -103,8 +111,9 @@ def _read_notes(consumer: Consumer, topic: str, partitions: list[int], timeout: 
     return notes
 
 
-def refuse_if_taken(bootstrap: str, namespace: str, group: str, topic: str, partitions: list[int],
-                    owner: dict, timeout: float = 10.0) -> None:
+def refuse_if_taken(
+    bootstrap: str, namespace: str, group: str, topic: str, partitions: list[int], owner: dict, timeout: float = 10.0
+) -> None:
     """Raise LaneTaken if another owner's note on any of `partitions` moves."""
     if not partitions:
         return
@@ -112,8 +121,11 @@ def refuse_if_taken(bootstrap: str, namespace: str, group: str, topic: str, part
     try:
         first = _read_notes(consumer, topic, partitions, timeout)
         now = time.time() * 1000
-        watched = {p: n for p, n in first.items()
-                   if n["id"] != owner["id"] and not n.get("stopped") and now - n["at"] < FRESH_FOR * 1000}
+        watched = {
+            p: n
+            for p, n in first.items()
+            if n["id"] != owner["id"] and not n.get("stopped") and now - n["at"] < FRESH_FOR * 1000
+        }
         deadline = time.monotonic() + STILL_FOR
         while watched and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -122,7 +134,8 @@ def refuse_if_taken(bootstrap: str, namespace: str, group: str, topic: str, part
                     raise LaneTaken(
                         f"{latest['who']} is sequencing namespace {namespace} ({topic} partition {partition}, "
                         f"last seen {max(0.0, time.time() - latest['at'] / 1000):.0f} s ago): one engine per "
-                        f"namespace; stop that one first, or use another --namespace")
+                        f"namespace; stop that one first, or use another --namespace"
+                    )
         if watched:  # gone: its partitions are this owner's now, for the sequencers it starts too
             _claim(consumer, topic, list(watched), owner, timeout)
     finally:
@@ -134,14 +147,21 @@ def _claim(consumer: Consumer, topic: str, partitions: list[int], owner: dict, t
     try:
         committed = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=timeout)
         noted = note(owner)
-        consumer.commit(offsets=[TopicPartition(topic, position.partition, position.offset, metadata=noted)
-                                 for position in committed if position.offset >= 0], asynchronous=False)
+        consumer.commit(
+            offsets=[
+                TopicPartition(topic, position.partition, position.offset, metadata=noted)
+                for position in committed
+                if position.offset >= 0
+            ],
+            asynchronous=False,
+        )
     except KafkaException:
         pass  # then the sequencer looks again, and waits once more for the same stale note
 
 
-def who_took_over(bootstrap: str, group: str, topic: str, partitions: list[int], owner: dict,
-                  timeout: float = 5.0) -> str:
+def who_took_over(
+    bootstrap: str, group: str, topic: str, partitions: list[int], owner: dict, timeout: float = 5.0
+) -> str:
     """The newest other owner noted on `partitions`, in words, for the fenced sequencer's last line."""
     consumer = Consumer(kafka_config(bootstrap, {"group.id": group, "enable.auto.commit": False}))
     try:

@@ -148,8 +148,14 @@ def record_context(namespace: str, log_id: str | None) -> bytes:
     return msgpack.packb([namespace, "first" if log_id is None else ["log", log_id]])
 
 
-def encode_start(namespace: str, log_id: str | None, token: str, procedures: dict | None = None,
-                 sequencer: int = 0, sequencers: int = 1) -> bytes:
+def encode_start(
+    namespace: str,
+    log_id: str | None,
+    token: str,
+    procedures: dict | None = None,
+    sequencer: int = 0,
+    sequencers: int = 1,
+) -> bytes:
     """`log_id` None: the log's first start record, whose token becomes the log's identity."""
     return seal(msgpack.packb([START, token, procedures, sequencer, sequencers]), record_context(namespace, log_id))
 
@@ -157,10 +163,13 @@ def encode_start(namespace: str, log_id: str | None, token: str, procedures: dic
 SNAPSHOT_EVERY = 100
 
 
-def encode_snapshot(namespace: str, cursor: dict, accepted: int, time_ms: int, sequencer: int = 0,
-                    sequencers: int = 1) -> bytes:
-    return seal(msgpack.packb([SNAPSHOT, cursor, accepted, time_ms, sequencer, sequencers]),
-                record_context(namespace, cursor["log_id"]))
+def encode_snapshot(
+    namespace: str, cursor: dict, accepted: int, time_ms: int, sequencer: int = 0, sequencers: int = 1
+) -> bytes:
+    return seal(
+        msgpack.packb([SNAPSHOT, cursor, accepted, time_ms, sequencer, sequencers]),
+        record_context(namespace, cursor["log_id"]),
+    )
 
 
 def encode_skip(namespace: str, offset: int, log_id: str | None) -> bytes:
@@ -181,10 +190,20 @@ def encode_entry(entry: list) -> bytes:
     return msgpack.packb(entry)
 
 
-def encode_batch(epoch: int, generation: int, time_ms: int,
-                 offsets: dict[int, tuple[int, int]], encoded_entries: list[bytes],
-                 routing: list | None = None, log_id: str | None = None, sequencer: int = 0,
-                 ordering: str | None = None, procedures: int | None = None, *, namespace: str) -> bytes:
+def encode_batch(
+    epoch: int,
+    generation: int,
+    time_ms: int,
+    offsets: dict[int, tuple[int, int]],
+    encoded_entries: list[bytes],
+    routing: list | None = None,
+    log_id: str | None = None,
+    sequencer: int = 0,
+    ordering: str | None = None,
+    procedures: int | None = None,
+    *,
+    namespace: str,
+) -> bytes:
     """Entries are encoded one by one as they arrive (so an epoch's size is known exactly
     before it is cut) and concatenated here, each as a bin, under one array header."""
     head = [BATCH, epoch, generation, time_ms, {p: list(r) for p, r in offsets.items()}, routing, log_id, sequencer]
@@ -223,14 +242,39 @@ class Batch:
     those of its slice. `batch_id` is its place in the merged order, given by the reader
     that accepts it (until then, its epoch)."""
 
-    __slots__ = ("batch_id", "generation", "time_ms", "offsets", "routing", "log_id", "log_offset",
-                 "sequencer", "epoch", "ordering", "procedures", "_raw", "_entries")
+    __slots__ = (
+        "batch_id",
+        "generation",
+        "time_ms",
+        "offsets",
+        "routing",
+        "log_id",
+        "log_offset",
+        "sequencer",
+        "epoch",
+        "ordering",
+        "procedures",
+        "_raw",
+        "_entries",
+    )
 
-    def __init__(self, batch_id: int, generation: int, time_ms: int, offsets: dict[int, list[int]],
-                 entries: list[list] | None = None, *, raw: list[bytes] | None = None,
-                 routing: list | None = None, log_id: str | None = None, log_offset: int = -1,
-                 sequencer: int = 0, epoch: int | None = None, ordering: str | None = None,
-                 procedures: int | None = None):
+    def __init__(
+        self,
+        batch_id: int,
+        generation: int,
+        time_ms: int,
+        offsets: dict[int, list[int]],
+        entries: list[list] | None = None,
+        *,
+        raw: list[bytes] | None = None,
+        routing: list | None = None,
+        log_id: str | None = None,
+        log_offset: int = -1,
+        sequencer: int = 0,
+        epoch: int | None = None,
+        ordering: str | None = None,
+        procedures: int | None = None,
+    ):
         self.batch_id = batch_id
         self.ordering = ordering  # None: log order
         self.procedures = procedures  # the procedure set's identity; None in logs from before versions
@@ -261,19 +305,45 @@ class Batch:
         return _unpack(self._raw[index])
 
     def __getstate__(self):
-        return (self.batch_id, self.generation, self.time_ms, self.offsets, self.routing, self.log_id,
-                self.log_offset, self.sequencer, self.epoch, self.ordering, self.procedures, self._raw,
-                self._entries if self._raw is None else None)
+        return (
+            self.batch_id,
+            self.generation,
+            self.time_ms,
+            self.offsets,
+            self.routing,
+            self.log_id,
+            self.log_offset,
+            self.sequencer,
+            self.epoch,
+            self.ordering,
+            self.procedures,
+            self._raw,
+            self._entries if self._raw is None else None,
+        )
 
     def __setstate__(self, state) -> None:
-        (self.batch_id, self.generation, self.time_ms, self.offsets, self.routing, self.log_id,
-         self.log_offset, self.sequencer, self.epoch, self.ordering, self.procedures, self._raw,
-         self._entries) = state
+        (
+            self.batch_id,
+            self.generation,
+            self.time_ms,
+            self.offsets,
+            self.routing,
+            self.log_id,
+            self.log_offset,
+            self.sequencer,
+            self.epoch,
+            self.ordering,
+            self.procedures,
+            self._raw,
+            self._entries,
+        ) = state
 
     def __repr__(self) -> str:
         ordering = "" if self.ordering is None else f", {self.ordering} ordering"
-        return (f"Batch({self.batch_id}, sequencer {self.sequencer} epoch {self.epoch}, generation "
-                f"{self.generation}, {len(self)} entries{ordering})")
+        return (
+            f"Batch({self.batch_id}, sequencer {self.sequencer} epoch {self.epoch}, generation "
+            f"{self.generation}, {len(self)} entries{ordering})"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,8 +411,12 @@ def _parse(body, namespace: str) -> tuple[int, Any]:
                 raise ValueError("a start record's sequencer must be k of S, 0 <= k < S")
             return START, Start(record[1], record[2] if len(record) > 2 else None, sequencer, sequencers)
         if kind == SNAPSHOT:
-            return SNAPSHOT, Snapshot(LogCursor.from_dict(record[1], namespace), record[2], record[3],
-                                      *(record[4:6] if len(record) >= 6 else (0, 1)))
+            return SNAPSHOT, Snapshot(
+                LogCursor.from_dict(record[1], namespace),
+                record[2],
+                record[3],
+                *(record[4:6] if len(record) >= 6 else (0, 1)),
+            )
         if kind == BATCH:
             at = 8
             ordering = record[at] if len(record) > at and type(record[at]) is str else None
@@ -354,8 +428,18 @@ def _parse(body, namespace: str) -> tuple[int, Any]:
                 raise ValueError("a batch's sequencer must be an index")
             if any(type(item) is not bytes for item in raw):
                 raise ValueError("batch entries must be encoded entries")
-            return BATCH, Batch(record[1], record[2], record[3], record[4], raw=raw, routing=record[5],
-                                log_id=record[6], sequencer=record[7], ordering=ordering, procedures=procedures)
+            return BATCH, Batch(
+                record[1],
+                record[2],
+                record[3],
+                record[4],
+                raw=raw,
+                routing=record[5],
+                log_id=record[6],
+                sequencer=record[7],
+                ordering=ordering,
+                procedures=procedures,
+            )
         if kind == SKIP:
             if type(record[1]) is not int:
                 raise ValueError("a skip record's offset must be an integer")
@@ -381,7 +465,7 @@ def batch_head(value: bytes) -> list | None:
         return None
     try:
         unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
-        unpacker.feed(memoryview(value)[_ARRAY32.size:-TAG_BYTES])
+        unpacker.feed(memoryview(value)[_ARRAY32.size : -TAG_BYTES])
         return [unpacker.unpack() for _ in range(8)]
     except Exception:
         return None
@@ -501,12 +585,14 @@ class LogCursor:
         if self.log_id is None:
             raise LogError(
                 f"the log does not begin with a sequencer's start record (a batch of log {log_id} at offset "
-                f"{offset} comes first): its head was deleted, typically by topic retention")
+                f"{offset} comes first): its head was deleted, typically by topic retention"
+            )
         raise LogMismatch(
             f"the batch at offset {offset} belongs to log {log_id}, not to log {self.log_id} that this reader "
             f"followed: the broker lost the log (restarted without its data?) or the topic was made again; if "
             f"this record alone is out of place and the log goes on after it, pass over it with `ordo log skip "
-            f"--offset {offset}` (docs/operations.md, 'A record that stops the log')")
+            f"--offset {offset}` (docs/operations.md, 'A record that stops the log')"
+        )
 
     def _foreign(self, offset: int, exc: LogError) -> None:
         # No sequencer writes such a record, so it is no batch: every reader skips it
@@ -521,8 +607,11 @@ class LogCursor:
     def _start(self, start: Start, offset: int) -> None:
         token = start.token[:START_TOKEN_CHARS]
         if token in self.starts:
-            self._drop(offset, f"a copy of an earlier start record of sequencer {start.sequencer} of "
-                               f"{start.sequencers} (a start record opens its generation once)")
+            self._drop(
+                offset,
+                f"a copy of an earlier start record of sequencer {start.sequencer} of "
+                f"{start.sequencers} (a start record opens its generation once)",
+            )
             return
         self.starts.append(token)
         del self.starts[:-START_MEMORY]
@@ -545,8 +634,11 @@ class LogCursor:
         current = self.procedures
         if current is not None and upgrade.version != current[0] + 1:
             # Versions follow one another: an upgrade to any other is a copy of an earlier one.
-            self._drop(offset, f"an upgrade record to procedure set v{upgrade.version} where the log runs "
-                               f"v{current[0]}: a copy, out of place")
+            self._drop(
+                offset,
+                f"an upgrade record to procedure set v{upgrade.version} where the log runs "
+                f"v{current[0]}: a copy, out of place",
+            )
             return
         self.upgraded = upgrade
         self.lanes.clear()  # the sequencers of the set before go: only those started after it count
@@ -582,7 +674,8 @@ class LogCursor:
             raise LogError(
                 f"log gap: expected batch {lane[1]} of sequencer {batch.sequencer}, found batch {batch.epoch} "
                 f"at offset {offset}; to pass over that record: `ordo log skip --offset {offset}` "
-                f"(docs/operations.md, 'A record that stops the log')")
+                f"(docs/operations.md, 'A record that stops the log')"
+            )
         self.stale_by_lane.pop(batch.sequencer, None)
         lane[1] += 1
         batch.batch_id = self.next_batch

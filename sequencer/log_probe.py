@@ -23,8 +23,13 @@ from ordo.sequencer.kafka import consumer_config
 
 ABSENT_GRACE = 60.0  # a durable broker loading its logs on a busy machine has answered "no such topic" for over 30 s
 
-GONE = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC,
-         KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET)
+GONE = (
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._UNKNOWN_PARTITION,
+    KafkaError._UNKNOWN_TOPIC,
+    KafkaError.OFFSET_OUT_OF_RANGE,
+    KafkaError._AUTO_OFFSET_RESET,
+)
 
 
 def fingerprint(value: bytes | None) -> bytes:
@@ -34,10 +39,18 @@ def fingerprint(value: bytes | None) -> bytes:
 class RecordProbe:
     def __init__(self, bootstrap: str, topic: str, group: str):
         self.topic = topic
-        self._consumer = Consumer(consumer_config(bootstrap, {
-            "group.id": group, "enable.auto.commit": False, "isolation.level": "read_uncommitted",
-            "auto.offset.reset": "error", "enable.partition.eof": True,
-        }))
+        self._consumer = Consumer(
+            consumer_config(
+                bootstrap,
+                {
+                    "group.id": group,
+                    "enable.auto.commit": False,
+                    "isolation.level": "read_uncommitted",
+                    "auto.offset.reset": "error",
+                    "enable.partition.eof": True,
+                },
+            )
+        )
         self._absent_since: float | None = None
 
     def holds(self, offset: int, digest: bytes | None, timeout: float = 2.0) -> bool | None:
@@ -170,9 +183,11 @@ class LogWatch:
         """What to say when another cluster answers now, else None."""
         if self.other_cluster is None:
             return None
-        return (f"the Kafka cluster holding {self.topic} is another one now (cluster id {self.other_cluster}, was "
-                f"{self.cluster}): the broker lost the log (restarted without its data?); see docs/operations.md, "
-                f"'Broker lost'")
+        return (
+            f"the Kafka cluster holding {self.topic} is another one now (cluster id {self.other_cluster}, was "
+            f"{self.cluster}): the broker lost the log (restarted without its data?); see docs/operations.md, "
+            f"'Broker lost'"
+        )
 
     def close(self) -> None:
         self._stop.set()

@@ -94,8 +94,10 @@ def _find_keys() -> tuple[bytes, ...]:
     keys = _read(path, "this user's log secret")
     # When it was made tells a file made by mistake (none was where this process looked) at once.
     made = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(os.stat(path).st_mtime))
-    _source = (f"the file {path} (this user's, made {made}, as none of {SECRET_ENV}, {SECRET_FILE_ENV} or "
-               f"--log-secret-file is set)")
+    _source = (
+        f"the file {path} (this user's, made {made}, as none of {SECRET_ENV}, {SECRET_FILE_ENV} or "
+        f"--log-secret-file is set)"
+    )
     return (*keys, *previous)
 
 
@@ -116,8 +118,10 @@ def _read(path: str, source: str) -> tuple[bytes, ...]:
 
 def _checked(secret: bytes, source: str) -> bytes:
     if len(secret) < MIN_SECRET:
-        raise SecretError(f"the log secret from {source} has {len(secret)} characters; it needs at least "
-                          f"{MIN_SECRET} (e.g. `python -c 'import secrets; print(secrets.token_hex(32))'`)")
+        raise SecretError(
+            f"the log secret from {source} has {len(secret)} characters; it needs at least "
+            f"{MIN_SECRET} (e.g. `python -c 'import secrets; print(secrets.token_hex(32))'`)"
+        )
     return secret
 
 
@@ -139,8 +143,9 @@ def _user_secret(path: str) -> None:
         finally:
             os.unlink(temporary)
     except OSError as exc:
-        raise SecretError(f"cannot make the log secret file {path} ({exc.strerror}): set {SECRET_ENV} or "
-                          f"--log-secret-file") from None
+        raise SecretError(
+            f"cannot make the log secret file {path} ({exc.strerror}): set {SECRET_ENV} or --log-secret-file"
+        ) from None
 
 
 def tag(purpose: bytes, body: bytes | memoryview, key: bytes | None = None) -> bytes:

@@ -31,12 +31,17 @@ def skip_record(bootstrap: str, namespace: str, offset: int, timeout: float = 60
     cursor, why = _follow_to(bootstrap, topic, offset, timeout)
     producer = Producer(kafka_config(bootstrap, {"enable.idempotence": True}))
     written: list = []
-    producer.produce(topic, encode_skip(namespace, offset, cursor.log_id), partition=0,
-                     on_delivery=lambda error, message: written.append((error, message)))
+    producer.produce(
+        topic,
+        encode_skip(namespace, offset, cursor.log_id),
+        partition=0,
+        on_delivery=lambda error, message: written.append((error, message)),
+    )
     producer.flush(timeout)
     if not written or written[0][0] is not None:
-        raise RuntimeError(f"could not append the skip record to {topic}: "
-                           f"{written[0][0] if written else 'the broker did not answer'}")
+        raise RuntimeError(
+            f"could not append the skip record to {topic}: {written[0][0] if written else 'the broker did not answer'}"
+        )
     return why, written[0][1].offset()
 
 
@@ -61,20 +66,25 @@ def _follow_to(bootstrap: str, topic: str, offset: int, timeout: float) -> tuple
                     try:
                         reader.accept(at, value)
                     except LogError as exc:
-                        raise ValueError(f"the record at offset {at}, before {offset}, stops the log's readers "
-                                         f"first ({exc})") from None
+                        raise ValueError(
+                            f"the record at offset {at}, before {offset}, stops the log's readers first ({exc})"
+                        ) from None
                     continue
                 if at > offset:
-                    raise ValueError(f"{topic} has no record at offset {offset} that readers see (a transaction "
-                                     f"marker, or a record of an aborted transaction): nothing to skip")
+                    raise ValueError(
+                        f"{topic} has no record at offset {offset} that readers see (a transaction "
+                        f"marker, or a record of an aborted transaction): nothing to skip"
+                    )
                 if is_skip_for(value, offset, cursor.namespace, cursor.log_id):
                     raise ValueError(f"the record at offset {offset} is itself a skip record")
                 try:
                     cursor.accept(value, at)
                 except LogError as exc:
                     return cursor, str(exc)
-                raise ValueError(f"the record at offset {offset} does not stop the log's readers (they accept it "
-                                 f"or pass over it already): nothing to skip")
+                raise ValueError(
+                    f"the record at offset {offset} does not stop the log's readers (they accept it "
+                    f"or pass over it already): nothing to skip"
+                )
         raise TimeoutError(f"reading {topic} up to offset {offset} made no progress for {timeout:.0f} s")
     finally:
         reader.close()

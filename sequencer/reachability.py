@@ -16,8 +16,13 @@ from ordo.sequencer.kafka import kafka_config
 
 TIMEOUT = 5.0
 # Errors that mean no broker answered, rather than that one answered something unexpected.
-UNANSWERED = (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT,
-              KafkaError._MSG_TIMED_OUT, KafkaError.REQUEST_TIMED_OUT)
+UNANSWERED = (
+    KafkaError._TRANSPORT,
+    KafkaError._ALL_BROKERS_DOWN,
+    KafkaError._TIMED_OUT,
+    KafkaError._MSG_TIMED_OUT,
+    KafkaError.REQUEST_TIMED_OUT,
+)
 
 
 class BrokerUnreachable(RuntimeError):
@@ -42,7 +47,8 @@ def check_reachable(bootstrap: str, timeout: float = TIMEOUT, wait: float = 0.0)
             reason = error.str() if error is not None and hasattr(error, "str") else str(exc)
             raise BrokerUnreachable(
                 f"no Kafka broker answers at {bootstrap} within {limit:g} s ({reason}): is it running, and is "
-                f"--bootstrap-servers right? (`ordo broker --port 9092` runs a local one)") from None
+                f"--bootstrap-servers right? (`ordo broker --port 9092` runs a local one)"
+            ) from None
 
 
 # How often a long-running command looks whether the broker answers, and how often it says
@@ -60,8 +66,9 @@ class BrokerWatch:
     failure. One line when it stops answering, one a minute while it is away, one when it
     answers again; the sequencer's supervisor asks it whether an exit was the broker's."""
 
-    def __init__(self, bootstrap: str, stream=None, every: float = WATCH_EVERY,
-                 remind_every: float = AWAY_REMINDER_EVERY):
+    def __init__(
+        self, bootstrap: str, stream=None, every: float = WATCH_EVERY, remind_every: float = AWAY_REMINDER_EVERY
+    ):
         self.bootstrap = bootstrap
         self._stream = stream if stream is not None else sys.stderr
         self._every, self._remind_every = every, remind_every
@@ -105,8 +112,11 @@ class BrokerWatch:
             if self._misses == 1:
                 self._first_miss = now
             if answers and self._away_since is not None:
-                print(f"the broker at {self.bootstrap} answers again after {now - self._away_since:.0f} s; "
-                      f"carrying on", file=self._stream, flush=True)
+                print(
+                    f"the broker at {self.bootstrap} answers again after {now - self._away_since:.0f} s; carrying on",
+                    file=self._stream,
+                    flush=True,
+                )
                 self._away_since = None
                 self._back.set()
             elif not answers:
@@ -114,12 +124,20 @@ class BrokerWatch:
                 if self._away_since is None and self._misses >= MISSES_FOR_AWAY:
                     self._away_since = self._reminded = self._first_miss
                     self._back.clear()
-                    print(f"the broker at {self.bootstrap} does not answer; waiting for it (requests wait in the "
-                          f"clients, nothing is lost)", file=self._stream, flush=True)
+                    print(
+                        f"the broker at {self.bootstrap} does not answer; waiting for it (requests wait in the "
+                        f"clients, nothing is lost)",
+                        file=self._stream,
+                        flush=True,
+                    )
                 elif self._away_since is not None and now - self._reminded >= self._remind_every:
                     self._reminded = now
-                    print(f"the broker at {self.bootstrap} has not answered for {now - self._away_since:.0f} s; "
-                          f"still waiting", file=self._stream, flush=True)
+                    print(
+                        f"the broker at {self.bootstrap} has not answered for {now - self._away_since:.0f} s; "
+                        f"still waiting",
+                        file=self._stream,
+                        flush=True,
+                    )
         return answers
 
     def away_since(self, moment: float) -> bool:

@@ -28,8 +28,18 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from ordo.sequencer.kafka import consumer_config, watermarks
 from ordo.sequencer.log import (
-    SKIP, STALE_LIMIT, START, Batch, LogCursor, LogError, SecretMismatch, Start, batch_of_log, decode,
-    decode_before_places, is_batch_record,
+    SKIP,
+    STALE_LIMIT,
+    START,
+    Batch,
+    LogCursor,
+    LogError,
+    SecretMismatch,
+    Start,
+    batch_of_log,
+    decode,
+    decode_before_places,
+    is_batch_record,
 )
 from ordo.sequencer.log_probe import ABSENT_GRACE, GONE, LogWatch, fingerprint
 from ordo.sequencer.log_secret import PREVIOUS_ENV, SECRET_ENV, SECRET_FILE_ENV, secret_source
@@ -53,15 +63,20 @@ class LogLost(LogError):
 
 
 def log_consumer(bootstrap: str, group: str) -> Consumer:
-    return Consumer(consumer_config(bootstrap, {
-        "group.id": group,
-        "enable.auto.commit": False,
-        "isolation.level": "read_committed",
-        # A position the log no longer holds is an error, never a silent jump elsewhere.
-        "auto.offset.reset": "error",
-        "fetch.max.bytes": 64 * 1024 * 1024,
-        "max.partition.fetch.bytes": 16 * 1024 * 1024,
-    }))
+    return Consumer(
+        consumer_config(
+            bootstrap,
+            {
+                "group.id": group,
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                # A position the log no longer holds is an error, never a silent jump elsewhere.
+                "auto.offset.reset": "error",
+                "fetch.max.bytes": 64 * 1024 * 1024,
+                "max.partition.fetch.bytes": 16 * 1024 * 1024,
+            },
+        )
+    )
 
 
 def log_identity(bootstrap: str, topic: str, timeout: float = 30.0, group: str | None = None) -> str | None:
@@ -98,7 +113,8 @@ def log_identity(bootstrap: str, topic: str, timeout: float = 30.0, group: str |
                         f"the log secret from {secret_source()}, and a batch after them (offset "
                         f"{message.offset()}) is: the log began under an earlier secret; keep it for reading "
                         f"({PREVIOUS_ENV}, or a line after the first of the secret file; docs/operations.md, "
-                        f"'Rotating the log secret'). Nothing was written")
+                        f"'Rotating the log secret'). Nothing was written"
+                    )
                 if claimed is not None:
                     return claimed  # a log whose head was deleted: its readers say so
                 try:
@@ -118,7 +134,8 @@ def log_identity(bootstrap: str, topic: str, timeout: float = 30.0, group: str |
         f"none of the {seen} record(s) at the beginning of {topic} is signed for namespace {namespace} with the log "
         f"secret from {secret_source()}: it is not the secret this log was written with (moved, or changed?); "
         f"give Ordo that one ({SECRET_ENV}, {SECRET_FILE_ENV} or --log-secret-file; docs/operations.md, "
-        f"'The log secret'). Nothing was written")
+        f"'The log secret'). Nothing was written"
+    )
 
 
 def is_skip_for(value: bytes, offset: int, namespace: str, log_id: str | None) -> bool:
@@ -133,9 +150,16 @@ def is_skip_for(value: bytes, offset: int, namespace: str, log_id: str | None) -
 
 
 class LogReader:
-    def __init__(self, bootstrap: str, topic: str, cursor: LogCursor, group: str,
-                 on_start: Callable[[Start], None] | None = None,
-                 on_dropped: Callable[[int, str], None] | None = None, check_secret: bool = True):
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        cursor: LogCursor,
+        group: str,
+        on_start: Callable[[Start], None] | None = None,
+        on_dropped: Callable[[int, str], None] | None = None,
+        check_secret: bool = True,
+    ):
         """`on_dropped(offset, why)` hears of each record passed over (default: a warning).
         `check_secret`: make sure of the log secret before the first read (`log_identity`),
         unless the caller has."""
@@ -156,7 +180,8 @@ class LogReader:
         # (offset, fingerprint) of the newest record read; resuming, the record before the
         # cursor, known only to exist
         self._last_read: tuple[int, bytes | None] | None = (
-            (cursor.next_offset - 1, None) if cursor.next_offset > 0 else None)
+            (cursor.next_offset - 1, None) if cursor.next_offset > 0 else None
+        )
         self._probe: LogWatch | None = None
 
     def poll(self, timeout: float, max_records: int = 500) -> list[tuple[Batch, dict]]:
@@ -208,8 +233,9 @@ class LogReader:
             deadline = time.monotonic() + 60
             while offset + 1 < end and time.monotonic() < deadline:
                 for message in consumer.consume(500, 0.5):
-                    if message.error() is None and is_skip_for(message.value(), offset, self.cursor.namespace,
-                                                               self.cursor.log_id):
+                    if message.error() is None and is_skip_for(
+                        message.value(), offset, self.cursor.namespace, self.cursor.log_id
+                    ):
                         return True
                 if consumer.position([part])[0].offset >= end:  # passes aborted records and markers too
                     break
@@ -232,8 +258,9 @@ class LogReader:
             # A durable broker that is starting again answers "no such topic" for a while.
             self._missing_since = (self._missing_since or now) if missing else None
             if missing and now - self._missing_since >= ABSENT_GRACE:
-                raise LogError(f"topic {self.topic} does not exist: create the namespace's topics first "
-                               f"(`ordo run` creates them)")
+                raise LogError(
+                    f"topic {self.topic} does not exist: create the namespace's topics first (`ordo run` creates them)"
+                )
             self._check_held_back(now, end)
             return
         self._check_held_back(now, end)
@@ -251,12 +278,14 @@ class LogReader:
                         f"{cursor.sequencers} sequencer(s), which closed that sequencer's lane: a sequencer started "
                         f"under the earlier count still appends to {self.topic}, or that start record did not come "
                         f"from a sequencer; stop the stray sequencer or restart the sequencers (a new generation "
-                        f"takes over), and keep other producers off the log")
+                        f"takes over), and keep other producers off the log"
+                    )
                 raise LogError(
                     f"{cursor.stale} batches of sequencer {lane} belong to its previous generation, after a "
                     f"start record of that sequencer (offset {cursor.lanes[lane][0]}) that no batch followed: "
                     f"a record on {self.topic} did not come from a sequencer; restart the sequencer (a new "
-                    f"generation takes over) and keep other producers off the log")
+                    f"generation takes over) and keep other producers off the log"
+                )
 
     def check_broker(self) -> None:
         """Raise LogLost once the log's watch has found that the broker lost the log: another
@@ -269,9 +298,11 @@ class LogReader:
         if lost_cluster is not None:
             raise LogLost(lost_cluster)
         if watch.lost is not None:
-            raise LogLost(f"{self.topic} no longer holds the record at offset {watch.lost} that this reader read: "
-                          f"the broker lost the log (restarted without its data?); see docs/operations.md, "
-                          f"'Broker lost'")
+            raise LogLost(
+                f"{self.topic} no longer holds the record at offset {watch.lost} that this reader read: "
+                f"the broker lost the log (restarted without its data?); see docs/operations.md, "
+                f"'Broker lost'"
+            )
 
     def _log_watch(self) -> LogWatch:
         """Asks the broker about the log from a thread of its own (sequencer/log_probe.py)."""
@@ -296,7 +327,8 @@ class LogReader:
                 f"broker has released none past offset {position} to committed readers: a transaction on the log "
                 f"never ended. Either a producer other than Ordo's sequencers writes to the log (end its "
                 f"transaction, keep it off the log) or the local broker lost track of one, which nothing "
-                f"ends (docs/local-broker.md, 'Transactions ending together'): start over on a new broker")
+                f"ends (docs/local-broker.md, 'Transactions ending together'): start over on a new broker"
+            )
 
     def position(self) -> int:
         """Where this reader stands in the log: every record before this offset has been
@@ -328,9 +360,11 @@ class LogReader:
                 if error.code() == KafkaError._PARTITION_EOF:
                     continue
                 if error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
-                    raise LogLost(f"{self.topic} does not reach offset {self.cursor.next_offset} any more, where "
-                                  f"this reader stands: the broker lost the log (restarted without its data?); "
-                                  f"see docs/operations.md, 'Broker lost'")
+                    raise LogLost(
+                        f"{self.topic} does not reach offset {self.cursor.next_offset} any more, where "
+                        f"this reader stands: the broker lost the log (restarted without its data?); "
+                        f"see docs/operations.md, 'Broker lost'"
+                    )
                 raise RuntimeError(f"log read failed: {error}")
             out.append((message.offset(), message.value()))
         return out

@@ -49,7 +49,12 @@ from ordo.sequencer.log import (
 )
 from ordo.sequencer.reader import LogReader, log_identity
 from ordo.sequencer.routing import (
-    SINGLE_ITEM_BYTES, build_routing, item_bytes, max_item_bytes, placement_of, routing_bytes,
+    SINGLE_ITEM_BYTES,
+    build_routing,
+    item_bytes,
+    max_item_bytes,
+    placement_of,
+    routing_bytes,
 )
 from ordo.sequencer.reachability import UNANSWERED
 from ordo.sequencer.sources import SourceReading
@@ -64,8 +69,14 @@ log = logging.getLogger("ordo.sequencer")
 def _spans(offsets: dict) -> str:
     """Request offsets a batch took, as 'partition p [first, end)' pieces (a source
     topic's as 'topic:p [first, end)')."""
-    return ", ".join(f"{'' if type(p) is str else 'partition '}{p} [{first}, {end})"
-                     for p, (first, end) in sorted(offsets.items(), key=lambda item: str(item[0]))) or "nothing"
+    return (
+        ", ".join(
+            f"{'' if type(p) is str else 'partition '}{p} [{first}, {end})"
+            for p, (first, end) in sorted(offsets.items(), key=lambda item: str(item[0]))
+        )
+        or "nothing"
+    )
+
 
 # How long appending one batch may keep failing before the sequencer gives up with a clear
 # error instead of retrying forever (a broker that lost its transaction state answers
@@ -123,8 +134,14 @@ class SequencerConfig:
             raise ValueError("partitions must be >= 1")
         if self.sequencers < 1 or not 0 <= self.index < self.sequencers:
             raise ValueError(f"sequencer index {self.index} of {self.sequencers}: need 0 <= index < sequencers")
-        if (self.max_request_bytes + BATCH_OVERHEAD + 64 + routing_bytes(self.partitions)
-                + max_item_bytes(self.partitions) > self.max_bytes):
+        if (
+            self.max_request_bytes
+            + BATCH_OVERHEAD
+            + 64
+            + routing_bytes(self.partitions)
+            + max_item_bytes(self.partitions)
+            > self.max_bytes
+        ):
             raise ValueError("max_request_bytes must leave room in max_bytes for one request")
 
 
@@ -158,9 +175,15 @@ def owned_partitions(partitions: int, index: int, sequencers: int) -> list[int]:
 
 
 class Sequencer:
-    def __init__(self, bootstrap: str, namespace: str, registry: Registry,
-                 config: SequencerConfig = SequencerConfig(), owner: dict | None = None,
-                 procedure_specs: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        bootstrap: str,
+        namespace: str,
+        registry: Registry,
+        config: SequencerConfig = SequencerConfig(),
+        owner: dict | None = None,
+        procedure_specs: tuple[str, ...] = (),
+    ):
         """`procedure_specs`: how `registry` was named (procedures/loading.py), for the
         upgrade command a refusal names."""
         self.bootstrap = bootstrap
@@ -176,15 +199,20 @@ class Sequencer:
         self.stats = SequencerStats()
         self._stop = threading.Event()
         self._group = sequencer_group(namespace)
-        self._producer = Producer(kafka_config(bootstrap, {
-            "transactional.id": transactional_id(namespace, config.index),
-            # An append lasts milliseconds. A transaction a crashed broker left open holds every
-            # read_committed reader of the log back until the broker aborts it, after this
-            # long (librdkafka's default is a minute).
-            "transaction.timeout.ms": 10_000,
-            "linger.ms": 0,
-            "message.max.bytes": max(config.max_bytes + 64 * 1024, 1_000_000),
-        }))
+        self._producer = Producer(
+            kafka_config(
+                bootstrap,
+                {
+                    "transactional.id": transactional_id(namespace, config.index),
+                    # An append lasts milliseconds. A transaction a crashed broker left open holds every
+                    # read_committed reader of the log back until the broker aborts it, after this
+                    # long (librdkafka's default is a minute).
+                    "transaction.timeout.ms": 10_000,
+                    "linger.ms": 0,
+                    "message.max.bytes": max(config.max_bytes + 64 * 1024, 1_000_000),
+                },
+            )
+        )
         self._consumer: Consumer | None = None
         self._owned: list[int] = []  # the request partitions this sequencer consumes
         self._sources = SourceReading(bootstrap, self.topics, registry, config.index, config.sequencers)
@@ -216,12 +244,18 @@ class Sequencer:
         self._sources.check(timeout)
         partitions = request_partitions_for(self.bootstrap, self.topics, config.sequencers)
         # Before fencing anyone: a sequencer of another procedure set must leave a running one alone.
-        check_set(self.bootstrap, self.topics.namespace, self.registry,
-                  upgrade_command(self.bootstrap, self.topics.namespace, self._procedure_specs), timeout)
+        check_set(
+            self.bootstrap,
+            self.topics.namespace,
+            self.registry,
+            upgrade_command(self.bootstrap, self.topics.namespace, self._procedure_specs),
+            timeout,
+        )
         self._owned = owned_partitions(partitions, config.index, config.sequencers)
         # Before fencing anything: a live sequencer of another engine keeps its partitions.
-        refuse_if_taken(self.bootstrap, self.topics.namespace, self._group, self.topics.requests, self._owned,
-                        self.owner)
+        refuse_if_taken(
+            self.bootstrap, self.topics.namespace, self._group, self.topics.requests, self._owned, self.owner
+        )
         self._turn = self._append_turn(timeout)
         with self._turn:  # fencing may end the previous generation's open transaction
             self._producer.init_transactions(timeout)
@@ -233,22 +267,34 @@ class Sequencer:
             # the log's first, belongs to no log: start again, in the log it began.
             log_id = self._cursor.log_id
         self._append([self._snapshot(self._own_cursor(), self._accepted)], [])
-        self._consumer = Consumer(consumer_config(self.bootstrap, {
-            "group.id": self._group,
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "fetch.max.bytes": 64 * 1024 * 1024,
-            # A position the requests topic no longer holds is an error (the broker lost it),
-            # never a silent jump past the requests waiting there.
-            "auto.offset.reset": "error",
-        }))
+        self._consumer = Consumer(
+            consumer_config(
+                self.bootstrap,
+                {
+                    "group.id": self._group,
+                    "enable.auto.commit": False,
+                    "isolation.level": "read_committed",
+                    "fetch.max.bytes": 64 * 1024 * 1024,
+                    # A position the requests topic no longer holds is an error (the broker lost it),
+                    # never a silent jump past the requests waiting there.
+                    "auto.offset.reset": "error",
+                },
+            )
+        )
         offsets = self._cursor.request_offsets
-        self._consumer.assign([TopicPartition(self.topics.requests, p, offsets.get(p, OFFSET_BEGINNING))
-                               for p in self._owned] + self._sources.assignment(self._cursor))
+        self._consumer.assign(
+            [TopicPartition(self.topics.requests, p, offsets.get(p, OFFSET_BEGINNING)) for p in self._owned]
+            + self._sources.assignment(self._cursor)
+        )
         self._note_consumed()
         self._probe = LogWatch(self.bootstrap, self.topics.log, f"{self._group}.probe", WATCH_EVERY)
-        log.info("sequencer %d of %d (generation at log offset %d) resumes at its batch %d", config.index,
-                 config.sequencers, self._started_at, self.next_epoch)
+        log.info(
+            "sequencer %d of %d (generation at log offset %d) resumes at its batch %d",
+            config.index,
+            config.sequencers,
+            self._started_at,
+            self.next_epoch,
+        )
 
     def _take_over(self, log_id: str | None, timeout: float) -> bool:
         """Append this sequencer's start record to log `log_id` (None: as the log's first)
@@ -256,23 +302,31 @@ class Sequencer:
         config = self.config
         token = uuid.uuid4().hex
         self._producer.begin_transaction()
-        start = encode_start(self.topics.namespace, log_id, token, self._described, config.index,
-                             config.sequencers)
+        start = encode_start(self.topics.namespace, log_id, token, self._described, config.index, config.sequencers)
         self._producer.produce(self.topics.log, value=start, partition=0, on_delivery=self._delivered)
         self._end_transaction(self._producer.commit_transaction, timeout)
         self._started_at = self._log_end - 1
         self._cursor, self._accepted, self._last_time = LogCursor(), 0, 0
         self._recent = RecentIds(config.dedupe_window)
-        seed = find_seed(self.bootstrap, self.topics.log, self._started_at, config.dedupe_window,
-                         config.index, config.sequencers, log_id)
+        seed = find_seed(
+            self.bootstrap,
+            self.topics.log,
+            self._started_at,
+            config.dedupe_window,
+            config.index,
+            config.sequencers,
+            log_id,
+        )
         if seed is not None:
             self._cursor, self._accepted, self._last_time = seed
             self._cursor.only = config.index
         if self._catch_up(token, timeout):
             return True
         if log_id is not None or self._cursor.log_id is None:
-            raise RuntimeError(f"this sequencer's start record at offset {self._started_at} of {self.topics.log} "
-                               f"does not verify for that log: restart the sequencer")
+            raise RuntimeError(
+                f"this sequencer's start record at offset {self._started_at} of {self.topics.log} "
+                f"does not verify for that log: restart the sequencer"
+            )
         return False
 
     def _append_turn(self, timeout: float) -> AbstractContextManager:
@@ -282,8 +336,9 @@ class Sequencer:
         if not needs_turns(metadata.cluster_id):
             return nullcontext()
         brokers = [f"{b.host}:{b.port}" for b in metadata.brokers.values()]
-        return AppendTurn(turn_path(metadata.cluster_id, brokers, self.topics.log), self.topics.log,
-                          wait_limit=APPEND_DEADLINE + 60.0)
+        return AppendTurn(
+            turn_path(metadata.cluster_id, brokers, self.topics.log), self.topics.log, wait_limit=APPEND_DEADLINE + 60.0
+        )
 
     def _own_cursor(self) -> dict:
         """The cursor as a snapshot keeps it: this sequencer's lane only (what it knows of
@@ -293,14 +348,21 @@ class Sequencer:
         return own
 
     def _snapshot(self, cursor: dict, accepted: int) -> bytes:
-        return encode_snapshot(self.topics.namespace, cursor, accepted, self._last_time, self.config.index,
-                               self.config.sequencers)
+        return encode_snapshot(
+            self.topics.namespace, cursor, accepted, self._last_time, self.config.index, self.config.sequencers
+        )
 
     def _catch_up(self, token: str, timeout: float) -> bool:
         """Read from the cursor to this sequencer's start record (False if the log passes
         over it); `timeout` bounds a stretch without progress, not the whole read."""
-        reader = LogReader(self.bootstrap, self.topics.log, self._cursor, f"{self._group}.catchup",
-                           on_dropped=self._passed_over, check_secret=False)
+        reader = LogReader(
+            self.bootstrap,
+            self.topics.log,
+            self._cursor,
+            f"{self._group}.catchup",
+            on_dropped=self._passed_over,
+            check_secret=False,
+        )
         deadline = time.monotonic() + timeout
         try:
             while time.monotonic() < deadline:
@@ -320,8 +382,10 @@ class Sequencer:
                         return True
                     elif offset >= self._started_at:
                         return False
-            raise TimeoutError(f"this sequencer's start record did not appear in {self.topics.log} "
-                               f"within {timeout:.0f} s of the last record read")
+            raise TimeoutError(
+                f"this sequencer's start record did not appear in {self.topics.log} "
+                f"within {timeout:.0f} s of the last record read"
+            )
         finally:
             reader.close()
 
@@ -379,13 +443,16 @@ class Sequencer:
             except Exception:
                 current = None
             if current is not None and current.identity != self._set_id:
-                raise UpgradedAway(f"{self.topics.log} moved to procedure set {current.name} (`ordo upgrade`), and "
-                                   f"this sequencer of {short(self._set_id)} stops; its engine stops where the log "
-                                   f"moves on") from None
+                raise UpgradedAway(
+                    f"{self.topics.log} moved to procedure set {current.name} (`ordo upgrade`), and "
+                    f"this sequencer of {short(self._set_id)} stops; its engine stops where the log "
+                    f"moves on"
+                ) from None
             raise Superseded(
                 f"{who_took_over(self.bootstrap, self._group, self.topics.requests, self._owned, self.owner)} "
                 f"started sequencing namespace {self.topics.namespace} (sequencer {self.config.index} of "
-                f"{self.config.sequencers}) and fenced this one, which stops: one engine per namespace") from None
+                f"{self.config.sequencers}) and fenced this one, which stops: one engine per namespace"
+            ) from None
 
     def _loop(self, epoch: _Epoch, max_delay: float) -> _Epoch:
         while not self._stop.is_set():
@@ -407,10 +474,12 @@ class Sequencer:
                     if error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
                         if message.topic() != self.topics.requests:
                             raise BrokerLost(self._sources.lost(message.topic(), message.partition()))
-                        raise BrokerLost(f"{self.topics.requests} partition {message.partition()} does not reach "
-                                         f"the position this sequencer consumed up to: the broker lost the "
-                                         f"requests (restarted without its data?); see docs/operations.md, "
-                                         f"'Broker lost'")
+                        raise BrokerLost(
+                            f"{self.topics.requests} partition {message.partition()} does not reach "
+                            f"the position this sequencer consumed up to: the broker lost the "
+                            f"requests (restarted without its data?); see docs/operations.md, "
+                            f"'Broker lost'"
+                        )
                     if error.code() != KafkaError._PARTITION_EOF:
                         log.warning("request consumer: %s", error)
                     continue
@@ -443,19 +512,27 @@ class Sequencer:
         if not added:
             return
         offsets = self._cursor.request_offsets
-        self._consumer.incremental_assign([TopicPartition(self.topics.requests, p, offsets.get(p, OFFSET_BEGINNING))
-                                           for p in added])
+        self._consumer.incremental_assign(
+            [TopicPartition(self.topics.requests, p, offsets.get(p, OFFSET_BEGINNING)) for p in added]
+        )
         self._owned = sorted(set(self._owned) | set(added))
-        log.warning("%s has %d partitions now: sequencer %d takes the new partition(s) %s too",
-                    self.topics.requests, len(metadata.partitions), self.config.index,
-                    ", ".join(map(str, added)))
+        log.warning(
+            "%s has %d partitions now: sequencer %d takes the new partition(s) %s too",
+            self.topics.requests,
+            len(metadata.partitions),
+            self.config.index,
+            ", ".join(map(str, added)),
+        )
 
     def _take_new_source_partitions(self) -> None:
         added = self._sources.added(self._consumer)
         if added:
             self._consumer.incremental_assign(self._sources.assignment(self._cursor, added))
-            log.warning("sequencer %d reads the new partition(s) %s of its source topics too", self.config.index,
-                        ", ".join(added))
+            log.warning(
+                "sequencer %d reads the new partition(s) %s of its source topics too",
+                self.config.index,
+                ", ".join(added),
+            )
 
     def _consumed_without_batch(self, epoch: _Epoch) -> _Epoch:
         """An epoch of dropped messages only (steps published again) appends nothing, but
@@ -482,8 +559,15 @@ class Sequencer:
         """The log entry of one request message, validated and checked for a duplicate
         id, with its placement (None for a rejected entry)."""
         if message.topic() == self.topics.requests:
-            entry, sets = parse_request_sets(message.value(), message.key(), message.partition(), message.offset(),
-                                             self.registry, self.config.max_request_bytes, self.config.ordering)
+            entry, sets = parse_request_sets(
+                message.value(),
+                message.key(),
+                message.partition(),
+                message.offset(),
+                self.registry,
+                self.config.max_request_bytes,
+                self.config.ordering,
+            )
         else:
             entry, sets = self._sources.entry(message, self.config.max_request_bytes, self.config.ordering)
         request_id, proc, args = entry
@@ -551,13 +635,20 @@ class Sequencer:
         self._last_cut_at = time.monotonic()
         self._last_time = max(self._last_time, int(time.time() * 1000))
         number = self.next_epoch
-        record = encode_batch(number, self._started_at, self._last_time,
-                              {p: tuple(span) for p, span in epoch.offsets.items()}, epoch.entries,
-                              # An aria batch's homes run RUN on whole read sets: no routing (scheduler/batch.py).
-                              None if self.config.ordering else build_routing(self.config.partitions,
-                                                                              epoch.placements),
-                              self._cursor.log_id, self.config.index, self.config.ordering, self._set_id,
-                              namespace=self.topics.namespace)
+        record = encode_batch(
+            number,
+            self._started_at,
+            self._last_time,
+            {p: tuple(span) for p, span in epoch.offsets.items()},
+            epoch.entries,
+            # An aria batch's homes run RUN on whole read sets: no routing (scheduler/batch.py).
+            None if self.config.ordering else build_routing(self.config.partitions, epoch.placements),
+            self._cursor.log_id,
+            self.config.index,
+            self.config.ordering,
+            self._set_id,
+            namespace=self.topics.namespace,
+        )
         positions = [self._topic_partition(p, span[1]) for p, span in epoch.offsets.items()]
         records = [record]
         accepted = self._accepted + sum(placement is not None for placement in epoch.placements)
@@ -571,8 +662,15 @@ class Sequencer:
         self._append(records, positions)
         if log.isEnabledFor(logging.DEBUG):
             rejected = sum(placement is None for placement in epoch.placements)
-            log.debug("batch %d: %d requests (%d rejected) from %s appended to %s, ending at offset %d", number,
-                      len(epoch.entries), rejected, _spans(epoch.offsets), self.topics.log, self._log_end)
+            log.debug(
+                "batch %d: %d requests (%d rejected) from %s appended to %s, ending at offset %d",
+                number,
+                len(epoch.entries),
+                rejected,
+                _spans(epoch.offsets),
+                self.topics.log,
+                self._log_end,
+            )
         self._cursor.lanes[self.config.index][1] += 1
         self._cursor.next_batch += 1
         for position, span in epoch.offsets.items():
@@ -617,17 +715,24 @@ class Sequencer:
         offsets = self._cursor.request_offsets
         # Every owned partition, one never consumed at 0 (what the lag counts from anyway):
         # the positions carry this sequencer's note of who takes them (lane_owner.py).
-        self._note_positions([TopicPartition(self.topics.requests, p, offsets.get(p, 0)) for p in self._owned]
-                             + self._sources.noted(self._cursor), stopped)
+        self._note_positions(
+            [TopicPartition(self.topics.requests, p, offsets.get(p, 0)) for p in self._owned]
+            + self._sources.noted(self._cursor),
+            stopped,
+        )
 
     def _note_positions(self, positions: list[TopicPartition], stopped: bool = False) -> None:
         if not positions:
             return
         noted = note(self.owner, stopped)
         try:
-            self._consumer.commit(offsets=[TopicPartition(position.topic, position.partition, position.offset,
-                                                          metadata=noted) for position in positions],
-                                  asynchronous=True)  # a stopping one's last goes out as its consumer closes
+            self._consumer.commit(
+                offsets=[
+                    TopicPartition(position.topic, position.partition, position.offset, metadata=noted)
+                    for position in positions
+                ],
+                asynchronous=True,
+            )  # a stopping one's last goes out as its consumer closes
         except KafkaException:
             pass  # a display figure: the next batch's commit carries the positions on
 
@@ -652,12 +757,16 @@ class Sequencer:
     def _cannot_append(self, exc: KafkaException) -> str:
         error = exc.args[0]
         if error.code() in UNANSWERED:
-            return (f"cannot append batch {self.next_epoch} of sequencer {self.config.index} to {self.topics.log} "
-                    f"for {APPEND_DEADLINE:.0f} s ({error.str()}): the broker does not answer; start it again "
-                    f"(on its data directory, it keeps the log) and restart Ordo")
-        return (f"cannot append batch {self.next_epoch} of sequencer {self.config.index} to {self.topics.log} for "
-                f"{APPEND_DEADLINE:.0f} s ({error.str()}): the broker may have been restarted without its "
-                f"data; see docs/operations.md, 'Broker lost'")
+            return (
+                f"cannot append batch {self.next_epoch} of sequencer {self.config.index} to {self.topics.log} "
+                f"for {APPEND_DEADLINE:.0f} s ({error.str()}): the broker does not answer; start it again "
+                f"(on its data directory, it keeps the log) and restart Ordo"
+            )
+        return (
+            f"cannot append batch {self.next_epoch} of sequencer {self.config.index} to {self.topics.log} for "
+            f"{APPEND_DEADLINE:.0f} s ({error.str()}): the broker may have been restarted without its "
+            f"data; see docs/operations.md, 'Broker lost'"
+        )
 
     def _delivered(self, error, message) -> None:
         if error is None and message.offset() + 1 > self._log_end:
@@ -680,9 +789,11 @@ class Sequencer:
             return
         self._probe.note(*self._last_appended)
         if self._probe.lost is not None:
-            raise BrokerLost(f"{self.topics.log} no longer holds the record this sequencer appended at offset "
-                             f"{self._probe.lost}: the broker lost the log (restarted without its data?); see "
-                             f"docs/operations.md, 'Broker lost'")
+            raise BrokerLost(
+                f"{self.topics.log} no longer holds the record this sequencer appended at offset "
+                f"{self._probe.lost}: the broker lost the log (restarted without its data?); see "
+                f"docs/operations.md, 'Broker lost'"
+            )
 
     def _check_cluster(self) -> None:
         """Stop at once if another Kafka cluster answers for the log: appending there would

@@ -110,16 +110,16 @@ def _failure(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def source_entry(source: Source, message, registry, max_bytes: int,
-                 ordering: str | None = None) -> tuple[list, tuple | None]:
+def source_entry(
+    source: Source, message, registry, max_bytes: int, ordering: str | None = None
+) -> tuple[list, tuple | None]:
     """The log entry of one source record, validated as a request on `<ns>.requests` is
     (`parse_request_sets`), with the read and write sets of an accepted one. Whatever the
     record holds and whatever the mapping does, an entry: a rejected one under the
     record's id names the problem."""
     topic, partition, offset = message.topic(), message.partition(), message.offset()
     default_id = record_id(topic, partition, offset)
-    record = SourceRecord(topic, partition, offset, message.key(), message.value(),
-                          tuple(message.headers() or ()))
+    record = SourceRecord(topic, partition, offset, message.key(), message.value(), tuple(message.headers() or ()))
     where = f"source {topic}"
     try:
         request_id = default_id if source.id is None else source.id(record)
@@ -136,8 +136,9 @@ def source_entry(source: Source, message, registry, max_bytes: int,
         return [request_id, None, f"{where}: the arguments must be an object, got {type(args).__name__}"], None
     try:
         # The request as a client would write it: every check of the wire applies alike.
-        body = json.dumps({"id": request_id, "proc": source.proc, "args": args}, allow_nan=False,
-                          separators=(",", ":")).encode()
+        body = json.dumps(
+            {"id": request_id, "proc": source.proc, "args": args}, allow_nan=False, separators=(",", ":")
+        ).encode()
     except (TypeError, ValueError, RecursionError) as exc:
         return [request_id, None, f"{where}: the arguments are not JSON: {exc}"], None
     entry, sets = parse_request_sets(body, None, partition, offset, registry, max_bytes, ordering)
@@ -157,16 +158,20 @@ def check_sources(bootstrap: str, sources, namespace: str, timeout: float = 30.0
     own = {topics.requests, topics.log, topics.results, topics.changes}
     for source in sources:
         if source.topic in own or source.topic.startswith(f"{namespace}.stream."):
-            raise ValueError(f"source topic {source.topic} is one of namespace {namespace}'s own topics: a source "
-                             f"is a topic Ordo does not write")
+            raise ValueError(
+                f"source topic {source.topic} is one of namespace {namespace}'s own topics: a source "
+                f"is a topic Ordo does not write"
+            )
     if not sources:
         return
     names = [source.topic for source in sources]
     found = described(AdminClient(kafka_config(bootstrap)), names, settle=min(SETTLE, timeout))
     missing = [name for name in names if found[name] is None]
     if missing:
-        raise RuntimeError(f"source topic(s) {', '.join(missing)} do not exist: create them (or correct the "
-                           f"app's sources) and start again")
+        raise RuntimeError(
+            f"source topic(s) {', '.join(missing)} do not exist: create them (or correct the "
+            f"app's sources) and start again"
+        )
 
 
 class SourceReading:
@@ -186,16 +191,22 @@ class SourceReading:
         from ordo.sequencer.topics import partition_count
 
         check_sources(self.bootstrap, self.sources.values(), self.topics.namespace, timeout)
-        self.owned = [position_key(topic, p) for topic in sorted(self.sources)
-                      for p in range(partition_count(self.bootstrap, topic)) if p % self.sequencers == self.index]
+        self.owned = [
+            position_key(topic, p)
+            for topic in sorted(self.sources)
+            for p in range(partition_count(self.bootstrap, topic))
+            if p % self.sequencers == self.index
+        ]
 
     def assignment(self, cursor, keys: list[str] | None = None) -> list:
         """Where the consumer begins on each partition read (or of `keys`): after what the
         log holds, else at the beginning."""
         from confluent_kafka import OFFSET_BEGINNING
 
-        return [self.topic_partition(key, OFFSET_BEGINNING if cursor.consumed_to(key) is None
-                                     else cursor.consumed_to(key)) for key in (self.owned if keys is None else keys)]
+        return [
+            self.topic_partition(key, OFFSET_BEGINNING if cursor.consumed_to(key) is None else cursor.consumed_to(key))
+            for key in (self.owned if keys is None else keys)
+        ]
 
     def added(self, consumer) -> list[str]:
         """Partitions added to a source topic since they were counted that this sequencer
@@ -210,8 +221,11 @@ class SourceReading:
                 continue  # asked again at the next look; a broker away is the watch's business
             if metadata is None or metadata.error is not None:
                 continue
-            found += [key for p in sorted(metadata.partitions) if p % self.sequencers == self.index
-                      and (key := position_key(topic, p)) not in self.owned]
+            found += [
+                key
+                for p in sorted(metadata.partitions)
+                if p % self.sequencers == self.index and (key := position_key(topic, p)) not in self.owned
+            ]
         self.owned += found
         return found
 
@@ -235,6 +249,8 @@ class SourceReading:
 
     @staticmethod
     def lost(topic: str, partition: int) -> str:
-        return (f"source topic {topic} partition {partition} no longer holds the records after the position the "
-                f"log consumed up to (deleted by retention before they were read, or the broker lost them): "
-                f"those records cannot become requests; see docs/procedures.md, 'Existing topics as sources'")
+        return (
+            f"source topic {topic} partition {partition} no longer holds the records after the position the "
+            f"log consumed up to (deleted by retention before they were read, or the broker lost them): "
+            f"those records cannot become requests; see docs/procedures.md, 'Existing topics as sources'"
+        )

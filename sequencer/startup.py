@@ -26,7 +26,15 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from ordo.sequencer.kafka import consumer_config
 from ordo.sequencer.log import (
-    BATCH, SNAPSHOT, SNAPSHOT_EVERY, START, LogCursor, LogError, Snapshot, batch_head, decode,
+    BATCH,
+    SNAPSHOT,
+    SNAPSHOT_EVERY,
+    START,
+    LogCursor,
+    LogError,
+    Snapshot,
+    batch_head,
+    decode,
 )
 from ordo.sequencer.topics import Topics
 
@@ -38,21 +46,36 @@ STEP = 2 * SNAPSHOT_EVERY + 16
 OVERLAP = 16
 
 
-def find_seed(bootstrap: str, topic: str, before: int, window: int, sequencer: int = 0, sequencers: int = 1,
-              log_id: str | None = None, timeout: float = 30.0) -> tuple[LogCursor, int, int] | None:
+def find_seed(
+    bootstrap: str,
+    topic: str,
+    before: int,
+    window: int,
+    sequencer: int = 0,
+    sequencers: int = 1,
+    log_id: str | None = None,
+    timeout: float = 30.0,
+) -> tuple[LogCursor, int, int] | None:
     """(cursor, entries accepted, batch time) to resume reading from, or None to read
     from the head. `before` is the offset of the caller's own start record, `log_id` the
     log's identity (None: a new log, read from its head)."""
     if log_id is None:
         return None
     namespace = Topics.namespace_of_log(topic)
-    consumer = Consumer(consumer_config(bootstrap, {
-        "group.id": f"{topic}.startup", "enable.auto.commit": False,
-        "isolation.level": "read_committed", "fetch.max.bytes": 64 * 1024 * 1024,
-        # A position the broker calls out of range must not move the read to the log's end,
-        # where it would wait for records that never come.
-        "auto.offset.reset": "earliest",
-    }))
+    consumer = Consumer(
+        consumer_config(
+            bootstrap,
+            {
+                "group.id": f"{topic}.startup",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "fetch.max.bytes": 64 * 1024 * 1024,
+                # A position the broker calls out of range must not move the read to the log's end,
+                # where it would wait for records that never come.
+                "auto.offset.reset": "earliest",
+            },
+        )
+    )
     newest: Snapshot | None = None
     try:
         high = before
@@ -161,5 +184,7 @@ def records_between(consumer: Consumer, topic: str, low: int, high: int, timeout
             keep(offset, value)
         if consumer.position([TopicPartition(topic, 0)])[0].offset >= high:
             return found  # `high` is the log's end, and what lies before it a transaction marker
-    raise TimeoutError(f"reading {topic} back from offset {low} to {high} made no progress for {timeout:.0f} s "
-                       f"(last record read: {'none' if last is None else f'offset {last}'})")
+    raise TimeoutError(
+        f"reading {topic} back from offset {low} to {high} made no progress for {timeout:.0f} s "
+        f"(last record read: {'none' if last is None else f'offset {last}'})"
+    )

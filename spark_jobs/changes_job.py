@@ -79,8 +79,11 @@ def state_versions(spark, output: str) -> list[str]:
     """Complete state versions (Spark wrote _SUCCESS), oldest first."""
     fs = _Fs(spark, output)
     base = _join(output, "_state")
-    return [v for v in fs.children(base) if re.fullmatch(r"v\d{10}-[0-9a-f]{8}", v)
-            and fs.exists(_join(base, v, "_SUCCESS"))]
+    return [
+        v
+        for v in fs.children(base)
+        if re.fullmatch(r"v\d{10}-[0-9a-f]{8}", v) and fs.exists(_join(base, v, "_SUCCESS"))
+    ]
 
 
 def _version_number(version: str) -> int:
@@ -127,20 +130,23 @@ class ChangesWriter:
 
         started = time.monotonic()
         spark = df.sparkSession
-        records = (df.select("batch", "txn", "partition", "part", "changes")
-                   .dropDuplicates(["batch", "txn", "partition", "part"]).persist())
+        records = (
+            df.select("batch", "txn", "partition", "part", "changes")
+            .dropDuplicates(["batch", "txn", "partition", "part"])
+            .persist()
+        )
         try:
             # The change log: one file per record, written by the executors.
             per_table: dict[str, int] = {}
-            for row in records.mapInArrow(write_records(changelog_path(self.output)),
-                                          "table string, changes long").collect():
+            for row in records.mapInArrow(
+                write_records(changelog_path(self.output)), "table string, changes long"
+            ).collect():
                 per_table[row["table"]] = per_table.get(row["table"], 0) + row["changes"]
             step = self.stats.add("changelog", started)
             if per_table:
-                changes = (records
-                           .select("batch", "part", F.posexplode("changes").alias("seq", "change"))
-                           .select("batch", "part", "seq", "change.txn", "change.table", "change.key",
-                                   "change.value", "change.deleted"))
+                changes = records.select("batch", "part", F.posexplode("changes").alias("seq", "change")).select(
+                    "batch", "part", "seq", "change.txn", "change.table", "change.key", "change.value", "change.deleted"
+                )
                 self._merge_state(spark, changes, sorted(per_table), step)
         finally:
             records.unpersist()
@@ -159,18 +165,24 @@ class ChangesWriter:
             new_rows = spark.read.parquet(_join(base, versions[-1])).select(*STATE_COLUMNS).unionByName(new_rows)
         # Max-register per key: the greatest (batch, txn) wins; a replayed change ties with
         # itself (same value), an older one loses.
-        merged = (new_rows.groupBy("table", "key")
-                  .agg(F.max(F.struct("batch", "txn", "deleted", "value")).alias("w"))
-                  .select("table", "key", "w.value", "w.deleted", "w.batch", "w.txn"))
+        merged = (
+            new_rows.groupBy("table", "key")
+            .agg(F.max(F.struct("batch", "txn", "deleted", "value")).alias("w"))
+            .select("table", "key", "w.value", "w.deleted", "w.batch", "w.txn")
+        )
         number = _version_number(versions[-1]) + 1 if versions else 1
         version = f"v{number:010d}-{uuid.uuid4().hex[:8]}"
         merged.write.mode("overwrite").partitionBy("table").parquet(_join(base, version))
         step = self.stats.add("state", step)
         state = spark.read.parquet(_join(base, version))
         for table in tables:
-            (state.where((F.col("table") == table) & ~F.col("deleted"))
-             .select("key", "value", "batch", "txn").coalesce(1)
-             .write.mode("overwrite").parquet(table_path(self.output, table)))
+            (
+                state.where((F.col("table") == table) & ~F.col("deleted"))
+                .select("key", "value", "batch", "txn")
+                .coalesce(1)
+                .write.mode("overwrite")
+                .parquet(table_path(self.output, table))
+            )
         fs = _Fs(spark, self.output)
         for old in fs.children(base):
             if old != version and (old.startswith("v") and _version_number_safe(old) <= number):
@@ -185,8 +197,14 @@ def _version_number_safe(name: str) -> int:
         return -1
 
 
-def source_options(bootstrap: str, namespace: str, topic: str = "changes", max_records_per_batch: int | None = None,
-                   kafka: dict | None = None, starting_offsets: str = "earliest") -> dict[str, str]:
+def source_options(
+    bootstrap: str,
+    namespace: str,
+    topic: str = "changes",
+    max_records_per_batch: int | None = None,
+    kafka: dict | None = None,
+    starting_offsets: str = "earliest",
+) -> dict[str, str]:
     """Options of Spark's Kafka source over an engine output, `<ns>.changes` or `<ns>.results`:
     every partition (new ones too) from the log start, committed records only (the engine writes
     its outputs in Kafka transactions), data lost to retention failing the query; the user's
@@ -195,11 +213,18 @@ def source_options(bootstrap: str, namespace: str, topic: str = "changes", max_r
 
     if topic not in ("changes", "results"):
         raise ValueError(f"an engine output topic is 'changes' or 'results', not {topic!r}")
-    own = {"isolation.level": "read_committed",
-           # Never create the topic by asking for it: the engine makes it with its partition count.
-           "allow.auto.create.topics": "false"}
-    options = {"subscribe": f"{namespace}.{topic}", "startingOffsets": starting_offsets, "failOnDataLoss": "true",
-               "includeHeaders": "false", **kafka_options(bootstrap, {**(kafka or {}), **own})}
+    own = {
+        "isolation.level": "read_committed",
+        # Never create the topic by asking for it: the engine makes it with its partition count.
+        "allow.auto.create.topics": "false",
+    }
+    options = {
+        "subscribe": f"{namespace}.{topic}",
+        "startingOffsets": starting_offsets,
+        "failOnDataLoss": "true",
+        "includeHeaders": "false",
+        **kafka_options(bootstrap, {**(kafka or {}), **own}),
+    }
     if max_records_per_batch:
         options["maxOffsetsPerTrigger"] = str(int(max_records_per_batch))
     return options
@@ -215,22 +240,33 @@ def check_topic(bootstrap: str, topic: str, timeout: float = 30.0) -> None:
     admin = AdminClient({**user_kafka_settings(), "bootstrap.servers": bootstrap})
     metadata = admin.list_topics(topic, timeout=timeout).topics.get(topic)
     if metadata is None or metadata.error is not None or not metadata.partitions:
-        raise RuntimeError(f"topic {topic} does not exist on {bootstrap} "
-                           f"({metadata.error if metadata is not None else 'no metadata'}): start the engine of "
-                           f"that namespace first")
+        raise RuntimeError(
+            f"topic {topic} does not exist on {bootstrap} "
+            f"({metadata.error if metadata is not None else 'no metadata'}): start the engine of "
+            f"that namespace first"
+        )
 
 
-def read_outputs(spark, bootstrap: str, namespace: str, topic: str = "changes", stream: bool = True,
-                 max_records_per_batch: int | None = None, kafka: dict | None = None,
-                 options: dict | None = None):
+def read_outputs(
+    spark,
+    bootstrap: str,
+    namespace: str,
+    topic: str = "changes",
+    stream: bool = True,
+    max_records_per_batch: int | None = None,
+    kafka: dict | None = None,
+    options: dict | None = None,
+):
     """The engine's `<ns>.changes` or `<ns>.results` through Spark's Kafka source, decoded
     (records.CHANGES_SCHEMA / RESULTS_SCHEMA); a stream, or (stream=False) what it holds now.
     `options`: more options of the Kafka source (they win)."""
     from ordo.spark_jobs.records import decode_outputs
 
     check_topic(bootstrap, f"{namespace}.{topic}")
-    settings = {**source_options(bootstrap, namespace, topic, max_records_per_batch if stream else None, kafka),
-                **{k: str(v) for k, v in (options or {}).items()}}
+    settings = {
+        **source_options(bootstrap, namespace, topic, max_records_per_batch if stream else None, kafka),
+        **{k: str(v) for k, v in (options or {}).items()},
+    }
     if not stream:
         settings.pop("maxOffsetsPerTrigger", None)
         settings["endingOffsets"] = "latest"
@@ -238,18 +274,37 @@ def read_outputs(spark, bootstrap: str, namespace: str, topic: str = "changes", 
     return decode_outputs(reader.format("kafka").options(**settings).load(), topic)
 
 
-def start_consumer(spark, bootstrap: str, namespace: str, output: str, checkpoint: str,
-                   once: bool = False, max_records_per_batch: int | None = None,
-                   trigger_seconds: float | None = None, stats: ConsumerStats | None = None,
-                   source_options: dict | None = None, kafka: dict | None = None):
+def start_consumer(
+    spark,
+    bootstrap: str,
+    namespace: str,
+    output: str,
+    checkpoint: str,
+    once: bool = False,
+    max_records_per_batch: int | None = None,
+    trigger_seconds: float | None = None,
+    stats: ConsumerStats | None = None,
+    source_options: dict | None = None,
+    kafka: dict | None = None,
+):
     """Start the streaming query; returns (query, stats). `source_options`: more options of
     Spark's Kafka source; `kafka`: settings of its Java Kafka client."""
     stats = stats or ConsumerStats()
-    changes = read_outputs(spark, bootstrap, namespace, "changes", max_records_per_batch=max_records_per_batch,
-                           kafka=kafka, options=source_options)
+    changes = read_outputs(
+        spark,
+        bootstrap,
+        namespace,
+        "changes",
+        max_records_per_batch=max_records_per_batch,
+        kafka=kafka,
+        options=source_options,
+    )
     changes_writer = ChangesWriter(output, stats)
-    writer = (changes.writeStream.foreachBatch(changes_writer)
-              .option("checkpointLocation", checkpoint).queryName(f"ordo-changes-{namespace}"))
+    writer = (
+        changes.writeStream.foreachBatch(changes_writer)
+        .option("checkpointLocation", checkpoint)
+        .queryName(f"ordo-changes-{namespace}")
+    )
     if once:
         writer = writer.trigger(availableNow=True)
     elif trigger_seconds:
@@ -270,8 +325,17 @@ def stop_gracefully(query, wait: float = 120.0) -> None:
     query.stop()
 
 
-def run_consumer(spark, bootstrap: str, namespace: str, output: str, checkpoint: str, once: bool = False,
-                 timeout: float | None = None, progress: float = 0.0, **kwargs) -> ConsumerStats:
+def run_consumer(
+    spark,
+    bootstrap: str,
+    namespace: str,
+    output: str,
+    checkpoint: str,
+    once: bool = False,
+    timeout: float | None = None,
+    progress: float = 0.0,
+    **kwargs,
+) -> ConsumerStats:
     """Run until done (--once: everything on the topic now), the timeout, or Ctrl-C.
     `progress`: print a progress line every that many seconds (0: none)."""
     from ordo.spark_jobs.progress import Progress, StreamCounter
@@ -281,8 +345,10 @@ def run_consumer(spark, bootstrap: str, namespace: str, output: str, checkpoint:
 
     def describe() -> str:
         counter.update(query)
-        return (f"{counter.rows} change records read, {stats.micro_batches} micro-batch(es) written, "
-                f"{stats.changes} changes")
+        return (
+            f"{counter.rows} change records read, {stats.micro_batches} micro-batch(es) written, "
+            f"{stats.changes} changes"
+        )
 
     try:
         with Progress(spark, "ordo-changes", describe, progress):
@@ -301,6 +367,7 @@ def run_consumer(spark, bootstrap: str, namespace: str, output: str, checkpoint:
 
 
 # ---------------------------------------------------------------- reading the result
+
 
 def load_table(spark, output: str, table: str):
     """The current state of one engine table: key, value (JSON texts), batch, txn."""
@@ -327,17 +394,24 @@ def example_report(spark, output: str, top: int = 5) -> dict:
         report["tables"][table] = df.count()
     if "account" in tables:
         report["top_accounts"] = [
-            (r["account"], r["balance"]) for r in spark.sql(
+            (r["account"], r["balance"])
+            for r in spark.sql(
                 f"SELECT CAST(key AS BIGINT) AS account, CAST(value AS BIGINT) AS balance FROM ordo_account "
-                f"ORDER BY balance DESC, account LIMIT {int(top)}").collect()]
+                f"ORDER BY balance DESC, account LIMIT {int(top)}"
+            ).collect()
+        ]
     if "asset" in tables:
         report["total_assets"] = spark.sql(
-            "SELECT COALESCE(SUM(CAST(value AS BIGINT)), 0) AS total FROM ordo_asset").first()["total"]
+            "SELECT COALESCE(SUM(CAST(value AS BIGINT)), 0) AS total FROM ordo_asset"
+        ).first()["total"]
     if "micro" in tables:
         report["hottest_micro_keys"] = [
-            (r["k"], r["v"]) for r in spark.sql(
+            (r["k"], r["v"])
+            for r in spark.sql(
                 f"SELECT CAST(key AS BIGINT) AS k, CAST(value AS BIGINT) AS v FROM ordo_micro "
-                f"ORDER BY v DESC, k LIMIT {int(top)}").collect()]
+                f"ORDER BY v DESC, k LIMIT {int(top)}"
+            ).collect()
+        ]
     return report
 
 
@@ -354,6 +428,7 @@ def format_report(report: dict) -> str:
 
 # ---------------------------------------------------------------- command line
 
+
 def add_arguments(p: argparse.ArgumentParser, kafka: bool = True) -> None:
     if kafka:
         p.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT", help="Kafka bootstrap servers")
@@ -361,18 +436,30 @@ def add_arguments(p: argparse.ArgumentParser, kafka: bool = True) -> None:
 
         add_kafka_arguments(p)
     p.add_argument("--output", required=True, metavar="DIR", help="where the Parquet change log and tables go")
-    p.add_argument("--checkpoint", required=True, metavar="DIR", help="Spark checkpoint (keep it to resume exactly once)")
+    p.add_argument(
+        "--checkpoint", required=True, metavar="DIR", help="Spark checkpoint (keep it to resume exactly once)"
+    )
     stop = p.add_mutually_exclusive_group()
     stop.add_argument("--once", action="store_true", help="consume what the topic holds now, then exit")
     stop.add_argument("--timeout", type=float, default=None, metavar="S", help="stop after S seconds")
     p.add_argument("--master", default=None, metavar="M", help="Spark master (default local[*])")
-    p.add_argument("--max-records-per-batch", type=int, default=None, metavar="N",
-                   help="Kafka offsets per micro-batch at most (Spark's maxOffsetsPerTrigger: change records "
-                        "plus the engine's transaction markers)")
+    p.add_argument(
+        "--max-records-per-batch",
+        type=int,
+        default=None,
+        metavar="N",
+        help="Kafka offsets per micro-batch at most (Spark's maxOffsetsPerTrigger: change records "
+        "plus the engine's transaction markers)",
+    )
     p.add_argument("--trigger-seconds", type=float, default=None, metavar="S", help="micro-batch interval")
     p.add_argument("--no-report", action="store_true", help="do not print the example analytical query")
-    p.add_argument("--progress-seconds", type=float, default=5.0, metavar="S",
-                   help="print a progress line to stderr every S seconds (default 5; 0: none)")
+    p.add_argument(
+        "--progress-seconds",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="print a progress line to stderr every S seconds (default 5; 0: none)",
+    )
 
 
 def run(args, out=sys.stdout) -> int:
@@ -384,12 +471,26 @@ def run(args, out=sys.stdout) -> int:
     kafka = key_values(getattr(args, "kafka_option", []), "--kafka-option")
     spark = build_session("ordo-changes", args.master)
     started = time.monotonic()
-    stats = run_consumer(spark, args.bootstrap_servers, args.namespace, args.output, args.checkpoint,
-                         once=args.once, timeout=args.timeout, max_records_per_batch=args.max_records_per_batch,
-                         trigger_seconds=args.trigger_seconds, kafka=kafka, progress=args.progress_seconds)
+    stats = run_consumer(
+        spark,
+        args.bootstrap_servers,
+        args.namespace,
+        args.output,
+        args.checkpoint,
+        once=args.once,
+        timeout=args.timeout,
+        max_records_per_batch=args.max_records_per_batch,
+        trigger_seconds=args.trigger_seconds,
+        kafka=kafka,
+        progress=args.progress_seconds,
+    )
     seconds = time.monotonic() - started
-    print(f"consumed {stats.changes} changes in {stats.micro_batches} micro-batch(es) in {seconds:.2f}s "
-          f"({stats.changes_per_second:,.0f} changes/s while writing) into {args.output}", file=out, flush=True)
+    print(
+        f"consumed {stats.changes} changes in {stats.micro_batches} micro-batch(es) in {seconds:.2f}s "
+        f"({stats.changes_per_second:,.0f} changes/s while writing) into {args.output}",
+        file=out,
+        flush=True,
+    )
     if not args.no_report:
         print(format_report(example_report(spark, args.output)), file=out, flush=True)
     return 0

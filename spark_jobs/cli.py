@@ -23,13 +23,21 @@ def add_spark_commands(subparsers) -> argparse.ArgumentParser:
     spark = subparsers.add_parser("spark", help="PySpark border jobs: datasets to requests, changes to Parquet")
     sub = spark.add_subparsers(dest="spark_command", required=True, metavar="JOB")
 
-    p = sub.add_parser("produce", help="publish a dataset (CSV, JSON lines, Parquet) as requests",
-                       description=producer_job.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "produce",
+        help="publish a dataset (CSV, JSON lines, Parquet) as requests",
+        description=producer_job.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     producer_job.add_arguments(p)
     p.set_defaults(spark_handler=cmd_produce)
 
-    p = sub.add_parser("changes", help="stream <ns>.changes into a Parquet change log and current-state tables",
-                       description=changes_job.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "changes",
+        help="stream <ns>.changes into a Parquet change log and current-state tables",
+        description=changes_job.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     changes_job.add_arguments(p)
     p.set_defaults(spark_handler=cmd_changes)
 

@@ -35,6 +35,7 @@ PROVIDER_CLASS = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
 
 # ---------------------------------------------------------------- the jars
 
+
 def spark_version() -> str:
     import pyspark
 
@@ -67,7 +68,9 @@ def scala_version() -> str:
 
 def connector(version: str, scala: str | None = None) -> Artifacts:
     """The Maven artifact set of Spark's Kafka connector of one Spark version."""
-    return Artifacts("spark-sql-kafka", (f"org.apache.spark:spark-sql-kafka-0-10_{scala or scala_version()}:{version}",))
+    return Artifacts(
+        "spark-sql-kafka", (f"org.apache.spark:spark-sql-kafka-0-10_{scala or scala_version()}:{version}",)
+    )
 
 
 def _fetched(artifacts: Artifacts) -> bool:
@@ -109,15 +112,20 @@ def connector_jars() -> list[str]:
         try:
             found = jars(artifacts)
         except MissingTool:
-            raise MissingTool("Spark's Kafka connector is fetched once from Maven Central with Maven, and no `mvn` "
-                              "is on PATH: install it (e.g. apt-get install maven)") from None
+            raise MissingTool(
+                "Spark's Kafka connector is fetched once from Maven Central with Maven, and no `mvn` "
+                "is on PATH: install it (e.g. apt-get install maven)"
+            ) from None
         except RuntimeError as exc:  # Maven ran and could not fetch this version
             errors.append(str(exc))
             continue
         if artifacts is not sets[0] and cached is None:
-            print(f"ordo: Maven Central has no {sets[0].coordinates[0]} (the installed PySpark's version); "
-                  f"using {artifacts.coordinates[0]} instead (set {VERSION_ENV} to choose)",
-                  file=sys.stderr, flush=True)
+            print(
+                f"ordo: Maven Central has no {sets[0].coordinates[0]} (the installed PySpark's version); "
+                f"using {artifacts.coordinates[0]} instead (set {VERSION_ENV} to choose)",
+                file=sys.stderr,
+                flush=True,
+            )
         break
     else:
         raise RuntimeError("could not fetch Spark's Kafka connector: " + " | ".join(errors))
@@ -135,8 +143,10 @@ def ensure_connector(spark) -> None:
     for jar in connector_jars():
         spark.sql(f"ADD JAR '{jar}'")
     if not connector_loaded(spark):
-        raise RuntimeError(f"Spark's Kafka connector ({PROVIDER_CLASS}) is not loadable in this Spark session: "
-                           f"pass its jars with spark-submit --jars \"$(python -m spark_jobs.kafka_connector)\"")
+        raise RuntimeError(
+            f"Spark's Kafka connector ({PROVIDER_CLASS}) is not loadable in this Spark session: "
+            f'pass its jars with spark-submit --jars "$(python -m spark_jobs.kafka_connector)"'
+        )
 
 
 def connector_loaded(spark) -> bool:
@@ -152,21 +162,47 @@ def connector_loaded(spark) -> bool:
 # ---------------------------------------------------------------- settings
 
 # Set by Ordo itself, or refused by the connector (it manages offsets and (de)serializers).
-_OWN = {"bootstrap.servers", "isolation.level", "group.id", "auto.offset.reset", "enable.auto.commit",
-        "key.deserializer", "value.deserializer", "key.serializer", "value.serializer", "interceptor.classes",
-        "enable.idempotence", "acks"}
+_OWN = {
+    "bootstrap.servers",
+    "isolation.level",
+    "group.id",
+    "auto.offset.reset",
+    "enable.auto.commit",
+    "key.deserializer",
+    "value.deserializer",
+    "key.serializer",
+    "value.serializer",
+    "interceptor.classes",
+    "enable.idempotence",
+    "acks",
+}
 # librdkafka name -> the Java client's, where only the name differs.
 _RENAMED = {"sasl.mechanisms": "sasl.mechanism"}
 # Handled by the translation below (they become other settings).
-_TRANSLATED = {"sasl.username", "sasl.password", "sasl.kerberos.keytab", "sasl.kerberos.principal",
-               "sasl.oauthbearer.method", "sasl.oauthbearer.client.id", "sasl.oauthbearer.client.secret",
-               "sasl.oauthbearer.scope", "sasl.oauthbearer.extensions", "ssl.ca.location", "ssl.ca.pem",
-               "ssl.certificate.location", "ssl.certificate.pem", "ssl.key.location", "ssl.key.pem",
-               "ssl.keystore.location", "ssl.keystore.password"}
+_TRANSLATED = {
+    "sasl.username",
+    "sasl.password",
+    "sasl.kerberos.keytab",
+    "sasl.kerberos.principal",
+    "sasl.oauthbearer.method",
+    "sasl.oauthbearer.client.id",
+    "sasl.oauthbearer.client.secret",
+    "sasl.oauthbearer.scope",
+    "sasl.oauthbearer.extensions",
+    "ssl.ca.location",
+    "ssl.ca.pem",
+    "ssl.certificate.location",
+    "ssl.certificate.pem",
+    "ssl.key.location",
+    "ssl.key.pem",
+    "ssl.keystore.location",
+    "ssl.keystore.password",
+}
 
 # The Java client's setting names (kafka-clients 3.9, consumer and producer), for when the
 # JVM cannot be asked (tests of the translation without a session).
-_JAVA_NAMES = set("""
+_JAVA_NAMES = set(
+    """
 acks auto.commit.interval.ms auto.include.jmx.reporter auto.offset.reset batch.size bootstrap.servers buffer.memory
 check.crcs client.dns.lookup client.id client.rack compression.gzip.level compression.lz4.level compression.type
 compression.zstd.level connections.max.idle.ms default.api.timeout.ms delivery.timeout.ms enable.auto.commit
@@ -194,7 +230,8 @@ ssl.key.password ssl.keymanager.algorithm ssl.keystore.certificate.chain ssl.key
 ssl.keystore.password ssl.keystore.type ssl.protocol ssl.provider ssl.secure.random.implementation
 ssl.trustmanager.algorithm ssl.truststore.certificates ssl.truststore.location ssl.truststore.password
 ssl.truststore.type transaction.timeout.ms transactional.id value.deserializer value.serializer
-""".split())
+""".split()
+)
 
 _LOGIN_MODULES = {
     "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
@@ -227,26 +264,34 @@ def java_client_settings(settings: Mapping[str, Any]) -> tuple[dict[str, str], l
         if module is None:
             dropped += [k for k in ("sasl.username", "sasl.password") if k in s]
         else:
-            out["sasl.jaas.config"] = (f"{module} required username={_jaas_value(s.get('sasl.username', ''))} "
-                                       f"password={_jaas_value(s.get('sasl.password', ''))};")
+            out["sasl.jaas.config"] = (
+                f"{module} required username={_jaas_value(s.get('sasl.username', ''))} "
+                f"password={_jaas_value(s.get('sasl.password', ''))};"
+            )
     if mechanism == "GSSAPI" and "sasl.kerberos.keytab" in s:
         principal = f" principal={_jaas_value(s['sasl.kerberos.principal'])}" if "sasl.kerberos.principal" in s else ""
-        out["sasl.jaas.config"] = ("com.sun.security.auth.module.Krb5LoginModule required useKeyTab=true "
-                                   f"storeKey=true keyTab={_jaas_value(s['sasl.kerberos.keytab'])}{principal};")
+        out["sasl.jaas.config"] = (
+            "com.sun.security.auth.module.Krb5LoginModule required useKeyTab=true "
+            f"storeKey=true keyTab={_jaas_value(s['sasl.kerberos.keytab'])}{principal};"
+        )
     elif "sasl.kerberos.keytab" in s or "sasl.kerberos.principal" in s:
         dropped += [k for k in ("sasl.kerberos.keytab", "sasl.kerberos.principal") if k in s]
     if mechanism == "OAUTHBEARER" and s.get("sasl.oauthbearer.method", "").lower() == "oidc":
-        options = [f"clientId={_jaas_value(s.get('sasl.oauthbearer.client.id', ''))}",
-                   f"clientSecret={_jaas_value(s.get('sasl.oauthbearer.client.secret', ''))}"]
+        options = [
+            f"clientId={_jaas_value(s.get('sasl.oauthbearer.client.id', ''))}",
+            f"clientSecret={_jaas_value(s.get('sasl.oauthbearer.client.secret', ''))}",
+        ]
         if "sasl.oauthbearer.scope" in s:
             options.append(f"scope={_jaas_value(s['sasl.oauthbearer.scope'])}")
         for pair in filter(None, s.get("sasl.oauthbearer.extensions", "").split(",")):
             key, _, value = pair.partition("=")
             options.append(f"extension_{key.strip()}={_jaas_value(value.strip())}")
-        out["sasl.jaas.config"] = ("org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required "
-                                   + " ".join(options) + ";")
-        out["sasl.login.callback.handler.class"] = \
+        out["sasl.jaas.config"] = (
+            "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required " + " ".join(options) + ";"
+        )
+        out["sasl.login.callback.handler.class"] = (
             "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginCallbackHandler"
+        )
     else:
         dropped += [k for k in s if k.startswith("sasl.oauthbearer.") and k in _TRANSLATED]
     # SSL: librdkafka's PEM files and PKCS#12 key store.
@@ -255,13 +300,17 @@ def java_client_settings(settings: Mapping[str, Any]) -> tuple[dict[str, str], l
     if "ssl.ca.pem" in s:
         out.update({"ssl.truststore.type": "PEM", "ssl.truststore.certificates": s["ssl.ca.pem"]})
     certificate = s.get("ssl.certificate.pem") or (
-        _read(s["ssl.certificate.location"], "ssl.certificate.location") if "ssl.certificate.location" in s else None)
-    key = s.get("ssl.key.pem") or (_read(s["ssl.key.location"], "ssl.key.location") if "ssl.key.location" in s else None)
+        _read(s["ssl.certificate.location"], "ssl.certificate.location") if "ssl.certificate.location" in s else None
+    )
+    key = s.get("ssl.key.pem") or (
+        _read(s["ssl.key.location"], "ssl.key.location") if "ssl.key.location" in s else None
+    )
     if certificate and key:
         out.update({"ssl.keystore.type": "PEM", "ssl.keystore.certificate.chain": certificate, "ssl.keystore.key": key})
     elif certificate or key:
-        dropped += [k for k in ("ssl.certificate.location", "ssl.certificate.pem", "ssl.key.location", "ssl.key.pem")
-                    if k in s]
+        dropped += [
+            k for k in ("ssl.certificate.location", "ssl.certificate.pem", "ssl.key.location", "ssl.key.pem") if k in s
+        ]
     if "ssl.keystore.location" in s:
         out.update({"ssl.keystore.type": "PKCS12", "ssl.keystore.location": s["ssl.keystore.location"]})
         if "ssl.keystore.password" in s:
@@ -281,8 +330,9 @@ def java_client_settings(settings: Mapping[str, Any]) -> tuple[dict[str, str], l
     return out, sorted(set(dropped))
 
 
-def kafka_options(bootstrap: str, extra: Mapping[str, Any] | None = None,
-                  user: Mapping[str, Any] | None = None) -> dict[str, str]:
+def kafka_options(
+    bootstrap: str, extra: Mapping[str, Any] | None = None, user: Mapping[str, Any] | None = None
+) -> dict[str, str]:
     """The connector's `kafka.` options: the user's settings (translated; default: from
     user_kafka_settings()), then `extra` (Java client settings, `kafka.` prefix optional),
     then the bootstrap servers."""
@@ -293,8 +343,12 @@ def kafka_options(bootstrap: str, extra: Mapping[str, Any] | None = None,
     java, dropped = java_client_settings(user)
     if dropped and tuple(dropped) not in _warned:
         _warned.add(tuple(dropped))
-        print(f"ordo spark: Kafka setting(s) {', '.join(dropped)} have no equivalent in the Java client of "
-              f"Spark's Kafka connector and are left out (docs/spark.md)", file=sys.stderr, flush=True)
+        print(
+            f"ordo spark: Kafka setting(s) {', '.join(dropped)} have no equivalent in the Java client of "
+            f"Spark's Kafka connector and are left out (docs/spark.md)",
+            file=sys.stderr,
+            flush=True,
+        )
     options = {f"kafka.{k}": v for k, v in java.items()}
     for name, value in (extra or {}).items():
         options[name if name.startswith("kafka.") else f"kafka.{name}"] = str(value)

@@ -35,7 +35,7 @@ class Mapping:
 
     id_col: str = "id"
     proc_col: str | None = "proc"
-    proc: str | None = None          # a constant procedure for every row (instead of proc_col)
+    proc: str | None = None  # a constant procedure for every row (instead of proc_col)
     args_col: str | None = "args"
     args_cols: list[str] | None = None  # build args from these columns ("*": all but id/proc)
     reader_options: dict[str, str] = field(default_factory=dict)
@@ -103,16 +103,27 @@ def to_requests(df, mapping: Mapping):
     from pyspark.sql.types import ArrayType, MapType, StringType, StructType
 
     columns = [c for c in df.columns if c != "_corrupt_record"]
-    missing = [c for c in (mapping.id_col, None if mapping.proc else mapping.proc_col,
-                           None if mapping.args_cols is not None else mapping.args_col)
-               if c and c not in columns]
+    missing = [
+        c
+        for c in (
+            mapping.id_col,
+            None if mapping.proc else mapping.proc_col,
+            None if mapping.args_cols is not None else mapping.args_col,
+        )
+        if c and c not in columns
+    ]
     if mapping.args_cols is not None:
-        wanted = ([c for c in columns if c not in (mapping.id_col, mapping.proc_col)]
-                  if mapping.args_cols == ["*"] else mapping.args_cols)
+        wanted = (
+            [c for c in columns if c not in (mapping.id_col, mapping.proc_col)]
+            if mapping.args_cols == ["*"]
+            else mapping.args_cols
+        )
         missing += [c for c in wanted if c not in columns]
     if missing:
-        raise ValueError(f"input has no column(s) {', '.join(missing)} (columns: {', '.join(columns)}); "
-                         "map them with --id-col/--proc-col/--args-col/--args-cols")
+        raise ValueError(
+            f"input has no column(s) {', '.join(missing)} (columns: {', '.join(columns)}); "
+            "map them with --id-col/--proc-col/--args-col/--args-cols"
+        )
     request_id = F.col(mapping.id_col).cast("string")
     proc = F.lit(mapping.proc) if mapping.proc else F.col(mapping.proc_col).cast("string")
     if mapping.args_cols is not None:
@@ -138,13 +149,23 @@ def sink_options(bootstrap: str, namespace: str, kafka: dict | None = None) -> d
     from ordo.sequencer.kafka import REQUEST_BATCHING
     from ordo.spark_jobs.kafka_connector import kafka_options
 
-    own = {"enable.idempotence": "true", "acks": "all",
-           **{k: v for k, v in REQUEST_BATCHING.items() if k in ("linger.ms", "batch.size")}}
+    own = {
+        "enable.idempotence": "true",
+        "acks": "all",
+        **{k: v for k, v in REQUEST_BATCHING.items() if k in ("linger.ms", "batch.size")},
+    }
     return {"topic": f"{namespace}.requests", **kafka_options(bootstrap, {**own, **(kafka or {})})}
 
 
-def read_input(spark, path: str, fmt: str, mapping: Mapping, stream: bool = False, schema=None,
-               max_files_per_trigger: int | None = None):
+def read_input(
+    spark,
+    path: str,
+    fmt: str,
+    mapping: Mapping,
+    stream: bool = False,
+    schema=None,
+    max_files_per_trigger: int | None = None,
+):
     if fmt not in FORMATS:
         raise ValueError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
     if not stream and not _has_files(path) and "://" not in path:
@@ -171,8 +192,17 @@ class ProduceStats:
         return self.rows / self.seconds if self.seconds > 0 else float("inf")
 
 
-def produce(spark, bootstrap: str, namespace: str, path: str, fmt: str, mapping: Mapping | None = None,
-            schema=None, kafka: dict | None = None, progress: float = 0.0) -> ProduceStats:
+def produce(
+    spark,
+    bootstrap: str,
+    namespace: str,
+    path: str,
+    fmt: str,
+    mapping: Mapping | None = None,
+    schema=None,
+    kafka: dict | None = None,
+    progress: float = 0.0,
+) -> ProduceStats:
     """Batch mode: publish every row of the dataset; returns how many and how fast.
     `progress`: print a progress line every that many seconds (0: none)."""
     from ordo.spark_jobs.progress import Progress
@@ -188,10 +218,20 @@ def produce(spark, bootstrap: str, namespace: str, path: str, fmt: str, mapping:
     return ProduceStats(rows, time.monotonic() - started)
 
 
-def produce_stream(spark, bootstrap: str, namespace: str, path: str, fmt: str, checkpoint: str,
-                   mapping: Mapping | None = None, schema=None, once: bool = False,
-                   trigger_seconds: float | None = None, max_files_per_trigger: int | None = None,
-                   kafka: dict | None = None):
+def produce_stream(
+    spark,
+    bootstrap: str,
+    namespace: str,
+    path: str,
+    fmt: str,
+    checkpoint: str,
+    mapping: Mapping | None = None,
+    schema=None,
+    once: bool = False,
+    trigger_seconds: float | None = None,
+    max_files_per_trigger: int | None = None,
+    kafka: dict | None = None,
+):
     """Stream mode: publish the files arriving in the folder `path` (Structured Streaming
     file source, exactly once per file through the checkpoint; see docs/spark.md).
     Returns the started StreamingQuery."""
@@ -200,11 +240,17 @@ def produce_stream(spark, bootstrap: str, namespace: str, path: str, fmt: str, c
     mapping = mapping or Mapping()
     if "://" not in path:
         os.makedirs(path, exist_ok=True)
-    requests = to_requests(read_input(spark, path, fmt, mapping, stream=True, schema=schema,
-                                      max_files_per_trigger=max_files_per_trigger), mapping)
-    writer = (encode_requests(requests).writeStream.format("kafka")
-              .options(**sink_options(bootstrap, namespace, kafka))
-              .option("checkpointLocation", checkpoint).queryName(f"ordo-produce-{namespace}"))
+    requests = to_requests(
+        read_input(spark, path, fmt, mapping, stream=True, schema=schema, max_files_per_trigger=max_files_per_trigger),
+        mapping,
+    )
+    writer = (
+        encode_requests(requests)
+        .writeStream.format("kafka")
+        .options(**sink_options(bootstrap, namespace, kafka))
+        .option("checkpointLocation", checkpoint)
+        .queryName(f"ordo-produce-{namespace}")
+    )
     if once:
         writer = writer.trigger(availableNow=True)
     elif trigger_seconds:
@@ -218,45 +264,83 @@ def streamed_rows(query) -> int:
 
 # ---------------------------------------------------------------- command line
 
+
 def add_arguments(p: argparse.ArgumentParser, kafka: bool = True) -> None:
     if kafka:
         p.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT", help="Kafka bootstrap servers")
         add_kafka_arguments(p)
-    p.add_argument("--input", required=True, metavar="PATH", help="a file or folder (with --stream: the folder to watch)")
+    p.add_argument(
+        "--input", required=True, metavar="PATH", help="a file or folder (with --stream: the folder to watch)"
+    )
     p.add_argument("--format", choices=FORMATS, default="csv", help="input format (default csv; json = JSON lines)")
     p.add_argument("--stream", action="store_true", help="publish files as they arrive in the --input folder")
     p.add_argument("--master", default=None, metavar="M", help="Spark master (default local[*])")
     p.add_argument("--id-col", default="id", metavar="COL", help="request id column (default id)")
     p.add_argument("--proc-col", default="proc", metavar="COL", help="procedure column (default proc)")
     p.add_argument("--proc", default=None, metavar="NAME", help="one procedure for every row (no proc column)")
-    p.add_argument("--args-col", default="args", metavar="COL",
-                   help="arguments column: JSON text, struct or map (default args)")
-    p.add_argument("--args-cols", default=None, metavar="A,B,…",
-                   help="build the arguments object from these columns ('*': all but id and proc)")
-    p.add_argument("--schema", default=None, metavar="DDL", help="input schema, e.g. 'id string, proc string, args string'")
-    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                   help="Spark reader option, repeatable (e.g. sep=;)")
-    p.add_argument("--checkpoint", default=None, metavar="DIR",
-                   help="--stream: checkpoint folder (keep it to resume; default: a new temporary one)")
+    p.add_argument(
+        "--args-col", default="args", metavar="COL", help="arguments column: JSON text, struct or map (default args)"
+    )
+    p.add_argument(
+        "--args-cols",
+        default=None,
+        metavar="A,B,…",
+        help="build the arguments object from these columns ('*': all but id and proc)",
+    )
+    p.add_argument(
+        "--schema", default=None, metavar="DDL", help="input schema, e.g. 'id string, proc string, args string'"
+    )
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Spark reader option, repeatable (e.g. sep=;)",
+    )
+    p.add_argument(
+        "--checkpoint",
+        default=None,
+        metavar="DIR",
+        help="--stream: checkpoint folder (keep it to resume; default: a new temporary one)",
+    )
     stop = p.add_mutually_exclusive_group()
     stop.add_argument("--once", action="store_true", help="--stream: publish the files there now, then exit")
     stop.add_argument("--timeout", type=float, default=None, metavar="S", help="--stream: stop after S seconds")
     p.add_argument("--trigger-seconds", type=float, default=None, metavar="S", help="--stream: micro-batch interval")
-    p.add_argument("--max-files-per-trigger", type=int, default=None, metavar="N", help="--stream: files per micro-batch")
-    p.add_argument("--progress-seconds", type=float, default=5.0, metavar="S",
-                   help="print a progress line to stderr every S seconds (default 5; 0: none)")
+    p.add_argument(
+        "--max-files-per-trigger", type=int, default=None, metavar="N", help="--stream: files per micro-batch"
+    )
+    p.add_argument(
+        "--progress-seconds",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="print a progress line to stderr every S seconds (default 5; 0: none)",
+    )
 
 
 def add_kafka_arguments(p: argparse.ArgumentParser) -> None:
     """Kafka options of both jobs."""
-    p.add_argument("--kafka-config", metavar="FILE",
-                   help="librdkafka settings (docs/operations.md), translated for Spark's Kafka connector "
-                        "(docs/spark.md)")
-    p.add_argument("--kafka-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="a setting of the connector's Java Kafka client, repeatable (wins over --kafka-config)")
-    p.add_argument("--wait-for-broker", type=float, default=0.0, metavar="S",
-                   help="wait up to S seconds for a broker that is still starting (ordo spark …; default: a "
-                        "broker must answer within 5 s)")
+    p.add_argument(
+        "--kafka-config",
+        metavar="FILE",
+        help="librdkafka settings (docs/operations.md), translated for Spark's Kafka connector (docs/spark.md)",
+    )
+    p.add_argument(
+        "--kafka-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting of the connector's Java Kafka client, repeatable (wins over --kafka-config)",
+    )
+    p.add_argument(
+        "--wait-for-broker",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="wait up to S seconds for a broker that is still starting (ordo spark …; default: a "
+        "broker must answer within 5 s)",
+    )
     p.add_argument("--namespace", default="ordo", metavar="NS", help="topic prefix (default: ordo)")
 
 
@@ -274,9 +358,17 @@ def mapping_from(args) -> Mapping:
     options = key_values(args.option, "--option")
     args_cols = None
     if args.args_cols:
-        args_cols = ["*"] if args.args_cols.strip() == "*" else [c.strip() for c in args.args_cols.split(",") if c.strip()]
-    return Mapping(id_col=args.id_col, proc_col=None if args.proc else args.proc_col, proc=args.proc,
-                   args_col=None if args_cols else args.args_col, args_cols=args_cols, reader_options=options)
+        args_cols = (
+            ["*"] if args.args_cols.strip() == "*" else [c.strip() for c in args.args_cols.split(",") if c.strip()]
+        )
+    return Mapping(
+        id_col=args.id_col,
+        proc_col=None if args.proc else args.proc_col,
+        proc=args.proc,
+        args_col=None if args_cols else args.args_col,
+        args_cols=args_cols,
+        reader_options=options,
+    )
 
 
 def run(args, out=sys.stdout) -> int:
@@ -290,17 +382,41 @@ def run(args, out=sys.stdout) -> int:
     spark = build_session("ordo-produce", args.master)
     schema = args.schema
     if not args.stream:
-        stats = produce(spark, args.bootstrap_servers, args.namespace, args.input, args.format, mapping, schema,
-                        kafka=kafka, progress=args.progress_seconds)
-        print(f"published {stats.rows} requests to {args.namespace}.requests in {stats.seconds:.2f}s "
-              f"({stats.rows_per_second:,.0f} rows/s)", file=out, flush=True)
+        stats = produce(
+            spark,
+            args.bootstrap_servers,
+            args.namespace,
+            args.input,
+            args.format,
+            mapping,
+            schema,
+            kafka=kafka,
+            progress=args.progress_seconds,
+        )
+        print(
+            f"published {stats.rows} requests to {args.namespace}.requests in {stats.seconds:.2f}s "
+            f"({stats.rows_per_second:,.0f} rows/s)",
+            file=out,
+            flush=True,
+        )
         return 0
     checkpoint = args.checkpoint or tempfile.mkdtemp(prefix="ordo-produce-checkpoint-")
     if not args.checkpoint:
         print(f"checkpoint in {checkpoint} (pass --checkpoint to resume after a restart)", file=sys.stderr)
-    query = produce_stream(spark, args.bootstrap_servers, args.namespace, args.input, args.format, checkpoint,
-                           mapping, schema, once=args.once, trigger_seconds=args.trigger_seconds,
-                           max_files_per_trigger=args.max_files_per_trigger, kafka=kafka)
+    query = produce_stream(
+        spark,
+        args.bootstrap_servers,
+        args.namespace,
+        args.input,
+        args.format,
+        checkpoint,
+        mapping,
+        schema,
+        once=args.once,
+        trigger_seconds=args.trigger_seconds,
+        max_files_per_trigger=args.max_files_per_trigger,
+        kafka=kafka,
+    )
     counter = StreamCounter()
 
     def describe() -> str:
@@ -326,8 +442,11 @@ def run(args, out=sys.stdout) -> int:
     counter.update(query)
     rows = max(counter.rows, streamed_rows(query))
     seconds = time.monotonic() - started
-    print(f"published {rows} requests to {args.namespace}.requests from {args.input} in {seconds:.2f}s",
-          file=out, flush=True)
+    print(
+        f"published {rows} requests to {args.namespace}.requests from {args.input} in {seconds:.2f}s",
+        file=out,
+        flush=True,
+    )
     return 0
 
 

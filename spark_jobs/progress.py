@@ -63,8 +63,15 @@ class Progress:
     """`with Progress(spark, "ordo-produce", lambda: "..."):` prints a line every `interval`
     seconds (0: never) while something is running or `describe()` changed."""
 
-    def __init__(self, spark, label: str, describe: Callable[[], str], interval: float = 5.0,
-                 out: TextIO | None = None, idle_every: float = 60.0):
+    def __init__(
+        self,
+        spark,
+        label: str,
+        describe: Callable[[], str],
+        interval: float = 5.0,
+        out: TextIO | None = None,
+        idle_every: float = 60.0,
+    ):
         self.spark, self.label, self.describe = spark, label, describe
         self.interval, self.idle_every = interval, idle_every
         self.out = out or sys.stderr

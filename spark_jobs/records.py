@@ -36,14 +36,18 @@ from collections.abc import Iterator
 from typing import Any
 
 REQUEST_COLUMNS = ("id", "proc", "args")
-CHANGES_SCHEMA = ("batch bigint, txn int, txns int, partition int, part int, parts int, "
-                  "changes array<struct<txn: int, table: string, key: string, value: string, deleted: boolean>>, "
-                  "kafka_partition int, kafka_offset bigint")
-RESULTS_SCHEMA = ("id string, status string, batch bigint, result string, error string, "
-                  "kafka_partition int, kafka_offset bigint")
+CHANGES_SCHEMA = (
+    "batch bigint, txn int, txns int, partition int, part int, parts int, "
+    "changes array<struct<txn: int, table: string, key: string, value: string, deleted: boolean>>, "
+    "kafka_partition int, kafka_offset bigint"
+)
+RESULTS_SCHEMA = (
+    "id string, status string, batch bigint, result string, error string, kafka_partition int, kafka_offset bigint"
+)
 
 
 # ---------------------------------------------------------------- requests
+
 
 def _plain(value: Any) -> Any:
     """Spark values (Row, dict, list, Decimal, dates, bytes) as JSON-able Python values."""
@@ -112,8 +116,9 @@ def encode_requests(df):
 
     names = set(df.columns)
     if "id" not in names:
-        raise ValueError(f"requests need an 'id' column (columns: {', '.join(df.columns)}); "
-                         "map one with the producer job's --id-col")
+        raise ValueError(
+            f"requests need an 'id' column (columns: {', '.join(df.columns)}); map one with the producer job's --id-col"
+        )
     unknown = names - set(REQUEST_COLUMNS)
     if unknown:
         raise ValueError(f"requests take the columns id, proc, args; unexpected: {', '.join(sorted(unknown))}")
@@ -122,6 +127,7 @@ def encode_requests(df):
 
 
 # ---------------------------------------------------------------- outputs
+
 
 def canonical(value: Any) -> str | None:
     """A JSON value as canonical text: one spelling per value."""
@@ -133,19 +139,40 @@ def canonical(value: Any) -> str | None:
 def decode_change_record(value: bytes, partition: int, offset: int) -> dict:
     record = json.loads(value)
     txn = record.get("txn")  # None: the format before, one record per batch and engine partition
-    changes = [{"txn": c["txn"] if txn is None else txn, "table": c["table"], "key": canonical(c["key"]),
-                "value": canonical(c.get("value")), "deleted": bool(c.get("deleted", False))}
-               for c in record["changes"]]
-    return {"batch": record["batch"], "txn": txn, "txns": record["txns"] if txn is not None else None,
-            "partition": record["partition"] if txn is None else None, "part": record.get("part", 0),
-            "parts": record.get("parts", 1), "changes": changes, "kafka_partition": partition, "kafka_offset": offset}
+    changes = [
+        {
+            "txn": c["txn"] if txn is None else txn,
+            "table": c["table"],
+            "key": canonical(c["key"]),
+            "value": canonical(c.get("value")),
+            "deleted": bool(c.get("deleted", False)),
+        }
+        for c in record["changes"]
+    ]
+    return {
+        "batch": record["batch"],
+        "txn": txn,
+        "txns": record["txns"] if txn is not None else None,
+        "partition": record["partition"] if txn is None else None,
+        "part": record.get("part", 0),
+        "parts": record.get("parts", 1),
+        "changes": changes,
+        "kafka_partition": partition,
+        "kafka_offset": offset,
+    }
 
 
 def decode_result_record(value: bytes, partition: int, offset: int) -> dict:
     record = json.loads(value)
-    return {"id": record["id"], "status": record["status"], "batch": record.get("batch"),
-            "result": canonical(record.get("result")), "error": record.get("error"),
-            "kafka_partition": partition, "kafka_offset": offset}
+    return {
+        "id": record["id"],
+        "status": record["status"],
+        "batch": record.get("batch"),
+        "result": canonical(record.get("result")),
+        "error": record.get("error"),
+        "kafka_partition": partition,
+        "kafka_offset": offset,
+    }
 
 
 def _arrow_schema(kind: str):
@@ -153,13 +180,37 @@ def _arrow_schema(kind: str):
 
     kafka = [("kafka_partition", pa.int32()), ("kafka_offset", pa.int64())]
     if kind == "changes":
-        change = pa.struct([("txn", pa.int32()), ("table", pa.string()), ("key", pa.string()),
-                            ("value", pa.string()), ("deleted", pa.bool_())])
-        return pa.schema([("batch", pa.int64()), ("txn", pa.int32()), ("txns", pa.int32()),
-                          ("partition", pa.int32()), ("part", pa.int32()),
-                          ("parts", pa.int32()), ("changes", pa.list_(change)), *kafka])
-    return pa.schema([("id", pa.string()), ("status", pa.string()), ("batch", pa.int64()), ("result", pa.string()),
-                      ("error", pa.string()), *kafka])
+        change = pa.struct(
+            [
+                ("txn", pa.int32()),
+                ("table", pa.string()),
+                ("key", pa.string()),
+                ("value", pa.string()),
+                ("deleted", pa.bool_()),
+            ]
+        )
+        return pa.schema(
+            [
+                ("batch", pa.int64()),
+                ("txn", pa.int32()),
+                ("txns", pa.int32()),
+                ("partition", pa.int32()),
+                ("part", pa.int32()),
+                ("parts", pa.int32()),
+                ("changes", pa.list_(change)),
+                *kafka,
+            ]
+        )
+    return pa.schema(
+        [
+            ("id", pa.string()),
+            ("status", pa.string()),
+            ("batch", pa.int64()),
+            ("result", pa.string()),
+            ("error", pa.string()),
+            *kafka,
+        ]
+    )
 
 
 _DECODERS = {"changes": (decode_change_record, CHANGES_SCHEMA), "results": (decode_result_record, RESULTS_SCHEMA)}

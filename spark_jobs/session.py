@@ -23,9 +23,13 @@ def is_local(master: str) -> bool:
     return master == "local" or master.startswith(("local[", "local-"))
 
 
-def build_session(app_name: str = "ordo-spark", master: str | None = None,
-                  shuffle_partitions: int | None = None, conf: dict[str, Any] | None = None,
-                  log_level: str = "ERROR"):
+def build_session(
+    app_name: str = "ordo-spark",
+    master: str | None = None,
+    shuffle_partitions: int | None = None,
+    conf: dict[str, Any] | None = None,
+    log_level: str = "ERROR",
+):
     """A SparkSession for a border job. `master` defaults to $ORDO_SPARK_MASTER, else
     local[*]. Settings in `conf` win over the defaults here. Under spark-submit the session
     already exists and its static settings (master, driver host) are those of spark-submit."""
@@ -51,11 +55,13 @@ def build_session(app_name: str = "ordo-spark", master: str | None = None,
         "spark.sql.streaming.numRecentProgressUpdates": "20",
     }
     if is_local(master):
-        settings.update({
-            "spark.driver.host": "127.0.0.1",
-            "spark.driver.bindAddress": "127.0.0.1",
-            "spark.pyspark.python": sys.executable,
-        })
+        settings.update(
+            {
+                "spark.driver.host": "127.0.0.1",
+                "spark.driver.bindAddress": "127.0.0.1",
+                "spark.pyspark.python": sys.executable,
+            }
+        )
     settings.update({k: str(v) for k, v in (conf or {}).items()})
     # Spark's Kafka connector: jars from Maven Central (fetched once), not spark.jars.packages.
     settings["spark.jars"] = ",".join([*filter(None, settings.get("spark.jars", "").split(",")), *connector_jars()])
@@ -126,8 +132,7 @@ def job_main(prog: str, doc: str | None, add_arguments, run, argv: list[str] | N
     user error into one line and exit status 2."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog=prog, description=doc,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:

@@ -93,8 +93,7 @@ def _encode_other(table: str, key: str | tuple) -> bytes:
         global _ranges_seen
         _ranges_seen = True
         return table.encode() + _SEP + _RANGE + _components(table, key.components)
-    raise TypeError(f"key of table '{table}' must be an integer, a string or a tuple of them, "
-                    f"got {type(key).__name__}")
+    raise TypeError(f"key of table '{table}' must be an integer, a string or a tuple of them, got {type(key).__name__}")
 
 
 def _components(table: str, key: tuple) -> bytes:
@@ -110,8 +109,9 @@ def _components(table: str, key: tuple) -> bytes:
         elif kind is str:
             parts.append(_STR + component.encode().replace(b"\x00", b"\x00\xff") + _STR_END)
         else:
-            raise TypeError(f"composite key components of table '{table}' must be integers or strings, "
-                            f"got {kind.__name__}")
+            raise TypeError(
+                f"composite key components of table '{table}' must be integers or strings, got {kind.__name__}"
+            )
     return b"".join(parts)
 
 
@@ -135,7 +135,7 @@ def is_range_key(encoded: bytes) -> bool:
 def range_scan_prefix(encoded: bytes) -> bytes:
     """The byte prefix of every stored key in the range that `encoded` (a range key) names."""
     at = encoded.find(_SEP) + 1
-    return encoded[:at] + _TUPLE + encoded[at + 1:]
+    return encoded[:at] + _TUPLE + encoded[at + 1 :]
 
 
 def decode_key(raw: bytes) -> tuple[str, int | str | tuple]:
@@ -156,9 +156,9 @@ def _decode_components(raw: bytes, body: bytes) -> tuple:
     out: list[int | str] = []
     i, n = 0, len(body)
     while i < n:
-        tag = body[i:i + 1]
+        tag = body[i : i + 1]
         if tag == _INT:
-            out.append(_UNPACK(body[i + 1:i + 9])[0] - _BIAS)
+            out.append(_UNPACK(body[i + 1 : i + 9])[0] - _BIAS)
             i += 9
         elif tag == _STR:
             j, chunk = i + 1, bytearray()

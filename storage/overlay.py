@@ -118,7 +118,4 @@ class BatchOverlay:
 
     def encoded_writes(self) -> dict[bytes, bytes | None]:
         values = self._values
-        return {
-            key: None if values[key] is ABSENT else encode_value(values[key])
-            for key in sorted(self._dirty)
-        }
+        return {key: None if values[key] is ABSENT else encode_value(values[key]) for key in sorted(self._dirty)}

@@ -11,8 +11,12 @@ from ordo.storage.keys import KeyRange, encode_key
 
 
 class Partitioner:
-    def __init__(self, partitions: int, modulo_tables: frozenset[str] = frozenset(),
-                 component_tables: Mapping[str, int] | None = None):
+    def __init__(
+        self,
+        partitions: int,
+        modulo_tables: frozenset[str] = frozenset(),
+        component_tables: Mapping[str, int] | None = None,
+    ):
         if partitions < 1:
             raise ValueError("partitions must be >= 1")
         self.partitions = partitions
@@ -21,8 +25,9 @@ class Partitioner:
 
     @classmethod
     def for_tables(cls, partitions: int, partitioners: Mapping[str, str]) -> "Partitioner":
-        components = {t: int(kind.partition(":")[2]) for t, kind in partitioners.items()
-                      if kind.startswith("component:")}
+        components = {
+            t: int(kind.partition(":")[2]) for t, kind in partitioners.items() if kind.startswith("component:")
+        }
         return cls(partitions, frozenset(t for t, kind in partitioners.items() if kind == "modulo"), components)
 
     def of(self, table: str, key: int | str | tuple, encoded: bytes) -> int:
@@ -82,8 +87,9 @@ def executor_of(index: int, active: tuple[int, ...]) -> int:
     return active[index % len(active)]
 
 
-def owned_keys(partitioner: Partitioner, participants: tuple[int, ...], read_set,
-               write_set) -> dict[int, tuple[list[bytes], list[bytes], list[bytes]]]:
+def owned_keys(
+    partitioner: Partitioner, participants: tuple[int, ...], read_set, write_set
+) -> dict[int, tuple[list[bytes], list[bytes], list[bytes]]]:
     """Each participant's own keys, encoded, in declared order, as (read only, read and
     written, written only), from sets as `Registry.analyze` gives them (no pair twice).
     Keys are integers, strings or tuples of them, so equal pairs are the pairs that

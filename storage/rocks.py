@@ -31,9 +31,11 @@ def _options() -> Options:
     return options
 
 
-_MEMORY_PROPERTIES = (("block_cache", "rocksdb.block-cache-usage"),
-                      ("memtables", "rocksdb.cur-size-all-mem-tables"),
-                      ("table_readers", "rocksdb.estimate-table-readers-mem"))
+_MEMORY_PROPERTIES = (
+    ("block_cache", "rocksdb.block-cache-usage"),
+    ("memtables", "rocksdb.cur-size-all-mem-tables"),
+    ("table_readers", "rocksdb.estimate-table-readers-mem"),
+)
 
 
 class ShardCorrupt(RuntimeError):
@@ -53,8 +55,10 @@ class ShardUnwritable(RuntimeError):
     def __init__(self, path: str, detail: str):
         self.path = path
         self.detail = detail
-        super().__init__(f"cannot write shard {path}: {detail}; free space on (or give write access to) its disk, "
-                         f"then start again: the engine resumes from the log")
+        super().__init__(
+            f"cannot write shard {path}: {detail}; free space on (or give write access to) its disk, "
+            f"then start again: the engine resumes from the log"
+        )
 
     def __reduce__(self):  # it crosses from a Ray worker to the engine whole
         return type(self), (self.path, self.detail)
@@ -151,7 +155,7 @@ class RocksShard:
         it = self._db.iter(_scan_options())
         it.seek(TRACE_PREFIX)
         while it.valid() and it.key().startswith(TRACE_PREFIX):
-            trace[int(it.key()[len(TRACE_PREFIX):])] = msgpack.unpackb(it.value())
+            trace[int(it.key()[len(TRACE_PREFIX) :])] = msgpack.unpackb(it.value())
             it.next()
         self._check(it)
         return trace

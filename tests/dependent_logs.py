@@ -28,9 +28,16 @@ def _entry(message: bytes, registry: Registry) -> list:
     return msgpack.unpackb(msgpack.packb(entry), strict_map_key=False)
 
 
-def run_dependent(batches: list[list[dict]], scheduler: str, partitions: int, registry: Registry,
-                  max_batches: int = 200, restarts_first: bool = True, ms_per_batch: int = 1_000,
-                  ordering: str | None = None) -> dict:
+def run_dependent(
+    batches: list[list[dict]],
+    scheduler: str,
+    partitions: int,
+    registry: Registry,
+    max_batches: int = 200,
+    restarts_first: bool = True,
+    ms_per_batch: int = 1_000,
+    ordering: str | None = None,
+) -> dict:
     """Execute `batches` of request dicts (then the restarts they cause, each batch's
     restarts opening the next batch) on `partitions` workers, batch k at log time
     k * `ms_per_batch`; return the outcomes, change data, restart messages, the final log,
@@ -39,8 +46,10 @@ def run_dependent(batches: list[list[dict]], scheduler: str, partitions: int, re
     pending = [list(b) for b in batches]
     with tempfile.TemporaryDirectory() as data_dir:
         exchange = LocalExchange()
-        workers = [PartitionWorker(data_dir, p, partitions, scheduler, registry, exchange.endpoint(p))
-                   for p in range(partitions)]
+        workers = [
+            PartitionWorker(data_dir, p, partitions, scheduler, registry, exchange.endpoint(p))
+            for p in range(partitions)
+        ]
         outputs = CollectedOutputs()
         log: list[list] = []
         restarts: list[bytes] = []
@@ -74,8 +83,16 @@ def run_dependent(batches: list[list[dict]], scheduler: str, partitions: int, re
         finally:
             for worker in workers:
                 worker.close()
-    return {"outcomes": outputs.outcomes, "positioned": outputs.positioned, "changes": outputs.changes, "restarts": restarts,
-            "log": log, "digest": digest, "state": state, "ordering": ordering}
+    return {
+        "outcomes": outputs.outcomes,
+        "positioned": outputs.positioned,
+        "changes": outputs.changes,
+        "restarts": restarts,
+        "log": log,
+        "digest": digest,
+        "state": state,
+        "ordering": ordering,
+    }
 
 
 def serial_interpretation(run: dict, registry: Registry) -> dict:
@@ -83,17 +100,24 @@ def serial_interpretation(run: dict, registry: Registry) -> dict:
     what it publishes (a re-sequencing publishes no outcome), its change data and digest."""
     from ordo.scheduler.reference import SerialInterpreter
 
-    batches = [Batch(b, 1, 1_000 * b, {}, entries, ordering=run["ordering"])
-               for b, entries in enumerate(run["log"], start=1)]
+    batches = [
+        Batch(b, 1, 1_000 * b, {}, entries, ordering=run["ordering"]) for b, entries in enumerate(run["log"], start=1)
+    ]
     interpreter = SerialInterpreter(registry).apply(batches)
-    return {"outcomes": [o for o in interpreter.outcomes if o["status"] != "restarted"],
-            "changes": interpreter.changes, "digest": interpreter.digest()}
+    return {
+        "outcomes": [o for o in interpreter.outcomes if o["status"] != "restarted"],
+        "changes": interpreter.changes,
+        "digest": interpreter.digest(),
+    }
 
 
 def assert_equals_serial_interpretation(run: dict, registry: Registry) -> None:
     reference = serial_interpretation(run, registry)
-    assert (run["outcomes"], run["changes"], run["digest"]) == \
-        (reference["outcomes"], reference["changes"], reference["digest"])
+    assert (run["outcomes"], run["changes"], run["digest"]) == (
+        reference["outcomes"],
+        reference["changes"],
+        reference["digest"],
+    )
 
 
 def assert_same_run(run: dict, first: dict, label: tuple) -> None:

@@ -74,18 +74,23 @@ def _on_slide(ctx, rows):
 
 PROCEDURES = [
     Procedure("kind_restock", {"item": Int(0, 3), "qty": Int(1, 100)}, _stock, _restock),
-    Procedure("kind_name_item", {"name": Str(16), "item": Int(0, 3)},
-              lambda args: ((), [("kind_name", args["name"])]), _name),
-    Procedure("kind_restock_named", {"name": Str(16), "qty": Int(1, 100)}, _named_keys, _restock_named,
-              reconnoiter=_named_recon),
+    Procedure(
+        "kind_name_item", {"name": Str(16), "item": Int(0, 3)}, lambda args: ((), [("kind_name", args["name"])]), _name
+    ),
+    Procedure(
+        "kind_restock_named",
+        {"name": Str(16), "qty": Int(1, 100)},
+        _named_keys,
+        _restock_named,
+        reconnoiter=_named_recon,
+    ),
     Procedure("kind_receive", {"item": Int(0, 3), "qty": Int(1, 100)}, _every_item, _receive),
     Procedure("kind_count", {}, _every_item, _count),
     Procedure("kind_audit", {}, _every_item, _audit),
 ]
 STREAMS = [
     Stream("kind_arrivals", consumers=["kind_receive"]),
-    Stream("kind_received", producers=["kind_receive"], consumers=["kind_count", "kind_audit"],
-           on_insert=_on_received),
+    Stream("kind_received", producers=["kind_receive"], consumers=["kind_count", "kind_audit"], on_insert=_on_received),
     Stream("kind_report", producers=["kind_count"]),
     Window("kind_recent", owner="kind_count", rows=3, slide=1, on_slide=_on_slide),
     Window("kind_timed", owner="kind_audit", range_ms=1000, slide_ms=500),

@@ -9,8 +9,9 @@ app.table("gs", default=0, partitioner="modulo")
 KEYS = 8
 
 
-@app.procedure(args={"keys": List(Int(0, KEYS - 1), min_len=1, max_len=2), "value": Int(-5, 12)},
-               writes=[("gs", "keys")])
+@app.procedure(
+    args={"keys": List(Int(0, KEYS - 1), min_len=1, max_len=2), "value": Int(-5, 12)}, writes=[("gs", "keys")]
+)
 def put(ctx, args):
     for key in args["keys"]:
         ctx.write("gs", key, args["value"])

@@ -23,8 +23,9 @@ def ordo(*args: str, **kwargs) -> subprocess.Popen:
 
 def ordo_output(*args: str, timeout: float = 120) -> str:
     env = {**os.environ, "PYTHONPATH": ROOT}
-    done = subprocess.run([sys.executable, "-m", "ordo.cli", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(
+        [sys.executable, "-m", "ordo.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -50,9 +51,12 @@ def topic_reader(bootstrap: str, topic: str, timeout: float = 60, **config):
     did not read would be missed."""
     from kafka import KafkaConsumer, TopicPartition
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                             allow_auto_create_topics=False,
-                             **{"auto_offset_reset": "earliest", "isolation_level": "read_committed", **config})
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        allow_auto_create_topics=False,
+        **{"auto_offset_reset": "earliest", "isolation_level": "read_committed", **config},
+    )
     deadline = time.monotonic() + timeout
     while not (partitions := consumer.partitions_for_topic(topic)):
         if time.monotonic() > deadline:
@@ -94,8 +98,14 @@ def reference_state(interpreter: SerialInterpreter) -> dict:
     return {decode_key(k): v for k, v in interpreter.state.items()}
 
 
-def sequence_requests(bootstrap: str, namespace: str, requests: list, max_txns: int = 100,
-                      request_partitions: int = 2, partitions: int = 1) -> tuple[int, SerialInterpreter]:
+def sequence_requests(
+    bootstrap: str,
+    namespace: str,
+    requests: list,
+    max_txns: int = 100,
+    request_partitions: int = 2,
+    partitions: int = 1,
+) -> tuple[int, SerialInterpreter]:
     """Put `requests` through a real sequencer into a fresh namespace's log, routed for
     `partitions`; return the last batch id and the plain serial interpretation of that log."""
     from ordo.client import Client
@@ -114,8 +124,16 @@ def sequence_requests(bootstrap: str, namespace: str, requests: list, max_txns: 
     return last_batch, interpret_log(bootstrap, namespace, last_batch)
 
 
-def run_engine(bootstrap: str, namespace: str, last_batch: int, data_dir, scheduler: str, partitions: int,
-               runtime: str = "local", **options):
+def run_engine(
+    bootstrap: str,
+    namespace: str,
+    last_batch: int,
+    data_dir,
+    scheduler: str,
+    partitions: int,
+    runtime: str = "local",
+    **options,
+):
     """Execute a namespace's log through `last_batch` with outputs kept in memory; return
     (outputs, (digest, applied batch))."""
     from ordo.state import digest
@@ -123,8 +141,9 @@ def run_engine(bootstrap: str, namespace: str, last_batch: int, data_dir, schedu
     from ordo.scheduler.outputs import CollectedOutputs
 
     outputs = CollectedOutputs()
-    coordinator = Coordinator(bootstrap, namespace, str(data_dir), scheduler, partitions, runtime=runtime,
-                              outputs=outputs, **options)
+    coordinator = Coordinator(
+        bootstrap, namespace, str(data_dir), scheduler, partitions, runtime=runtime, outputs=outputs, **options
+    )
     coordinator.run(until_batch=last_batch)
     return outputs, digest(str(data_dir))
 
@@ -135,14 +154,17 @@ def assert_same_as_reference(outputs, state_digest, last_batch: int, reference: 
     assert state_digest == (reference.digest(), last_batch)
 
 
-def mixed_log(bootstrap: str, namespace: str, count: int, seed: int, partitions: int, max_txns: int,
-              **sl_knobs) -> tuple[int, SerialInterpreter]:
+def mixed_log(
+    bootstrap: str, namespace: str, count: int, seed: int, partitions: int, max_txns: int, **sl_knobs
+) -> tuple[int, SerialInterpreter]:
     """Multi-partition micro traffic interleaved with sl (whose transfers abort), sequenced
     into a fresh namespace's log: the last batch id and the serial interpretation."""
     from ordo.procedures.workloads import micro, sl
 
     requests = []
-    for a, b in zip(micro.generate(count, seed=seed, partitions=partitions, keys=100, hot=4, mp=0.5),
-                    sl.generate(count, seed=seed + 1, records=40, **sl_knobs)):
+    for a, b in zip(
+        micro.generate(count, seed=seed, partitions=partitions, keys=100, hot=4, mp=0.5),
+        sl.generate(count, seed=seed + 1, records=40, **sl_knobs),
+    ):
         requests += [a, b]
     return sequence_requests(bootstrap, namespace, requests, max_txns=max_txns)

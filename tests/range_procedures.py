@@ -5,8 +5,11 @@ single lines (which lock the range they lie in), within one group or across two.
 from ordo.procedures.args import Int
 from ordo.procedures.contract import Prefix, Procedure, Table
 
-TABLES = [Table("rline", partition_by=0, range_by=2, default=None), Table("rhead", partition_by=0),
-          Table("rtotal", partition_by=0)]
+TABLES = [
+    Table("rline", partition_by=0, range_by=2, default=None),
+    Table("rhead", partition_by=0),
+    Table("rtotal", partition_by=0),
+]
 GROUP = {"g": Int(0, 9), "s": Int(0, 9)}
 
 
@@ -66,7 +69,11 @@ PROCEDURES = [
     Procedure("r_total", GROUP, _total_keys, _total),
     Procedure("r_bump", {**GROUP, "g2": Int(0, 9), "n": Int(0, 20), "d": Int(0, 5)}, _bump_keys, _bump),
     Procedure("r_sneak", GROUP, _sneak_keys, _sneak),
-    Procedure("r_wide", GROUP, lambda a: ([Prefix("rline", (a["g"], a["s"])), ("rhead", (a["g"] + 1, 0))], []),
-              lambda ctx, a: None),
+    Procedure(
+        "r_wide",
+        GROUP,
+        lambda a: ([Prefix("rline", (a["g"], a["s"])), ("rhead", (a["g"] + 1, 0))], []),
+        lambda ctx, a: None,
+    ),
     Procedure("r_short", GROUP, lambda a: ([Prefix("rline", (a["g"],))], []), lambda ctx, a: None),
 ]

@@ -25,8 +25,7 @@ def _requests(count: int, seed: int) -> list[dict]:
     """Binds of every alias, then deposits and transfers over few aliases, most rebinding."""
     rng = random.Random(seed)
     aliases = [f"a{i}" for i in range(8)]
-    out = [{"id": f"bind-{a}", "proc": "alias_bind", "args": {"alias": a, "account": i}}
-           for i, a in enumerate(aliases)]
+    out = [{"id": f"bind-{a}", "proc": "alias_bind", "args": {"alias": a, "account": i}} for i, a in enumerate(aliases)]
     for i in range(count):
         draw = rng.random()
         if draw < 0.3:
@@ -44,9 +43,24 @@ def _requests(count: int, seed: int) -> list[dict]:
 def test_alias_from_an_external_client_on_two_partitions(broker, namespace, tmp_path):
     ensure_topics(broker, namespace, request_partitions=2)
     data_dir = str(tmp_path / "data")
-    engine = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", data_dir,
-                  "--scheduler", "locking", "--partitions", "2", "--runtime", "local", "--max-txns", "50",
-                  "--quiet")
+    engine = ordo(
+        "run",
+        "--bootstrap-servers",
+        broker,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        data_dir,
+        "--scheduler",
+        "locking",
+        "--partitions",
+        "2",
+        "--runtime",
+        "local",
+        "--max-txns",
+        "50",
+        "--quiet",
+    )
     requests = _requests(1500, seed=5)
     try:
         producer = KafkaProducer(bootstrap_servers=broker)
@@ -70,22 +84,45 @@ def test_alias_from_an_external_client_on_two_partitions(broker, namespace, tmp_
     assert len({p[:2] for p in positioned}) == len(positioned)  # one position per decision
     statuses, state = model(positioned, [requests])
     assert {r["id"]: r["status"] for r in by_id.values()} == statuses
-    dumped = {(r["table"], r["key"]): r["value"]
-              for r in map(json.loads, ordo_output("dump", "--data-dir", data_dir).splitlines())}
+    dumped = {
+        (r["table"], r["key"]): r["value"]
+        for r in map(json.loads, ordo_output("dump", "--data-dir", data_dir).splitlines())
+    }
     assert dumped == state
 
     # Rebuilding from the log re-executes every step and publishes every re-sequencing
     # again; a sequencer started afterwards drops them all: the log does not grow.
     last_batch = max(r["batch"] for r in records)
-    log_steps = [e for batch in read_log(broker, namespace, last_batch) for e in batch.entries
-                 if isinstance(e[2], dict) and OLLP_FIELD in e[2]]
+    log_steps = [
+        e
+        for batch in read_log(broker, namespace, last_batch)
+        for e in batch.entries
+        if isinstance(e[2], dict) and OLLP_FIELD in e[2]
+    ]
     dependent = [r["id"] for r in requests if r["proc"] != "alias_bind"]
     assert len(log_steps) == sum(1 + by_id[i]["restarts"] for i in dependent)  # reconnaissance + restarts
     assert len(_steps_on(broker, f"{namespace}.requests")) == len(log_steps)
     rebuilt = str(tmp_path / "rebuilt")
-    ordo_output("recover", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", rebuilt,
-                "--scheduler", "vll", "--partitions", "2", "--runtime", "local", "--from-scratch", "--quiet",
-                "--idle", "1", timeout=240)
+    ordo_output(
+        "recover",
+        "--bootstrap-servers",
+        broker,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        rebuilt,
+        "--scheduler",
+        "vll",
+        "--partitions",
+        "2",
+        "--runtime",
+        "local",
+        "--from-scratch",
+        "--quiet",
+        "--idle",
+        "1",
+        timeout=240,
+    )
     assert ordo_output("digest", "--data-dir", rebuilt) == ordo_output("digest", "--data-dir", data_dir)
     published = _steps_on(broker, f"{namespace}.requests")
     assert sorted(published) == sorted(2 * [json.dumps(e[2], sort_keys=True) for e in log_steps])
@@ -96,15 +133,17 @@ def test_alias_from_an_external_client_on_two_partitions(broker, namespace, tmp_
         producer = KafkaProducer(bootstrap_servers=broker)
         for p in (0, 1):
             sentinel = {"id": f"after-{p}", "proc": "alias_bind", "args": {"alias": "z", "account": p}}
-            producer.send(f"{namespace}.requests", key=sentinel["id"].encode(), value=json.dumps(sentinel).encode(),
-                          partition=p)
+            producer.send(
+                f"{namespace}.requests", key=sentinel["id"].encode(), value=json.dumps(sentinel).encode(), partition=p
+            )
         producer.flush()
         producer.close()
         sequencer.wait_for(2, timeout=60)
     finally:
         sequencer.stop()
-    later = [e for batch in read_log(broker, namespace, last_batch + 1) if batch.batch_id > last_batch
-             for e in batch.entries]
+    later = [
+        e for batch in read_log(broker, namespace, last_batch + 1) if batch.batch_id > last_batch for e in batch.entries
+    ]
     assert sorted(e[0] for e in later) == ["after-0", "after-1"]
 
 
@@ -112,8 +151,14 @@ def _steps_on(bootstrap: str, topic: str) -> list[str]:
     """The arguments of every re-sequencing on a requests topic (read with kafka-python)."""
     from kafka import KafkaConsumer
 
-    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-                             enable_auto_commit=False, consumer_timeout_ms=3000, group_id=None)
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        consumer_timeout_ms=3000,
+        group_id=None,
+    )
     try:
         bodies = [json.loads(message.value) for message in consumer]
     finally:

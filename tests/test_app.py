@@ -70,11 +70,19 @@ def test_an_app_declares_tables_and_both_procedure_forms():
     assert isinstance(app, ordo.App)
     assert [t.name for t in app.TABLES] == ["account"]
     assert sorted(p.name for p in app.PROCEDURES) == ["deposit", "withdraw"]
-    interpreter = run_log(app.registry(), [("deposit", {"account": 1, "amount": 5}),
-                                          ("withdraw", {"account": 1, "amount": 200}),
-                                          ("withdraw", {"account": 1, "amount": 5})])
+    interpreter = run_log(
+        app.registry(),
+        [
+            ("deposit", {"account": 1, "amount": 5}),
+            ("withdraw", {"account": 1, "amount": 200}),
+            ("withdraw", {"account": 1, "amount": 5}),
+        ],
+    )
     assert [(o["status"], o["result"]) for o in interpreter.outcomes] == [
-        ("committed", 105), ("aborted", None), ("committed", 100)]
+        ("committed", 105),
+        ("aborted", None),
+        ("committed", 100),
+    ]
     assert interpreter.outcomes[1]["error"] == "insufficient funds"
 
 
@@ -88,31 +96,49 @@ def test_an_app_registry_has_no_built_in_workloads_unless_named():
     assert "micro_rmw" in bank_app().registry("micro").procedures
 
 
-@pytest.mark.parametrize("declare, message", [
-    (lambda app: app.procedure(lambda ctx, args: None), "not a bare @app.procedure"),
-    (lambda app: app.procedure()(lambda ctx, args: None), "needs args="),
-    (lambda app: app.procedure(args={"n": int})(lambda ctx, args: None), r"args\['n'\] must be Int\(\)"),
-    (lambda app: app.procedure(args={})(lambda ctx, args: None), "needs analyze="),
-    (lambda app: app.procedure(args={})(type("p", (), {"analyse": lambda a: ([], []), "run": lambda c, a: 1})),
-     "'analyse' is not a part of a procedure; did you mean 'analyze'"),
-    (lambda app: app.procedure(args={})(type("p", (), {"analyze": lambda a: ([], [])})), "the class needs run"),
-    (lambda app: app.procedure(args={})(type("p", (), {"analyze": 1, "run": lambda c, a: 1})),
-     "analyze must be a function"),
-    (lambda app: app.procedure(args={}, name="")(42), "cannot name the procedure"),
-    (lambda app: app.table(""), "a table needs a name"),
-    (lambda app: app.table("t", partitioner="range"), "partitioner must be 'hash' or 'modulo'"),
-    (lambda app: app.table(type("t", (), {"defualt": 0})), "'defualt' is not a table setting; did you mean 'default'"),
-    (lambda app: app.table("t", range_by=1), "range_by needs partition_by"),
-    (lambda app: app.procedure(args={"a": Int()}, keys=[("t", "b")])(lambda ctx, args: None),
-     "keys= names argument 'b', which is not in args"),
-    (lambda app: app.procedure(args={"a": Int()}, reads=["t"])(lambda ctx, args: None),
-     r"reads= holds 't'; each key is \(table, argument name\)"),
-    (lambda app: app.procedure(args={"a": Int()}, keys=[("t", "a")], analyze=lambda a: ([], []))(
-        lambda ctx, args: None), "either as argument paths"),
-    (lambda app: [app.stream("s"), app.window("s", owner="p", rows=2, slide=1)], "'s' declared twice"),
-    (lambda app: app.window("w", owner="p", rows=2), "need integers 1 <= slide <= size"),
-    (lambda app: app.window("w", owner="p", rows=2, slide=1, range_ms=5), "give either rows and slide"),
-])
+@pytest.mark.parametrize(
+    "declare, message",
+    [
+        (lambda app: app.procedure(lambda ctx, args: None), "not a bare @app.procedure"),
+        (lambda app: app.procedure()(lambda ctx, args: None), "needs args="),
+        (lambda app: app.procedure(args={"n": int})(lambda ctx, args: None), r"args\['n'\] must be Int\(\)"),
+        (lambda app: app.procedure(args={})(lambda ctx, args: None), "needs analyze="),
+        (
+            lambda app: app.procedure(args={})(type("p", (), {"analyse": lambda a: ([], []), "run": lambda c, a: 1})),
+            "'analyse' is not a part of a procedure; did you mean 'analyze'",
+        ),
+        (lambda app: app.procedure(args={})(type("p", (), {"analyze": lambda a: ([], [])})), "the class needs run"),
+        (
+            lambda app: app.procedure(args={})(type("p", (), {"analyze": 1, "run": lambda c, a: 1})),
+            "analyze must be a function",
+        ),
+        (lambda app: app.procedure(args={}, name="")(42), "cannot name the procedure"),
+        (lambda app: app.table(""), "a table needs a name"),
+        (lambda app: app.table("t", partitioner="range"), "partitioner must be 'hash' or 'modulo'"),
+        (
+            lambda app: app.table(type("t", (), {"defualt": 0})),
+            "'defualt' is not a table setting; did you mean 'default'",
+        ),
+        (lambda app: app.table("t", range_by=1), "range_by needs partition_by"),
+        (
+            lambda app: app.procedure(args={"a": Int()}, keys=[("t", "b")])(lambda ctx, args: None),
+            "keys= names argument 'b', which is not in args",
+        ),
+        (
+            lambda app: app.procedure(args={"a": Int()}, reads=["t"])(lambda ctx, args: None),
+            r"reads= holds 't'; each key is \(table, argument name\)",
+        ),
+        (
+            lambda app: app.procedure(args={"a": Int()}, keys=[("t", "a")], analyze=lambda a: ([], []))(
+                lambda ctx, args: None
+            ),
+            "either as argument paths",
+        ),
+        (lambda app: [app.stream("s"), app.window("s", owner="p", rows=2, slide=1)], "'s' declared twice"),
+        (lambda app: app.window("w", owner="p", rows=2), "need integers 1 <= slide <= size"),
+        (lambda app: app.window("w", owner="p", rows=2, slide=1, range_ms=5), "give either rows and slide"),
+    ],
+)
 def test_misused_declarations_fail_at_import_with_the_reason(declare, message):
     with pytest.raises((TypeError, ValueError), match=message):
         declare(App("bank"))
@@ -126,8 +152,12 @@ def test_keys_given_as_argument_paths_derive_analyze():
     class order_line:
         default = None
 
-    @app.procedure(args={"w": Int(0), "item": Int(0), "others": List(Int(0)), "note": Int()},
-                   keys=[("stock", ("w", "item"))], reads=[("stock", "others")], writes=[("order_line", ("w", "note"))])
+    @app.procedure(
+        args={"w": Int(0), "item": Int(0), "others": List(Int(0)), "note": Int()},
+        keys=[("stock", ("w", "item"))],
+        reads=[("stock", "others")],
+        writes=[("order_line", ("w", "note"))],
+    )
     def order(ctx, args):
         return None
 
@@ -142,7 +172,8 @@ def test_an_app_declares_streams_windows_and_nested_transactions_and_the_registr
     app.table("t")
     app.procedure("src", args={"v": Int()}, writes=[("t", "v")])(lambda ctx, args: ctx.emit("s", [args["v"]]))
     app.procedure("dst", args={}, analyze=lambda args: ([("t", args["v"])], [("t", args["v"])]))(
-        lambda ctx, batch: ctx.write("t", batch[0][0], ctx.read("t", batch[0][0]) + 1))
+        lambda ctx, batch: ctx.write("t", batch[0][0], ctx.read("t", batch[0][0]) + 1)
+    )
     app.stream("s", producers=["src"], consumers=["dst"])
     app.stream("typo", producers=["src"], consumers=["dts"])
     with pytest.raises(ValueError, match="app 'flow': stream 'typo' names unknown procedure 'dts'"):
@@ -170,22 +201,26 @@ def user_dir(tmp_path, monkeypatch):
     """A directory holding user modules, as the current directory."""
     (tmp_path / "bank.py").write_text(BANK)
     (tmp_path / "empty_app.py").write_text("import ordo\napp = ordo.App('empty')\n")
-    (tmp_path / "no_procs.py").write_text("from ordo.procedures.contract import Table\nTABLES = [Table('t')]\n"
-                                          "PROCEDURE = []\n")
+    (tmp_path / "no_procs.py").write_text(
+        "from ordo.procedures.contract import Table\nTABLES = [Table('t')]\nPROCEDURE = []\n"
+    )
     monkeypatch.chdir(tmp_path)
     yield tmp_path
     for name in ("bank", "empty_app", "no_procs"):
         sys.modules.pop(name, None)
 
 
-@pytest.mark.parametrize("specs, message", [
-    (["bank:ap"], "module 'bank' has no attribute 'ap' (did you mean 'app'?)"),
-    (["bnak:app"], "cannot import 'bnak': no module named 'bnak' (the path is relative to the current directory"),
-    (["bank"], "module 'bank' defines no PROCEDURES (it defines an app: use --app bank:app)"),
-    (["empty_app:app"], "'empty_app:app' registers no procedures"),
-    (["no_procs"], "module 'no_procs' defines no PROCEDURES (did you mean 'PROCEDURE'?)"),
-    (["bank:app", workload_spec("sl")], "'account' registered twice with different settings"),
-])
+@pytest.mark.parametrize(
+    "specs, message",
+    [
+        (["bank:ap"], "module 'bank' has no attribute 'ap' (did you mean 'app'?)"),
+        (["bnak:app"], "cannot import 'bnak': no module named 'bnak' (the path is relative to the current directory"),
+        (["bank"], "module 'bank' defines no PROCEDURES (it defines an app: use --app bank:app)"),
+        (["empty_app:app"], "'empty_app:app' registers no procedures"),
+        (["no_procs"], "module 'no_procs' defines no PROCEDURES (did you mean 'PROCEDURE'?)"),
+        (["bank:app", workload_spec("sl")], "'account' registered twice with different settings"),
+    ],
+)
 def test_a_misspelled_or_empty_registration_is_one_clear_error(user_dir, specs, message):
     with pytest.raises(ValueError) as caught:
         load_registry(specs)
@@ -200,8 +235,9 @@ def test_specs_load_only_what_they_name(user_dir):
 
 def cli(*args: str, cwd: str, timeout: float = 60) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": ROOT}
-    return subprocess.run([sys.executable, "-m", "ordo.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "ordo.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.mark.parametrize("command", ["run", "execute", "recover", "sequence"])
@@ -220,14 +256,37 @@ def test_ordo_run_app_serves_the_app_from_the_current_directory(broker, namespac
     from ordo.client import Client
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": ROOT}
-    engine = subprocess.Popen([sys.executable, "-m", "ordo.cli", "run", "--bootstrap-servers", broker,
-                               "--namespace", namespace, "--data-dir", str(user_dir / "data"), "--quiet",
-                               "--partitions", str(partitions), "--app", "bank:app"], cwd=str(user_dir), env=env)
+    engine = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ordo.cli",
+            "run",
+            "--bootstrap-servers",
+            broker,
+            "--namespace",
+            namespace,
+            "--data-dir",
+            str(user_dir / "data"),
+            "--quiet",
+            "--partitions",
+            str(partitions),
+            "--app",
+            "bank:app",
+        ],
+        cwd=str(user_dir),
+        env=env,
+    )
     try:
         client = Client(broker, namespace)
         requests = [{"id": f"d{i}", "proc": "deposit", "args": {"account": i, "amount": 1}} for i in range(4)]
-        requests.append({"id": "sl", "proc": "sl_deposit", "args": {"account": 1, "asset": 1,
-                                                                    "account_amount": 1, "asset_amount": 1}})
+        requests.append(
+            {
+                "id": "sl",
+                "proc": "sl_deposit",
+                "args": {"account": 1, "asset": 1, "account_amount": 1, "asset_amount": 1},
+            }
+        )
         client.submit(requests)
         client.close()
         records = {r["id"]: r for r in read_results(broker, f"{namespace}.results", 5, timeout=120)}

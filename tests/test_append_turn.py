@@ -59,9 +59,17 @@ def test_one_holder_at_a_time(tmp_path):
 def test_a_dead_holder_frees_the_turn_and_a_hung_one_is_named(tmp_path):
     path = str(tmp_path / "log.lock")
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from ordo.sequencer.append_turn import AppendTurn\n"
-         "turn = AppendTurn(sys.argv[1], 'ns.log', 5).__enter__(); print('held', flush=True); time.sleep(60)", path],
-        cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from ordo.sequencer.append_turn import AppendTurn\n"
+            "turn = AppendTurn(sys.argv[1], 'ns.log', 5).__enter__(); print('held', flush=True); time.sleep(60)",
+            path,
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         waiter = AppendTurn(path, "ns.log", wait_limit=0.3)

@@ -24,15 +24,18 @@ from tests.test_schedulers_equivalence import REGISTRY, MemoryShard, dependent, 
 
 
 def stamped(log: list[Batch]) -> list[Batch]:
-    return [Batch(b.batch_id, b.generation, b.time_ms, b.offsets, b.entries, routing=b.routing, ordering=ARIA)
-            for b in log]
+    return [
+        Batch(b.batch_id, b.generation, b.time_ms, b.offsets, b.entries, routing=b.routing, ordering=ARIA) for b in log
+    ]
 
 
 def aria_reading(log: list[Batch], registry=REGISTRY):
     """The reference's outcomes, change data and digest, in the form `engine` gives them."""
     reference = SerialInterpreter(registry).apply(log)
-    outcomes = [(o["batch"], o["txn"], o["id"], o["status"], (o["result"], o.get("steps")), o["error"])
-                for o in reference.outcomes]
+    outcomes = [
+        (o["batch"], o["txn"], o["id"], o["status"], (o["result"], o.get("steps")), o["error"])
+        for o in reference.outcomes
+    ]
     changes = sorted((b, i, encode_key(t, k), v) for b, i, t, k, v in reference.changes)
     digest = digest_pairs((k, encode_value(v)) for k, v in reference.state.items())
     return outcomes, changes, digest, reference
@@ -59,22 +62,23 @@ def in_published_order(reference: SerialInterpreter) -> list[tuple]:
         commits = reference.aria_commits[b]
         published = commits + [i for i in order if i not in set(commits)]
         turn.update(((b, i), n) for n, i in enumerate(published))
-    return [(b, i, encode_key(t, k), v) for b, i, t, k, v in
-            sorted(reference.changes, key=lambda c: (c[0], turn.get(c[:2], c[1]), encode_key(c[2], c[3])))]
+    return [
+        (b, i, encode_key(t, k), v)
+        for b, i, t, k, v in sorted(
+            reference.changes, key=lambda c: (c[0], turn.get(c[:2], c[1]), encode_key(c[2], c[3]))
+        )
+    ]
 
 
 def check(log: list[Batch], schedulers=("aria", "serial", "locking"), partitions=(1,), registry=REGISTRY):
     expected = aria_reading(log, registry)
     for count in partitions:
         for name in schedulers:  # any engine runs an aria-stamped batch with aria
-            outcomes, changes, digest, _ = engine(log, name, count, holding=count > 1, memory=True,
-                                                  registry=registry)
+            outcomes, changes, digest, _ = engine(log, name, count, holding=count > 1, memory=True, registry=registry)
             outcomes = [(*o[:4], split_result(o[4]), o[5]) for o in outcomes]  # a dataflow's steps apart
             assert (outcomes, changes, digest) == expected[:3], (name, count)
     assert published_changes(log, schedulers[0], registry) == in_published_order(expected[3])
     return expected[3]
-
-
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -88,19 +92,29 @@ def test_a_read_of_a_key_written_later_in_the_batch_is_ordered_before_the_write(
     2 writes what 0 writes and goes to the fallback, after every first-pass commit; 4 reads
     what 3 writes and comes before 3. Every engine reads the stamped batch alike."""
     setup = Batch(1, 1, 1_000, {}, [["s0", "gs_write", {"keys": [0, 1], "value": 5}]])
-    aria = Batch(2, 1, 2_000, {}, [
-        ["a0", "gs_write", {"keys": [0], "value": 6}],
-        ["a1", "gs_read", {"keys": [0]}],
-        ["a2", "t_div", {"key": 0, "by": 2}],
-        ["a3", "gs_write", {"keys": [1], "value": 7}],
-        ["a4", "t_guarded", {"key": 2, "guard": 1, "other": 1, "value": 9}],
-    ], ordering=ARIA)
+    aria = Batch(
+        2,
+        1,
+        2_000,
+        {},
+        [
+            ["a0", "gs_write", {"keys": [0], "value": 6}],
+            ["a1", "gs_read", {"keys": [0]}],
+            ["a2", "t_div", {"key": 0, "by": 2}],
+            ["a3", "gs_write", {"keys": [1], "value": 7}],
+            ["a4", "t_guarded", {"key": 2, "guard": 1, "other": 1, "value": 9}],
+        ],
+        ordering=ARIA,
+    )
     reference = check([setup, aria])
     assert reference.aria_orders[2] == [1, 0, 4, 3, 2]
     results = {o["id"]: (o["status"], o["result"]) for o in reference.outcomes}
     assert results["a1"] == ("committed", 5) and results["a4"] == ("committed", 9)
     assert {(k, v) for k, v in reference.state.items()} == {
-        (encode_key("gs", 0), 3), (encode_key("gs", 1), 7), (encode_key("gs", 2), 9)}
+        (encode_key("gs", 0), 3),
+        (encode_key("gs", 1), 7),
+        (encode_key("gs", 2), 9),
+    }
     *_, fallbacks = engine([setup, aria], "aria", 1, memory=True)
     assert fallbacks == 1
 
@@ -110,9 +124,14 @@ def test_workload_generators_in_aria_batches():
     aborting transfers among them) in batches of 150, on every engine."""
     from tests.test_schedulers_equivalence import generated_log
 
-    knobs = {"micro": {"partitions": 1, "keys": 60, "hot": 4}, "sl": {"records": 40},
-             "gs": {"records": 40}, "ob": {"records": 40}, "tp": {"segments": 4, "vehicles": 80},
-             "alias": {"aliases": 8, "accounts": 6}}
+    knobs = {
+        "micro": {"partitions": 1, "keys": 60, "hot": 4},
+        "sl": {"records": 40},
+        "gs": {"records": 40},
+        "ob": {"records": 40},
+        "tp": {"segments": 4, "vehicles": 80},
+        "alias": {"aliases": 8, "accounts": 6},
+    }
     log = stamped(generated_log(knobs, seed=3, batch_size=150, stride=7, prefix="g"))
     reference = check(log, schedulers=("aria", "serial", "locking", "vll", "opchain"))
     statuses = {o["status"] for o in reference.outcomes}
@@ -132,13 +151,14 @@ def test_tpcc_in_aria_batches_keeps_the_consistency_conditions():
 
     registry = default_registry()
     loads, mix = _split(tpcc.generate(400, seed=7, **SIZE, **FULL_MIX))
-    batches = [loads] + [mix[i:i + 60] for i in range(0, len(mix), 60)]
+    batches = [loads] + [mix[i : i + 60] for i in range(0, len(mix), 60)]
     run = run_dependent(batches, "aria", 1, registry, ordering=ARIA)
     assert violations(_records(run["state"])) == []
     assert_equals_serial_interpretation(run, registry)
     for scheduler, partitions in (("locking", 1), ("aria", 2), ("serial", 3)):
-        assert_same_run(run_dependent(batches, scheduler, partitions, registry, ordering=ARIA), run,
-                        (scheduler, partitions))
+        assert_same_run(
+            run_dependent(batches, scheduler, partitions, registry, ordering=ARIA), run, (scheduler, partitions)
+        )
 
 
 def test_the_ordering_stamp_travels_in_the_batch_record_and_old_records_read_as_log_order():
@@ -155,8 +175,8 @@ def test_the_ordering_stamp_travels_in_the_batch_record_and_old_records_read_as_
     assert plain.ordering is None and len(plain) == 1
 
 
-
 # --- procedures without ANALYZE -----------------------------------------------------------
+
 
 def _o_transfer(ctx, args):
     """Moves `amount` from a to b unless a has less; a and b may lie on other partitions."""
@@ -196,26 +216,36 @@ def open_registry():
 
     registry = build_registry()
     registry.add_procedure(Procedure("t_copy", {"src": Int(0), "dst": Int(0)}, _copy_keys, _copy))
-    registry.add_procedure(Procedure("o_transfer", {"a": Int(0), "b": Int(0), "amount": Int(0, 30)}, None,
-                                     _o_transfer, home=("gs", "a")))
+    registry.add_procedure(
+        Procedure("o_transfer", {"a": Int(0), "b": Int(0), "amount": Int(0, 30)}, None, _o_transfer, home=("gs", "a"))
+    )
     registry.add_procedure(Procedure("o_chase", {"key": Int(0)}, None, _o_chase, home=("gs", "key")))
-    registry.add_procedure(Procedure("o_clear", {"keys": List(Int(0), min_len=1, max_len=4)}, None, _o_clear,
-                                     home=lambda args: ("gs", args["keys"][-1])))
+    registry.add_procedure(
+        Procedure(
+            "o_clear",
+            {"keys": List(Int(0), min_len=1, max_len=4)},
+            None,
+            _o_clear,
+            home=lambda args: ("gs", args["keys"][-1]),
+        )
+    )
     return registry
 
 
 OPEN = open_registry()
 few = st.integers(0, 5)
 undeclared = st.one_of(
-    st.tuples(st.just("o_transfer"), st.builds(lambda a, b, x: {"a": a, "b": b, "amount": x},
-                                               few, few, st.integers(0, 30))),
+    st.tuples(
+        st.just("o_transfer"), st.builds(lambda a, b, x: {"a": a, "b": b, "amount": x}, few, few, st.integers(0, 30))
+    ),
     st.tuples(st.just("o_chase"), st.builds(lambda k: {"key": k}, few)),
     st.tuples(st.just("o_clear"), st.builds(lambda ks: {"keys": ks}, st.lists(few, min_size=1, max_size=3))),
 )
 
 
-copies = st.tuples(st.just("t_copy"), st.builds(lambda a, b: {"src": a, "dst": b}, st.integers(0, 2),
-                                                st.integers(0, 2)))
+copies = st.tuples(
+    st.just("t_copy"), st.builds(lambda a, b: {"src": a, "dst": b}, st.integers(0, 2), st.integers(0, 2))
+)
 
 
 # Three keys, every request a copy, a read-modify-write, a guarded write or a delete: most
@@ -245,8 +275,9 @@ def aria_batches(drawn, registry=OPEN) -> list[Batch]:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.lists(st.one_of(undeclared, undeclared, dependent), min_size=2, max_size=20),
-                min_size=1, max_size=3))
+@given(
+    st.lists(st.lists(st.one_of(undeclared, undeclared, dependent), min_size=2, max_size=20), min_size=1, max_size=3)
+)
 def test_procedures_without_analyze_equal_the_documented_serial_order(drawn):
     """Mixed with declared ones, on 1 to 4 partitions: remote reads found by running RUN,
     keys that change between the first pass and the fallback, data-dependent deletes."""
@@ -270,7 +301,9 @@ def test_a_fallback_that_reaches_a_new_key_goes_on_to_the_next_round():
     for partitions in (1, 2):
         reference = check(log, schedulers=("aria",), partitions=(partitions,), registry=OPEN)
     assert [(o["id"], o["status"], o["result"]) for o in reference.outcomes] == [
-        ("r0", "committed", None), ("r1", "committed", 1)]
+        ("r0", "committed", None),
+        ("r1", "committed", 1),
+    ]
     assert reference.aria_orders[1] == [0, 1, 1]  # a0, then o_chase in two fallback rounds
 
 
@@ -289,7 +322,9 @@ def test_the_test_engine_runs_an_app_without_analyze_under_aria():
     with TestEngine(app, "locking") as engine:  # in log order, its first turn finds its keys
         [outcome] = engine.run(requests[:1])
         assert outcome["status"] == "restarted" and outcome["result"]["args"]["@ollp"]["reads"] == [
-            ["ycsbt", 0], ["ycsbt", 1]]
+            ["ycsbt", 0],
+            ["ycsbt", 1],
+        ]
         assert engine.run([{"id": outcome["id"], **outcome["result"]}])[0]["status"] == "committed"
 
 
@@ -317,8 +352,7 @@ def test_voter_leaderboards_in_aria_batches():
 
     registry = default_registry()
     requests = vote_stream(1500, phones=900, seed=3)
-    log = aria_batches([[(r["proc"], r["args"]) for r in requests[i:i + 150]] for i in range(0, 1500, 150)],
-                       registry)
+    log = aria_batches([[(r["proc"], r["args"]) for r in requests[i : i + 150]] for i in range(0, 1500, 150)], registry)
     reference = check(log, schedulers=("aria", "serial"), partitions=(1, 2), registry=registry)
     assert {o["status"] for o in reference.outcomes} == {"committed", "aborted", "rejected"}
     assert any(len(order) > len(reference.aria_commits[b]) for b, order in reference.aria_orders.items())
@@ -334,5 +368,10 @@ def test_a_fallback_whose_keys_keep_changing_is_aborted_saying_so(monkeypatch):
     reference = check(log, schedulers=("aria",), partitions=(1, 2, 3), registry=OPEN)
     assert [(o["id"], o["status"], o["error"]) for o in reference.outcomes] == [
         ("r0", "committed", None),
-        ("r1", "aborted", "aria: o_chase reached keys outside those it had touched in each of 1 fallback rounds "
-                          "(its keys kept changing)")]
+        (
+            "r1",
+            "aborted",
+            "aria: o_chase reached keys outside those it had touched in each of 1 fallback rounds "
+            "(its keys kept changing)",
+        ),
+    ]

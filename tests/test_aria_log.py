@@ -14,15 +14,36 @@ from ordo.procedures.workloads import micro, sl
 from ordo.scheduler.reference import SerialInterpreter
 from ordo.sequencer.log import ARIA, Batch
 from ordo.sequencer.topics import ensure_topics
-from tests.helpers import (assert_same_as_reference, dump_state, interpret_log, ordo, ordo_output, read_results,
-                           reference_state, run_engine, stop)
+from tests.helpers import (
+    assert_same_as_reference,
+    dump_state,
+    interpret_log,
+    ordo,
+    ordo_output,
+    read_results,
+    reference_state,
+    run_engine,
+    stop,
+)
 
 pytestmark = pytest.mark.slow
 
 
 def _run(broker, namespace, data_dir, scheduler, requests, seen, client):
-    engine = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", data_dir,
-                  "--scheduler", scheduler, "--max-txns", "60", "--quiet")
+    engine = ordo(
+        "run",
+        "--bootstrap-servers",
+        broker,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        data_dir,
+        "--scheduler",
+        scheduler,
+        "--max-txns",
+        "60",
+        "--quiet",
+    )
     try:
         client.submit(requests)
         return read_results(broker, f"{namespace}.results", seen)
@@ -34,8 +55,11 @@ def test_aria_batches_replay_alike_under_every_scheduler(broker, namespace, tmp_
     ensure_topics(broker, namespace, request_partitions=2)
     data_dir = str(tmp_path / "d")
     # Few records: transfers conflict on every key and many abort.
-    requests = [r for pair in zip(sl.generate(500, seed=5, records=12), micro.generate(500, seed=6, keys=30, hot=3))
-                for r in pair]
+    requests = [
+        r
+        for pair in zip(sl.generate(500, seed=5, records=12), micro.generate(500, seed=6, keys=30, hot=3))
+        for r in pair
+    ]
     client = Client(broker, namespace)
     _run(broker, namespace, data_dir, "aria", requests[:700], 700, client)
     # The same data directory continues under another scheduler: its batches are in log order.
@@ -52,14 +76,29 @@ def test_aria_batches_replay_alike_under_every_scheduler(broker, namespace, tmp_
     assert dump_state(data_dir) == reference_state(reference)
     # Aria's order is not log order: read in log order, this log gives other outcomes.
     in_log_order = SerialInterpreter(default_registry()).apply(
-        [Batch(b.batch_id, b.generation, b.time_ms, b.offsets, b.entries) for b in log])
+        [Batch(b.batch_id, b.generation, b.time_ms, b.offsets, b.entries) for b in log]
+    )
     assert in_log_order.outcomes != reference.outcomes
 
     # Replays: a rebuild from scratch under each log-order scheduler and under aria.
     for scheduler in ("serial", "vll", "aria"):
         rebuilt = str(tmp_path / f"rebuilt-{scheduler}")
-        ordo_output("recover", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", rebuilt,
-                    "--scheduler", scheduler, "--from-scratch", "--quiet", "--idle", "1", timeout=240)
+        ordo_output(
+            "recover",
+            "--bootstrap-servers",
+            broker,
+            "--namespace",
+            namespace,
+            "--data-dir",
+            rebuilt,
+            "--scheduler",
+            scheduler,
+            "--from-scratch",
+            "--quiet",
+            "--idle",
+            "1",
+            timeout=240,
+        )
         assert dump_state(rebuilt) == reference_state(reference), scheduler
     # Change data and outcomes as a replay publishes them.
     outputs, digest = run_engine(broker, namespace, last_batch, tmp_path / "collected", "opchain", 1)
@@ -69,8 +108,23 @@ def test_aria_batches_replay_alike_under_every_scheduler(broker, namespace, tmp_
 def _answered_by_aria_on_ray(broker: str, namespace: str, data_dir: str, requests: list, *options: str) -> list:
     """`ordo run --scheduler aria` on two Ray partitions until every request is answered."""
     client = Client(broker, namespace)
-    engine = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", data_dir,
-                  "--scheduler", "aria", "--partitions", "2", "--runtime", "ray", "--quiet", *options)
+    engine = ordo(
+        "run",
+        "--bootstrap-servers",
+        broker,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        data_dir,
+        "--scheduler",
+        "aria",
+        "--partitions",
+        "2",
+        "--runtime",
+        "ray",
+        "--quiet",
+        *options,
+    )
     try:
         client.submit(requests)
         return read_results(broker, f"{namespace}.results", len(requests), timeout=240)
@@ -84,8 +138,13 @@ def test_aria_on_two_ray_partitions_equals_its_serial_reading(broker, namespace,
     write keys of the other; a rebuild on one partition in-process gives the same."""
     ensure_topics(broker, namespace, request_partitions=2)
     data_dir = str(tmp_path / "d")
-    requests = [r for pair in zip(sl.generate(400, seed=7, records=16),
-                                  micro.generate(400, seed=8, partitions=2, keys=40, hot=4, mp=0.6)) for r in pair]
+    requests = [
+        r
+        for pair in zip(
+            sl.generate(400, seed=7, records=16), micro.generate(400, seed=8, partitions=2, keys=40, hot=4, mp=0.6)
+        )
+        for r in pair
+    ]
     records = _answered_by_aria_on_ray(broker, namespace, data_dir, requests, "--max-txns", "80")
     outcomes = {r["id"]: r for r in records}
     assert len(records) == len(outcomes) == len(requests)
@@ -96,9 +155,24 @@ def test_aria_on_two_ray_partitions_equals_its_serial_reading(broker, namespace,
     assert {o["status"] for o in reference.outcomes} == {"committed", "aborted"}
     assert dump_state(data_dir) == reference_state(reference)
     rebuilt = str(tmp_path / "rebuilt")
-    ordo_output("recover", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", rebuilt,
-                "--scheduler", "locking", "--partitions", "1", "--from-scratch", "--quiet", "--idle", "1",
-                timeout=240)
+    ordo_output(
+        "recover",
+        "--bootstrap-servers",
+        broker,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        rebuilt,
+        "--scheduler",
+        "locking",
+        "--partitions",
+        "1",
+        "--from-scratch",
+        "--quiet",
+        "--idle",
+        "1",
+        timeout=240,
+    )
     assert dump_state(rebuilt) == reference_state(reference)
     # Outcomes and change data as 3 partitions in one process publish them.
     outputs, digest = run_engine(broker, namespace, last_batch, tmp_path / "three", "vll", 3)
@@ -115,8 +189,9 @@ def test_ycsbt_without_analyze_runs_end_to_end_on_two_partitions(broker, namespa
     ensure_topics(broker, namespace, request_partitions=2)
     data_dir = str(tmp_path / "d")
     requests = list(ycsbt.generate(800, seed=3, records=60, partitions=2, mp=0.5))
-    records = _answered_by_aria_on_ray(broker, namespace, data_dir, requests, "--app", "examples.ycsbt:app",
-                                       "--max-txns", "100")
+    records = _answered_by_aria_on_ray(
+        broker, namespace, data_dir, requests, "--app", "examples.ycsbt:app", "--max-txns", "100"
+    )
     assert sorted(r["id"] for r in records) == sorted(r["id"] for r in requests)
     assert {r["status"] for r in records} == {"committed"}
     last_batch = max(r["batch"] for r in records)
@@ -160,8 +235,21 @@ def test_aria_engine_sigkilled_ends_as_if_it_never_crashed(broker, namespace, tm
     ensure_topics(broker, namespace, request_partitions=2)
     kafka = ("--bootstrap-servers", broker, "--namespace", namespace)
     data_dir = str(tmp_path / "data")
-    engine_args = ("--data-dir", data_dir, "--partitions", "2", "--runtime", "local", "--scheduler", "aria",
-                   "--checkpoint-every", "3", "--keep-checkpoints", "2", "--quiet")
+    engine_args = (
+        "--data-dir",
+        data_dir,
+        "--partitions",
+        "2",
+        "--runtime",
+        "local",
+        "--scheduler",
+        "aria",
+        "--checkpoint-every",
+        "3",
+        "--keep-checkpoints",
+        "2",
+        "--quiet",
+    )
     requests = traffic(2400, 2, 11)
     sequencer = ordo("sequence", *kafka, "--max-txns", "40", "--ordering", "aria")
     feeder = Feeder(broker, namespace, requests, chunk=100, pause=0.1)

@@ -28,10 +28,13 @@ def postgres():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("workload, requests", [
-    ("micro", list(micro.generate(300, 5, hot=20))),
-    ("sl", list(sl.generate(300, 5))),
-])
+@pytest.mark.parametrize(
+    "workload, requests",
+    [
+        ("micro", list(micro.generate(300, 5, hot=20))),
+        ("sl", list(sl.generate(300, 5))),
+    ],
+)
 def test_baseline_matches_serial_interpretation(broker, namespace, postgres, workload, requests):
     # Two request partitions: the baseline's consumption order need not be the order in
     # which the requests were produced, so the check must follow the baseline's own order.
@@ -60,8 +63,16 @@ def test_bench_single_configuration_reports_every_figure(tmp_path):
     path = tmp_path / "bench.json"
     ordo_output("bench", "micro", "--txns", "2000", "--json", str(path), timeout=180)
     result = json.loads(path.read_text())
-    for name in ("storage_limit_tps", "engine_tps", "replay_tps", "recovery_tps", "end_to_end_tps",
-                 "engine_over_limit", "end_to_end_over_engine", "replay_over_engine"):
+    for name in (
+        "storage_limit_tps",
+        "engine_tps",
+        "replay_tps",
+        "recovery_tps",
+        "end_to_end_tps",
+        "engine_over_limit",
+        "end_to_end_over_engine",
+        "replay_over_engine",
+    ):
         assert result[name] > 0, name
     assert result["batches"] >= 2 and result["txns"] == 2000
     assert 0 < result["latency_ms"]["p50"] <= result["latency_ms"]["p99"]
@@ -77,23 +88,54 @@ def fake_report() -> dict:
         log += 1
         for scheduler, factor in speed.items():
             tags = ["contention", "base"] if hot == 10_000 else ["contention"]
-            runs.append({"log": log, "workload": "micro", "knobs": {"hot": hot}, "label": f"CI {1 / hot:g}",
-                         "partitions": 1, "batch_size": 200, "tags": tags, "scheduler": scheduler,
-                         "storage_limit_tps": 50_000, "engine_tps": round(12_000 * factor),
-                         "engine_over_limit": 0.24 * factor, "end_to_end_tps": 8_000,
-                         "end_to_end_over_engine": 0.66, "replay_tps": 11_000, "replay_over_engine": 0.9,
-                         "latency_ms": {"p50": 40.0, "p99": 90.0}, "memory_mb": {"engine": 150.0}})
+            runs.append(
+                {
+                    "log": log,
+                    "workload": "micro",
+                    "knobs": {"hot": hot},
+                    "label": f"CI {1 / hot:g}",
+                    "partitions": 1,
+                    "batch_size": 200,
+                    "tags": tags,
+                    "scheduler": scheduler,
+                    "storage_limit_tps": 50_000,
+                    "engine_tps": round(12_000 * factor),
+                    "engine_over_limit": 0.24 * factor,
+                    "end_to_end_tps": 8_000,
+                    "end_to_end_over_engine": 0.66,
+                    "replay_tps": 11_000,
+                    "replay_over_engine": 0.9,
+                    "latency_ms": {"p50": 40.0, "p99": 90.0},
+                    "memory_mb": {"engine": 150.0},
+                }
+            )
     for mp in (0.0, 0.1, 0.5, 1.0):
         log += 1
         for scheduler, factor in speed.items():
-            runs.append({"log": log, "workload": "micro", "knobs": {"hot": 10_000, "mp": mp},
-                         "label": f"mp {mp:.0%}", "partitions": 2, "batch_size": 200, "tags": ["mp"],
-                         "scheduler": scheduler, "storage_limit_tps": 45_000,
-                         "engine_tps": round(9_000 * factor * (1 - 0.8 * mp)), "engine_over_limit": 0.2})
+            runs.append(
+                {
+                    "log": log,
+                    "workload": "micro",
+                    "knobs": {"hot": 10_000, "mp": mp},
+                    "label": f"mp {mp:.0%}",
+                    "partitions": 2,
+                    "batch_size": 200,
+                    "tags": ["mp"],
+                    "scheduler": scheduler,
+                    "storage_limit_tps": 45_000,
+                    "engine_tps": round(9_000 * factor * (1 - 0.8 * mp)),
+                    "engine_over_limit": 0.2,
+                }
+            )
     logs = [{"log": n, "workload": "micro", "label": "x", "partitions": 1} for n in range(1, log + 1)]
-    return {"suite": "quick", "started": "2026-01-01T00:00:00", "runs": runs, "logs": logs,
-            "baseline": {"sl": {"requests_per_s": 2_000, "durable_requests_per_s": 1_500, "checked_serial": True}},
-            "machine": {"cpus": 2, "cpu_model": "test", "memory_gb": 1, "python": "3", "load_average": [0, 0, 0]}}
+    return {
+        "suite": "quick",
+        "started": "2026-01-01T00:00:00",
+        "runs": runs,
+        "logs": logs,
+        "baseline": {"sl": {"requests_per_s": 2_000, "durable_requests_per_s": 1_500, "checked_serial": True}},
+        "machine": {"cpus": 2, "cpu_model": "test", "memory_gb": 1, "python": "3", "load_average": [0, 0, 0]},
+    }
 
 
 def test_plot_writes_a_png_from_a_result_set(tmp_path):
@@ -114,8 +156,20 @@ def test_plot_writes_a_png_from_a_result_set(tmp_path):
 @pytest.mark.slow
 def test_bench_scale_measures_every_partition_count_on_one_log(tmp_path):
     path = tmp_path / "scale.json"
-    out = ordo_output("bench", "scale", "micro", "--partitions", "1,2", "--txns", "3000", "--max-txns", "100",
-                      "--json", str(path), timeout=300)
+    out = ordo_output(
+        "bench",
+        "scale",
+        "micro",
+        "--partitions",
+        "1,2",
+        "--txns",
+        "3000",
+        "--max-txns",
+        "100",
+        "--json",
+        str(path),
+        timeout=300,
+    )
     report = json.loads(path.read_text())
     runs = report["runs"]
     assert [r["partitions"] for r in runs] == [1, 2]
@@ -137,9 +191,27 @@ def test_bench_scale_measures_every_partition_count_on_one_log(tmp_path):
 @pytest.mark.slow
 def test_bench_scale_takes_turns_over_rounds_and_compares_multi_partition_shares(tmp_path):
     path = tmp_path / "scale.json"
-    out = ordo_output("bench", "scale", "micro", "--partitions", "1,2", "--mp", "0,1", "--rounds", "3",
-                      "--txns", "2000", "--max-txns", "100", "--scheduler", "vll", "--no-end-to-end",
-                      "--json", str(path), timeout=600)
+    out = ordo_output(
+        "bench",
+        "scale",
+        "micro",
+        "--partitions",
+        "1,2",
+        "--mp",
+        "0,1",
+        "--rounds",
+        "3",
+        "--txns",
+        "2000",
+        "--max-txns",
+        "100",
+        "--scheduler",
+        "vll",
+        "--no-end-to-end",
+        "--json",
+        str(path),
+        timeout=600,
+    )
     report = json.loads(path.read_text())
     runs = report["runs"]
     assert report["rounds"] == 3
@@ -151,20 +223,36 @@ def test_bench_scale_takes_turns_over_rounds_and_compares_multi_partition_shares
     zero, full = runs[1], runs[3]
     assert "mp_ratio" not in zero
     assert full["mp_ratio"] == pytest.approx(full["engine_tps"] / zero["engine_tps"], rel=0.01)
-    assert full["mp_ratio_rounds"] == [pytest.approx(a / b, rel=0.01)
-                                       for a, b in zip(full["engine_tps_rounds"], zero["engine_tps_rounds"])]
-    assert zero["engine_speedup_rounds"] == [pytest.approx(a / b, rel=0.01)
-                                             for a, b in zip(zero["engine_tps_rounds"], runs[0]["engine_tps_rounds"])]
+    assert full["mp_ratio_rounds"] == [
+        pytest.approx(a / b, rel=0.01) for a, b in zip(full["engine_tps_rounds"], zero["engine_tps_rounds"])
+    ]
+    assert zero["engine_speedup_rounds"] == [
+        pytest.approx(a / b, rel=0.01) for a, b in zip(zero["engine_tps_rounds"], runs[0]["engine_tps_rounds"])
+    ]
     assert "median of 3 rounds" in out and out.count("round 3:") == 4
-    table = out[out.index("partitions  engine"):].splitlines()[1:5]
+    table = out[out.index("partitions  engine") :].splitlines()[1:5]
     assert all(row.split()[4:6] == ["-", "-"] for row in table), table  # end to end: not measured
 
 
 @pytest.mark.slow
 def test_bench_sequence_measures_every_sequencer_count_from_the_log(tmp_path):
     path = tmp_path / "sequence.json"
-    out = ordo_output("bench", "sequence", "micro", "--sequencers", "1,2", "--partitions", "2", "--txns", "6000",
-                      "--max-txns", "100", "--json", str(path), timeout=300)
+    out = ordo_output(
+        "bench",
+        "sequence",
+        "micro",
+        "--sequencers",
+        "1,2",
+        "--partitions",
+        "2",
+        "--txns",
+        "6000",
+        "--max-txns",
+        "100",
+        "--json",
+        str(path),
+        timeout=300,
+    )
     report = json.loads(path.read_text())
     runs = report["runs"]
     assert [r["sequencers"] for r in runs] == [1, 2]
@@ -183,8 +271,16 @@ def test_sequencing_rate_counts_only_what_was_cut_while_every_sequencer_ran():
         return Batch(1, 0, time_ms, {}, [["r", "p", {}]] * size, sequencer=sequencer)
 
     # Sequencer 1 starts at 100 ms and stops at 1100 ms; sequencer 0 runs on alone on either side.
-    batches = [batch(0, 0, 50), batch(0, 100, 10), batch(1, 100, 10), batch(0, 600, 20), batch(1, 600, 30),
-               batch(1, 1100, 40), batch(0, 1100, 60), batch(0, 2000, 90)]
+    batches = [
+        batch(0, 0, 50),
+        batch(0, 100, 10),
+        batch(1, 100, 10),
+        batch(0, 600, 20),
+        batch(1, 600, 30),
+        batch(1, 1100, 40),
+        batch(0, 1100, 60),
+        batch(0, 2000, 90),
+    ]
     assert sequencing_rate(batches) == (20 + 30 + 40 + 60) * 1000 / 1000
     with pytest.raises(ValueError, match="more --txns"):
         sequencing_rate([batch(0, 0, 1), batch(1, 500, 1), batch(0, 400, 1)])
@@ -192,8 +288,9 @@ def test_sequencing_rate_counts_only_what_was_cut_while_every_sequencer_ran():
 
 def test_bench_soak_samples_every_process_and_rocksdb_until_every_request_is_answered(tmp_path):
     out = tmp_path / "soak.json"
-    text = ordo_output("bench", "soak", "micro", "--rate", "200", "--seconds", "12", "--every", "4",
-                       "--json", str(out), timeout=300)
+    text = ordo_output(
+        "bench", "soak", "micro", "--rate", "200", "--seconds", "12", "--every", "4", "--json", str(out), timeout=300
+    )
     report = json.loads(out.read_text())
     samples = report["samples"]
     assert len(samples) >= 4 and samples[-1]["answered"] == 2400
@@ -206,15 +303,30 @@ def test_bench_soak_samples_every_process_and_rocksdb_until_every_request_is_ans
     assert report["engine_exit"] == 0
 
 
-def test_bench_soak_bounces_the_broker_and_checks_every_request_once_against_a_serial_reading(tmp_path,
-                                                                                            fault_report):
+def test_bench_soak_bounces_the_broker_and_checks_every_request_once_against_a_serial_reading(tmp_path, fault_report):
     out = tmp_path / "soak.json"
     # A bounce lasts as long as the node takes to stop and start again: 10 s on a quiet machine,
     # 40 to 60 s on a busy one. The first comes 5 s in and the soak lasts 90 s, so the second
     # (SIGKILL) comes in time either way.
     rate, seconds = 100, 90
-    text = ordo_output("bench", "soak", "micro", "--rate", str(rate), "--seconds", str(seconds), "--every", "10",
-                       "--bounce-broker-every", "5", "--broker-down", "5", "--json", str(out), timeout=580)
+    text = ordo_output(
+        "bench",
+        "soak",
+        "micro",
+        "--rate",
+        str(rate),
+        "--seconds",
+        str(seconds),
+        "--every",
+        "10",
+        "--bounce-broker-every",
+        "5",
+        "--broker-down",
+        "5",
+        "--json",
+        str(out),
+        timeout=580,
+    )
     report = json.loads(out.read_text())
     bounces, check = report["bounces"], report["check"]
     assert [b["how"] for b in bounces][:2] == ["SIGTERM", "SIGKILL"], bounces
@@ -222,14 +334,21 @@ def test_bench_soak_bounces_the_broker_and_checks_every_request_once_against_a_s
     assert check == {**check, "answered": rate * seconds, "answered_twice": 0, "state_equals_serial_reading": True}
     assert report["engine_exit"] == 0
     assert f"{len(bounces)} broker bounce(s); answering again after" in text
-    fault_report(f"{len(bounces)} broker bounces ({', '.join(b['how'] for b in bounces)}, 5 s away each) under "
-                 f"ordo bench soak at {rate}/s: {rate * seconds:,} requests answered once, state equal to the serial "
-                 f"reading; answering again {', '.join(str(b['resume_s']) for b in bounces)} s after each")
+    fault_report(
+        f"{len(bounces)} broker bounces ({', '.join(b['how'] for b in bounces)}, 5 s away each) under "
+        f"ordo bench soak at {rate}/s: {rate * seconds:,} requests answered once, state equal to the serial "
+        f"reading; answering again {', '.join(str(b['resume_s']) for b in bounces)} s after each"
+    )
 
 
 def test_bench_soak_refuses_a_rate_it_cannot_send():
-    result = subprocess.run([sys.executable, "-m", "ordo.cli", "bench", "soak", "micro", "--rate", "0"],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "ordo.cli", "bench", "soak", "micro", "--rate", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "ordo bench: ordo bench soak needs --rate, --seconds and --every above 0"]
+        "ordo bench: ordo bench soak needs --rate, --seconds and --every above 0"
+    ]

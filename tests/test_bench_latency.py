@@ -34,9 +34,15 @@ def test_hops_add_up_to_the_latency():
 def test_the_first_fifth_of_a_run_is_not_timed():
     scheduled = [(f"r{i}", 10.0 + i / 100) for i in range(100)]
     # The first requests wait on a pipeline just under way: 500 ms more, all in execution.
-    outcomes = {k: (t + 0.02 + (0.5 if i < 20 else 0) + (0.1 if i == 98 else 0), int(t * 1000) + 12
-                    + (500 if i < 20 else 0), 0, "committed")
-                for i, (k, t) in enumerate(scheduled[:99])}
+    outcomes = {
+        k: (
+            t + 0.02 + (0.5 if i < 20 else 0) + (0.1 if i == 98 else 0),
+            int(t * 1000) + 12 + (500 if i < 20 else 0),
+            0,
+            "committed",
+        )
+        for i, (k, t) in enumerate(scheduled[:99])
+    }
     requested = {k: int(t * 1000) + 1 for k, t in scheduled}
     acknowledged = {k: t + 0.003 for k, t in scheduled}
     logged = {k: (int(t * 1000) + 6, i) for i, (k, t) in enumerate(scheduled)}
@@ -52,9 +58,28 @@ def test_the_first_fifth_of_a_run_is_not_timed():
 def test_bench_latency_end_to_end(tmp_path):
     path = tmp_path / "latency.json"
     # YCSB-T as Styx runs it, every transfer between the two partitions.
-    out = ordo_output("bench", "latency", "ycsbt", "--rate", "100", "--seconds", "3", "--partitions", "2",
-                      "--knob", "mp=1", "--knob", "records=2000", "--scheduler", "vll", "--runtime", "local",
-                      "--json", str(path), timeout=300)
+    out = ordo_output(
+        "bench",
+        "latency",
+        "ycsbt",
+        "--rate",
+        "100",
+        "--seconds",
+        "3",
+        "--partitions",
+        "2",
+        "--knob",
+        "mp=1",
+        "--knob",
+        "records=2000",
+        "--scheduler",
+        "vll",
+        "--runtime",
+        "local",
+        "--json",
+        str(path),
+        timeout=300,
+    )
     assert "where the time goes" in out and "p99 ms" in out
     report = json.loads(path.read_text())
     assert report["workload"] == "ycsbt" and report["partitions"] == 2 and report["machine"]["cpus"] >= 1

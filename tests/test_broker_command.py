@@ -30,9 +30,14 @@ def _listening(port: int) -> bool:
 
 
 def _broker(port: int, data_dir) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "ordo.cli", "broker", "--port", str(port), "--data-dir",
-                             str(data_dir)], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1"},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "ordo.cli", "broker", "--port", str(port), "--data-dir", str(data_dir)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _wait_gone(pids: list[int], port: int, timeout: float = 30) -> None:
@@ -50,11 +55,18 @@ def test_a_busy_port_is_one_line():
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        done = subprocess.run([sys.executable, "-m", "ordo.cli", "broker", "--port", str(port)], cwd=ROOT,
-                              env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-m", "ordo.cli", "broker", "--port", str(port)],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": ROOT},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert done.returncode == 2
     assert (done.stdout + done.stderr).splitlines() == [
-        f"ordo broker: port {port} on 127.0.0.1 is in use (another broker?): stop that process or choose another --port"]
+        f"ordo broker: port {port} on 127.0.0.1 is in use (another broker?): stop that process or choose another --port"
+    ]
 
 
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "sigkill"])
@@ -140,6 +152,8 @@ def test_a_killed_broker_starts_again_at_once_on_its_port_with_its_data(tmp_path
             if process is not None and process.poll() is None:
                 process.kill()
                 process.wait()
-    fault_report(f"SIGKILL of the {victims.replace('-', ' ')} of `ordo broker --port {port}`, started again at "
-                 f"once on the same port and data directory: it served ({'; '.join(said) or 'no wait'}), "
-                 f"500 of 500 acknowledged records read back")
+    fault_report(
+        f"SIGKILL of the {victims.replace('-', ' ')} of `ordo broker --port {port}`, started again at "
+        f"once on the same port and data directory: it served ({'; '.join(said) or 'no wait'}), "
+        f"500 of 500 acknowledged records read back"
+    )

@@ -37,7 +37,7 @@ class Feeder:
 
     def _feed(self) -> None:
         for start in range(0, len(self.requests), self.slice_size):
-            self.client.submit(self.requests[start:start + self.slice_size])
+            self.client.submit(self.requests[start : start + self.slice_size])
             time.sleep(self.pause)
 
     def start(self) -> Feeder:
@@ -63,9 +63,16 @@ class OutcomeWatch:
 
     def _watch(self) -> None:
         # librdkafka rides out a broker restart on its own; each arrival is only a time here.
-        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "fault-watch",
-                             "enable.auto.commit": False, "isolation.level": "read_committed",
-                             "auto.offset.reset": "earliest", "fetch.wait.max.ms": 20})
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": "fault-watch",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "auto.offset.reset": "earliest",
+                "fetch.wait.max.ms": 20,
+            }
+        )
         consumer.assign([TopicPartition(self.topic, 0, OFFSET_BEGINNING)])
         try:
             while not self._stop.is_set():
@@ -107,8 +114,9 @@ def assert_exactly_once(bootstrap: str, namespace: str, requests: list, records:
     assert dump_state(data_dir) == reference_state(interpret_log(bootstrap, namespace, last_batch))
 
 
-def settle_and_check(feeder: Feeder, watch: OutcomeWatch, engine, bootstrap: str, namespace: str, requests: list,
-                     data_dir: str) -> None:
+def settle_and_check(
+    feeder: Feeder, watch: OutcomeWatch, engine, bootstrap: str, namespace: str, requests: list, data_dir: str
+) -> None:
     """Once the faults are over: every request handed over, answered once, and checked."""
     feeder.finish()
     records = read_results(bootstrap, f"{namespace}.results", len(requests), timeout=240)
@@ -131,8 +139,20 @@ def test_a_durable_broker_restarted_under_load_loses_and_repeats_nothing(tmp_pat
     kafka = KafkaCluster(data_dir=str(tmp_path / "kafka"))
     bootstrap = kafka.start()
     namespace, data_dir = "durable", str(tmp_path / "d")
-    engine = ordo("run", "--bootstrap-servers", bootstrap, "--namespace", namespace, "--data-dir", data_dir,
-                  "--quiet", "--runtime", "local", "--max-txns", "100")
+    engine = ordo(
+        "run",
+        "--bootstrap-servers",
+        bootstrap,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        data_dir,
+        "--quiet",
+        "--runtime",
+        "local",
+        "--max-txns",
+        "100",
+    )
     requests = list(sl.generate(4000, seed=11))
     feeder = watch = None
     resumed = []
@@ -156,17 +176,32 @@ def test_a_durable_broker_restarted_under_load_loses_and_repeats_nothing(tmp_pat
         settle_and_check(feeder, watch, engine, bootstrap, namespace, requests, data_dir)
     finally:
         clean_up(feeder, watch, engine, kafka)
-    fault_report(f"2 broker restarts (SIGTERM, SIGKILL), {len(requests)} requests checked, first outcome "
-                 f"{', '.join(f'{s:.1f}' for s in resumed)} s after the broker was started again")
+    fault_report(
+        f"2 broker restarts (SIGTERM, SIGKILL), {len(requests)} requests checked, first outcome "
+        f"{', '.join(f'{s:.1f}' for s in resumed)} s after the broker was started again"
+    )
 
 
-def test_a_three_node_cluster_loses_no_request_when_the_log_leader_dies_and_another_node_stops(
-        tmp_path, fault_report):
+def test_a_three_node_cluster_loses_no_request_when_the_log_leader_dies_and_another_node_stops(tmp_path, fault_report):
     kafka = KafkaCluster(nodes=3, data_dir=str(tmp_path / "kafka"))
     bootstrap = kafka.start()
     namespace, data_dir = "replicated", str(tmp_path / "d")
-    engine = ordo("run", "--bootstrap-servers", bootstrap, "--namespace", namespace, "--data-dir", data_dir,
-                  "--quiet", "--runtime", "local", "--max-txns", "100", "--log-replication", "3")
+    engine = ordo(
+        "run",
+        "--bootstrap-servers",
+        bootstrap,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        data_dir,
+        "--quiet",
+        "--runtime",
+        "local",
+        "--max-txns",
+        "100",
+        "--log-replication",
+        "3",
+    )
     requests = list(sl.generate(4000, seed=12))
     rounds, resumed, feeder, watch = 2, [], None, None
     try:
@@ -206,9 +241,11 @@ def test_a_three_node_cluster_loses_no_request_when_the_log_leader_dies_and_anot
         settle_and_check(feeder, watch, engine, bootstrap, namespace, requests, data_dir)
     finally:
         clean_up(feeder, watch, engine, kafka)
-    fault_report(f"{rounds} rounds of SIGKILL of the log's leader + SIGSTOP of another node "
-                 f"({2 * rounds} faults), {len(requests)} requests checked, 0 lost, 0 duplicated; first outcome "
-                 f"{', '.join(f'{s:.1f}' for s in resumed)} s after the stopped node went on and the killed one was restarted")
+    fault_report(
+        f"{rounds} rounds of SIGKILL of the log's leader + SIGSTOP of another node "
+        f"({2 * rounds} faults), {len(requests)} requests checked, 0 lost, 0 duplicated; first outcome "
+        f"{', '.join(f'{s:.1f}' for s in resumed)} s after the stopped node went on and the killed one was restarted"
+    )
 
 
 def test_a_broker_stopped_for_longer_than_the_grace_is_not_called_lost(tmp_path):
@@ -219,20 +256,39 @@ def test_a_broker_stopped_for_longer_than_the_grace_is_not_called_lost(tmp_path)
     kafka = KafkaCluster(data_dir=str(tmp_path / "kafka"))
     bootstrap = kafka.start()
     namespace, data_dir = "stopped", str(tmp_path / "d")
-    engine = ordo("run", "--bootstrap-servers", bootstrap, "--namespace", namespace, "--data-dir", data_dir,
-                  "--quiet", "--runtime", "local", stderr=subprocess.PIPE, text=True)
+    engine = ordo(
+        "run",
+        "--bootstrap-servers",
+        bootstrap,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        data_dir,
+        "--quiet",
+        "--runtime",
+        "local",
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         with Client(bootstrap, namespace) as client:
             client.wait_for_topics(timeout=60)
-            assert client.wait_one(client.submit("sl_deposit", {"account": 1, "asset": 1, "account_amount": 5,
-                                                               "asset_amount": 5}), timeout=60)["status"] == "committed"
+            assert (
+                client.wait_one(
+                    client.submit("sl_deposit", {"account": 1, "asset": 1, "account_amount": 5, "asset_amount": 5}),
+                    timeout=60,
+                )["status"]
+                == "committed"
+            )
         kafka.nodes[0].stop()
         time.sleep(ABSENT_GRACE + 15)  # longer than the grace a missing record gets
         assert engine.poll() is None, engine.stderr.read()
         kafka.restart_node(0)
         with Client(bootstrap, namespace) as client:
-            outcome = client.wait_one(client.submit("sl_deposit", {"account": 2, "asset": 2, "account_amount": 5,
-                                                                   "asset_amount": 5}), timeout=120)
+            outcome = client.wait_one(
+                client.submit("sl_deposit", {"account": 2, "asset": 2, "account_amount": 5, "asset_amount": 5}),
+                timeout=120,
+            )
         assert outcome["status"] == "committed"
     finally:
         code = stop(engine)
@@ -276,8 +332,22 @@ def test_a_broker_away_for_90_s_under_ordo_run_is_waited_for_and_nothing_is_lost
     kafka = KafkaCluster(data_dir=str(tmp_path / "kafka"))
     bootstrap = kafka.start()
     namespace, data_dir, away = "weather", str(tmp_path / "d"), 90.0
-    engine = ordo("run", "--bootstrap-servers", bootstrap, "--namespace", namespace, "--data-dir", data_dir,
-                  "--quiet", "--runtime", "local", "--max-txns", "100", stderr=subprocess.PIPE, text=True)
+    engine = ordo(
+        "run",
+        "--bootstrap-servers",
+        bootstrap,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        data_dir,
+        "--quiet",
+        "--runtime",
+        "local",
+        "--max-txns",
+        "100",
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     said = Lines(engine.stderr)
     requests = list(sl.generate(1200, seed=13))
     before, during, after = requests[:400], requests[400:800], requests[800:]
@@ -294,8 +364,9 @@ def test_a_broker_away_for_90_s_under_ordo_run_is_waited_for_and_nothing_is_lost
         sequencer_pid = _sequencer_pid(engine)
         os.kill(sequencer_pid, signal.SIGKILL)
         during_client = Client(bootstrap, namespace)
-        submitting = threading.Thread(target=during_client.submit, args=(during,), kwargs={"timeout": None},
-                                      daemon=True)
+        submitting = threading.Thread(
+            target=during_client.submit, args=(during,), kwargs={"timeout": None}, daemon=True
+        )
         submitting.start()
 
         def wait_through_the_outage() -> None:
@@ -325,16 +396,19 @@ def test_a_broker_away_for_90_s_under_ordo_run_is_waited_for_and_nothing_is_lost
         stop(engine, timeout=60)
         kafka.stop()
     said.thread.join(10)
-    gone, still, again = (said.having(words) for words in ("does not answer; waiting", "has not answered for",
-                                                             "answers again after"))
+    gone, still, again = (
+        said.having(words) for words in ("does not answer; waiting", "has not answered for", "answers again after")
+    )
     assert len(gone) == 1 and len(again) == 1, "\n".join(said.lines)
     assert 1 <= len(still) <= 2, "\n".join(said.lines)
     assert not said.having("not restarting it"), "\n".join(said.lines)
-    fault_report(f"broker stopped {away:.0f} s under ordo run, sequencer SIGKILLed while it was away (restarted "
-                 f"once the broker answered); {len(requests)} requests (400 before, 400 held by the client during, "
-                 f"400 after) answered exactly once, state equal to the serial reading; all outcomes "
-                 f"{resumed:.1f} s after the broker was started again; said: {gone[0]!r}, {len(still)} reminder(s), "
-                 f"{again[0]!r}")
+    fault_report(
+        f"broker stopped {away:.0f} s under ordo run, sequencer SIGKILLed while it was away (restarted "
+        f"once the broker answered); {len(requests)} requests (400 before, 400 held by the client during, "
+        f"400 after) answered exactly once, state equal to the serial reading; all outcomes "
+        f"{resumed:.1f} s after the broker was started again; said: {gone[0]!r}, {len(still)} reminder(s), "
+        f"{again[0]!r}"
+    )
 
 
 def test_ordo_broker_with_three_nodes_restarts_a_killed_node_while_the_others_serve(tmp_path, fault_report):
@@ -347,15 +421,37 @@ def test_ordo_broker_with_three_nodes_restarts_a_killed_node_while_the_others_se
     import psutil
     from confluent_kafka.admin import AdminClient
 
-    launcher = ordo("broker", "--nodes", "3", "--data-dir", str(tmp_path / "kafka"), stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT, text=True)
+    launcher = ordo(
+        "broker",
+        "--nodes",
+        "3",
+        "--data-dir",
+        str(tmp_path / "kafka"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     first = launcher.stdout.readline()
     assert first.startswith("broker listening on "), first
     bootstrap = first.split()[3]
     said = Lines(launcher.stdout)
     namespace, data_dir = "nodes", str(tmp_path / "d")
-    engine = ordo("run", "--bootstrap-servers", bootstrap, "--namespace", namespace, "--data-dir", data_dir,
-                  "--quiet", "--runtime", "local", "--max-txns", "100", "--log-replication", "3")
+    engine = ordo(
+        "run",
+        "--bootstrap-servers",
+        bootstrap,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        data_dir,
+        "--quiet",
+        "--runtime",
+        "local",
+        "--max-txns",
+        "100",
+        "--log-replication",
+        "3",
+    )
     requests = list(sl.generate(3000, seed=14))
     feeder = watch = None
     try:
@@ -366,9 +462,14 @@ def test_ordo_broker_with_three_nodes_restarts_a_killed_node_while_the_others_se
         watch = OutcomeWatch(bootstrap, f"{namespace}.results").start()
         time.sleep(5)
         log = f"{namespace}.log"
-        leader = AdminClient({"bootstrap.servers": bootstrap}).list_topics(log, timeout=10).topics[log].partitions[0].leader
-        node = next(p for p in psutil.Process(launcher.pid).children()
-                    if any(arg.endswith(f"node-{leader}.properties") for arg in p.cmdline()))
+        leader = (
+            AdminClient({"bootstrap.servers": bootstrap}).list_topics(log, timeout=10).topics[log].partitions[0].leader
+        )
+        node = next(
+            p
+            for p in psutil.Process(launcher.pid).children()
+            if any(arg.endswith(f"node-{leader}.properties") for arg in p.cmdline())
+        )
         node.kill()
         killed = time.monotonic()
         resumed = watch.first_after(killed, engine, timeout=180)
@@ -379,8 +480,11 @@ def test_ordo_broker_with_three_nodes_restarts_a_killed_node_while_the_others_se
             time.sleep(0.2)
         settle_and_check(feeder, watch, engine, bootstrap, namespace, requests, data_dir)
         assert launcher.poll() is None, "\n".join(said.lines)
-        restarted = [p for p in psutil.Process(launcher.pid).children()
-                     if any(arg.endswith(f"node-{leader}.properties") for arg in p.cmdline())]
+        restarted = [
+            p
+            for p in psutil.Process(launcher.pid).children()
+            if any(arg.endswith(f"node-{leader}.properties") for arg in p.cmdline())
+        ]
         assert len(restarted) == 1 and restarted[0].pid != node.pid
         address = bootstrap.split(",")[leader - 1]  # nodes 1, 2, 3 in the order `ordo broker` lists them
         line = f"ordo broker: Kafka node {leader} ({address}) exited (code -9); restarting it, 2 node(s) serve on"
@@ -392,9 +496,11 @@ def test_ordo_broker_with_three_nodes_restarts_a_killed_node_while_the_others_se
             watch.stop()
         stop(engine, timeout=60)
         stop(launcher, timeout=90)
-    fault_report(f"SIGKILL of Kafka node {leader} (the log's leader) of `ordo broker --nodes 3` under ordo run "
-                 f"--log-replication 3: the launcher restarted it ({said.lines[0]!r}); {len(requests)} requests "
-                 f"answered exactly once, state equal to the serial reading; first outcome {resumed:.1f} s after the kill")
+    fault_report(
+        f"SIGKILL of Kafka node {leader} (the log's leader) of `ordo broker --nodes 3` under ordo run "
+        f"--log-replication 3: the launcher restarted it ({said.lines[0]!r}); {len(requests)} requests "
+        f"answered exactly once, state equal to the serial reading; first outcome {resumed:.1f} s after the kill"
+    )
 
 
 def test_ordo_execute_waits_for_a_broker_away_for_80_s_and_goes_on(tmp_path, fault_report):
@@ -412,8 +518,17 @@ def test_ordo_execute_waits_for_a_broker_away_for_80_s_and_goes_on(tmp_path, fau
     ensure_topics(bootstrap, namespace, 1)
     on_namespace = ("--bootstrap-servers", bootstrap, "--namespace", namespace)
     sequencer = ordo("sequence", *on_namespace, "--max-txns", "100", stderr=subprocess.DEVNULL)
-    engine = ordo("execute", *on_namespace, "--data-dir", data_dir, "--runtime", "local", "--quiet",
-                  stderr=subprocess.PIPE, text=True)
+    engine = ordo(
+        "execute",
+        *on_namespace,
+        "--data-dir",
+        data_dir,
+        "--runtime",
+        "local",
+        "--quiet",
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     said = Lines(engine.stderr)
     requests = list(sl.generate(600, seed=15))
     before, after = requests[:300], requests[300:]
@@ -442,11 +557,14 @@ def test_ordo_execute_waits_for_a_broker_away_for_80_s_and_goes_on(tmp_path, fau
         stop(sequencer, timeout=60)
         kafka.stop()
     said.thread.join(10)
-    gone, still, again = (said.having(words) for words in ("does not answer; waiting", "has not answered for",
-                                                             "answers again after"))
+    gone, still, again = (
+        said.having(words) for words in ("does not answer; waiting", "has not answered for", "answers again after")
+    )
     assert len(gone) == 1 and len(again) == 1, "\n".join(said.lines)
     assert 1 <= len(still) <= 2, "\n".join(said.lines)  # a minute after it went away (a second if slow back)
-    fault_report(f"broker stopped {away:.0f} s under ordo execute (sequencer apart"
-                 f"{', restarted after the outage' if sequencer_restarted else ', rode it out'}); {len(requests)} "
-                 f"requests (300 before, 300 after) answered exactly once, state equal to the serial reading; said: "
-                 f"{gone[0]!r}, {still[0]!r}, {again[0]!r}")
+    fault_report(
+        f"broker stopped {away:.0f} s under ordo execute (sequencer apart"
+        f"{', restarted after the outage' if sequencer_restarted else ', rode it out'}); {len(requests)} "
+        f"requests (300 before, 300 after) answered exactly once, state equal to the serial reading; said: "
+        f"{gone[0]!r}, {still[0]!r}, {again[0]!r}"
+    )

@@ -28,13 +28,28 @@ def _comparable(changes) -> list[tuple]:
 
 
 def _rebuild(bootstrap: str, namespace: str, data_dir, partitions: int) -> None:
-    ordo_output("recover", "--bootstrap-servers", bootstrap, "--namespace", namespace, "--data-dir", str(data_dir),
-                "--partitions", str(partitions), "--scheduler", "locking",
-                "--idle", "0", "--quiet", timeout=600)
+    ordo_output(
+        "recover",
+        "--bootstrap-servers",
+        bootstrap,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        str(data_dir),
+        "--partitions",
+        str(partitions),
+        "--scheduler",
+        "locking",
+        "--idle",
+        "0",
+        "--quiet",
+        timeout=600,
+    )
 
 
-def test_every_partition_count_publishes_the_same_change_data_under_the_same_keys(broker, namespace, tmp_path,
-                                                                                  fault_report):
+def test_every_partition_count_publishes_the_same_change_data_under_the_same_keys(
+    broker, namespace, tmp_path, fault_report
+):
     # Half the micro transactions span both partitions of a 2-partition layout.
     last_batch, reference = mixed_log(broker, namespace, 150, seed=9, partitions=2, max_txns=40)
     expected = _comparable(Change(*change) for change in reference.changes)
@@ -62,7 +77,8 @@ def test_every_partition_count_publishes_the_same_change_data_under_the_same_key
         held = _last_per_key(broker, topic)
         assert held.keys() == first.keys(), f"rebuilt at {partitions}: keys differ"
         assert held == first, f"rebuilt at {partitions}: a key holds other change data"
-    fault_report(f"{last_batch} batches executed at 2 partitions (Ray), rebuilt into the same {topic} at 1, 3 "
-                 f"and 2: the {len(first)} records a last-per-key consumer holds identical after each, "
-                 f"and their {len(expected)} changes those of the serial reading")
-
+    fault_report(
+        f"{last_batch} batches executed at 2 partitions (Ray), rebuilt into the same {topic} at 1, 3 "
+        f"and 2: the {len(first)} records a last-per-key consumer holds identical after each, "
+        f"and their {len(expected)} changes those of the serial reading"
+    )

@@ -19,8 +19,14 @@ ORDO = f"{sys.executable} -m ordo.cli"
 
 
 def shell(command: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "-c", f"set -o pipefail; {command}"], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": ROOT}, timeout=timeout)
+    return subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {command}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": ROOT},
+        timeout=timeout,
+    )
 
 
 @pytest.fixture
@@ -59,20 +65,28 @@ def closed_port() -> int:
         return s.getsockname()[1]  # nothing listens once closed
 
 
-@pytest.mark.parametrize("command", [
-    ["run", "--data-dir", "{tmp}/d"],
-    ["execute", "--data-dir", "{tmp}/d"],
-    ["sequence"],
-    ["recover", "--data-dir", "{tmp}/d"],
-    ["submit", "--proc", "sl_deposit", "--args", "{{}}", "--wait"],
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["run", "--data-dir", "{tmp}/d"],
+        ["execute", "--data-dir", "{tmp}/d"],
+        ["sequence"],
+        ["recover", "--data-dir", "{tmp}/d"],
+        ["submit", "--proc", "sl_deposit", "--args", "{{}}", "--wait"],
+    ],
+)
 def test_an_unreachable_broker_is_one_line_at_once(tmp_path, command):
     port = closed_port()
     args = [a.format(tmp=tmp_path) for a in command]
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "ordo.cli", args[0], "--bootstrap-servers", f"127.0.0.1:{port}",
-                           *args[1:]], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "ordo.cli", args[0], "--bootstrap-servers", f"127.0.0.1:{port}", *args[1:]],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": ROOT},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     elapsed = time.monotonic() - started
     assert done.returncode == 2
     assert elapsed < 15, f"took {elapsed:.0f} s"
@@ -92,17 +106,51 @@ def test_a_data_directory_of_another_namespace_is_refused_before_any_topic_is_ma
     time.sleep(8)
     assert stop(first) == 0
     other = f"{namespace}-other"
-    done = subprocess.run([sys.executable, "-m", "ordo.cli", "run", "--bootstrap-servers", broker, "--namespace",
-                           other, "--data-dir", data_dir], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": ROOT})
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ordo.cli",
+            "run",
+            "--bootstrap-servers",
+            broker,
+            "--namespace",
+            other,
+            "--data-dir",
+            data_dir,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
     assert done.returncode == 2
-    assert done.stderr.splitlines() == [f"ordo run: {data_dir} holds the state of namespace '{namespace}', not "
-                                        f"'{other}': use --namespace {namespace} or a new data directory"]
+    assert done.stderr.splitlines() == [
+        f"ordo run: {data_dir} holds the state of namespace '{namespace}', not "
+        f"'{other}': use --namespace {namespace} or a new data directory"
+    ]
     topics = AdminClient({"bootstrap.servers": broker}).list_topics(timeout=10).topics
     assert not [t for t in topics if t.startswith(f"{other}.")]
-    recover = subprocess.run([sys.executable, "-m", "ordo.cli", "recover", "--bootstrap-servers", broker,
-                              "--namespace", other, "--data-dir", data_dir], cwd=ROOT, capture_output=True,
-                             text=True, timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
+    recover = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ordo.cli",
+            "recover",
+            "--bootstrap-servers",
+            broker,
+            "--namespace",
+            other,
+            "--data-dir",
+            data_dir,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
     assert recover.returncode == 2 and f"holds the state of namespace '{namespace}'" in recover.stderr
 
 
@@ -132,8 +180,14 @@ while time.monotonic() - started < 5:
     consumer.poll(0.1)
 consumer.close()
 """
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": ROOT})
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
     lines = [line for line in done.stderr.splitlines() if line.startswith("ordo.librdkafka")]
     assert 1 <= len(lines) <= 3, lines  # hundreds without the filter
     assert "Connection refused" in lines[0]
@@ -144,13 +198,26 @@ def test_log_level_debug_shows_each_batch_s_path(broker, namespace, tmp_path):
     from ordo.client import Client
     from tests.helpers import ordo, stop
 
-    engine = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", str(tmp_path / "d"),
-                  "--runtime", "local", "--quiet", "--log-level", "debug", stderr=subprocess.PIPE, text=True)
+    engine = ordo(
+        "run",
+        "--bootstrap-servers",
+        broker,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        str(tmp_path / "d"),
+        "--runtime",
+        "local",
+        "--quiet",
+        "--log-level",
+        "debug",
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         with Client(broker, namespace) as client:
             client.wait_for_topics(60)
-            request_id = client.submit("sl_deposit", {"account": 1, "asset": 1, "account_amount": 1,
-                                                      "asset_amount": 1})
+            request_id = client.submit("sl_deposit", {"account": 1, "asset": 1, "account_amount": 1, "asset_amount": 1})
             outcome = client.wait_one(request_id, timeout=120)
         time.sleep(2)
     finally:
@@ -170,10 +237,12 @@ def test_the_client_raises_its_own_errors_within_its_timeouts():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     client = ordo.Client(f"127.0.0.1:{port}", "nowhere")
-    calls = {"wait_for_topics": lambda: client.wait_for_topics(timeout=2),
-             "submit": lambda: client.submit("deposit", {"account": 1}, timeout=2),
-             "wait_one": lambda: client.wait_one("r-1", timeout=2),
-             "stream": lambda: list(client.stream(idle=2))}
+    calls = {
+        "wait_for_topics": lambda: client.wait_for_topics(timeout=2),
+        "submit": lambda: client.submit("deposit", {"account": 1}, timeout=2),
+        "wait_one": lambda: client.wait_one("r-1", timeout=2),
+        "stream": lambda: list(client.stream(idle=2)),
+    }
     for name, call in calls.items():
         started = time.monotonic()
         with pytest.raises(BrokerUnavailable) as raised:
@@ -187,10 +256,27 @@ def test_the_client_raises_its_own_errors_within_its_timeouts():
 def test_ctrl_c_at_the_terminal_stops_ordo_run_without_a_restart(broker, namespace, tmp_path):
     import signal
 
-    engine = subprocess.Popen([sys.executable, "-m", "ordo.cli", "run", "--bootstrap-servers", broker, "--namespace",
-                               namespace, "--data-dir", str(tmp_path / "d"), "--runtime", "local"], cwd=ROOT,
-                              env={**os.environ, "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1"}, stderr=subprocess.PIPE,
-                              text=True, start_new_session=True)
+    engine = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ordo.cli",
+            "run",
+            "--bootstrap-servers",
+            broker,
+            "--namespace",
+            namespace,
+            "--data-dir",
+            str(tmp_path / "d"),
+            "--runtime",
+            "local",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1"},
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     lines = []
     for line in engine.stderr:
         lines.append(line)

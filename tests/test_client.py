@@ -22,8 +22,11 @@ pytestmark = pytest.mark.slow
 
 
 def deposit(request_id: str, account: int = 1) -> dict:
-    return {"id": request_id, "proc": "sl_deposit",
-            "args": {"account": account, "asset": 1, "account_amount": 1, "asset_amount": 1}}
+    return {
+        "id": request_id,
+        "proc": "sl_deposit",
+        "args": {"account": account, "asset": 1, "account_amount": 1, "asset_amount": 1},
+    }
 
 
 @pytest.fixture
@@ -33,26 +36,53 @@ def engine(broker, namespace, tmp_path):
     for future in admin.create_topics([NewTopic(f"{namespace}.results", 2, 1)]).values():
         future.result(30)
     ensure_topics(broker, namespace)
-    process = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir",
-                   str(tmp_path / "data"), "--quiet", "--runtime", "local")
+    process = ordo(
+        "run",
+        "--bootstrap-servers",
+        broker,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--quiet",
+        "--runtime",
+        "local",
+    )
     yield
     assert stop(process) == 0
 
 
 def submit(broker: str, namespace: str, path, *extra: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ordo.cli", "submit", "--bootstrap-servers", broker,
-                           "--namespace", namespace, "--file", str(path), "--wait", *extra],
-                          cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ordo.cli",
+            "submit",
+            "--bootstrap-servers",
+            broker,
+            "--namespace",
+            namespace,
+            "--file",
+            str(path),
+            "--wait",
+            *extra,
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": ROOT},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def write_lines(path, lines: list) -> None:
-    path.write_bytes(b"".join((line if isinstance(line, bytes) else json.dumps(line).encode()) + b"\n"
-                              for line in lines))
+    path.write_bytes(
+        b"".join((line if isinstance(line, bytes) else json.dumps(line).encode()) + b"\n" for line in lines)
+    )
 
 
-def test_submit_wait_prints_only_its_own_outcomes_from_every_results_partition(broker, namespace, engine,
-                                                                                tmp_path):
+def test_submit_wait_prints_only_its_own_outcomes_from_every_results_partition(broker, namespace, engine, tmp_path):
     requests = tmp_path / "r.jsonl"
     write_lines(requests, [deposit(f"a{i}", i) for i in range(12)])
     first = submit(broker, namespace, requests)
@@ -81,8 +111,18 @@ def test_submit_wait_prints_only_its_own_outcomes_from_every_results_partition(b
 
 def test_submit_wait_reports_duplicates_lines_without_id_and_lines_not_sent(broker, namespace, engine, tmp_path):
     requests = tmp_path / "r.jsonl"
-    write_lines(requests, [deposit("x"), deposit("x"), b"not json", {"proc": "sl_deposit", "args": {}},
-                           json.dumps({**deposit("huge"), "pad": "p" * 2_000_000}).encode(), b"", deposit("y")])
+    write_lines(
+        requests,
+        [
+            deposit("x"),
+            deposit("x"),
+            b"not json",
+            {"proc": "sl_deposit", "args": {}},
+            json.dumps({**deposit("huge"), "pad": "p" * 2_000_000}).encode(),
+            b"",
+            deposit("y"),
+        ],
+    )
     started = time.monotonic()
     done = submit(broker, namespace, requests, "--timeout", "90")
     elapsed = time.monotonic() - started
@@ -113,15 +153,22 @@ def test_a_message_claiming_an_existing_id_gets_no_second_outcome_under_it(broke
     with Client(broker, namespace) as client:
         client.submit("sl_deposit", deposit("owned")["args"], request_id="owned")
         assert client.wait_one("owned", timeout=60)["status"] == "committed"
-        malformed = [("owned", b'{"id": "owned", "proc": "sl_deposit"}'), ("owned", b"{not json"),
-                     ("owned", b'{"id": "owned", "proc": "sl_deposit", "args": {}, "extra": 1}'),
-                     ("@0:0", json.dumps(deposit("@0:0")).encode())]
+        malformed = [
+            ("owned", b'{"id": "owned", "proc": "sl_deposit"}'),
+            ("owned", b"{not json"),
+            ("owned", b'{"id": "owned", "proc": "sl_deposit", "args": {}, "extra": 1}'),
+            ("@0:0", json.dumps(deposit("@0:0")).encode()),
+        ]
         submission = client.submit_many([*malformed, deposit("after")])
         assert submission.by_position == [0, 1, 2, 3]
         found = client.collect(submission.sent, timeout=60)
         assert [found[i][0]["status"] for i in submission.sent] == ["rejected"] * 4 + ["committed"]
         assert [found[i][0]["error"].split(":")[0] for i in submission.sent[:4]] == [
-            "missing field(s)", "invalid JSON", "unknown field(s)", "'id' must not start with '@' (outcomes named by position use it)"]
+            "missing field(s)",
+            "invalid JSON",
+            "unknown field(s)",
+            "'id' must not start with '@' (outcomes named by position use it)",
+        ]
     every = topic_reader(broker, f"{namespace}.results", consumer_timeout_ms=3000)
     ids = [json.loads(message.value)["id"] for message in every]
     every.close()
@@ -135,18 +182,43 @@ def test_a_record_nested_too_deep_to_parse_is_unreadable_not_a_crash(broker, nam
     from kafka import KafkaProducer
 
     ensure_topics(broker, namespace)
-    waiting = subprocess.Popen([sys.executable, "-m", "ordo.cli", "submit", "--bootstrap-servers", broker,
-                                "--namespace", namespace, "--proc", "sl_deposit", "--args", "{}", "--id", "lonely",
-                                "--wait", "--timeout", "15"], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    waiting = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ordo.cli",
+            "submit",
+            "--bootstrap-servers",
+            broker,
+            "--namespace",
+            namespace,
+            "--proc",
+            "sl_deposit",
+            "--args",
+            "{}",
+            "--id",
+            "lonely",
+            "--wait",
+            "--timeout",
+            "15",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": ROOT},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while not _has_records(broker, f"{namespace}.requests"):  # it has sent, so it reads from here on
             assert waiting.poll() is None and time.monotonic() < deadline, waiting.communicate()
             time.sleep(0.2)
         producer = KafkaProducer(bootstrap_servers=broker)
-        producer.send(f"{namespace}.results", key=b"lonely", value=b'{"id": "lonely", "result": ' + b"[" * 200_000
-                      + b"]" * 200_000 + b"}").get(timeout=30)
+        producer.send(
+            f"{namespace}.results",
+            key=b"lonely",
+            value=b'{"id": "lonely", "result": ' + b"[" * 200_000 + b"]" * 200_000 + b"}",
+        ).get(timeout=30)
         producer.close()
         _, stderr = waiting.communicate(timeout=60)
     finally:
@@ -163,8 +235,9 @@ def _has_records(broker: str, topic: str) -> bool:
         consumer.close()
 
 
-def test_submit_wait_fails_when_a_request_was_rejected_and_names_the_procedure_meant(broker, namespace, engine,
-                                                                                     tmp_path):
+def test_submit_wait_fails_when_a_request_was_rejected_and_names_the_procedure_meant(
+    broker, namespace, engine, tmp_path
+):
     requests = tmp_path / "r.jsonl"
     write_lines(requests, [deposit("ok"), {"id": "typo", "proc": "sl_deposti", "args": {}}])
     done = submit(broker, namespace, requests)

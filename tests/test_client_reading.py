@@ -24,16 +24,36 @@ pytestmark = pytest.mark.slow
 def served(broker, namespace, tmp_path):
     ensure_topics(broker, namespace, request_partitions=2)
     env = {**os.environ, "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1"}
-    engine = subprocess.Popen([sys.executable, "-m", "ordo.cli", "run", "--bootstrap-servers", broker,
-                               "--namespace", namespace, "--data-dir", str(tmp_path / "d"), "--app", "inventory:app",
-                               "--runtime", "local", "--partitions", "2", "--quiet"],
-                              cwd=os.path.join(ROOT, "examples"), env=env)
+    engine = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ordo.cli",
+            "run",
+            "--bootstrap-servers",
+            broker,
+            "--namespace",
+            namespace,
+            "--data-dir",
+            str(tmp_path / "d"),
+            "--app",
+            "inventory:app",
+            "--runtime",
+            "local",
+            "--partitions",
+            "2",
+            "--quiet",
+        ],
+        cwd=os.path.join(ROOT, "examples"),
+        env=env,
+    )
     with Client(broker, namespace) as client:
         client.wait_for_topics()
         outcomes = {}
-        for step in ([("deliver", {"batch": [{"warehouse": 1, "item": 7, "qty": 12},
-                                             {"warehouse": 2, "item": 3, "qty": 4}]})],
-                     [("ship", {"warehouse": 1, "item": 7, "qty": 5}), ("ship", {"warehouse": 2, "item": 3, "qty": 9})]):
+        for step in (
+            [("deliver", {"batch": [{"warehouse": 1, "item": 7, "qty": 12}, {"warehouse": 2, "item": 3, "qty": 4}]})],
+            [("ship", {"warehouse": 1, "item": 7, "qty": 5}), ("ship", {"warehouse": 2, "item": 3, "qty": 9})],
+        ):
             ids = [client.submit(proc, args) for proc, args in step]
             outcomes.update(client.wait(ids, timeout=120))
     try:
@@ -47,8 +67,9 @@ def test_outcomes_tuples_and_changes_from_a_position(served):
     client = Client(broker, namespace)
     outcomes = list(client.read_outcomes(idle=3))
     assert all(isinstance(o, Outcome) for o in outcomes)
-    assert {o.id: (o.status, o.result) for o in outcomes} == {i: (o["status"], o["result"])
-                                                             for i, o in submitted.items()}
+    assert {o.id: (o.status, o.result) for o in outcomes} == {
+        i: (o["status"], o["result"]) for i, o in submitted.items()
+    }
     delivered = next(o for o in outcomes if o.result == 2)  # the delivery's two lines
     ships = [o for o in outcomes if o is not delivered]
     first_ship = min(o.batch for o in ships)
@@ -59,7 +80,8 @@ def test_outcomes_tuples_and_changes_from_a_position(served):
 
     shipped = next(o for o in later if o.result == 7)
     assert list(client.read_stream("low_stock", idle=3)) == [
-        StreamTuple("low_stock", shipped.batch, shipped.txn, 0, {"warehouse": 1, "item": 7, "left": 7})]
+        StreamTuple("low_stock", shipped.batch, shipped.txn, 0, {"warehouse": 1, "item": 7, "left": 7})
+    ]
     stock = sorted(client.read_changes(table="stock", idle=3), key=lambda c: (c.batch, c.txn, str(c.key)))
     assert all(isinstance(c, Change) for c in stock)
     assert [(c.key, c.value) for c in stock] == [([1, 7], 12), ([2, 3], 4), ([1, 7], 7)]
@@ -98,8 +120,13 @@ def test_a_record_no_engine_wrote_is_passed_over(served, caplog):
 def test_the_documented_reader_example_runs(served):
     broker, namespace, submitted = served
     env = {**os.environ, "PYTHONPATH": ROOT, "ORDO_BOOTSTRAP_SERVERS": broker, "ORDO_NAMESPACE": namespace}
-    done = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "inventory_reader.py")], env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", "inventory_reader.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert sum("low stock" in line and "'left': 7" in line for line in lines) == 1, lines

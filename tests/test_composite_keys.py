@@ -31,13 +31,21 @@ def test_byte_order_is_tuple_order(a, b):
 @given(composite, composite)
 def test_prefix_bytes_select_exactly_the_keys_with_that_prefix(key, prefix):
     starts = encode_key("t", key).startswith(prefix_bytes("t", prefix))
-    assert starts == (key[:len(prefix)] == prefix)
+    assert starts == (key[: len(prefix)] == prefix)
 
 
 def test_strings_with_zero_bytes_and_prefixes_sort_right():
     keys = [(1, "a"), (1, "a", 3), (1, "a\x00"), (1, "ab"), (1, ""), (2,), ("x",), (1,)]
     assert sorted(keys, key=lambda k: encode_key("t", k)) == [
-        (1,), (1, ""), (1, "a"), (1, "a", 3), (1, "a\x00"), (1, "ab"), (2,), ("x",)]
+        (1,),
+        (1, ""),
+        (1, "a"),
+        (1, "a", 3),
+        (1, "a\x00"),
+        (1, "ab"),
+        (2,),
+        ("x",),
+    ]
 
 
 def test_scalar_keys_sort_before_composite_keys_and_bad_components_fail():

@@ -27,13 +27,18 @@ def test_the_readme_first_screen_runs_the_demo():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("options", [[], ["--workload", "voter", "--scheduler", "vll", "--partitions", "2"]],
-                         ids=["defaults", "voter-vll-2"])
+@pytest.mark.parametrize(
+    "options", [[], ["--workload", "voter", "--scheduler", "vll", "--partitions", "2"]], ids=["defaults", "voter-vll-2"]
+)
 def test_demo_ends_with_every_outcome_and_a_confirmed_state(options):
     out = ordo_output("demo", "--count", "600", *options, timeout=300)
     # 600 requests, a second copy of the first and three malformed ones
-    committed, aborted, rejected = map(int, re.search(
-        r"604 of 604 requests answered: ([\d,]+) committed, ([\d,]+) aborted, ([\d,]+) rejected", out).groups())
+    committed, aborted, rejected = map(
+        int,
+        re.search(
+            r"604 of 604 requests answered: ([\d,]+) committed, ([\d,]+) aborted, ([\d,]+) rejected", out
+        ).groups(),
+    )
     assert committed + aborted + rejected == 604 and rejected == 4 and committed > 0
     assert "demo-bad-json: invalid JSON" in out
     assert "demo-unknown: unknown procedure 'no_such_procedure'" in out
@@ -44,7 +49,7 @@ def test_demo_ends_with_every_outcome_and_a_confirmed_state(options):
         reasons = re.findall(r"^    ([\d,]+) × ", out, re.MULTILINE)
         assert reasons and sum(int(n.replace(",", "")) for n in reasons) <= aborted
     assert "Executing the logged requests one by one, in log order, from an empty state gives exactly the state" in out
-    assert out.count("\n    {\"table\": ") == 3
+    assert out.count('\n    {"table": ') == 3
     assert "sequencer generation" not in out and "was rejected: True" not in out and "plain serial" not in out
     assert out.rstrip().splitlines()[-1].startswith("Next: ")
     if "voter" in options:
@@ -53,9 +58,15 @@ def test_demo_ends_with_every_outcome_and_a_confirmed_state(options):
 
 @pytest.mark.slow
 def test_ctrl_c_stops_the_demo_and_leaves_nothing_behind():
-    demo = subprocess.Popen([sys.executable, "-m", "ordo.cli", "demo", "--count", "300000"], cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1"},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "ordo.cli", "demo", "--count", "300000"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     lines = []
     data_dir = bootstrap = None
     for line in demo.stdout:

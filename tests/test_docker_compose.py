@@ -60,8 +60,17 @@ def test_kafka_is_the_official_image_in_single_node_kraft_mode(compose, kafka_en
 
 
 # Where a node listens and what it is: these differ between the compose network and loopback.
-NODE_SETTINGS = {"node.id", "process.roles", "controller.quorum.voters", "controller.listener.names", "listeners",
-                 "advertised.listeners", "listener.security.protocol.map", "inter.broker.listener.name", "log.dirs"}
+NODE_SETTINGS = {
+    "node.id",
+    "process.roles",
+    "controller.quorum.voters",
+    "controller.listener.names",
+    "listeners",
+    "advertised.listeners",
+    "listener.security.protocol.map",
+    "inter.broker.listener.name",
+    "log.dirs",
+}
 
 
 def server_properties(kafka_env: dict[str, str]) -> dict[str, str]:
@@ -70,7 +79,7 @@ def server_properties(kafka_env: dict[str, str]) -> dict[str, str]:
     properties = {}
     for name, value in kafka_env.items():
         if name.startswith("KAFKA_"):
-            key = name[len("KAFKA_"):].lower().replace("___", "-").replace("__", "\0").replace("_", ".")
+            key = name[len("KAFKA_") :].lower().replace("___", "-").replace("__", "\0").replace("_", ".")
             properties[key.replace("\0", "_")] = value
     return properties
 
@@ -107,8 +116,9 @@ def test_kafka_is_set_up_for_transactions_on_one_broker(kafka_env):
 
 def test_listeners_serve_the_compose_network_and_the_host(kafka_env):
     listeners = dict(re.match(r"(\w+)://(.*)", item).groups() for item in kafka_env["KAFKA_LISTENERS"].split(","))
-    advertised = dict(re.match(r"(\w+)://(.*)", item).groups()
-                      for item in kafka_env["KAFKA_ADVERTISED_LISTENERS"].split(","))
+    advertised = dict(
+        re.match(r"(\w+)://(.*)", item).groups() for item in kafka_env["KAFKA_ADVERTISED_LISTENERS"].split(",")
+    )
     protocols = dict(item.split(":") for item in kafka_env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
     assert set(listeners) <= set(protocols)
     assert "kafka:9092" in advertised.values()  # what the ordo service connects to
@@ -145,8 +155,13 @@ def test_ordo_flags_are_ones_the_cli_accepts(compose):
     from ordo.cli import build_parser
 
     args = build_parser().parse_args(command_args(compose["services"]["ordo"]))
-    assert (args.command, args.bootstrap_servers, args.namespace, args.data_dir, args.scheduler) == \
-           ("run", "kafka:9092", "ordo", "/data", "serial")
+    assert (args.command, args.bootstrap_servers, args.namespace, args.data_dir, args.scheduler) == (
+        "run",
+        "kafka:9092",
+        "ordo",
+        "/data",
+        "serial",
+    )
 
 
 def test_ordo_waits_for_healthy_kafka_and_keeps_data_in_a_named_volume(compose):
@@ -169,8 +184,7 @@ def test_dockerfile_installs_the_project_with_the_ordo_entrypoint(dockerfile):
 def test_dockerfile_copies_every_package_pip_install_needs(dockerfile):
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         project = tomllib.load(f)
-    copied = {src.rstrip("/") for line in dockerfile if line.startswith("COPY ")
-              for src in line.split()[1:-1]}
+    copied = {src.rstrip("/") for line in dockerfile if line.startswith("COPY ") for src in line.split()[1:-1]}
     if "." in copied:
         return
     needed = {p.split(".")[0] for p in project["tool"]["setuptools"]["packages"]} | {"pyproject.toml"}

@@ -41,8 +41,14 @@ def test_the_docs_mark_their_runnable_blocks():
 
 @pytest.mark.parametrize("where, line, code", runnable_blocks(), ids=lambda v: v if isinstance(v, str) else "")
 def test_a_runnable_block_of_the_docs_runs(where, line, code):
-    done = subprocess.run([sys.executable, "-c", code + AFTER], cwd=os.path.join(ROOT, "examples"),
-                          env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", code + AFTER],
+        cwd=os.path.join(ROOT, "examples"),
+        env={**os.environ, "PYTHONPATH": ROOT},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, f"{where}:{line}\n{done.stderr}"
 
 

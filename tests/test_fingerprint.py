@@ -26,11 +26,19 @@ MODULES = ("tests.every_kind_procedures", "tests.stream_procedures")
 
 
 def _described_in_a_fresh_process(hash_seed: str) -> dict:
-    code = ("import json, sys; from ordo.procedures.fingerprint import describe; "
-            "from ordo.procedures.loading import load_registry; from ordo.procedures.registry import default_registry; "
-            f"print(json.dumps([describe(load_registry({MODULES!r})), describe(default_registry())]))")
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "PYTHONPATH": ROOT, "PYTHONHASHSEED": hash_seed})
+    code = (
+        "import json, sys; from ordo.procedures.fingerprint import describe; "
+        "from ordo.procedures.loading import load_registry; from ordo.procedures.registry import default_registry; "
+        f"print(json.dumps([describe(load_registry({MODULES!r})), describe(default_registry())]))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": ROOT, "PYTHONHASHSEED": hash_seed},
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -44,20 +52,25 @@ def test_every_kind_of_procedure_describes_itself_the_same_in_every_process():
 
 def test_a_dataflow_s_shape_is_part_of_its_input_procedure_s_fingerprint():
     def registry(rows: int) -> Registry:
-        procedures = [Procedure("src", {"v": Int()}, lambda a: ((), ()), lambda ctx, a: None),
-                      Procedure("dst", {}, lambda a: ((), ()), lambda ctx, b: None)]
+        procedures = [
+            Procedure("src", {"v": Int()}, lambda a: ((), ()), lambda ctx, a: None),
+            Procedure("dst", {}, lambda a: ((), ()), lambda ctx, b: None),
+        ]
         streams = [Stream("s", producers=["src"], consumers=["dst"]), Window("w", owner="dst", rows=rows, slide=1)]
         built = Registry()
         built.add_workload([], procedures, streams)
         return built
+
     assert describe(registry(3))["procedures"]["src"] != describe(registry(4))["procedures"]["src"]
     assert describe(registry(3)) == describe(registry(3))
 
 
 def test_by_value_matches_repr_where_repr_is_by_value_and_names_functions_by_path():
     schema = sorted({"a": Int(0, 5), "b": BatchField({"x": Int()})}.items())
-    assert by_value(schema) == "[('a', Int(min=0, max=5)), ('b', BatchField(schema={'x': Int(min=" \
-                               f"{Int().min}, max={Int().max})}}))]"
+    assert (
+        by_value(schema) == "[('a', Int(min=0, max=5)), ('b', BatchField(schema={'x': Int(min="
+        f"{Int().min}, max={Int().max})}}))]"
+    )
     assert by_value((1,)) == repr((1,)) and by_value({"k": [1, "x", None]}) == repr({"k": [1, "x", None]})
     assert by_value(_helper) == f"{__name__}._helper"
     assert by_value(frozenset({"b", "a"})) == by_value(frozenset({"a", "b"}))
@@ -77,14 +90,18 @@ def test_a_schema_without_a_description_by_value_is_refused_by_the_test_engine()
         built = Registry()
         built.add_procedure(Procedure("odd", {"v": field}, lambda a: ((), ()), lambda ctx, a: None))
         return built
+
     with pytest.raises(ValueError) as refused:
         TestEngine(registry(_Opaque()))
-    assert str(refused.value) == ("procedure 'odd': its argument schema cannot be compared across processes: "
-                                  "_Opaque has no description by value (make it a dataclass)")
+    assert str(refused.value) == (
+        "procedure 'odd': its argument schema cannot be compared across processes: "
+        "_Opaque has no description by value (make it a dataclass)"
+    )
 
     @dataclass(frozen=True)
     class Described(_Opaque):
         limit: int = 3
+
     with TestEngine(registry(Described())) as engine:
         assert engine.call("odd", {"v": 1})["status"] == "committed"
 
@@ -102,6 +119,7 @@ def test_a_sequencer_and_an_engine_in_separate_processes_run_every_kind_of_proce
     engine = ordo("execute", *kafka, "--data-dir", str(tmp_path / "d"), "--quiet")
     try:
         from ordo.client import Client
+
         with Client(broker, namespace) as client:
             client.submit(requests)
             client.wait([r["id"] for r in requests], timeout=120)
@@ -128,11 +146,29 @@ def test_ordo_run_refuses_such_a_schema_in_one_line_before_it_starts(tmp_path):
         "class Odd:\n"
         "    def check(self, name, value):\n"
         "        return value\n"
-        "PROCEDURES = [Procedure('odd', {'v': Odd()}, lambda a: ((), ()), lambda ctx, a: None)]\n")
-    result = subprocess.run([sys.executable, "-m", "ordo.cli", "run", "--bootstrap-servers", "127.0.0.1:1",
-                             "--procedures", "opaque_app", "--data-dir", str(tmp_path / "d")],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                            env={**os.environ, "PYTHONPATH": ROOT})
+        "PROCEDURES = [Procedure('odd', {'v': Odd()}, lambda a: ((), ()), lambda ctx, a: None)]\n"
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ordo.cli",
+            "run",
+            "--bootstrap-servers",
+            "127.0.0.1:1",
+            "--procedures",
+            "opaque_app",
+            "--data-dir",
+            str(tmp_path / "d"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
     assert result.returncode == 2
-    assert result.stderr.splitlines() == ["ordo run: procedure 'odd': its argument schema cannot be compared across "
-                                          "processes: Odd has no description by value (make it a dataclass)"]
+    assert result.stderr.splitlines() == [
+        "ordo run: procedure 'odd': its argument schema cannot be compared across "
+        "processes: Odd has no description by value (make it a dataclass)"
+    ]

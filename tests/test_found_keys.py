@@ -28,13 +28,22 @@ from tests.dependent_logs import _entry, assert_equals_serial_interpretation, as
 from tests.helpers import dump_state, ordo as ordo_command, ordo_output, read_results, reference_state, stop
 
 REGISTRY = app.registry()
-CONFIGS = [("serial", 1), ("locking", 2), ("vll", 1), ("opchain", 2), ("serial", 2), ("locking", 1),
-           ("vll", 2), ("opchain", 1)]
+CONFIGS = [
+    ("serial", 1),
+    ("locking", 2),
+    ("vll", 1),
+    ("opchain", 2),
+    ("serial", 2),
+    ("locking", 1),
+    ("vll", 2),
+    ("opchain", 1),
+]
 
 key = st.integers(0, KEYS - 1)
 op = st.one_of(
-    st.builds(lambda ks, v: ("put", {"keys": ks, "value": v}), st.lists(key, min_size=1, max_size=2),
-              st.integers(-5, 12)),
+    st.builds(
+        lambda ks, v: ("put", {"keys": ks, "value": v}), st.lists(key, min_size=1, max_size=2), st.integers(-5, 12)
+    ),
     st.builds(lambda k, m: ("add", {"key": k, "amount": m}), key, st.integers(0, 9)),
     st.builds(lambda a, b, m: ("move", {"a": a, "b": b, "amount": m}), key, key, st.integers(0, 9)),
     st.builds(lambda k, h: ("chase", {"key": k, "hops": h}), key, st.integers(1, 3)),
@@ -128,15 +137,19 @@ def steps_of(run) -> list[dict]:
 def test_a_transfer_without_analyze_takes_one_pass_to_find_its_keys_then_runs():
     """The first turn reads a (its home, stored) and b (outside: read as 0), writes both:
     re-sequenced once with exactly those sets, signed, and committed at the next turn."""
-    log = [[{"id": "p", "proc": "put", "args": {"keys": [1, 4], "value": 7}}],
-           [{"id": "m", "proc": "move", "args": {"a": 1, "b": 4, "amount": 3}}]]
+    log = [
+        [{"id": "p", "proc": "put", "args": {"keys": [1, 4], "value": 7}}],
+        [{"id": "m", "proc": "move", "args": {"a": 1, "b": 4, "amount": 3}}],
+    ]
     for scheduler, partitions in (("serial", 1), ("locking", 2)):
         run = run_dependent(log, scheduler, partitions, REGISTRY)
         [step] = steps_of(run)
         assert (step["restarts"], step["reads"], step["writes"]) == (0, [["gs", 1], ["gs", 4]], [["gs", 1], ["gs", 4]])
         assert "sig" in step
         assert [(r["id"], r["status"], r["batch"], r["restarts"]) for r in run["outcomes"]] == [
-            ("p", "committed", 1, 0), ("m", "committed", 3, 0)]
+            ("p", "committed", 1, 0),
+            ("m", "committed", 3, 0),
+        ]
         assert run["state"] == {("gs", 1): 4, ("gs", 4): 10}
 
 
@@ -145,8 +158,9 @@ def test_a_run_that_reaches_a_new_key_is_re_sequenced_with_it_and_the_bound_ends
     somewhere new every time: each turn re-sequences it with the key it reached added
     (the sets only grow), and past MAX_RESTARTS it is rejected, saying why."""
     chase_request = {"id": "c", "proc": "chase", "args": {"key": 0, "hops": 1}}
-    log = [[chase_request]] + [[{"id": f"p{i}", "proc": "put", "args": {"keys": [0], "value": i}}]
-                               for i in range(1, MAX_RESTARTS + 3)]
+    log = [[chase_request]] + [
+        [{"id": f"p{i}", "proc": "put", "args": {"keys": [0], "value": i}}] for i in range(1, MAX_RESTARTS + 3)
+    ]
     run = run_dependent(log, "serial", 1, REGISTRY, restarts_first=False)
     steps = steps_of(run)
     assert [s["restarts"] for s in steps] == list(range(MAX_RESTARTS + 1))
@@ -154,8 +168,10 @@ def test_a_run_that_reaches_a_new_key_is_re_sequenced_with_it_and_the_bound_ends
     assert steps[-1]["writes"] == [["gs", k] for k in range(MAX_RESTARTS + 1)]
     [outcome] = [r for r in run["outcomes"] if r["id"] == "c"]
     assert outcome["status"] == "rejected"
-    assert outcome["error"] == (f"chase: its run reached keys outside those found for it {MAX_RESTARTS + 1} "
-                                f"times in a row (limit {MAX_RESTARTS} restarts)")
+    assert outcome["error"] == (
+        f"chase: its run reached keys outside those found for it {MAX_RESTARTS + 1} "
+        f"times in a row (limit {MAX_RESTARTS} restarts)"
+    )
     assert_equals_serial_interpretation(run, REGISTRY)
     # Left alone, the same request finds its key in one pass and commits at its second turn.
     calm = run_dependent([[chase_request]], "vll", 2, REGISTRY)
@@ -164,8 +180,10 @@ def test_a_run_that_reaches_a_new_key_is_re_sequenced_with_it_and_the_bound_ends
 
 def test_a_run_that_stays_within_its_home_decides_at_its_first_turn():
     """clear of one odd key reads only its home and writes nothing: no re-sequencing."""
-    log = [[{"id": "p", "proc": "put", "args": {"keys": [2], "value": 3}}],
-           [{"id": "x", "proc": "clear", "args": {"keys": [2]}}]]
+    log = [
+        [{"id": "p", "proc": "put", "args": {"keys": [2], "value": 3}}],
+        [{"id": "x", "proc": "clear", "args": {"keys": [2]}}],
+    ]
     run = run_dependent(log, "locking", 2, REGISTRY)
     assert run["restarts"] == [] and [r["status"] for r in run["outcomes"]] == ["committed", "committed"]
 
@@ -179,11 +197,11 @@ def test_sets_a_client_gives_are_checked_and_bad_ones_rejected():
     assert (step["reads"], step["writes"]) == ([["gs", 1], ["gs", 2]], [["gs", 1], ["gs", 2]])
     assert [(r["status"], r["restarts"]) for r in run["outcomes"]] == [("committed", 1)]
     for record, reason in (
-            ({"restarts": 0, "reads": [["gs", 1]]},
-             "'@ollp' must be an object with 'restarts', 'reads' and 'writes'"),
-            ({"restarts": 0, "reads": [["gs"]], "writes": []}, "'@ollp.reads' must list keys as [table, key] pairs"),
-            ({"restarts": 0, "reads": [], "writes": [["nope", 1]]}, "ANALYZE named unknown table 'nope'"),
-            ({"restarts": 0, "reads": [["gs", 1.5]], "writes": []}, "'@ollp.reads': ")):
+        ({"restarts": 0, "reads": [["gs", 1]]}, "'@ollp' must be an object with 'restarts', 'reads' and 'writes'"),
+        ({"restarts": 0, "reads": [["gs"]], "writes": []}, "'@ollp.reads' must list keys as [table, key] pairs"),
+        ({"restarts": 0, "reads": [], "writes": [["nope", 1]]}, "ANALYZE named unknown table 'nope'"),
+        ({"restarts": 0, "reads": [["gs", 1.5]], "writes": []}, "'@ollp.reads': "),
+    ):
         message = json.dumps({"id": "m", "proc": "move", "args": {"a": 1, "b": 2, "amount": 0, OLLP_FIELD: record}})
         request_id, proc, error = _entry(message.encode(), REGISTRY)
         assert proc is None and error.startswith("move: ") and reason in error, error
@@ -192,8 +210,9 @@ def test_sets_a_client_gives_are_checked_and_bad_ones_rejected():
 def test_a_step_found_in_log_order_is_still_decided_in_an_aria_batch():
     """A request re-sequenced before the namespace moved to --scheduler aria lands in an
     aria batch: its record is set aside and aria runs it within the batch."""
-    [step] = run_dependent([[{"id": "m", "proc": "move", "args": {"a": 1, "b": 2, "amount": 0}}]], "serial", 1,
-                           REGISTRY)["restarts"][:1]
+    [step] = run_dependent(
+        [[{"id": "m", "proc": "move", "args": {"a": 1, "b": 2, "amount": 0}}]], "serial", 1, REGISTRY
+    )["restarts"][:1]
     for partitions in (1, 2):
         run = run_dependent([[json.loads(step)]], "aria", partitions, REGISTRY, ordering=ARIA)
         assert [(r["id"], r["status"], r["restarts"]) for r in run["outcomes"]] == [("m", "committed", 0)]
@@ -214,9 +233,26 @@ def test_ycsbt_without_analyze_through_ordo_run_under_locking_on_two_partitions(
     data_dir = str(tmp_path / "d")
     requests = list(ycsbt.generate(600, seed=5, records=40, partitions=2, mp=0.5))
     client = Client(broker, namespace)
-    engine = ordo_command("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", data_dir,
-                  "--app", "examples.ycsbt:app", "--scheduler", "locking", "--partitions", "2", "--runtime", "local",
-                  "--max-txns", "100", "--quiet")
+    engine = ordo_command(
+        "run",
+        "--bootstrap-servers",
+        broker,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        data_dir,
+        "--app",
+        "examples.ycsbt:app",
+        "--scheduler",
+        "locking",
+        "--partitions",
+        "2",
+        "--runtime",
+        "local",
+        "--max-txns",
+        "100",
+        "--quiet",
+    )
     try:
         client.submit(requests)
         records = read_results(broker, f"{namespace}.results", len(requests), timeout=240)
@@ -236,9 +272,26 @@ def test_ycsbt_without_analyze_through_ordo_run_under_locking_on_two_partitions(
     assert state == reference_state(reference)
     assert sum(state.values()) == ycsbt.START * len(state)  # transfers move value, never make it
     rebuilt = str(tmp_path / "rebuilt")
-    ordo_output("recover", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", rebuilt,
-                "--app", "examples.ycsbt:app", "--scheduler", "vll", "--partitions", "1", "--from-scratch",
-                "--quiet", "--idle", "1", timeout=240)
+    ordo_output(
+        "recover",
+        "--bootstrap-servers",
+        broker,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        rebuilt,
+        "--app",
+        "examples.ycsbt:app",
+        "--scheduler",
+        "vll",
+        "--partitions",
+        "1",
+        "--from-scratch",
+        "--quiet",
+        "--idle",
+        "1",
+        timeout=240,
+    )
     assert dump_state(rebuilt) == state
 
 
@@ -279,8 +332,10 @@ def test_engine_killed_while_procedures_without_analyze_find_their_keys(broker, 
     try:
         for kill in range(2):
             engine = ordo_command("execute", *kafka, *engine_args)
-            sent = [producer.send(f"{namespace}.requests", key=r["id"].encode(), value=json.dumps(r).encode())
-                    for r in requests[kill * 750:(kill + 1) * 750]]
+            sent = [
+                producer.send(f"{namespace}.requests", key=r["id"].encode(), value=json.dumps(r).encode())
+                for r in requests[kill * 750 : (kill + 1) * 750]
+            ]
             producer.flush()
             for future in sent:
                 future.get(timeout=30)  # acknowledged by the broker
@@ -302,14 +357,20 @@ def test_engine_killed_while_procedures_without_analyze_find_their_keys(broker, 
         assert by_id.setdefault(record["id"], record) == record  # a repeat is the same decision
     assert set(by_id) == {r["id"] for r in requests}
     last_batch = max(r["batch"] for r in by_id.values())
-    identities = [request_identity(e[0], e[2]) for batch in read_log(broker, namespace, last_batch)
-                  for e in batch.entries if e[1] is not None]
+    identities = [
+        request_identity(e[0], e[2])
+        for batch in read_log(broker, namespace, last_batch)
+        for e in batch.entries
+        if e[1] is not None
+    ]
     assert len(identities) == len(set(identities))  # every step entered the log once
     steps = sum(1 for identity in identities if "\x00" in identity)
     positioned = sorted(((r["batch"], r["txn"], r) for r in by_id.values()), key=lambda p: p[:2])
     outcomes, state = model(positioned, [requests])
     assert {r["id"]: (r["status"], r["result"]) for r in by_id.values()} == outcomes
     assert dump_state(data_dir) == state
-    fault_report(f"2 SIGKILLs of the engine (vll, 2 partitions) under {len(requests)} requests, "
-                 f"{steps} re-sequenced steps: each request decided once, each step in the log once, "
-                 f"outcomes and state equal to the plain model's")
+    fault_report(
+        f"2 SIGKILLs of the engine (vll, 2 partitions) under {len(requests)} requests, "
+        f"{steps} re-sequenced steps: each request decided once, each step in the log once, "
+        f"outcomes and state equal to the plain model's"
+    )

@@ -39,15 +39,23 @@ def shared_log(broker):
 
 def engine(broker, namespace, data_dir, until_batch, **options):
     outputs = CollectedOutputs()
-    coordinator = Coordinator(broker, namespace, str(data_dir), "serial", PARTITIONS, runtime="local",
-                              outputs=outputs, checkpoint_every=10, **options)
+    coordinator = Coordinator(
+        broker,
+        namespace,
+        str(data_dir),
+        "serial",
+        PARTITIONS,
+        runtime="local",
+        outputs=outputs,
+        checkpoint_every=10,
+        **options,
+    )
     coordinator.run(until_batch=until_batch)
     return outputs, coordinator
 
 
 def outputs_after(reference, batch):
-    return ([o for o in reference.outcomes if o["batch"] > batch],
-            [c for c in reference.changes if c[0] > batch])
+    return ([o for o in reference.outcomes if o["batch"] > batch], [c for c in reference.changes if c[0] > batch])
 
 
 def checkpoint_shard(data_dir, batch: int, partition: int) -> str:
@@ -60,8 +68,11 @@ def own_sst(data_dir, batch: int, partition: int) -> str:
     """An SST file of one checkpoint that no older checkpoint links (SST files are
     hard-linked, so damaging a shared one would damage the older checkpoint too)."""
     older = {os.stat(f).st_ino for f in glob.glob(os.path.join(checkpoint_shard(data_dir, 10, partition), "*.sst"))}
-    mine = [f for f in glob.glob(os.path.join(checkpoint_shard(data_dir, batch, partition), "*.sst"))
-            if os.stat(f).st_ino not in older]
+    mine = [
+        f
+        for f in glob.glob(os.path.join(checkpoint_shard(data_dir, batch, partition), "*.sst"))
+        if os.stat(f).st_ino not in older
+    ]
     assert mine, "the newer checkpoint holds no file of its own"
     return max(mine, key=os.path.getsize)
 

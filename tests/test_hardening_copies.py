@@ -29,8 +29,15 @@ def raw_records(bootstrap: str, log_topic: str) -> list[tuple[int, int, bytes]]:
     """(offset, kind, bytes) of every record a plain committed reader sees on the log."""
     import msgpack
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "copier", "enable.auto.commit": False,
-                         "enable.partition.eof": True, "isolation.level": "read_committed"})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "copier",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+        }
+    )
     consumer.assign([TopicPartition(log_topic, 0, 0)])
     found = []
     try:
@@ -71,9 +78,14 @@ def accepted_ids(bootstrap: str, namespace: str, timeout: float = 60.0) -> list[
 
 
 def sl_deposits(start: int, count: int) -> list[dict]:
-    return [{"id": f"r{i}", "proc": "sl_deposit",
-             "args": {"account": i % 5, "asset": 0, "account_amount": 1, "asset_amount": 1}}
-            for i in range(start, start + count)]
+    return [
+        {
+            "id": f"r{i}",
+            "proc": "sl_deposit",
+            "args": {"account": i % 5, "asset": 0, "account_amount": 1, "asset_amount": 1},
+        }
+        for i in range(start, start + count)
+    ]
 
 
 def test_copies_of_genuine_snapshots_do_not_move_a_restarting_sequencer_back(broker, namespace, fault_report):
@@ -101,11 +113,13 @@ def test_copies_of_genuine_snapshots_do_not_move_a_restarting_sequencer_back(bro
         restarted.stop()
         restarted.sequencer.close()
     ids = accepted_ids(broker, namespace)
-    fault_report(f"byte copies of the first and the latest of {len(snapshots)} genuine snapshot records appended at "
-                 f"offsets {copied_at}, then the sequencer restarted; checked: each of {len(earlier)} earlier and "
-                 f"{len(later)} later requests accepted once, in order")
+    fault_report(
+        f"byte copies of the first and the latest of {len(snapshots)} genuine snapshot records appended at "
+        f"offsets {copied_at}, then the sequencer restarted; checked: each of {len(earlier)} earlier and "
+        f"{len(later)} later requests accepted once, in order"
+    )
     assert sorted(ids) == sorted(r["id"] for r in earlier + later), "a request lost or sequenced twice"
-    assert ids[-len(later):] == [r["id"] for r in later]
+    assert ids[-len(later) :] == [r["id"] for r in later]
 
 
 def records_of_another_namespace(broker: str, namespace: str) -> tuple[bytes, bytes]:
@@ -129,8 +143,9 @@ def records_of_another_namespace(broker: str, namespace: str) -> tuple[bytes, by
 
 
 @pytest.mark.parametrize("copied", ["start", "batch"])
-def test_a_genuine_record_of_another_namespace_is_passed_over_like_a_forgery(broker, namespace, tmp_path, copied,
-                                                                            fault_report):
+def test_a_genuine_record_of_another_namespace_is_passed_over_like_a_forgery(
+    broker, namespace, tmp_path, copied, fault_report
+):
     start, batch = records_of_another_namespace(broker, namespace)
     ensure_topics(broker, namespace)
     data = str(tmp_path / "d")
@@ -148,16 +163,19 @@ def test_a_genuine_record_of_another_namespace_is_passed_over_like_a_forgery(bro
         lines = engine.stderr.read()
     ids = [r["id"] for r in results]
     expected = [*range(10), *range(100, 160)]
-    fault_report(f"a genuine {copied} record of another namespace (its sequencer 2 of 2, same secret) copied to "
-                 f"offset {copied_at}; checked: {len(expected)} requests answered once, state equal to the "
-                 f"requests', the record passed over and named")
+    fault_report(
+        f"a genuine {copied} record of another namespace (its sequencer 2 of 2, same secret) copied to "
+        f"offset {copied_at}; checked: {len(expected)} requests answered once, state equal to the "
+        f"requests', the record passed over and named"
+    )
     assert sorted(ids) == sorted(f"d{i}" for i in expected), "requests lost or answered twice"
     assert deposit_state(data) == expected_state(expected)
     assert f"passed over the record at offset {copied_at} of {namespace}.log: not signed" in lines, lines
 
 
-def test_a_log_secret_that_does_not_match_stops_in_one_line_and_writes_nothing(broker, namespace, tmp_path,
-                                                                               monkeypatch, fault_report):
+def test_a_log_secret_that_does_not_match_stops_in_one_line_and_writes_nothing(
+    broker, namespace, tmp_path, monkeypatch, fault_report
+):
     ensure_topics(broker, namespace)
     data = str(tmp_path / "d")
     monkeypatch.delenv("ORDO_LOG_SECRET", raising=False)
@@ -180,8 +198,10 @@ def test_a_log_secret_that_does_not_match_stops_in_one_line_and_writes_nothing(b
     lines = engine.stderr.read() if code is not None else ""
     stop(engine)
     after = len(raw_records(broker, f"{namespace}.log"))
-    fault_report(f"the log secret file moved away before a restart of ordo run ({before} log records); checked: "
-                 f"exit {code}, one line naming the secret file, the log unchanged ({after} records)")
+    fault_report(
+        f"the log secret file moved away before a restart of ordo run ({before} log records); checked: "
+        f"exit {code}, one line naming the secret file, the log unchanged ({after} records)"
+    )
     assert code == 2, lines
     errors = [line for line in lines.splitlines() if line.strip() and not line.startswith("ordo running:")]
     assert len(errors) == 1 and "Traceback" not in lines, lines
@@ -197,8 +217,9 @@ def test_a_log_secret_that_does_not_match_stops_in_one_line_and_writes_nothing(b
     assert len(raw_records(broker, f"{namespace}.log")) == before
 
 
-def test_the_log_secret_is_rotated_with_the_earlier_one_kept_for_reading(broker, namespace, tmp_path, monkeypatch,
-                                                                         fault_report):
+def test_the_log_secret_is_rotated_with_the_earlier_one_kept_for_reading(
+    broker, namespace, tmp_path, monkeypatch, fault_report
+):
     ensure_topics(broker, namespace)
     data = str(tmp_path / "d")
     secret = tmp_path / "log-secret"
@@ -222,15 +243,27 @@ def test_the_log_secret_is_rotated_with_the_earlier_one_kept_for_reading(broker,
         assert stop(engine) == 0
     # From a fresh data directory (a replay from the log's head) with both secrets: the same.
     fresh = str(tmp_path / "fresh")
-    replayed = cli("recover", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", fresh,
-                   "--idle", "0")
+    replayed = cli(
+        "recover", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", fresh, "--idle", "0"
+    )
     # Without the old secret, the log's head is refused in one line.
     secret.write_text(new + "\n")
-    refused = cli("recover", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir",
-                  str(tmp_path / "fresh-2"), "--idle", "0")
+    refused = cli(
+        "recover",
+        "--bootstrap-servers",
+        broker,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        str(tmp_path / "fresh-2"),
+        "--idle",
+        "0",
+    )
     forget_key()
-    fault_report("the log secret rotated between two runs (new one signing, old one kept for reading); checked: "
-                 "20 requests answered once, the state, a replay from the head with both, a refusal with the new alone")
+    fault_report(
+        "the log secret rotated between two runs (new one signing, old one kept for reading); checked: "
+        "20 requests answered once, the state, a replay from the head with both, a refusal with the new alone"
+    )
     assert sorted(r["id"] for r in results) == sorted(f"d{i}" for i in range(20))
     assert deposit_state(data) == expected_state(range(20))
     assert replayed.returncode == 0, replayed.stderr
@@ -238,8 +271,9 @@ def test_the_log_secret_is_rotated_with_the_earlier_one_kept_for_reading(broker,
     assert refused.returncode == 2 and "the log began under an earlier secret" in refused.stderr, refused.stderr
 
 
-def test_copied_start_records_of_the_live_sequencer_and_an_earlier_count_are_passed_over(broker, namespace, tmp_path,
-                                                                                        fault_report):
+def test_copied_start_records_of_the_live_sequencer_and_an_earlier_count_are_passed_over(
+    broker, namespace, tmp_path, fault_report
+):
     ensure_topics(broker, namespace, request_partitions=2)
     for config in (SequencerConfig(), SequencerConfig(sequencers=2, index=1)):  # as 2 sequencers once
         earlier = SequencerThread(broker, namespace, config).start()
@@ -260,8 +294,9 @@ def test_copied_start_records_of_the_live_sequencer_and_an_earlier_count_are_pas
         stop(engine)
     lines = engine.stderr.read()
     for offset in copied_at:
-        assert f"passed over the record at offset {offset} of {namespace}.log: a copy of an earlier start record" \
-            in lines, lines
+        assert (
+            f"passed over the record at offset {offset} of {namespace}.log: a copy of an earlier start record" in lines
+        ), lines
     assert "Traceback" not in lines, lines
 
     again = start_engine(broker, namespace, data)  # a restart reads past the copies too
@@ -271,8 +306,10 @@ def test_copied_start_records_of_the_live_sequencer_and_an_earlier_count_are_pas
     finally:
         assert stop(again) == 0
     expected = [*range(10), *range(100, 140), *range(200, 240)]
-    fault_report(f"byte copies of the live sequencer's start record and of sequencer 1 of 2's (an earlier count) "
-                 f"appended at offsets {copied_at}; checked: each passed over and named, the engine never "
-                 f"stopped, and after a restart {len(expected)} requests answered once, state equal to the requests'")
+    fault_report(
+        f"byte copies of the live sequencer's start record and of sequencer 1 of 2's (an earlier count) "
+        f"appended at offsets {copied_at}; checked: each passed over and named, the engine never "
+        f"stopped, and after a restart {len(expected)} requests answered once, state equal to the requests'"
+    )
     assert sorted(r["id"] for r in results) == sorted(f"d{i}" for i in expected)
     assert deposit_state(data) == expected_state(expected)

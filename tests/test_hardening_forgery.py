@@ -36,8 +36,14 @@ def deposit_state(data: str) -> dict:
 
 def newest_batch(bootstrap: str, log_topic: str) -> list:
     """The newest batch on the log as an attacker sees it: msgpack, read with a plain consumer."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "attacker", "enable.auto.commit": False,
-                         "enable.partition.eof": True})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "attacker",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
     consumer.assign([TopicPartition(log_topic, 0, 0)])
     newest = None
     try:
@@ -60,8 +66,9 @@ def forged_batch(newest: list, epoch: int, request_id: str) -> bytes:
     """A well-formed batch of the newest batch's sequencer, generation and log, at `epoch`,
     holding one deposit of 1000 to account 0."""
     _, _, generation, time_ms, offsets, _, log_id, sequencer = newest[:8]
-    entry = encode_entry([request_id, "sl_deposit", {"account": 0, "asset": 0, "account_amount": 1000,
-                                                     "asset_amount": 1000}])
+    entry = encode_entry(
+        [request_id, "sl_deposit", {"account": 0, "asset": 0, "account_amount": 1000, "asset_amount": 1000}]
+    )
     ends = {int(p): [span[1], span[1]] for p, span in offsets.items()}
     return msgpack.packb([1, epoch, generation, time_ms + 1, ends, None, log_id, sequencer, entry])
 
@@ -76,9 +83,22 @@ def append(bootstrap: str, topic: str, value: bytes) -> int:
 
 
 def start_engine(broker: str, namespace: str, data: str, partitions: int = 1) -> subprocess.Popen:
-    return ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", data, "--quiet",
-                "--partitions", str(partitions), "--runtime", "local" if partitions == 1 else "ray",
-                stderr=subprocess.PIPE, text=True)
+    return ordo(
+        "run",
+        "--bootstrap-servers",
+        broker,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        data,
+        "--quiet",
+        "--partitions",
+        str(partitions),
+        "--runtime",
+        "local" if partitions == 1 else "ray",
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 @pytest.mark.parametrize("ahead, partitions", [(1, 1), (5, 1), (1, 2)])
@@ -116,9 +136,20 @@ def test_a_record_that_stops_the_log_is_passed_over_after_ordo_log_skip(broker, 
         # A genuine gap: a batch signed with the log secret (as a sequencer would sign it),
         # five epochs ahead of its lane.
         _, epoch, generation, time_ms, _, _, log_id, sequencer = newest_batch(broker, log)[:8]
-        gap = encode_batch(epoch + 5, generation, time_ms + 1, {}, [encode_entry(
-            ["gap-1", "sl_deposit", {"account": 0, "asset": 0, "account_amount": 1000, "asset_amount": 1000}])],
-            log_id=log_id, sequencer=sequencer, namespace=namespace)
+        gap = encode_batch(
+            epoch + 5,
+            generation,
+            time_ms + 1,
+            {},
+            [
+                encode_entry(
+                    ["gap-1", "sl_deposit", {"account": 0, "asset": 0, "account_amount": 1000, "asset_amount": 1000}]
+                )
+            ],
+            log_id=log_id,
+            sequencer=sequencer,
+            namespace=namespace,
+        )
         gap_at = append(broker, log, gap)
         submit(broker, namespace, deposits(100, 10))
         code = ended(engine, 90)
@@ -150,15 +181,40 @@ def test_a_record_that_stops_the_log_is_passed_over_after_ordo_log_skip(broker, 
 
     # A rebuild from the log passes over the same record.
     rebuilt = str(tmp_path / "rebuilt")
-    recovered = cli("recover", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", rebuilt,
-                    "--runtime", "local", "--quiet", "--idle", "2", timeout=240)
+    recovered = cli(
+        "recover",
+        "--bootstrap-servers",
+        broker,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        rebuilt,
+        "--runtime",
+        "local",
+        "--quiet",
+        "--idle",
+        "2",
+        timeout=240,
+    )
     assert recovered.returncode == 0, recovered.stderr
     assert deposit_state(rebuilt) == expected_state(real)
 
 
 def submit_wait(broker: str, namespace: str, request: dict, timeout: float = 30) -> subprocess.CompletedProcess:
-    return cli("submit", "--bootstrap-servers", broker, "--namespace", namespace, "--file", "-", "--wait",
-               "--timeout", str(timeout), input=json.dumps(request) + "\n", timeout=timeout + 60)
+    return cli(
+        "submit",
+        "--bootstrap-servers",
+        broker,
+        "--namespace",
+        namespace,
+        "--file",
+        "-",
+        "--wait",
+        "--timeout",
+        str(timeout),
+        input=json.dumps(request) + "\n",
+        timeout=timeout + 60,
+    )
 
 
 def outcomes_of(done: subprocess.CompletedProcess) -> list[dict]:
@@ -174,13 +230,17 @@ def test_a_client_reconnaissance_resent_gets_the_duplicate_outcome(broker, names
     engine = start_engine(broker, namespace, str(tmp_path / "d"))
     try:
         assert submit_wait(broker, namespace, bind("bob", 7)).returncode == 0
-        request = {"id": "recon-1", "proc": "alias_deposit",
-                   "args": {"alias": "bob", "amount": 5, "@ollp": {"restarts": 0, "assumed": [7]}}}
+        request = {
+            "id": "recon-1",
+            "proc": "alias_deposit",
+            "args": {"alias": "bob", "amount": 5, "@ollp": {"restarts": 0, "assumed": [7]}},
+        }
         first = submit_wait(broker, namespace, request)
         assert first.returncode == 0 and [o["status"] for o in outcomes_of(first)] == ["committed"], first.stderr
         again = submit_wait(broker, namespace, request)
-        assert again.returncode == 1 and again.stderr.strip().endswith("1 rejected"), \
+        assert again.returncode == 1 and again.stderr.strip().endswith("1 rejected"), (
             f"the resend got no outcome: {again.stderr}"
+        )
         [outcome] = outcomes_of(again)
         assert outcome["status"] == "rejected" and "duplicate request id 'recon-1'" in outcome["error"]
     finally:
@@ -195,24 +255,33 @@ def test_a_client_step_cannot_take_a_later_requests_id(broker, namespace, tmp_pa
     try:
         for alias, account in (("bob", 7), ("mallory", 8)):
             assert submit_wait(broker, namespace, bind(alias, account)).returncode == 0
-        attack = {"id": "victim-d", "proc": "alias_deposit",
-                  "args": {"alias": "mallory", "amount": 1, "@ollp": {"restarts": 0, "assumed": [8]}}}
+        attack = {
+            "id": "victim-d",
+            "proc": "alias_deposit",
+            "args": {"alias": "mallory", "amount": 1, "@ollp": {"restarts": 0, "assumed": [8]}},
+        }
         assert submit_wait(broker, namespace, attack).returncode == 0
-        victim = submit_wait(broker, namespace, {"id": "victim-d", "proc": "alias_deposit",
-                                                 "args": {"alias": "bob", "amount": 100}})
+        victim = submit_wait(
+            broker, namespace, {"id": "victim-d", "proc": "alias_deposit", "args": {"alias": "bob", "amount": 100}}
+        )
         # The id was taken first: the victim is told so, instead of its deposit vanishing
         # behind an outcome that is not its own.
-        assert victim.returncode == 1 and victim.stderr.strip().endswith("1 rejected"), \
+        assert victim.returncode == 1 and victim.stderr.strip().endswith("1 rejected"), (
             f"the victim's request got no outcome: {victim.stderr}"
+        )
         [outcome] = outcomes_of(victim)
         assert outcome["status"] == "rejected" and "duplicate request id 'victim-d'" in outcome["error"]
         # A step signed by anyone but the engine is refused outright.
-        forged = {"id": "victim-e", "proc": "alias_deposit",
-                  "args": {"alias": "mallory", "amount": 1, "@ollp": {"restarts": 0, "assumed": [8], "sig": "00"}}}
+        forged = {
+            "id": "victim-e",
+            "proc": "alias_deposit",
+            "args": {"alias": "mallory", "amount": 1, "@ollp": {"restarts": 0, "assumed": [8], "sig": "00"}},
+        }
         [refused] = outcomes_of(submit_wait(broker, namespace, forged))
         assert refused["status"] == "rejected" and "not the engine's signature" in refused["error"]
-        honest = submit_wait(broker, namespace, {"id": "victim-f", "proc": "alias_deposit",
-                                                 "args": {"alias": "bob", "amount": 100}})
+        honest = submit_wait(
+            broker, namespace, {"id": "victim-f", "proc": "alias_deposit", "args": {"alias": "bob", "amount": 100}}
+        )
         assert [o["status"] for o in outcomes_of(honest)] == ["committed"]
     finally:
         assert stop(engine) == 0

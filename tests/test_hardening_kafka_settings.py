@@ -35,17 +35,27 @@ def test_environment_names_map_to_settings_and_back():
     assert setting_from_env_name("ORDO_BOOTSTRAP_SERVERS") is None
     for setting in ("security.protocol", "log_level", "ssl.ca.location", "sasl.oauthbearer.client.id"):
         assert setting_from_env_name(env_name_for(setting)) == setting
-    assert settings_from_env({"ORDO_KAFKA_CLIENT_ID": "a", "PATH": "/bin", "ORDO_KAFKA_CONFIG": "f"}) == \
-        {"client.id": "a"}
+    assert settings_from_env({"ORDO_KAFKA_CLIENT_ID": "a", "PATH": "/bin", "ORDO_KAFKA_CONFIG": "f"}) == {
+        "client.id": "a"
+    }
 
 
 def test_file_formats():
     properties = "# comment\n! also\nsecurity.protocol = SASL_SSL\nsasl.mechanism: PLAIN\nsasl.password=a=b\n"
     assert parse_settings_text(properties, "properties") == {
-        "security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN", "sasl.password": "a=b"}
-    toml = 'client.id = "x"\nsocket.keepalive.enable = true\n[sasl]\nmechanism = "PLAIN"\n[queue.buffering]\nmax.ms = 5\n'
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "PLAIN",
+        "sasl.password": "a=b",
+    }
+    toml = (
+        'client.id = "x"\nsocket.keepalive.enable = true\n[sasl]\nmechanism = "PLAIN"\n[queue.buffering]\nmax.ms = 5\n'
+    )
     assert parse_settings_text(toml, "toml") == {
-        "client.id": "x", "socket.keepalive.enable": "true", "sasl.mechanism": "PLAIN", "queue.buffering.max.ms": "5"}
+        "client.id": "x",
+        "socket.keepalive.enable": "true",
+        "sasl.mechanism": "PLAIN",
+        "queue.buffering.max.ms": "5",
+    }
     assert parse_settings_text('{"client.id": "x", "retries": 3}', "json") == {"client.id": "x", "retries": "3"}
     with pytest.raises(KafkaSettingsError, match="line 2"):
         parse_settings_text("a=1\nno separator\n", "properties")
@@ -58,8 +68,11 @@ def test_environment_wins_over_the_file_and_ordo_wins_over_both(tmp_path):
     path = tmp_path / "kafka.properties"
     path.write_text("client.id=from-file\nsocket.timeout.ms=7000\nfetch.wait.max.ms=400\n")
     environ = {"ORDO_KAFKA_CONFIG": str(path), "ORDO_KAFKA_CLIENT_ID": "from-env"}
-    assert user_kafka_settings(environ) == {"client.id": "from-env", "socket.timeout.ms": "7000",
-                                            "fetch.wait.max.ms": "400"}
+    assert user_kafka_settings(environ) == {
+        "client.id": "from-env",
+        "socket.timeout.ms": "7000",
+        "fetch.wait.max.ms": "400",
+    }
     saved = dict(os.environ)
     try:
         os.environ.update(environ)
@@ -99,9 +112,28 @@ def test_cli_refuses_a_bad_setting_in_one_line(broker, tmp_path, source):
         args, env, named = ["--kafka-config", str(path)], _env(), "bogus.setting"
     else:
         args, env, named = [], _env(ORDO_KAFKA_BOGUS_SETTING="1"), "ORDO_KAFKA_BOGUS_SETTING"
-    done = subprocess.run([sys.executable, "-m", "ordo.cli", "submit", "--bootstrap-servers", broker,
-                           "--namespace", "unused", "--proc", "micro_rmw", "--args", '{"keys": [1]}', *args],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ordo.cli",
+            "submit",
+            "--bootstrap-servers",
+            broker,
+            "--namespace",
+            "unused",
+            "--proc",
+            "micro_rmw",
+            "--args",
+            '{"keys": [1]}',
+            *args,
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and named in lines[0] and "bogus.setting" in lines[0], done.stderr
@@ -126,9 +158,29 @@ def test_settings_from_file_and_environment_reach_sequencer_engine_and_client(br
     sequencer = _ordo("sequence", *common, env=env, stderr=logs["sequencer"])
     engine = _ordo("execute", *common, "--data-dir", str(tmp_path / "d"), "--quiet", env=env, stderr=logs["engine"])
     try:
-        submit = subprocess.run([sys.executable, "-m", "ordo.cli", "submit", *common, "--proc", "micro_rmw",
-                                 "--args", '{"keys": [3]}', "--id", "k-1", "--wait", "--timeout", "120"],
-                                cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+        submit = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ordo.cli",
+                "submit",
+                *common,
+                "--proc",
+                "micro_rmw",
+                "--args",
+                '{"keys": [3]}',
+                "--id",
+                "k-1",
+                "--wait",
+                "--timeout",
+                "120",
+            ],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert submit.returncode == 0, submit.stderr[-2000:]
         assert '"status": "committed"' in submit.stdout
     finally:
@@ -141,8 +193,7 @@ def test_settings_from_file_and_environment_reach_sequencer_engine_and_client(br
         clients = _client_names(text, client_id)
         kinds = {c.split("#")[1].split("-")[0] for c in clients}
         assert kinds == {"producer", "consumer"}, f"{name}: clients under the user's settings: {clients}"
-    assert {"producer", "consumer"} <= {c.split("#")[1].split("-")[0]
-                                        for c in _client_names(submit.stderr, client_id)}
+    assert {"producer", "consumer"} <= {c.split("#")[1].split("-")[0] for c in _client_names(submit.stderr, client_id)}
 
 
 @pytest.mark.slow
@@ -152,9 +203,22 @@ def test_ordo_run_hands_the_settings_to_its_sequencer_and_ray_workers(broker, na
     settings.write_text("client.id=ordo-run-settings\n")
     log = tmp_path / "run.err"
     with open(log, "w") as err:
-        engine = _ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir",
-                       str(tmp_path / "d"), "--partitions", "2", "--kafka-config", str(settings), "--quiet",
-                       env=_env(ORDO_KAFKA_SOCKET_TIMEOUT_MS="20000"), stderr=err)
+        engine = _ordo(
+            "run",
+            "--bootstrap-servers",
+            broker,
+            "--namespace",
+            namespace,
+            "--data-dir",
+            str(tmp_path / "d"),
+            "--partitions",
+            "2",
+            "--kafka-config",
+            str(settings),
+            "--quiet",
+            env=_env(ORDO_KAFKA_SOCKET_TIMEOUT_MS="20000"),
+            stderr=err,
+        )
     try:
         pids: list[int] = []
         deadline = time.monotonic() + 120

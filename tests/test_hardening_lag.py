@@ -65,8 +65,15 @@ def test_steps_published_again_and_dropped_do_not_count_as_waiting(broker, names
     from ordo.procedures.ollp import OLLP_FIELD, restart_request
 
     def step(restarts: int) -> tuple[str, bytes]:
-        record = json.loads(restart_request("t1", {"proc": "alias_deposit", "args": {
-            "alias": "a", "amount": 3, OLLP_FIELD: {"restarts": restarts, "assumed": [None]}}}))
+        record = json.loads(
+            restart_request(
+                "t1",
+                {
+                    "proc": "alias_deposit",
+                    "args": {"alias": "a", "amount": 3, OLLP_FIELD: {"restarts": restarts, "assumed": [None]}},
+                },
+            )
+        )
         return "t1", json.dumps(record).encode()
 
     ensure_topics(broker, namespace, request_partitions=1)
@@ -97,8 +104,10 @@ def test_steps_published_again_and_dropped_do_not_count_as_waiting(broker, names
         assert again.sequencer.stats.sequenced == 0
     finally:
         again.stop()
-    fault_report(f"{republished} steps published again after they were sequenced (then a sequencer restart): "
-                 f"none entered the log, the requests lag went to 0 both times")
+    fault_report(
+        f"{republished} steps published again after they were sequenced (then a sequencer restart): "
+        f"none entered the log, the requests lag went to 0 both times"
+    )
 
 
 def _progress(path) -> list[str]:
@@ -109,13 +118,32 @@ def _progress(path) -> list[str]:
 def test_progress_line_shows_requests_waiting_and_is_quiet_when_idle(broker, namespace, tmp_path):
     ensure_topics(broker, namespace)
     log = tmp_path / "engine.err"
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("ORDO_")}, "PYTHONPATH": ROOT,
-           "PYTHONUNBUFFERED": "1"}
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("ORDO_")},
+        "PYTHONPATH": ROOT,
+        "PYTHONUNBUFFERED": "1",
+    }
     with open(log, "w") as err:
         # The engine alone: no sequencer takes the requests, so they wait.
-        engine = subprocess.Popen([sys.executable, "-m", "ordo.cli", "execute", "--bootstrap-servers", broker,
-                                   "--namespace", namespace, "--data-dir", str(tmp_path / "d"), "--runtime",
-                                   "local"], cwd=ROOT, env=env, stderr=err)
+        engine = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ordo.cli",
+                "execute",
+                "--bootstrap-servers",
+                broker,
+                "--namespace",
+                namespace,
+                "--data-dir",
+                str(tmp_path / "d"),
+                "--runtime",
+                "local",
+            ],
+            cwd=ROOT,
+            env=env,
+            stderr=err,
+        )
     sequencer = None
     try:
         deadline = time.monotonic() + 60

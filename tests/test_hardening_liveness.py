@@ -34,9 +34,13 @@ class Engine:
     """`ordo run` as a process, its stderr lines collected as they come."""
 
     def __init__(self, *args: str):
-        self.process = subprocess.Popen([sys.executable, "-m", "ordo.cli", "run", *args], cwd=ROOT,
-                                        env={**os.environ, "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1"},
-                                        stderr=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "ordo.cli", "run", *args],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1"},
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         self.lines: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -61,13 +65,18 @@ class Engine:
         return "\n".join(self.lines)
 
     def sequencers(self) -> list[psutil.Process]:
-        return [child for child in psutil.Process(self.process.pid).children()
-                if "sequence" in child.cmdline()]
+        return [child for child in psutil.Process(self.process.pid).children() if "sequence" in child.cmdline()]
 
 
 def _deposits(prefix: str, count: int) -> list[dict]:
-    return [{"id": f"{prefix}{i}", "proc": "sl_deposit",
-             "args": {"account": i, "asset": i, "account_amount": 5, "asset_amount": 5}} for i in range(count)]
+    return [
+        {
+            "id": f"{prefix}{i}",
+            "proc": "sl_deposit",
+            "args": {"account": i, "asset": i, "account_amount": 5, "asset_amount": 5},
+        }
+        for i in range(count)
+    ]
 
 
 def _note_stale_positions(broker: str, namespace: str) -> None:
@@ -75,16 +84,27 @@ def _note_stale_positions(broker: str, namespace: str) -> None:
     its group: older positions, here the very first ones."""
     consumer = Consumer(kafka_config(broker, {"group.id": sequencer_group(namespace), "enable.auto.commit": False}))
     try:
-        consumer.commit(offsets=[TopicPartition(Topics(namespace).requests, p, 0) for p in range(2)],
-                        asynchronous=False)
+        consumer.commit(
+            offsets=[TopicPartition(Topics(namespace).requests, p, 0) for p in range(2)], asynchronous=False
+        )
     finally:
         consumer.close()
 
 
 def test_after_a_sequencer_kill_and_restart_an_idle_engine_shows_no_lag(broker, namespace, tmp_path):
     ensure_topics(broker, namespace, request_partitions=2)
-    engine = Engine("--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", str(tmp_path / "d"),
-                    "--runtime", "local", "--metrics-port", "0")
+    engine = Engine(
+        "--bootstrap-servers",
+        broker,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        str(tmp_path / "d"),
+        "--runtime",
+        "local",
+        "--metrics-port",
+        "0",
+    )
     try:
         port = int(engine.wait_for(r"^metrics on http://127\.0\.0\.1:(\d+)/").group(1))
         engine.wait_for(r"^ordo serving: ")
@@ -99,8 +119,10 @@ def test_after_a_sequencer_kill_and_restart_an_idle_engine_shows_no_lag(broker, 
         deadline = time.monotonic() + 30
         while True:  # the restarted sequencer notes where it stands; the engine stands at the log's end
             families = scrape(port)
-            lags = (value(families, "ordo_log_lag_records", "ordo_log_lag_records"),
-                    value(families, "ordo_requests_lag_messages", "ordo_requests_lag_messages"))
+            lags = (
+                value(families, "ordo_log_lag_records", "ordo_log_lag_records"),
+                value(families, "ordo_requests_lag_messages", "ordo_requests_lag_messages"),
+            )
             if lags == (0, 0):
                 break
             assert time.monotonic() < deadline, (lags, engine.text())
@@ -124,14 +146,27 @@ def _gone(processes: list[psutil.Process], timeout: float = 30) -> list[psutil.P
         time.sleep(0.5)
 
 
-def test_a_stopped_partition_worker_is_named_and_sigterm_still_stops_the_engine(broker, namespace, tmp_path,
-                                                                                 monkeypatch):
+def test_a_stopped_partition_worker_is_named_and_sigterm_still_stops_the_engine(
+    broker, namespace, tmp_path, monkeypatch
+):
     monkeypatch.setenv("ORDO_TRACE_APPLIED", "1")  # for check_against_serial_run
     seed = 7
     ensure_topics(broker, namespace, request_partitions=2)
     data_dir = str(tmp_path / "d")
-    args = ("--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", data_dir, "--partitions", "2",
-            "--runtime", "ray", "--checkpoint-every", "5")
+    args = (
+        "--bootstrap-servers",
+        broker,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        data_dir,
+        "--partitions",
+        "2",
+        "--runtime",
+        "ray",
+        "--checkpoint-every",
+        "5",
+    )
     requests = traffic(2000, 2, seed)
     engine = Engine(*args, "--metrics-port", "0")
     pid = None
@@ -144,8 +179,9 @@ def test_a_stopped_partition_worker_is_named_and_sigterm_still_stops_the_engine(
         time.sleep(1.0)  # under load
         os.kill(pid, signal.SIGSTOP)
         engine.wait_for(rf"^batch .* \| partition 1 \(pid {pid}\) has not answered for \d+ s$", timeout=60)
-        silent = value(scrape(port), "ordo_unanswered_seconds", "ordo_unanswered_seconds", process="partition 1",
-                       pid=str(pid))
+        silent = value(
+            scrape(port), "ordo_unanswered_seconds", "ordo_unanswered_seconds", process="partition 1", pid=str(pid)
+        )
         assert silent >= 5
         feeder.join()
         processes = psutil.Process(engine.process.pid).children(recursive=True)
@@ -179,8 +215,11 @@ def _unanswered_seconds(port: int, pid: int, until, timeout: float) -> float:
     scraped when `timeout` ran out (0 while it was not listed)."""
     deadline = time.monotonic() + timeout
     while True:
-        listed = [s.value for s in scrape(port)["ordo_unanswered_seconds"]
-                  if s.labels.get("process") == "sequencer" and s.labels.get("pid") == str(pid)]
+        listed = [
+            s.value
+            for s in scrape(port)["ordo_unanswered_seconds"]
+            if s.labels.get("process") == "sequencer" and s.labels.get("pid") == str(pid)
+        ]
         seconds = listed[0] if listed else 0.0
         if until(seconds) or time.monotonic() >= deadline:
             return seconds
@@ -189,8 +228,18 @@ def _unanswered_seconds(port: int, pid: int, until, timeout: float) -> float:
 
 def test_a_stopped_sequencer_is_named_then_replaced(broker, namespace, tmp_path):
     ensure_topics(broker, namespace, request_partitions=2)
-    engine = Engine("--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", str(tmp_path / "d"),
-                    "--runtime", "local", "--metrics-port", "0")
+    engine = Engine(
+        "--bootstrap-servers",
+        broker,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        str(tmp_path / "d"),
+        "--runtime",
+        "local",
+        "--metrics-port",
+        "0",
+    )
     requests = traffic(1500, 1, 11)
     try:
         port = int(engine.wait_for(r"^metrics on http://127\.0\.0\.1:(\d+)/").group(1))
@@ -225,8 +274,17 @@ def test_a_broker_restarted_without_its_data_is_said_within_seconds(tmp_path):
     port = free_port()
     broker = local_broker(port=port)
     bootstrap = broker.start()
-    engine = Engine("--bootstrap-servers", bootstrap, "--namespace", "gone", "--data-dir", str(tmp_path / "d"),
-                    "--runtime", "local", "--quiet")
+    engine = Engine(
+        "--bootstrap-servers",
+        bootstrap,
+        "--namespace",
+        "gone",
+        "--data-dir",
+        str(tmp_path / "d"),
+        "--runtime",
+        "local",
+        "--quiet",
+    )
     try:
         engine.wait_for(r"^ordo serving: ")
         with Client(bootstrap, "gone") as client:

@@ -24,15 +24,30 @@ pytestmark = pytest.mark.slow
 
 
 def deposits(start: int, count: int) -> str:
-    return "".join(json.dumps({"id": f"d{i}", "proc": "sl_deposit", "args": {
-        "account": i % 7, "asset": i % 3, "account_amount": 1, "asset_amount": 2}}) + "\n"
-        for i in range(start, start + count))
+    return "".join(
+        json.dumps(
+            {
+                "id": f"d{i}",
+                "proc": "sl_deposit",
+                "args": {"account": i % 7, "asset": i % 3, "account_amount": 1, "asset_amount": 2},
+            }
+        )
+        + "\n"
+        for i in range(start, start + count)
+    )
 
 
 def cli(*args: str, input: str | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": ROOT}
-    return subprocess.run([sys.executable, "-m", "ordo.cli", *args], input=input, capture_output=True,
-                          text=True, cwd=ROOT, env=env, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "ordo.cli", *args],
+        input=input,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=timeout,
+    )
 
 
 def submit(bootstrap: str, namespace: str, lines: str) -> None:
@@ -52,8 +67,20 @@ def test_a_broker_restarted_without_its_data_stops_the_engine_with_one_line_and_
     broker = local_broker(port=port)
     bootstrap = broker.start()
     data = str(tmp_path / "d")
-    engine = ordo("run", "--bootstrap-servers", bootstrap, "--namespace", "lost", "--data-dir", data,
-                  "--quiet", "--runtime", "local", stderr=subprocess.PIPE, text=True)
+    engine = ordo(
+        "run",
+        "--bootstrap-servers",
+        bootstrap,
+        "--namespace",
+        "lost",
+        "--data-dir",
+        data,
+        "--quiet",
+        "--runtime",
+        "local",
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         time.sleep(3)
         submit(bootstrap, "lost", deposits(0, 30))
@@ -73,8 +100,20 @@ def test_a_broker_restarted_without_its_data_stops_the_engine_with_one_line_and_
         broker.stop()
         broker = local_broker(port=port)
         broker.start()
-        again = ordo("run", "--bootstrap-servers", bootstrap, "--namespace", "lost", "--data-dir", data,
-                     "--quiet", "--runtime", "local", stderr=subprocess.PIPE, text=True)
+        again = ordo(
+            "run",
+            "--bootstrap-servers",
+            bootstrap,
+            "--namespace",
+            "lost",
+            "--data-dir",
+            data,
+            "--quiet",
+            "--runtime",
+            "local",
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             time.sleep(3)
             submit(bootstrap, "lost", deposits(100, 5))
@@ -93,8 +132,20 @@ def test_a_broker_restarted_without_its_data_stops_the_engine_with_one_line_and_
 def test_a_forged_start_record_stops_the_engine_instead_of_hiding_every_later_batch(broker, namespace, tmp_path):
     ensure_topics(broker, namespace)
     data = str(tmp_path / "d")
-    engine = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", data,
-                  "--quiet", "--runtime", "local", stderr=subprocess.PIPE, text=True)
+    engine = ordo(
+        "run",
+        "--bootstrap-servers",
+        broker,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        data,
+        "--quiet",
+        "--runtime",
+        "local",
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         time.sleep(3)
         submit(broker, namespace, deposits(0, 10))
@@ -115,8 +166,18 @@ def test_a_forged_start_record_stops_the_engine_instead_of_hiding_every_later_ba
         stop(engine)
 
     # The way out the message gives: restart the sequencer, and nothing is lost.
-    again = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", data,
-                 "--quiet", "--runtime", "local")
+    again = ordo(
+        "run",
+        "--bootstrap-servers",
+        broker,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        data,
+        "--quiet",
+        "--runtime",
+        "local",
+    )
     try:
         results = read_results(broker, f"{namespace}.results", 90, timeout=90)
         assert {r["id"] for r in results} == {f"d{i}" for i in range(10)} | {f"d{i}" for i in range(1000, 1080)}
@@ -129,8 +190,19 @@ def test_a_forged_start_record_stops_the_engine_instead_of_hiding_every_later_ba
 def run_deposits(broker: str, namespace: str, data: str, count: int, *options: str) -> None:
     """`ordo run` on a new namespace until `count` deposits have their outcomes."""
     ensure_topics(broker, namespace)
-    engine = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", data,
-                  "--quiet", "--runtime", "local", *options)
+    engine = ordo(
+        "run",
+        "--bootstrap-servers",
+        broker,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        data,
+        "--quiet",
+        "--runtime",
+        "local",
+        *options,
+    )
     try:
         time.sleep(3)
         submit(broker, namespace, deposits(0, count))
@@ -140,11 +212,21 @@ def run_deposits(broker: str, namespace: str, data: str, count: int, *options: s
 
 
 def test_replay_with_other_procedures_is_refused_not_rejected_request_by_request(broker, namespace, tmp_path):
-    run_deposits(broker, namespace, str(tmp_path / "d"), 5,
-                 "--procedures", "tests.hardening_procedures", "--workloads", "sl")
+    run_deposits(
+        broker, namespace, str(tmp_path / "d"), 5, "--procedures", "tests.hardening_procedures", "--workloads", "sl"
+    )
     # The same log replayed by an engine without the module the sequencer had.
-    done = cli("recover", "--bootstrap-servers", broker, "--namespace", namespace,
-               "--data-dir", str(tmp_path / "fresh"), "--idle", "3")
+    done = cli(
+        "recover",
+        "--bootstrap-servers",
+        broker,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        str(tmp_path / "fresh"),
+        "--idle",
+        "3",
+    )
     assert done.returncode != 0, done.stderr
     assert "were sequenced with procedure set v1" in done.stderr, done.stderr
     assert "--app-version" in done.stderr and "every batch before 1 is applied" in done.stderr
@@ -168,8 +250,18 @@ def test_shards_holding_state_are_not_wiped_for_a_log_that_cannot_rebuild_them(b
     while any(t in admin.list_topics(timeout=10).topics for t in topics) and time.monotonic() < deadline:
         time.sleep(0.5)
     ensure_topics(broker, namespace)
-    done = cli("recover", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", data,
-               "--from-scratch", "--idle", "2")
+    done = cli(
+        "recover",
+        "--bootstrap-servers",
+        broker,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        data,
+        "--from-scratch",
+        "--idle",
+        "2",
+    )
     assert done.returncode == 2, done.stderr
     assert "not rebuilding the shards from the log" in done.stderr and "holds no record" in done.stderr
     assert dump_state(data) == before

@@ -52,9 +52,27 @@ def test_ordo_run_on_two_partitions_listens_only_on_loopback(broker, namespace, 
     ensure_topics(broker, namespace)
     # As a user starts it: without the test session's Ray settings.
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    engine = subprocess.Popen([sys.executable, "-m", "ordo.cli", "run", "--bootstrap-servers", broker,
-                               "--namespace", namespace, "--data-dir", str(tmp_path / "d"), "--partitions", "2",
-                               "--quiet", "--checkpoint-every", "0"], cwd=ROOT, env={**env, "PYTHONPATH": ROOT})
+    engine = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ordo.cli",
+            "run",
+            "--bootstrap-servers",
+            broker,
+            "--namespace",
+            namespace,
+            "--data-dir",
+            str(tmp_path / "d"),
+            "--partitions",
+            "2",
+            "--quiet",
+            "--checkpoint-every",
+            "0",
+        ],
+        cwd=ROOT,
+        env={**env, "PYTHONPATH": ROOT},
+    )
     try:
         with Client(broker, namespace) as client:
             # One transaction per partition, answered: both Ray workers are up and serving.
@@ -69,8 +87,11 @@ def test_ordo_run_on_two_partitions_listens_only_on_loopback(broker, namespace, 
         outside = [s for s in sockets if not is_loopback(s[2])]
         assert not outside, f"listening outside loopback: {outside}"
         # The dashboard is off: its process runs for Ray's own calls, but serves no web UI.
-        dashboards = [p.pid for p in psutil.Process(engine.pid).children(recursive=True)
-                      if "dashboard/dashboard.py" in " ".join(p.cmdline())]
+        dashboards = [
+            p.pid
+            for p in psutil.Process(engine.pid).children(recursive=True)
+            if "dashboard/dashboard.py" in " ".join(p.cmdline())
+        ]
         assert not [s for s in sockets if s[0] in dashboards], sockets
     finally:
         stop(engine, timeout=60)

@@ -24,24 +24,49 @@ pytestmark = pytest.mark.slow
 
 def _engine(broker: str, namespace: str, data_dir: str, log, **env: str) -> subprocess.Popen:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("ORDO_")}
-    return subprocess.Popen([sys.executable, "-m", "ordo.cli", "execute", "--bootstrap-servers", broker,
-                             "--namespace", namespace, "--data-dir", data_dir, "--runtime", "local", "--quiet",
-                             "--checkpoint-every", "0"],
-                            cwd=ROOT, env={**environ, "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1", **env},
-                            stderr=log)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ordo.cli",
+            "execute",
+            "--bootstrap-servers",
+            broker,
+            "--namespace",
+            namespace,
+            "--data-dir",
+            data_dir,
+            "--runtime",
+            "local",
+            "--quiet",
+            "--checkpoint-every",
+            "0",
+        ],
+        cwd=ROOT,
+        env={**environ, "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1", **env},
+        stderr=log,
+    )
 
 
 def _applied(data_dir: str) -> int:
-    done = subprocess.run([sys.executable, "-m", "ordo.cli", "digest", "--data-dir", data_dir], cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "ordo.cli", "digest", "--data-dir", data_dir],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": ROOT},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     return int(re.search(r"applied through batch (\d+)", done.stderr).group(1))
 
 
 def test_a_refused_output_stops_the_engine_unapplied_and_a_restart_loses_nothing(broker, namespace, tmp_path):
     small = [{"id": f"s-{i}", "proc": "micro_rmw", "args": {"keys": [i]}} for i in range(3)]
-    wide = [{"id": f"w-{i}", "proc": "micro_rmw", "args": {"keys": list(range(100 + 64 * i, 164 + 64 * i))}}
-            for i in range(3)]
+    wide = [
+        {"id": f"w-{i}", "proc": "micro_rmw", "args": {"keys": list(range(100 + 64 * i, 164 + 64 * i))}}
+        for i in range(3)
+    ]
     # One request partition keeps them in order: batch 1 the small ones, batch 2 the wide
     # ones, each of whose change data (64 changes) is one record of about 2.4 KB.
     last_batch, reference = sequence_requests(broker, namespace, small + wide, max_txns=3, request_partitions=1)

@@ -40,8 +40,18 @@ def _running(process: psutil.Process) -> bool:
 @pytest.mark.parametrize("restarted", [False, True])
 def test_sigkill_of_ordo_run_ends_its_sequencer(broker, namespace, tmp_path, restarted):
     ensure_topics(broker, namespace)
-    engine = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace,
-                  "--data-dir", str(tmp_path / "d"), "--quiet", "--runtime", "local")
+    engine = ordo(
+        "run",
+        "--bootstrap-servers",
+        broker,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        str(tmp_path / "d"),
+        "--quiet",
+        "--runtime",
+        "local",
+    )
     children = []
     try:
         children.append(sequencer_child(engine))
@@ -63,4 +73,3 @@ def test_sigkill_of_ordo_run_ends_its_sequencer(broker, namespace, tmp_path, res
             if _running(child):
                 child.kill()
         stop(engine)
-

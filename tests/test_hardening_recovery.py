@@ -18,8 +18,14 @@ pytestmark = pytest.mark.slow
 
 
 def _ordo(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ordo.cli", *args], cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "ordo.cli", *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": ROOT},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.parametrize("partitions", [1, 2, 3])
@@ -30,8 +36,19 @@ def test_recover_replays_to_the_head_whatever_the_partition_count(broker, namesp
     # The engine ran part of the log, then went away: recovery brings it to the head.
     run_engine(broker, namespace, last_batch // 4, data_dir, "serial", partitions, checkpoint_every=0)
     # No idle wait at all: the replay must still go on to the head it measured.
-    done = _ordo("recover", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", data_dir,
-                 "--partitions", str(partitions), "--idle", "0")
+    done = _ordo(
+        "recover",
+        "--bootstrap-servers",
+        broker,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        data_dir,
+        "--partitions",
+        str(partitions),
+        "--idle",
+        "0",
+    )
     assert done.returncode == 0, done.stderr
     assert f"applied through batch {last_batch}" in done.stderr, done.stderr
     digest = _ordo("digest", "--data-dir", data_dir)

@@ -24,9 +24,14 @@ OUT_OF_RANGE = "integer out of range (-2**63 to 2**64 - 1)"
 DEPOSIT = {"account": 1, "asset": 1, "account_amount": 5, "asset_amount": 5}
 
 LOG = [
-    [("h_big", {"key": 10}), ("h_nan", {"key": 11}),
-     ("h_huge", {"key": 12, "sign": 1}), ("h_huge", {"key": 13, "sign": -1}), ("h_huge", {"key": 14, "sign": 0}),
-     ("sl_deposit", DEPOSIT)],
+    [
+        ("h_big", {"key": 10}),
+        ("h_nan", {"key": 11}),
+        ("h_huge", {"key": 12, "sign": 1}),
+        ("h_huge", {"key": 13, "sign": -1}),
+        ("h_huge", {"key": 14, "sign": 0}),
+        ("sl_deposit", DEPOSIT),
+    ],
     [("h_take", {"keys": [1, 2]}), ("h_bump", {"key": 3, "add": 5}), ("h_plus_one", {"key": 4})],
     [("h_take", {"keys": [1]}), ("h_bump", {"key": 3, "add": 1}), ("sl_deposit", DEPOSIT)],
 ]
@@ -64,11 +69,14 @@ def log() -> list[Batch]:
 
 def run(data_dir, scheduler: str, partitions: int):
     exchange = LocalExchange()
-    workers = [PartitionWorker(str(data_dir), p, partitions, scheduler, REGISTRY, exchange.endpoint(p))
-               for p in range(partitions)]
+    workers = [
+        PartitionWorker(str(data_dir), p, partitions, scheduler, REGISTRY, exchange.endpoint(p))
+        for p in range(partitions)
+    ]
     outcomes, changes = {}, []
     try:
         for batch in log():
+
             async def every_partition(batch=batch):
                 return await asyncio.wait_for(asyncio.gather(*(w.execute(batch) for w in workers)), 60)
 

@@ -23,8 +23,14 @@ def _env(**extra: str) -> dict:
 
 
 def _ordo(*args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ordo.cli", *args], cwd=ROOT, env=env or _env(),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "ordo.cli", *args],
+        cwd=ROOT,
+        env=env or _env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _one_line(done: subprocess.CompletedProcess) -> str:
@@ -33,22 +39,26 @@ def _one_line(done: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("setting, value, accepted", [
-    ("ORDO_MAX_TXNS", "0", "from 1 to 1,000,000"),
-    ("ORDO_MAX_TXNS", "-1", "from 1 to 1,000,000"),
-    ("ORDO_MAX_DELAY_MS", "nan", "from 0 to 60,000"),
-    ("ORDO_MAX_DELAY_MS", "-1", "from 0 to 60,000"),
-    ("ORDO_DEDUPE_WINDOW", "0", "of 1 or more"),
-    ("ORDO_DEDUPE_WINDOW", "-1", "of 1 or more"),
-    ("ORDO_METRICS_PORT", "99999", "from 0 to 65,535"),
-    ("ORDO_PARTITIONS", "0", "of 1 or more"),
-    ("ORDO_WAIT_FOR_BROKER", "inf", "from 0 to 86,400"),
-])
+@pytest.mark.parametrize(
+    "setting, value, accepted",
+    [
+        ("ORDO_MAX_TXNS", "0", "from 1 to 1,000,000"),
+        ("ORDO_MAX_TXNS", "-1", "from 1 to 1,000,000"),
+        ("ORDO_MAX_DELAY_MS", "nan", "from 0 to 60,000"),
+        ("ORDO_MAX_DELAY_MS", "-1", "from 0 to 60,000"),
+        ("ORDO_DEDUPE_WINDOW", "0", "of 1 or more"),
+        ("ORDO_DEDUPE_WINDOW", "-1", "of 1 or more"),
+        ("ORDO_METRICS_PORT", "99999", "from 0 to 65,535"),
+        ("ORDO_PARTITIONS", "0", "of 1 or more"),
+        ("ORDO_WAIT_FOR_BROKER", "inf", "from 0 to 86,400"),
+    ],
+)
 def test_a_setting_out_of_range_is_refused_in_one_line(tmp_path, setting, value, accepted):
     """Each of these was taken and then sequenced nothing, restarted the sequencer in a
     loop or crashed: now `ordo run` refuses it before it connects to anything."""
-    done = _ordo("run", "--bootstrap-servers", "127.0.0.1:1", "--data-dir", str(tmp_path / "d"),
-                 env=_env(**{setting: value}))
+    done = _ordo(
+        "run", "--bootstrap-servers", "127.0.0.1:1", "--data-dir", str(tmp_path / "d"), env=_env(**{setting: value})
+    )
     line = _one_line(done)
     assert setting in line and repr(value) in line and accepted in line, line
 
@@ -62,8 +72,7 @@ def test_a_setting_out_of_range_on_the_command_line_names_the_option(tmp_path):
 def test_a_kafka_settings_file_that_is_not_text_is_named(tmp_path):
     path = tmp_path / "kafka.properties"
     path.write_bytes(bytes(range(256)) * 4)
-    line = _one_line(_ordo("submit", "--bootstrap-servers", "127.0.0.1:1", "--proc", "p", "--kafka-config",
-                           str(path)))
+    line = _one_line(_ordo("submit", "--bootstrap-servers", "127.0.0.1:1", "--proc", "p", "--kafka-config", str(path)))
     assert str(path) in line and "not UTF-8" in line, line
 
 
@@ -72,9 +81,21 @@ def test_a_sequencer_that_fails_at_every_start_stops_the_engine_with_its_reason(
     """Its procedures module imports in `ordo run` but not in the sequencer process: the
     engine gives the sequencer up after a few fast failures instead of restarting it for
     ever, and says why in its last line."""
-    engine = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", str(tmp_path / "d"),
-                  "--runtime", "local", "--procedures", "tests.sequencer_only_failing_procedures",
-                  stderr=subprocess.PIPE, text=True)
+    engine = ordo(
+        "run",
+        "--bootstrap-servers",
+        broker,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        str(tmp_path / "d"),
+        "--runtime",
+        "local",
+        "--procedures",
+        "tests.sequencer_only_failing_procedures",
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _, stderr = engine.communicate(timeout=120)
     except subprocess.TimeoutExpired:
@@ -90,8 +111,19 @@ def test_a_sequencer_that_fails_at_every_start_stops_the_engine_with_its_reason(
 def test_a_data_directory_that_is_a_file_is_one_line(broker, namespace, tmp_path):
     path = tmp_path / "data"
     path.write_text("not a directory")
-    line = _one_line(_ordo("execute", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir",
-                           str(path), "--runtime", "local"))
+    line = _one_line(
+        _ordo(
+            "execute",
+            "--bootstrap-servers",
+            broker,
+            "--namespace",
+            namespace,
+            "--data-dir",
+            str(path),
+            "--runtime",
+            "local",
+        )
+    )
     assert str(path) in line and "is a file, not a directory" in line, line
 
 
@@ -112,8 +144,19 @@ def _tmpfs(path, options: str):
 def test_a_read_only_data_directory_is_one_line(broker, namespace, tmp_path):
     ensure_topics(broker, namespace)
     with _tmpfs(tmp_path / "ro", "size=1m,ro") as disk:
-        line = _one_line(_ordo("execute", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir",
-                               str(disk / "data"), "--runtime", "local"))
+        line = _one_line(
+            _ordo(
+                "execute",
+                "--bootstrap-servers",
+                broker,
+                "--namespace",
+                namespace,
+                "--data-dir",
+                str(disk / "data"),
+                "--runtime",
+                "local",
+            )
+        )
         assert str(disk / "data") in line and "Read-only file system" in line, line
 
 
@@ -139,8 +182,16 @@ def test_a_full_disk_stops_the_engine_with_one_line_also_on_restart(broker, name
     from kafka import KafkaProducer
 
     ensure_topics(broker, namespace)
-    common = ("--bootstrap-servers", broker, "--namespace", namespace, "--partitions", str(partitions),
-              "--checkpoint-every", "0")
+    common = (
+        "--bootstrap-servers",
+        broker,
+        "--namespace",
+        namespace,
+        "--partitions",
+        str(partitions),
+        "--checkpoint-every",
+        "0",
+    )
     with _tmpfs(tmp_path / "disk", "size=32m") as disk:
         data = str(disk / "data")
         engine = ordo("run", *common, "--data-dir", data, stderr=subprocess.PIPE, text=True)
@@ -152,8 +203,11 @@ def test_a_full_disk_stops_the_engine_with_one_line_also_on_restart(broker, name
             _fill(disk)
             producer = KafkaProducer(bootstrap_servers=broker)
             for i in range(200):
-                producer.send(f"{namespace}.requests", key=b"r%d" % i,
-                              value=b'{"id":"r%d","proc":"micro_rmw","args":{"keys":[%d]}}' % (i, i))
+                producer.send(
+                    f"{namespace}.requests",
+                    key=b"r%d" % i,
+                    value=b'{"id":"r%d","proc":"micro_rmw","args":{"keys":[%d]}}' % (i, i),
+                )
             producer.flush()
             producer.close()
             _, stderr = engine.communicate(timeout=120)

@@ -64,9 +64,22 @@ def test_every_scheduler_and_partition_count_agrees_and_answers_every_request():
 @pytest.mark.slow
 def test_the_pipeline_on_two_partitions_answers_them_and_goes_on(broker, namespace, tmp_path):
     ensure_topics(broker, namespace)
-    engine = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir",
-                  str(tmp_path / "d"), "--partitions", "2", "--scheduler", "opchain", "--quiet",
-                  "--procedures", "tests.edge_procedures")
+    engine = ordo(
+        "run",
+        "--bootstrap-servers",
+        broker,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        str(tmp_path / "d"),
+        "--partitions",
+        "2",
+        "--scheduler",
+        "opchain",
+        "--quiet",
+        "--procedures",
+        "tests.edge_procedures",
+    )
     try:
         requests = _requests()
         with Client(broker, namespace) as client:

@@ -29,8 +29,14 @@ class Anything:
 
 
 registry.add_table(Table("loose"))
-registry.add_procedure(Procedure("loose_put", {"key": Int(0), "value": Anything()},
-                                 lambda args: ([], [("loose", args["key"])]), lambda ctx, args: None))
+registry.add_procedure(
+    Procedure(
+        "loose_put",
+        {"key": Int(0), "value": Anything()},
+        lambda args: ([], [("loose", args["key"])]),
+        lambda ctx, args: None,
+    )
+)
 
 
 def parse(value, key=b"k"):
@@ -62,23 +68,35 @@ def nested(depth: int) -> str:
 HOSTILE = {
     "surrogate-id": (request(id="a\ud800"), "lone surrogate"),
     "surrogate-proc": (request(proc="\udfff"), "lone surrogate"),
-    "surrogate-arg": (json.dumps({"id": "r", "proc": "loose_put",
-                                  "args": {"key": 1, "value": ["ok", {"x": "\ud800"}]}}).encode(), "lone surrogate"),
+    "surrogate-arg": (
+        json.dumps({"id": "r", "proc": "loose_put", "args": {"key": 1, "value": ["ok", {"x": "\ud800"}]}}).encode(),
+        "lone surrogate",
+    ),
     "surrogate-arg-key": (request(args={**DEPOSIT, "\udc00": 1}), "lone surrogate"),
-    "surrogate-field": (json.dumps({"id": "r", "proc": "sl_deposit", "args": DEPOSIT, "\ud800": 0}).encode(),
-                        "lone surrogate"),
-    "surrogate-raw-bytes": ('{"id": "r\udab0", "proc": "sl_deposit", "args": {}}'.encode("utf-8", "surrogatepass"),
-                            "not valid Unicode"),
+    "surrogate-field": (
+        json.dumps({"id": "r", "proc": "sl_deposit", "args": DEPOSIT, "\ud800": 0}).encode(),
+        "lone surrogate",
+    ),
+    "surrogate-raw-bytes": (
+        '{"id": "r\udab0", "proc": "sl_deposit", "args": {}}'.encode("utf-8", "surrogatepass"),
+        "not valid Unicode",
+    ),
     "deep-top": (nested(20_000).encode(), f"nested deeper than {MAX_DEPTH} levels"),
     "deep-object": (('{"a":' * 5000 + "1" + "}" * 5000).encode(), "nested deeper"),
-    "deep-arg": (('{"id": "r", "proc": "loose_put", "args": {"key": 1, "value": ' + nested(1500) + "}}").encode(),
-                 "nested deeper"),
-    "deep-just-over-limit": (('{"id": "r", "proc": "loose_put", "args": {"key": 1, "value": '
-                               + nested(MAX_DEPTH) + "}}").encode(), "nested deeper"),
+    "deep-arg": (
+        ('{"id": "r", "proc": "loose_put", "args": {"key": 1, "value": ' + nested(1500) + "}}").encode(),
+        "nested deeper",
+    ),
+    "deep-just-over-limit": (
+        ('{"id": "r", "proc": "loose_put", "args": {"key": 1, "value": ' + nested(MAX_DEPTH) + "}}").encode(),
+        "nested deeper",
+    ),
     "huge-int": (request(args={**DEPOSIT, "account": 2**64}), "integer out of range"),
     "huge-negative-int": (request(args={**DEPOSIT, "asset": -(2**63) - 1}), "integer out of range"),
-    "huge-int-anything": (json.dumps({"id": "r", "proc": "loose_put",
-                                      "args": {"key": 1, "value": [1, 10**30]}}).encode(), "integer out of range"),
+    "huge-int-anything": (
+        json.dumps({"id": "r", "proc": "loose_put", "args": {"key": 1, "value": [1, 10**30]}}).encode(),
+        "integer out of range",
+    ),
     "nan": (b'{"id": "r", "proc": "loose_put", "args": {"key": 1, "value": NaN}}', "NaN is not a JSON number"),
     "infinity": (b'{"id": "r", "proc": "loose_put", "args": {"key": 1, "value": -Infinity}}', "Infinity"),
     "overflowing-float": (b'{"id": "r", "proc": "loose_put", "args": {"key": 1, "value": 1e400}}', "out of range"),
@@ -121,11 +139,20 @@ def test_schemas_cannot_declare_integers_the_log_cannot_hold():
 
 any_char = st.one_of(st.characters(), st.characters(categories=["Cs"]))
 text = st.one_of(st.text(max_size=8), st.text(any_char, max_size=8), st.sampled_from(["\ud800", "a\udfffb"]))
-scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.integers(2**62, 2**80),
-                    st.integers(-(2**80), -(2**62)), st.floats(), text)
-values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                       st.dictionaries(text, inner, max_size=4)),
-                      max_leaves=20)
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.integers(2**62, 2**80),
+    st.integers(-(2**80), -(2**62)),
+    st.floats(),
+    text,
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(text, inner, max_size=4)),
+    max_leaves=20,
+)
 DEEP = "__deep__"
 # Deep values stay text: as Python objects, building and dumping them would recurse too.
 deep_text = st.integers(1, 3000).map(nested)
@@ -136,21 +163,33 @@ def fields_for(proc: str):
     good = {name: 1 if type(field) is Int else "s" if type(field) is Str else [1] for name, field in schema.items()}
     variants = [st.just(good), st.builds(lambda extra, value: {**good, extra: value}, text, values), values]
     if schema:  # a procedure without arguments (a triggered one) has no field to spoil
-        variants.append(st.builds(lambda name, value: {**good, name: value}, st.sampled_from(sorted(schema)),
-                                  st.one_of(values, st.just(DEEP))))
+        variants.append(
+            st.builds(
+                lambda name, value: {**good, name: value},
+                st.sampled_from(sorted(schema)),
+                st.one_of(values, st.just(DEEP)),
+            )
+        )
     return st.one_of(*variants)
 
 
 procs = st.sampled_from(sorted(registry.procedures))
-requests = procs.flatmap(lambda proc: st.fixed_dictionaries(
-    {"id": st.one_of(text, values), "proc": st.one_of(st.just(proc), st.just(proc), text, values),
-     "args": fields_for(proc)},
-    optional={"extra": values}))
+requests = procs.flatmap(
+    lambda proc: st.fixed_dictionaries(
+        {
+            "id": st.one_of(text, values),
+            "proc": st.one_of(st.just(proc), st.just(proc), text, values),
+            "args": fields_for(proc),
+        },
+        optional={"extra": values},
+    )
+)
 
 
 def encodings(value):
     """JSON text as clients send it: escaped, raw UTF-8 (surrogates as bytes), UTF-16;
     with a deeply nested value where the request has a placeholder."""
+
     def texts(deep):
         escaped = json.dumps(value).replace(f'"{DEEP}"', deep)
         raw = json.dumps(value, ensure_ascii=False).replace(f'"{DEEP}"', deep)

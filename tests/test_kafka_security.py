@@ -37,8 +37,12 @@ from tests.helpers import ROOT, stop
 pytestmark = pytest.mark.slow
 
 NS = "secure"
-PASSWORDS = {"admin": "admin-secret", "sequencer": "sequencer-secret", "engine": "engine-secret",
-             "client": "client-secret"}
+PASSWORDS = {
+    "admin": "admin-secret",
+    "sequencer": "sequencer-secret",
+    "engine": "engine-secret",
+    "client": "client-secret",
+}
 NODE_PRINCIPAL = "User:CN=ordo-kafka-node"  # the node's certificate, on the controller listener
 FORGED = b"forged-by-client"
 
@@ -50,6 +54,7 @@ QUIET.propagate = False
 
 # -- certificates, broker, ACLs ---------------------------------------------------------------
 
+
 def make_certificates(folder) -> dict[str, str]:
     """A CA, and a node key and certificate it signed for 127.0.0.1/localhost (server and
     client use, PKCS#8 key): `ca` for truststores and ssl.ca.location, `node` the PEM
@@ -60,16 +65,59 @@ def make_certificates(folder) -> dict[str, str]:
         done = subprocess.run(["openssl", *args], cwd=folder, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
 
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
-            "-subj", "/CN=ordo-test-ca", "-addext", "basicConstraints=critical,CA:TRUE",
-            "-addext", "keyUsage=critical,keyCertSign,cRLSign")
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "node.key", "-out", "node.csr",
-            "-subj", "/CN=ordo-kafka-node")
+    openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=ordo-test-ca",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+    )
+    openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "node.key",
+        "-out",
+        "node.csr",
+        "-subj",
+        "/CN=ordo-kafka-node",
+    )
     with open(os.path.join(folder, "node.ext"), "w") as f:
-        f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n"
-                "basicConstraints=CA:FALSE\n")
-    openssl("x509", "-req", "-in", "node.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-            "-out", "node.crt", "-days", "2", "-extfile", "node.ext")
+        f.write(
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n"
+            "basicConstraints=CA:FALSE\n"
+        )
+    openssl(
+        "x509",
+        "-req",
+        "-in",
+        "node.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "node.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "node.ext",
+    )
     paths = {"ca": os.path.join(folder, "ca.pem"), "node": os.path.join(folder, "node.pem")}
     with open(paths["node"], "w") as out:
         for name in ("node.key", "node.crt", "ca.pem"):
@@ -97,12 +145,15 @@ def broker_security(certificates: dict[str, str]):
         "allow.everyone.if.no.acl.found": "false",
         "super.users": f"User:admin;{NODE_PRINCIPAL}",
     }
-    listener = Listener("SASL_SSL", "SASL_SSL", {
-        "listener.name.sasl_ssl.sasl.enabled.mechanisms": "SCRAM-SHA-512",
-        "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config":
-            'org.apache.kafka.common.security.scram.ScramLoginModule required '
+    listener = Listener(
+        "SASL_SSL",
+        "SASL_SSL",
+        {
+            "listener.name.sasl_ssl.sasl.enabled.mechanisms": "SCRAM-SHA-512",
+            "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule required "
             f'username="admin" password="{PASSWORDS["admin"]}";',
-    })
+        },
+    )
     return settings, listener
 
 
@@ -142,26 +193,42 @@ def client_settings(kafka, user: str | None, password: str | None = None) -> dic
     """librdkafka settings of `user` on the SASL_SSL listener; None: none at all."""
     if user is None:
         return {"bootstrap.servers": kafka.listener_servers("SASL_SSL"), "logger": QUIET}
-    return {"bootstrap.servers": kafka.listener_servers("SASL_SSL"), "logger": QUIET, "security.protocol": "SASL_SSL",
-            "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": user,
-            "sasl.password": password or PASSWORDS[user], "ssl.ca.location": kafka.certificates["ca"]}
+    return {
+        "bootstrap.servers": kafka.listener_servers("SASL_SSL"),
+        "logger": QUIET,
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": user,
+        "sasl.password": password or PASSWORDS[user],
+        "ssl.ca.location": kafka.certificates["ca"],
+    }
 
 
 def write_kafka_config(kafka, user: str, password: str | None = None, folder=None) -> str:
     """The `--kafka-config` file a role runs with."""
     path = os.path.join(str(folder or kafka.folder), f"{user}.properties")
     with open(path, "w") as f:
-        f.write(f"security.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-512\nsasl.username={user}\n"
-                f"sasl.password={password or PASSWORDS[user]}\nssl.ca.location={kafka.certificates['ca']}\n")
+        f.write(
+            f"security.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-512\nsasl.username={user}\n"
+            f"sasl.password={password or PASSWORDS[user]}\nssl.ca.location={kafka.certificates['ca']}\n"
+        )
     os.chmod(path, 0o600)
     return path
 
 
 @pytest.fixture(scope="module")
 def kafka(tmp_path_factory):
-    from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, AdminClient, ResourcePatternType,
-                                       ResourceType, UserScramCredentialUpsertion, ScramCredentialInfo,
-                                       ScramMechanism)
+    from confluent_kafka.admin import (
+        AclBinding,
+        AclOperation,
+        AclPermissionType,
+        AdminClient,
+        ResourcePatternType,
+        ResourceType,
+        UserScramCredentialUpsertion,
+        ScramCredentialInfo,
+        ScramMechanism,
+    )
 
     from ordo.sequencer.kafka_broker import KafkaCluster
     from ordo.sequencer.topics import ensure_topics
@@ -171,21 +238,35 @@ def kafka(tmp_path_factory):
     settings, listener = broker_security(certificates)
     # admin (the inter-broker user), sequencer and engine at format time; client below,
     # on the running cluster.
-    scram = [arg for user in ("admin", "sequencer", "engine")
-             for arg in ("--add-scram", f"SCRAM-SHA-512=[name={user},password={PASSWORDS[user]}]")]
+    scram = [
+        arg
+        for user in ("admin", "sequencer", "engine")
+        for arg in ("--add-scram", f"SCRAM-SHA-512=[name={user},password={PASSWORDS[user]}]")
+    ]
     cluster = KafkaCluster(settings=settings, listeners=[listener], format_args=scram)
     cluster.certificates = certificates
     cluster.folder = str(folder)
     cluster.start()
     try:
         admin = AdminClient(client_settings(cluster, "admin"))
-        upsert = UserScramCredentialUpsertion("client", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192),
-                                              PASSWORDS["client"].encode())
+        upsert = UserScramCredentialUpsertion(
+            "client", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192), PASSWORDS["client"].encode()
+        )
         for future in admin.alter_user_scram_credentials([upsert]).values():
             future.result(30)
-        bindings = [AclBinding(getattr(ResourceType, kind), name, getattr(ResourcePatternType, pattern),
-                               f"User:{user}", "*", getattr(AclOperation, operation), AclPermissionType.ALLOW)
-                    for user, acls in role_acls(NS).items() for kind, pattern, name, operation in acls]
+        bindings = [
+            AclBinding(
+                getattr(ResourceType, kind),
+                name,
+                getattr(ResourcePatternType, pattern),
+                f"User:{user}",
+                "*",
+                getattr(AclOperation, operation),
+                AclPermissionType.ALLOW,
+            )
+            for user, acls in role_acls(NS).items()
+            for kind, pattern, name, operation in acls
+        ]
         for future in admin.create_acls(bindings).values():
             future.result(30)
         # The namespace's topics, made by the admin as `ordo run` would make them.
@@ -206,14 +287,16 @@ def kafka(tmp_path_factory):
 
 # -- helpers ----------------------------------------------------------------------------------
 
+
 def _env() -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORDO_")}
     return {**env, "PYTHONUNBUFFERED": "1", "PYTHONPATH": ROOT}
 
 
 def ordo_cli(*args: str, timeout: float = 90) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ordo.cli", *args], cwd=ROOT, env=_env(), capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "ordo.cli", *args], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def read_topic(kafka, topic: str, timeout: float = 30) -> list[tuple[int, bytes | None]]:
@@ -221,9 +304,15 @@ def read_topic(kafka, topic: str, timeout: float = 30) -> list[tuple[int, bytes 
     ones included: (offset, value)."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-    consumer = Consumer({**client_settings(kafka, "admin"), "group.id": f"admin-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False, "isolation.level": "read_uncommitted",
-                         "enable.partition.eof": True})
+    consumer = Consumer(
+        {
+            **client_settings(kafka, "admin"),
+            "group.id": f"admin-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_uncommitted",
+            "enable.partition.eof": True,
+        }
+    )
     try:
         consumer.assign([TopicPartition(topic, 0, 0)])
         records: list[tuple[int, bytes | None]] = []
@@ -281,6 +370,7 @@ def connection_errors(settings: dict, timeout: float = 3) -> str:
 
 # -- the tests --------------------------------------------------------------------------------
 
+
 def test_ordo_runs_end_to_end_with_a_principal_per_role(kafka, tmp_path):
     """`ordo sequence` and `ordo execute`, each under its own principal, answer a client's
     requests, a dependent one among them (the engine re-sequences it through
@@ -295,19 +385,34 @@ def test_ordo_runs_end_to_end_with_a_principal_per_role(kafka, tmp_path):
     def start(role: str, *args: str) -> subprocess.Popen:
         log = open(tmp_path / f"{role}-{len(logs)}.err", "w+")
         logs.append(log)
-        return subprocess.Popen([sys.executable, "-m", "ordo.cli", *args, *common, "--kafka-config",
-                                 write_kafka_config(kafka, role)], cwd=ROOT, env=_env(),
-                                stdout=subprocess.DEVNULL, stderr=log)
+        return subprocess.Popen(
+            [sys.executable, "-m", "ordo.cli", *args, *common, "--kafka-config", write_kafka_config(kafka, role)],
+            cwd=ROOT,
+            env=_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
 
     def submit(*args: str) -> list[dict]:
-        done = ordo_cli("submit", *common, "--kafka-config", write_kafka_config(kafka, "client"), *args,
-                        "--wait", "--timeout", "60", timeout=90)
+        done = ordo_cli(
+            "submit",
+            *common,
+            "--kafka-config",
+            write_kafka_config(kafka, "client"),
+            *args,
+            "--wait",
+            "--timeout",
+            "60",
+            timeout=90,
+        )
         assert done.returncode == 0, done.stderr[-2000:] + "".join(_tail(log) for log in logs)
         return [json.loads(line) for line in done.stdout.splitlines()]
 
     requests = [{"id": f"s-{i}", "proc": "micro_rmw", "args": {"keys": [i, i + 1]}} for i in range(3)]
-    requests += [{"id": "bind", "proc": "alias_bind", "args": {"alias": "a", "account": 7}},
-                 {"id": "deposit", "proc": "alias_deposit", "args": {"alias": "a", "amount": 5}}]
+    requests += [
+        {"id": "bind", "proc": "alias_bind", "args": {"alias": "a", "account": 7}},
+        {"id": "deposit", "proc": "alias_deposit", "args": {"alias": "a", "amount": 5}},
+    ]
     (tmp_path / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in requests))
     sequencer = start("sequencer", "sequence")
     engine = start("engine", "execute", "--data-dir", data_dir, "--quiet", "--checkpoint-every", "0")
@@ -322,9 +427,25 @@ def test_ordo_runs_end_to_end_with_a_principal_per_role(kafka, tmp_path):
     finally:
         codes = {"engine": stop(engine, 60), "sequencer": stop(sequencer, 60)}
     assert codes == {"engine": 0, "sequencer": 0}, "".join(_tail(log) for log in logs)
-    recover = subprocess.run([sys.executable, "-m", "ordo.cli", "recover", *common, "--data-dir", data_dir,
-                              "--from-scratch", "--kafka-config", write_kafka_config(kafka, "engine")],
-                             cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=90)
+    recover = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ordo.cli",
+            "recover",
+            *common,
+            "--data-dir",
+            data_dir,
+            "--from-scratch",
+            "--kafka-config",
+            write_kafka_config(kafka, "engine"),
+        ],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert recover.returncode == 0 and "recovered: rebuild" in recover.stderr, recover.stderr[-2000:]
     for log in logs:
         log.close()
@@ -386,7 +507,10 @@ def test_a_client_cannot_forge_the_log_or_the_outputs(kafka):
         producer.init_transactions(30)
     assert refused.value.args[0].code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, refused.value
     # What it may do, it can: a request goes in.
-    assert produce_as(kafka, "client", f"{NS}.requests", b'{"id": "c-1", "proc": "micro_rmw", "args": {"keys": [1]}}') is None
+    assert (
+        produce_as(kafka, "client", f"{NS}.requests", b'{"id": "c-1", "proc": "micro_rmw", "args": {"keys": [1]}}')
+        is None
+    )
     after = {topic: read_topic(kafka, f"{NS}.{topic}") for topic in ("log", "results", "changes")}
     assert after == before
     assert not any(value == FORGED for records in after.values() for _, value in records)

@@ -79,9 +79,13 @@ def test_servers_stop_when_their_owner_is_killed_midway(stop_signal, fault_repor
         find_bindir()
     except BaselineUnavailable as exc:
         pytest.skip(str(exc))
-    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(tmp_path / "d")], cwd=ROOT, stdout=subprocess.PIPE,
-                             text=True,
-                             env={**os.environ, "PYTHONPATH": ROOT})
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, str(tmp_path / "d")],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
     try:
         postgres_pid, postgres_root = None, None
         for line in owner.stdout:
@@ -92,9 +96,16 @@ def test_servers_stop_when_their_owner_is_killed_midway(stop_signal, fault_repor
                 break
         assert postgres_pid is not None, f"the owner ended before its servers were up (exit {owner.wait()})"
         servers = servers_of(psutil.Process(owner.pid), postgres_pid)
-        kinds = {kind: [pid for pid, command in servers.items() if marker in command]
-                 for kind, marker in (("kafka", "kafka.Kafka"), ("ray", "ray"), ("postgres", postgres_root),
-                                      ("ordo run", "ordo.cli run"), ("sequencer", "ordo.cli sequence"))}
+        kinds = {
+            kind: [pid for pid, command in servers.items() if marker in command]
+            for kind, marker in (
+                ("kafka", "kafka.Kafka"),
+                ("ray", "ray"),
+                ("postgres", postgres_root),
+                ("ordo run", "ordo.cli run"),
+                ("sequencer", "ordo.cli sequence"),
+            )
+        }
         assert all(kinds.values()), kinds  # one of each is running
         killed = time.monotonic()
         owner.send_signal(stop_signal)
@@ -112,9 +123,11 @@ def test_servers_stop_when_their_owner_is_killed_midway(stop_signal, fault_repor
             if not remaining or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
-        fault_report(f"owner {signal.Signals(stop_signal).name}ed holding {len(servers)} processes "
-                     f"({', '.join(f'{k}: {len(v)}' for k, v in kinds.items())}); left after it: {len(remaining)}; "
-                     f"gone after {', '.join(f'{k} {s:.1f} s' for k, s in gone_after.items())}")
+        fault_report(
+            f"owner {signal.Signals(stop_signal).name}ed holding {len(servers)} processes "
+            f"({', '.join(f'{k}: {len(v)}' for k, v in kinds.items())}); left after it: {len(remaining)}; "
+            f"gone after {', '.join(f'{k} {s:.1f} s' for k, s in gone_after.items())}"
+        )
         assert not remaining, "\n".join(f"{pid}: {command[:300]}" for pid, command in remaining.items())
         assert not os.path.exists(postgres_root)
     finally:

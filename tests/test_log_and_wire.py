@@ -8,14 +8,21 @@ from hypothesis import strategies as st
 from ordo.procedures.registry import default_registry
 from ordo.sequencer.dedupe import RecentIds
 from ordo.sequencer.log import (
-    BATCH, LogCursor, LogError, LogMismatch, decode, encode_batch, encode_entry, encode_start, record_context,
+    BATCH,
+    LogCursor,
+    LogError,
+    LogMismatch,
+    decode,
+    encode_batch,
+    encode_entry,
+    encode_start,
+    record_context,
 )
 from ordo.sequencer.log_secret import seal, tag
 from ordo.sequencer.wire import parse_request
 
 registry = default_registry()
-GOOD = {"id": "r-1", "proc": "sl_deposit",
-        "args": {"account": 1, "asset": 2, "account_amount": 3, "asset_amount": 4}}
+GOOD = {"id": "r-1", "proc": "sl_deposit", "args": {"account": 1, "asset": 2, "account_amount": 3, "asset_amount": 4}}
 
 
 def parse(value, key=b"k", limit=1000):
@@ -26,22 +33,29 @@ def test_valid_request_becomes_a_runnable_entry():
     assert parse(json.dumps(GOOD).encode()) == ["r-1", "sl_deposit", GOOD["args"]]
 
 
-@pytest.mark.parametrize("value, key, expected_id, error", [
-    (b"{nope", b"k-7", "@0:17", "invalid JSON"),
-    (b"\xff\xfe", None, "@0:17", "invalid JSON"),
-    (None, b"k", "@0:17", "empty message"),
-    (b"[1, 2]", b"k", "@0:17", "request must be a JSON object"),
-    (json.dumps({"proc": "x", "args": {}}).encode(), b"k", "@0:17", "missing or invalid 'id'"),
-    (json.dumps({"id": 5, "proc": "x", "args": {}}).encode(), b"k", "@0:17", "missing or invalid 'id'"),
-    (json.dumps({"id": "@0:3", "proc": "x", "args": {}}).encode(), b"k", "@0:17", "must not start with '@'"),
-    (json.dumps({"id": "a", "args": {}}).encode(), b"k", "@0:17", "missing field(s): proc"),
-    (json.dumps({"id": "a", "proc": "sl_deposit"}).encode(), b"a", "@0:17", "missing field(s): args"),
-    (json.dumps({**GOOD, "code": "import os"}).encode(), b"k", "@0:17", "unknown field(s): code"),
-    (json.dumps({**GOOD, "proc": "drop_tables"}).encode(), b"k", "r-1", "unknown procedure 'drop_tables'"),
-    (json.dumps({**GOOD, "args": {**GOOD["args"], "asset": "x"}}).encode(), b"k", "r-1",
-     "argument 'asset': expected integer"),
-    (b"x" * 2000, b"big", "@0:17", "request too large: 2000 bytes > limit 1000"),
-])
+@pytest.mark.parametrize(
+    "value, key, expected_id, error",
+    [
+        (b"{nope", b"k-7", "@0:17", "invalid JSON"),
+        (b"\xff\xfe", None, "@0:17", "invalid JSON"),
+        (None, b"k", "@0:17", "empty message"),
+        (b"[1, 2]", b"k", "@0:17", "request must be a JSON object"),
+        (json.dumps({"proc": "x", "args": {}}).encode(), b"k", "@0:17", "missing or invalid 'id'"),
+        (json.dumps({"id": 5, "proc": "x", "args": {}}).encode(), b"k", "@0:17", "missing or invalid 'id'"),
+        (json.dumps({"id": "@0:3", "proc": "x", "args": {}}).encode(), b"k", "@0:17", "must not start with '@'"),
+        (json.dumps({"id": "a", "args": {}}).encode(), b"k", "@0:17", "missing field(s): proc"),
+        (json.dumps({"id": "a", "proc": "sl_deposit"}).encode(), b"a", "@0:17", "missing field(s): args"),
+        (json.dumps({**GOOD, "code": "import os"}).encode(), b"k", "@0:17", "unknown field(s): code"),
+        (json.dumps({**GOOD, "proc": "drop_tables"}).encode(), b"k", "r-1", "unknown procedure 'drop_tables'"),
+        (
+            json.dumps({**GOOD, "args": {**GOOD["args"], "asset": "x"}}).encode(),
+            b"k",
+            "r-1",
+            "argument 'asset': expected integer",
+        ),
+        (b"x" * 2000, b"big", "@0:17", "request too large: 2000 bytes > limit 1000"),
+    ],
+)
 def test_bad_messages_become_rejections_never_exceptions(value, key, expected_id, error):
     request_id, proc, reason = parse(value, key)
     assert request_id == expected_id and proc is None and error in reason
@@ -60,16 +74,26 @@ def start(token, sequencer=0, sequencers=1, log="s1"):
     return encode_start(NS, log, token, None, sequencer, sequencers)
 
 
-def batch_record(epoch, generation, entries=(["a", None, "x"],), offsets=None, log_id="s1", sequencer=0, time_ms=None,
-                 namespace=NS):
+def batch_record(
+    epoch, generation, entries=(["a", None, "x"],), offsets=None, log_id="s1", sequencer=0, time_ms=None, namespace=NS
+):
     """A batch of sequencer `sequencer` whose start record is at offset `generation`."""
-    return encode_batch(epoch, generation, 1000 + epoch if time_ms is None else time_ms, offsets or {0: (0, 1)},
-                        [encode_entry(e) for e in entries], log_id=log_id, sequencer=sequencer, namespace=namespace)
+    return encode_batch(
+        epoch,
+        generation,
+        1000 + epoch if time_ms is None else time_ms,
+        offsets or {0: (0, 1)},
+        [encode_entry(e) for e in entries],
+        log_id=log_id,
+        sequencer=sequencer,
+        namespace=namespace,
+    )
 
 
 def test_batch_record_round_trip():
-    kind, batch = decode(batch_record(4, 2, [["a", "p", {"x": 1}], ["b", None, "bad"]], {0: (3, 9), 2: (0, 1)},
-                                      sequencer=1), NS, "s1")
+    kind, batch = decode(
+        batch_record(4, 2, [["a", "p", {"x": 1}], ["b", None, "bad"]], {0: (3, 9), 2: (0, 1)}, sequencer=1), NS, "s1"
+    )
     assert kind == BATCH
     assert (batch.epoch, batch.generation, batch.time_ms, batch.sequencer) == (4, 2, 1004, 1)
     assert batch.offsets == {0: [3, 9], 2: [0, 1]}
@@ -85,9 +109,19 @@ def test_cursor_accepts_next_batch_of_current_generation_only():
     assert cursor.accept(batch_record(2, 0), 4) is None  # a fenced sequencer's late write
     accepted = cursor.accept(batch_record(2, 3, offsets={0: (1, 5)}), 5)
     assert accepted.batch_id == 2 and accepted.log_offset == 5
-    assert cursor.to_dict() == {"next_batch": 3, "generation": 2, "next_offset": 6, "request_offsets": {0: 5},
-                                "log_id": "s1", "lanes": {0: [3, 3]}, "sequencers": 1, "time_ms": 1002,
-                                "procedures": None, "placed": True, "starts": ["s1", "s2"]}
+    assert cursor.to_dict() == {
+        "next_batch": 3,
+        "generation": 2,
+        "next_offset": 6,
+        "request_offsets": {0: 5},
+        "log_id": "s1",
+        "lanes": {0: [3, 3]},
+        "sequencers": 1,
+        "time_ms": 1002,
+        "procedures": None,
+        "placed": True,
+        "starts": ["s1", "s2"],
+    }
     assert LogCursor.from_dict(cursor.to_dict(), NS) == cursor
 
 
@@ -107,7 +141,8 @@ def test_a_copy_of_a_start_record_already_met_is_passed_over_and_named():
         "not signed with this namespace's log secret for log s1",  # the first is sealed as the first
         "a copy of an earlier start record of sequencer 1 of 2 (a start record opens its generation once)",
         "a copy of an earlier start record of sequencer 0 of 1 (a start record opens its generation once)",
-        "a copy of an earlier start record of sequencer 0 of 2 (a start record opens its generation once)"]
+        "a copy of an earlier start record of sequencer 0 of 2 (a start record opens its generation once)",
+    ]
     # The live lanes go on as if the copies were not there, in every reader: one resumed too.
     resumed = LogCursor.from_dict(cursor.to_dict(), NS)
     for reader in (cursor, resumed):
@@ -235,11 +270,23 @@ def sequencer_logs(draw):
     epoch = {k: 1 for k in range(sequencers)}
     last = {}
     expected = []
-    for action, k in draw(st.lists(st.tuples(st.sampled_from(["batch", "batch", "batch", "repeat", "restart"]),
-                                             st.integers(0, sequencers - 1)), max_size=40)):
+    for action, k in draw(
+        st.lists(
+            st.tuples(
+                st.sampled_from(["batch", "batch", "batch", "repeat", "restart"]), st.integers(0, sequencers - 1)
+            ),
+            max_size=40,
+        )
+    ):
         if action == "batch":
-            last[k] = batch_record(epoch[k], generation[k], offsets={k: (epoch[k] - 1, epoch[k])}, sequencer=k,
-                                   time_ms=draw(st.integers(0, 5000)), log_id="s0")
+            last[k] = batch_record(
+                epoch[k],
+                generation[k],
+                offsets={k: (epoch[k] - 1, epoch[k])},
+                sequencer=k,
+                time_ms=draw(st.integers(0, 5000)),
+                log_id="s0",
+            )
             records.append(last[k])
             expected.append((k, epoch[k]))
             epoch[k] += 1
@@ -271,8 +318,9 @@ def test_every_reader_accepts_the_same_batches_of_several_sequencers_whenever_it
     resumed = [first.accept(value, offset) for offset, value in enumerate(records[:cut])]
     second = LogCursor.from_dict(first.to_dict(), NS)
     resumed += [second.accept(value, offset) for offset, value in enumerate(records[cut:], start=cut)]
-    assert [(b.batch_id, b.sequencer, b.epoch, b.time_ms) for b in resumed if b is not None] == \
-        [(b.batch_id, b.sequencer, b.epoch, b.time_ms) for b in batches]
+    assert [(b.batch_id, b.sequencer, b.epoch, b.time_ms) for b in resumed if b is not None] == [
+        (b.batch_id, b.sequencer, b.epoch, b.time_ms) for b in batches
+    ]
     assert second.to_dict() == whole.to_dict()
 
 

@@ -30,8 +30,9 @@ def scrape(port: int) -> dict[str, list]:
 
 
 def value(families: dict, family: str, sample: str, **labels) -> float:
-    found = [s.value for s in families[family] if s.name == sample and all(s.labels.get(k) == v
-                                                                           for k, v in labels.items())]
+    found = [
+        s.value for s in families[family] if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items())
+    ]
     assert len(found) == 1, (family, sample, labels, families.get(family))
     return found[0]
 
@@ -40,10 +41,27 @@ def value(families: dict, family: str, sample: str, **labels) -> float:
 def test_metrics_endpoint_reports_the_engine(broker, namespace, tmp_path, partitions):
     ensure_topics(broker, namespace)
     engine = subprocess.Popen(
-        [sys.executable, "-m", "ordo.cli", "run", "--bootstrap-servers", broker, "--namespace", namespace,
-         "--data-dir", str(tmp_path / "d"), "--partitions", str(partitions), "--metrics-port", "0"],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1"}, stderr=subprocess.PIPE,
-        text=True)
+        [
+            sys.executable,
+            "-m",
+            "ordo.cli",
+            "run",
+            "--bootstrap-servers",
+            broker,
+            "--namespace",
+            namespace,
+            "--data-dir",
+            str(tmp_path / "d"),
+            "--partitions",
+            str(partitions),
+            "--metrics-port",
+            "0",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1"},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in engine.stderr], daemon=True).start()
     try:
@@ -57,15 +75,34 @@ def test_metrics_endpoint_reports_the_engine(broker, namespace, tmp_path, partit
         while not line.startswith("ordo serving: "):  # said once the pipeline is up, before any request
             line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
         assert value(scrape(port), "ordo_serving", "ordo_serving") == 1
-        deposits = [{"id": f"d{i}", "proc": "sl_deposit",
-                     "args": {"account": i, "asset": i, "account_amount": 5, "asset_amount": 5}} for i in range(30)]
-        transfers = [{"id": f"t{i}", "proc": "sl_transfer", "args": {
-            "src_account": 1000 + i, "dst_account": i, "src_asset": 1000 + i, "dst_asset": i,
-            "account_amount": 1, "asset_amount": 1}} for i in range(5)]  # from empty accounts: aborted
+        deposits = [
+            {
+                "id": f"d{i}",
+                "proc": "sl_deposit",
+                "args": {"account": i, "asset": i, "account_amount": 5, "asset_amount": 5},
+            }
+            for i in range(30)
+        ]
+        transfers = [
+            {
+                "id": f"t{i}",
+                "proc": "sl_transfer",
+                "args": {
+                    "src_account": 1000 + i,
+                    "dst_account": i,
+                    "src_asset": 1000 + i,
+                    "dst_asset": i,
+                    "account_amount": 1,
+                    "asset_amount": 1,
+                },
+            }
+            for i in range(5)
+        ]  # from empty accounts: aborted
         # Dependent requests: each takes its reconnaissance pass, which is not a restart, then
         # aborts (the alias was never bound).
-        dependent = [{"id": f"a{i}", "proc": "alias_deposit", "args": {"alias": f"nobody-{i}", "amount": 1}}
-                     for i in range(3)]
+        dependent = [
+            {"id": f"a{i}", "proc": "alias_deposit", "args": {"alias": f"nobody-{i}", "amount": 1}} for i in range(3)
+        ]
         with Client(broker, namespace) as client:
             sent = client.submit(deposits + transfers + dependent + [{"id": "bad", "proc": "nope", "args": {}}])
             found = client.wait(sent, timeout=120)
@@ -75,8 +112,10 @@ def test_metrics_endpoint_reports_the_engine(broker, namespace, tmp_path, partit
         while True:  # the endpoint shows what the workers reported at the coordinator's last poll;
             # outcomes are counted once published, batches once applied (after the broker's ack)
             families = scrape(port)
-            decided = sum(value(families, "ordo_transactions", "ordo_transactions_total", status=status)
-                          for status in ("committed", "aborted", "rejected"))
+            decided = sum(
+                value(families, "ordo_transactions", "ordo_transactions_total", status=status)
+                for status in ("committed", "aborted", "rejected")
+            )
             if decided == 39 and value(families, "ordo_batches", "ordo_batches_total") >= 1:
                 break
             assert time.monotonic() < deadline, families["ordo_transactions"]
@@ -87,28 +126,53 @@ def test_metrics_endpoint_reports_the_engine(broker, namespace, tmp_path, partit
         assert "ordo_aborts" not in families and value(families, "ordo_restarts", "ordo_restarts_total") == 0
         assert value(families, "ordo_reconnaissance_passes", "ordo_reconnaissance_passes_total") == 3
         assert {sample.labels["status"] for sample in families["ordo_transactions"]} == {
-            "committed", "aborted", "rejected"}
+            "committed",
+            "aborted",
+            "rejected",
+        }
         batches = value(families, "ordo_batches", "ordo_batches_total")
         assert batches >= 1 and value(families, "ordo_last_applied_batch", "ordo_last_applied_batch") >= batches
         for p in range(partitions):
-            assert value(families, "ordo_worker_busy_seconds", "ordo_worker_busy_seconds_total",
-                         partition=str(p)) > 0
-        per_partition = sum(value(families, "ordo_partition_transactions", "ordo_partition_transactions_total",
-                                  partition=str(p), status="committed") for p in range(partitions))
+            assert value(families, "ordo_worker_busy_seconds", "ordo_worker_busy_seconds_total", partition=str(p)) > 0
+        per_partition = sum(
+            value(
+                families,
+                "ordo_partition_transactions",
+                "ordo_partition_transactions_total",
+                partition=str(p),
+                status="committed",
+            )
+            for p in range(partitions)
+        )
         assert per_partition == 30
         observed = value(families, "ordo_batch_latency_seconds", "ordo_batch_latency_seconds_count")
         assert observed >= batches * partitions
-        assert value(families, "ordo_batch_latency_seconds", "ordo_batch_latency_seconds_bucket", le="+Inf") \
-            == observed
+        assert value(families, "ordo_batch_latency_seconds", "ordo_batch_latency_seconds_bucket", le="+Inf") == observed
         assert value(families, "ordo_batch_latency_seconds", "ordo_batch_latency_seconds_sum") > 0
         assert value(families, "ordo_requests_lag_messages", "ordo_requests_lag_messages") >= 0
         assert "ordo_log_lag_records" in families
         assert value(families, "ordo_sequencer_restarts", "ordo_sequencer_restarts_total") == 0
         for p in range(partitions):  # each worker's process and its shard's RocksDB memory
-            assert value(families, "ordo_partition_memory_bytes", "ordo_partition_memory_bytes",
-                         partition=str(p), kind="resident") > 20 * 2**20
-            assert value(families, "ordo_partition_memory_bytes", "ordo_partition_memory_bytes",
-                         partition=str(p), kind="memtables") > 0
+            assert (
+                value(
+                    families,
+                    "ordo_partition_memory_bytes",
+                    "ordo_partition_memory_bytes",
+                    partition=str(p),
+                    kind="resident",
+                )
+                > 20 * 2**20
+            )
+            assert (
+                value(
+                    families,
+                    "ordo_partition_memory_bytes",
+                    "ordo_partition_memory_bytes",
+                    partition=str(p),
+                    kind="memtables",
+                )
+                > 0
+            )
 
         # Progress lines while there was work, with the requests lag; none once idle.
         time.sleep(3)
@@ -140,10 +204,29 @@ def test_a_busy_metrics_port_is_one_clear_line(broker, namespace, tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        done = subprocess.run([sys.executable, "-m", "ordo.cli", "execute", "--bootstrap-servers", broker,
-                               "--namespace", namespace, "--data-dir", str(tmp_path / "d"), "--runtime", "local",
-                               "--metrics-port", str(port)], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
-                              capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ordo.cli",
+                "execute",
+                "--bootstrap-servers",
+                broker,
+                "--namespace",
+                namespace,
+                "--data-dir",
+                str(tmp_path / "d"),
+                "--runtime",
+                "local",
+                "--metrics-port",
+                str(port),
+            ],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": ROOT},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith(f"ordo execute: cannot serve metrics on 127.0.0.1:{port}")
 
@@ -165,8 +248,10 @@ def test_the_engine_serves_once_every_worker_has_executed_what_the_log_held_befo
     readiness.check([worker(400, 100, 50), worker(901, 200, 250)])  # one has not read the backlog yet
     assert stream.getvalue() == ""
     readiness.check([worker(905, 300, 150), worker(906, 400, 50)])  # both have read it: batches 1-450
-    assert stream.getvalue() == ("ordo catching up: 150 batch(es) of the log's backlog are executed first (up to "
-                                 "batch 450); requests sent now are answered after them\n")
+    assert stream.getvalue() == (
+        "ordo catching up: 150 batch(es) of the log's backlog are executed first (up to "
+        "batch 450); requests sent now are answered after them\n"
+    )
     readiness.check([worker(960, 449, 30), worker(960, 460, 10)])  # still batch 450 to go on one worker
     assert readiness.since is None and "serving" not in stream.getvalue()
     readiness.check([worker(990, 450, 40), worker(990, 470, 20)])
@@ -190,8 +275,21 @@ def test_the_progress_line_names_the_batch_its_outcomes_have_reached(broker, nam
     try:
         # A worker's status as it reports it one second into a backlog: 12 batches executed,
         # their outputs not yet acknowledged, so none applied.
-        coordinator._update([{"partition": 0, "executed": 12, "applied": 0, "committed": 2550, "aborted": 5,
-                              "rejected": 2, "applied_txns": 0, "next_offset": 14, "checkpointed": []}])
+        coordinator._update(
+            [
+                {
+                    "partition": 0,
+                    "executed": 12,
+                    "applied": 0,
+                    "committed": 2550,
+                    "aborted": 5,
+                    "rejected": 2,
+                    "applied_txns": 0,
+                    "next_offset": 14,
+                    "checkpointed": [],
+                }
+            ]
+        )
         stream = io.StringIO()
         Progress(coordinator, stream=stream, every=0.0)(coordinator.stats)
     finally:
@@ -219,9 +317,20 @@ def test_the_line_left_on_screen_shows_the_log_read_to_its_end(broker, namespace
     end = coordinator.log_end(timeout=10)
 
     def worker_read_up_to(position: int) -> None:  # a worker's status as the coordinator polls it
-        coordinator._statuses = [{"partition": 0, "executed": last_batch, "applied": last_batch, "committed": 5,
-                                  "aborted": 0, "rejected": 0, "applied_txns": 5, "next_offset": position,
-                                  "position": position, "checkpointed": []}]
+        coordinator._statuses = [
+            {
+                "partition": 0,
+                "executed": last_batch,
+                "applied": last_batch,
+                "committed": 5,
+                "aborted": 0,
+                "rejected": 0,
+                "applied_txns": 5,
+                "next_offset": position,
+                "position": position,
+                "checkpointed": [],
+            }
+        ]
         coordinator._update(coordinator._statuses)
 
     stream = io.StringIO()
@@ -251,10 +360,28 @@ def test_a_new_data_directory_serves_once_the_backlog_is_executed(broker, namesp
     backlog = [{"id": f"b{i}", "proc": "micro_rmw", "args": {"keys": [i % 40, 40 + i % 7]}} for i in range(2700)]
     last_batch, _ = sequence_requests(broker, namespace, backlog, max_txns=1, partitions=2)
     engine = subprocess.Popen(
-        [sys.executable, "-m", "ordo.cli", "run", "--bootstrap-servers", broker, "--namespace", namespace,
-         "--data-dir", str(tmp_path / "new"), "--partitions", "2", "--metrics-port", "0", "--quiet"],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1"}, stderr=subprocess.PIPE,
-        text=True)
+        [
+            sys.executable,
+            "-m",
+            "ordo.cli",
+            "run",
+            "--bootstrap-servers",
+            broker,
+            "--namespace",
+            namespace,
+            "--data-dir",
+            str(tmp_path / "new"),
+            "--partitions",
+            "2",
+            "--metrics-port",
+            "0",
+            "--quiet",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1"},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in engine.stderr], daemon=True).start()
     try:
@@ -265,8 +392,10 @@ def test_a_new_data_directory_serves_once_the_backlog_is_executed(broker, namesp
             if said[-1].startswith("metrics on http://127.0.0.1:"):
                 port = int(said[-1].split(":")[2].split("/")[0])
         families = scrape(port)
-        decided = sum(value(families, "ordo_transactions", "ordo_transactions_total", status=status)
-                      for status in ("committed", "aborted", "rejected"))
+        decided = sum(
+            value(families, "ordo_transactions", "ordo_transactions_total", status=status)
+            for status in ("committed", "aborted", "rejected")
+        )
         assert decided == len(backlog), said
         catching_up = [line for line in said if line.startswith("ordo catching up: ")]
         for line in catching_up:  # no request came since: the backlog ends at the log's last batch

@@ -51,10 +51,31 @@ def _user_dir(tmp_path, app_module: str):
 def test_modules_of_a_user_named_like_ordo_s_components_shadow_nothing(broker, namespace, tmp_path, app_module):
     user_dir = _user_dir(tmp_path / "user", app_module)
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}  # as a user's shell has it
-    engine = subprocess.Popen([sys.executable, "-m", "ordo.cli", "run", "--bootstrap-servers", broker, "--namespace",
-                               namespace, "--data-dir", str(tmp_path / "d"), "--app", f"{app_module}:app",
-                               "--partitions", "2", "--runtime", "ray", "--quiet"], cwd=user_dir, env=env,
-                              stderr=subprocess.PIPE, text=True)
+    engine = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ordo.cli",
+            "run",
+            "--bootstrap-servers",
+            broker,
+            "--namespace",
+            namespace,
+            "--data-dir",
+            str(tmp_path / "d"),
+            "--app",
+            f"{app_module}:app",
+            "--partitions",
+            "2",
+            "--runtime",
+            "ray",
+            "--quiet",
+        ],
+        cwd=user_dir,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         with Client(broker, namespace) as client:
             client.wait_for_topics(120)

@@ -24,8 +24,9 @@ def node_client() -> str:
     if shutil.which("node") is None or shutil.which("npm") is None:
         pytest.skip("Node.js and npm are not installed")
     if not os.path.isdir(os.path.join(NODE_DIR, "node_modules", "kafkajs")):
-        done = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, capture_output=True, text=True,
-                              timeout=600)
+        done = subprocess.run(
+            ["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, capture_output=True, text=True, timeout=600
+        )
         assert done.returncode == 0, done.stderr
     return os.path.join(NODE_DIR, "client.js")
 
@@ -33,16 +34,43 @@ def node_client() -> str:
 def test_a_kafkajs_client_submits_and_reads_outcomes_and_a_stream(broker, namespace, tmp_path, node_client):
     ensure_topics(broker, namespace, request_partitions=2)
     env = {**os.environ, "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1"}
-    engine = subprocess.Popen([sys.executable, "-m", "ordo.cli", "run", "--bootstrap-servers", broker,
-                               "--namespace", namespace, "--data-dir", str(tmp_path / "d"), "--app", "inventory:app",
-                               "--runtime", "local", "--partitions", "2", "--quiet"],
-                              cwd=os.path.join(ROOT, "examples"), env=env)
-    steps = [[{"id": "js-deliver", "proc": "deliver", "args": {"batch": [{"warehouse": 1, "item": 7, "qty": 12}]}}],
-             [{"id": "js-ship", "proc": "ship", "args": {"warehouse": 1, "item": 7, "qty": 5}},
-              {"id": "js-bad", "proc": "ship", "args": {"warehouse": 1, "item": 7}}]]
+    engine = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ordo.cli",
+            "run",
+            "--bootstrap-servers",
+            broker,
+            "--namespace",
+            namespace,
+            "--data-dir",
+            str(tmp_path / "d"),
+            "--app",
+            "inventory:app",
+            "--runtime",
+            "local",
+            "--partitions",
+            "2",
+            "--quiet",
+        ],
+        cwd=os.path.join(ROOT, "examples"),
+        env=env,
+    )
+    steps = [
+        [{"id": "js-deliver", "proc": "deliver", "args": {"batch": [{"warehouse": 1, "item": 7, "qty": 12}]}}],
+        [
+            {"id": "js-ship", "proc": "ship", "args": {"warehouse": 1, "item": 7, "qty": 5}},
+            {"id": "js-bad", "proc": "ship", "args": {"warehouse": 1, "item": 7}},
+        ],
+    ]
     try:
-        done = subprocess.run(["node", node_client, broker, namespace, "low_stock", json.dumps(steps)],
-                              capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            ["node", node_client, broker, namespace, "low_stock", json.dumps(steps)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert done.returncode == 0, done.stderr
     finally:
         assert stop(engine) == 0

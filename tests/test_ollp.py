@@ -14,16 +14,23 @@ from ordo.procedures.workloads import alias
 from tests.dependent_logs import assert_equals_serial_interpretation, assert_same_run, run_dependent
 
 REGISTRY = default_registry()
-CONFIGS = [("serial", 1), ("locking", 2), ("vll", 3), ("opchain", 2), ("serial", 3), ("locking", 1),
-           ("vll", 2), ("opchain", 1)]
+CONFIGS = [
+    ("serial", 1),
+    ("locking", 2),
+    ("vll", 3),
+    ("opchain", 2),
+    ("serial", 3),
+    ("locking", 1),
+    ("vll", 2),
+    ("opchain", 1),
+]
 
 names = st.sampled_from(["a", "b", "c", "d", "zz"])
 accounts = st.integers(0, 7)
 op = st.one_of(
     st.builds(lambda a, n: ("alias_bind", {"alias": a, "account": n}), names, accounts),
     st.builds(lambda a, m: ("alias_deposit", {"alias": a, "amount": m}), names, st.integers(0, 30)),
-    st.builds(lambda s, d, m: ("alias_transfer", {"src": s, "dst": d, "amount": m}), names, names,
-              st.integers(0, 40)),
+    st.builds(lambda s, d, m: ("alias_transfer", {"src": s, "dst": d, "amount": m}), names, names, st.integers(0, 40)),
 )
 logs = st.lists(st.lists(op, min_size=1, max_size=12), min_size=1, max_size=4)
 
@@ -100,8 +107,10 @@ def test_a_rebinding_before_the_turn_restarts_and_the_bound_ends_in_a_rejection(
     binds = [{"id": f"b{i}", "proc": "alias_bind", "args": {"alias": f"a{i}", "account": i}} for i in range(3)]
     money = [{"id": "d0", "proc": "alias_deposit", "args": {"alias": "a0", "amount": 100}}]
     # The transfer's reconnaissance sees a0 -> 0; the rebind in the next batch changes it.
-    transfer = [{"id": "t", "proc": "alias_transfer", "args": {"src": "a0", "dst": "a1", "amount": 5}},
-                {"id": "rb", "proc": "alias_bind", "args": {"alias": "a0", "account": 2}}]
+    transfer = [
+        {"id": "t", "proc": "alias_transfer", "args": {"src": "a0", "dst": "a1", "amount": 5}},
+        {"id": "rb", "proc": "alias_bind", "args": {"alias": "a0", "account": 2}},
+    ]
     unknown = [{"id": "u", "proc": "alias_deposit", "args": {"alias": "nobody", "amount": 1}}]
     run = run_dependent([binds, money, transfer, unknown], "locking", 2, REGISTRY)
     records = {r["id"]: r for _, _, r in run["positioned"]}
@@ -139,14 +148,21 @@ def test_restarts_after_a_long_wait_do_not_count_toward_the_limit_but_are_bounde
         return batches
 
     for scheduler in ("serial", "locking", "vll", "opchain"):
-        run = run_dependent(chase(MAX_RESTARTS + 3), scheduler, 2, REGISTRY, restarts_first=False,
-                            ms_per_batch=LATE_MS + 1)
+        run = run_dependent(
+            chase(MAX_RESTARTS + 3), scheduler, 2, REGISTRY, restarts_first=False, ms_per_batch=LATE_MS + 1
+        )
         x = {r["id"]: r for _, _, r in run["positioned"]}["x"]
         assert (x["status"], x["restarts"]) == ("committed", MAX_RESTARTS + 3), (scheduler, x)
         assert run["state"][("alias_account", 10 + MAX_RESTARTS + 2)] == 1
 
-        run = run_dependent(chase(MAX_RESTARTS + MAX_LATE_RESTARTS + 3), scheduler, 1, REGISTRY,
-                            restarts_first=False, ms_per_batch=LATE_MS + 1)
+        run = run_dependent(
+            chase(MAX_RESTARTS + MAX_LATE_RESTARTS + 3),
+            scheduler,
+            1,
+            REGISTRY,
+            restarts_first=False,
+            ms_per_batch=LATE_MS + 1,
+        )
         x = {r["id"]: r for _, _, r in run["positioned"]}["x"]
         assert x["status"] == "rejected" and x["restarts"] == MAX_RESTARTS + MAX_LATE_RESTARTS, (scheduler, x)
         assert f"not counting {MAX_LATE_RESTARTS} after a wait of over {LATE_MS} ms" in x["error"]
@@ -159,14 +175,18 @@ def test_assumptions_a_client_gives_are_checked_and_bad_ones_rejected():
     with pytest.raises(RequestError, match="one value per reconnaissance key"):
         REGISTRY.analyze("alias_deposit", {"alias": "a", "amount": 1, OLLP_FIELD: {"restarts": 0, "assumed": []}})
     with pytest.raises(RequestError, match="restarts"):
-        REGISTRY.analyze("alias_deposit", {"alias": "a", "amount": 1,
-                                           OLLP_FIELD: {"restarts": MAX_RESTARTS + MAX_LATE_RESTARTS + 1,
-                                                        "assumed": [3]}})
+        REGISTRY.analyze(
+            "alias_deposit",
+            {"alias": "a", "amount": 1, OLLP_FIELD: {"restarts": MAX_RESTARTS + MAX_LATE_RESTARTS + 1, "assumed": [3]}},
+        )
     with pytest.raises(RequestError, match="late"):
-        REGISTRY.analyze("alias_deposit", {"alias": "a", "amount": 1,
-                                           OLLP_FIELD: {"restarts": 1, "assumed": [3], "late": 2, "at": 5}})
-    _, reads, writes = REGISTRY.analyze("alias_deposit", {"alias": "a", "amount": 1,
-                                                          OLLP_FIELD: {"restarts": 0, "assumed": [3]}})
+        REGISTRY.analyze(
+            "alias_deposit",
+            {"alias": "a", "amount": 1, OLLP_FIELD: {"restarts": 1, "assumed": [3], "late": 2, "at": 5}},
+        )
+    _, reads, writes = REGISTRY.analyze(
+        "alias_deposit", {"alias": "a", "amount": 1, OLLP_FIELD: {"restarts": 0, "assumed": [3]}}
+    )
     assert reads == (("alias", "a"), ("alias_account", 3)) and writes == (("alias_account", 3),)
     _, reads, writes = REGISTRY.analyze("alias_deposit", {"alias": "a", "amount": 1})
     assert reads == (("alias", "a"),) and writes == ()

@@ -32,8 +32,10 @@ def test_engine_killed_while_transactions_are_re_sequenced(broker, namespace, tm
     try:
         for kill in range(3):
             engine = ordo("execute", *kafka, *engine_args)
-            sent = [producer.send(f"{namespace}.requests", key=r["id"].encode(), value=json.dumps(r).encode())
-                    for r in (requests[kill * 1000:(kill + 1) * 1000] if kill < 2 else requests[2000:])]
+            sent = [
+                producer.send(f"{namespace}.requests", key=r["id"].encode(), value=json.dumps(r).encode())
+                for r in (requests[kill * 1000 : (kill + 1) * 1000] if kill < 2 else requests[2000:])
+            ]
             producer.flush()
             for future in sent:
                 future.get(timeout=30)  # acknowledged by the broker
@@ -56,8 +58,12 @@ def test_engine_killed_while_transactions_are_re_sequenced(broker, namespace, tm
     assert set(by_id) == {r["id"] for r in requests}
     assert any(r["restarts"] > 0 for r in by_id.values())
     last_batch = max(r["batch"] for r in by_id.values())
-    identities = [request_identity(e[0], e[2]) for batch in read_log(broker, namespace, last_batch)
-                  for e in batch.entries if e[1] is not None]
+    identities = [
+        request_identity(e[0], e[2])
+        for batch in read_log(broker, namespace, last_batch)
+        for e in batch.entries
+        if e[1] is not None
+    ]
     assert len(identities) == len(set(identities))  # every step entered the log once
     steps = sum(1 for e in identities if "\x00" in e)
     dependent = [r["id"] for r in requests if r["proc"] != "alias_bind"]
@@ -67,6 +73,8 @@ def test_engine_killed_while_transactions_are_re_sequenced(broker, namespace, tm
     positioned = sorted(((r["batch"], r["txn"], r) for r in by_id.values()), key=lambda p: p[:2])
     statuses, state = model(positioned, [requests])
     assert {r["id"]: r["status"] for r in by_id.values()} == statuses
-    dumped = {(r["table"], r["key"]): r["value"]
-              for r in map(json.loads, ordo_output("dump", "--data-dir", data_dir).splitlines())}
+    dumped = {
+        (r["table"], r["key"]): r["value"]
+        for r in map(json.loads, ordo_output("dump", "--data-dir", data_dir).splitlines())
+    }
     assert dumped == state

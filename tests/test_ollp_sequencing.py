@@ -16,8 +16,15 @@ from ordo.sequencer.topics import ensure_topics
 
 def _step(restarts: int, assumed: list) -> dict:
     """A step as the engine re-sequences it: signed."""
-    return json.loads(restart_request("t1", {"proc": "alias_deposit", "args": {
-        "alias": "a", "amount": 3, OLLP_FIELD: {"restarts": restarts, "assumed": assumed}}}))
+    return json.loads(
+        restart_request(
+            "t1",
+            {
+                "proc": "alias_deposit",
+                "args": {"alias": "a", "amount": 3, OLLP_FIELD: {"restarts": restarts, "assumed": assumed}},
+            },
+        )
+    )
 
 
 def _plain(record: dict | None) -> dict | None:
@@ -27,8 +34,11 @@ def _plain(record: dict | None) -> dict | None:
 def test_a_republished_step_is_dropped_and_a_client_duplicate_rejected(broker, namespace):
     ensure_topics(broker, namespace, request_partitions=1)
     first = {"id": "t1", "proc": "alias_deposit", "args": {"alias": "a", "amount": 3}}
-    unsigned = {"id": "t1", "proc": "alias_deposit",
-                "args": {"alias": "a", "amount": 3, OLLP_FIELD: {"restarts": 2, "assumed": [5]}}}
+    unsigned = {
+        "id": "t1",
+        "proc": "alias_deposit",
+        "args": {"alias": "a", "amount": 3, OLLP_FIELD: {"restarts": 2, "assumed": [5]}},
+    }
     requests = [first, _step(0, [None]), _step(0, [None]), _step(1, [4]), first, _step(1, [4]), unsigned]
     client = Client(broker, namespace)
     client.submit([(r["id"], json.dumps(r).encode()) for r in requests])

@@ -19,13 +19,28 @@ DEPOSIT = "sl_deposit"
 
 
 def _deposit(client: Client, account: int) -> dict:
-    return client.wait_one(client.submit(DEPOSIT, {"account": account, "asset": account, "account_amount": 5,
-                                                   "asset_amount": 5}), timeout=120)
+    return client.wait_one(
+        client.submit(DEPOSIT, {"account": account, "asset": account, "account_amount": 5, "asset_amount": 5}),
+        timeout=120,
+    )
 
 
 def _engine(bootstrap: str, namespace: str, data_dir: str, **kwargs) -> subprocess.Popen:
-    return ordo("run", "--bootstrap-servers", bootstrap, "--namespace", namespace, "--data-dir", data_dir,
-                "--runtime", "local", "--quiet", stderr=subprocess.PIPE, text=True, **kwargs)
+    return ordo(
+        "run",
+        "--bootstrap-servers",
+        bootstrap,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        data_dir,
+        "--runtime",
+        "local",
+        "--quiet",
+        stderr=subprocess.PIPE,
+        text=True,
+        **kwargs,
+    )
 
 
 def _lines(text: str) -> list[str]:
@@ -56,13 +71,16 @@ def test_a_second_ordo_run_on_a_live_namespace_is_refused_in_one_line(broker, na
         stop(first)
     said_first = first.stderr.read()
     assert "Traceback" not in said_first and "restarting" not in said_first, said_first
-    fault_report(f"a second ordo run on the live namespace (another data directory): refused in "
-                 f"{len(_lines(said))} line(s) naming the first; the first answered 10 more requests, no restart")
+    fault_report(
+        f"a second ordo run on the live namespace (another data directory): refused in "
+        f"{len(_lines(said))} line(s) naming the first; the first answered 10 more requests, no restart"
+    )
 
 
 def _note(bootstrap: str, namespace: str) -> dict:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{namespace}.sequencer",
-                         "enable.auto.commit": False})
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"{namespace}.sequencer", "enable.auto.commit": False}
+    )
     try:
         (position,) = consumer.committed([TopicPartition(f"{namespace}.requests", 0)], timeout=10)
         return json.loads(position.metadata)
@@ -70,8 +88,9 @@ def _note(bootstrap: str, namespace: str) -> dict:
         consumer.close()
 
 
-def test_a_fenced_sequencer_stops_its_engine_in_one_line_and_is_not_restarted(broker, namespace, tmp_path,
-                                                                              monkeypatch, fault_report):
+def test_a_fenced_sequencer_stops_its_engine_in_one_line_and_is_not_restarted(
+    broker, namespace, tmp_path, monkeypatch, fault_report
+):
     first = _engine(broker, namespace, str(tmp_path / "first"))
     intruder = None
     try:
@@ -82,8 +101,9 @@ def test_a_fenced_sequencer_stops_its_engine_in_one_line_and_is_not_restarted(br
             # so nothing refuses it, and it fences the live sequencer.
             live = _note(broker, namespace)
             monkeypatch.setenv(OWNER_ENV, json.dumps({"id": live["id"], "who": "the intruder"}))
-            intruder = ordo("sequence", "--bootstrap-servers", broker, "--namespace", namespace,
-                            stderr=subprocess.PIPE, text=True)
+            intruder = ordo(
+                "sequence", "--bootstrap-servers", broker, "--namespace", namespace, stderr=subprocess.PIPE, text=True
+            )
             started = intruder.stderr.readline()
             assert "resumes at batch" in started, started
             client.submit(DEPOSIT, {"account": 2, "asset": 2, "account_amount": 5, "asset_amount": 5})
@@ -98,8 +118,10 @@ def test_a_fenced_sequencer_stops_its_engine_in_one_line_and_is_not_restarted(br
         if intruder is not None:
             stop(intruder)
         stop(first)
-    fault_report("a second sequencer started on the live lane (no look refused it): the fenced engine stopped "
-                 "in one line, its sequencer not restarted, the newer one went on")
+    fault_report(
+        "a second sequencer started on the live lane (no look refused it): the fenced engine stopped "
+        "in one line, its sequencer not restarted, the newer one went on"
+    )
 
 
 def test_an_engine_killed_does_not_hold_the_namespace(broker, namespace, tmp_path, fault_report):
@@ -124,5 +146,7 @@ def test_an_engine_killed_does_not_hold_the_namespace(broker, namespace, tmp_pat
             stop(first)
     said = after.stderr.read()
     assert "one engine per namespace" not in said and "Traceback" not in said, said
-    fault_report(f"ordo run SIGKILLed, started again at once on its namespace: not refused, first outcome "
-                 f"{answered_in:.1f} s after the start")
+    fault_report(
+        f"ordo run SIGKILLed, started again at once on its namespace: not refused, first outcome "
+        f"{answered_in:.1f} s after the start"
+    )

@@ -8,11 +8,25 @@ from ordo.sequencer.topics import ensure_topics
 
 def test_outcome_record_is_the_documented_json():
     record = json.loads(outcome_record(Outcome(3, "r-1", "aborted", None, "insufficient funds"), 17))
-    assert record == {"id": "r-1", "status": "aborted", "batch": 17, "txn": 3, "restarts": 0, "result": None,
-                      "error": "insufficient funds"}
+    assert record == {
+        "id": "r-1",
+        "status": "aborted",
+        "batch": 17,
+        "txn": 3,
+        "restarts": 0,
+        "result": None,
+        "error": "insufficient funds",
+    }
     plain = json.loads(outcome_record(Outcome(4, "r-2", "committed", None, None, restarts=2), 17))
-    assert plain == {"id": "r-2", "status": "committed", "batch": 17, "txn": 4, "restarts": 2, "result": None,
-                     "error": None}
+    assert plain == {
+        "id": "r-2",
+        "status": "committed",
+        "batch": 17,
+        "txn": 4,
+        "restarts": 2,
+        "result": None,
+        "error": None,
+    }
 
 
 def test_change_data_is_split_into_parts_that_fit_a_message():
@@ -29,14 +43,21 @@ def test_change_data_is_split_into_parts_that_fit_a_message():
     assert flat[:2] == [{"table": "micro", "key": 0, "value": 0}, {"table": "micro", "key": 1, "value": 7}]
     assert flat[-1] == {"table": "micro", "key": "k", "value": None, "deleted": True}
     assert len(flat) == 5001
-    assert json.loads(last[1]) == {"batch": 7, "txn": 4, "txns": 5, "part": 0, "parts": 1,
-                                   "changes": [{"table": "micro", "key": 1, "value": 1}]}
+    assert json.loads(last[1]) == {
+        "batch": 7,
+        "txn": 4,
+        "txns": 5,
+        "part": 0,
+        "parts": 1,
+        "changes": [{"table": "micro", "key": 1, "value": 1}],
+    }
 
 
 def test_every_transaction_reported_has_a_record_even_without_changes():
     assert change_records(9, 3, [0, 2], []) == [
         (b"9.0.0", b'{"batch":9,"txn":0,"txns":3,"part":0,"parts":1,"changes":[]}'),
-        (b"9.2.0", b'{"batch":9,"txn":2,"txns":3,"part":0,"parts":1,"changes":[]}')]
+        (b"9.2.0", b'{"batch":9,"txn":2,"txns":3,"part":0,"parts":1,"changes":[]}'),
+    ]
 
 
 def test_a_worker_waiting_for_acknowledgements_sends_at_once_whatever_the_linger(broker, namespace):

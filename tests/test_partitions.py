@@ -18,8 +18,12 @@ def shared_log(broker):
     """Multi-partition micro and sl traffic, with aborts and bad requests, sequenced once."""
     namespace = f"partitions-{os.getpid()}"
     requests = []
-    for i, (a, b) in enumerate(zip(micro.generate(600, seed=21, partitions=4, keys=200, hot=4, mp=0.5),
-                                   sl.generate(600, seed=22, records=50, theta=0.9))):
+    for i, (a, b) in enumerate(
+        zip(
+            micro.generate(600, seed=21, partitions=4, keys=200, hot=4, mp=0.5),
+            sl.generate(600, seed=22, records=50, theta=0.9),
+        )
+    ):
         requests += [a, b]
         if i % 97 == 0:
             requests.append({"id": f"bad-{i}", "proc": "micro_rmw", "args": {"keys": "nope"}})

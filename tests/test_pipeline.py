@@ -18,8 +18,20 @@ pytestmark = pytest.mark.slow
 def test_external_client_to_state_equals_serial_interpretation(broker, namespace, tmp_path):
     ensure_topics(broker, namespace, request_partitions=3)
     data_dir = str(tmp_path / "data")
-    engine = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", data_dir,
-                  "--scheduler", "serial", "--max-txns", "300", "--quiet")
+    engine = ordo(
+        "run",
+        "--bootstrap-servers",
+        broker,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        data_dir,
+        "--scheduler",
+        "serial",
+        "--max-txns",
+        "300",
+        "--quiet",
+    )
     try:
         requests = list(sl.generate(1500, seed=11)) + list(micro.generate(1500, seed=12, keys=500, hot=10))
         producer = KafkaProducer(bootstrap_servers=broker)
@@ -47,9 +59,22 @@ def test_external_client_to_state_equals_serial_interpretation(broker, namespace
 
 def test_bad_input_gets_one_clear_outcome_and_later_requests_still_commit(broker, namespace, tmp_path):
     ensure_topics(broker, namespace)
-    engine = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace,
-                  "--data-dir", str(tmp_path / "d"), "--max-request-bytes", "2000", "--quiet",
-                  "--procedures", "tests.faulty_procedures", "--workloads", "sl")
+    engine = ordo(
+        "run",
+        "--bootstrap-servers",
+        broker,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        str(tmp_path / "d"),
+        "--max-request-bytes",
+        "2000",
+        "--quiet",
+        "--procedures",
+        "tests.faulty_procedures",
+        "--workloads",
+        "sl",
+    )
     deposit = {"account": 1, "asset": 1, "account_amount": 5, "asset_amount": 5}
     bad = [
         (b"bad-json", b'{"id": "bad-json", "proc": '),
@@ -57,10 +82,14 @@ def test_bad_input_gets_one_clear_outcome_and_later_requests_still_commit(broker
         (b"no-args", json.dumps({"id": "no-args", "proc": "sl_deposit"}).encode()),
         (b"no-id", json.dumps({"proc": "sl_deposit", "args": deposit}).encode()),
         (b"unknown", json.dumps({"id": "unknown", "proc": "rm_rf", "args": {}}).encode()),
-        (b"wrong-type", json.dumps({"id": "wrong-type", "proc": "sl_deposit",
-                                    "args": {**deposit, "account": "one"}}).encode()),
-        (b"too-big", json.dumps({"id": "too-big", "proc": "sl_deposit",
-                                 "args": {**deposit, "pad": "x" * 5000}}).encode()),
+        (
+            b"wrong-type",
+            json.dumps({"id": "wrong-type", "proc": "sl_deposit", "args": {**deposit, "account": "one"}}).encode(),
+        ),
+        (
+            b"too-big",
+            json.dumps({"id": "too-big", "proc": "sl_deposit", "args": {**deposit, "pad": "x" * 5000}}).encode(),
+        ),
         (b"raises", json.dumps({"id": "raises", "proc": "faulty_divide", "args": {"key": 1, "by": 0}}).encode()),
         (b"divides", json.dumps({"id": "divides", "proc": "faulty_divide", "args": {"key": 2, "by": 4}}).encode()),
         (b"first", json.dumps({"id": "first", "proc": "sl_deposit", "args": deposit}).encode()),
@@ -72,8 +101,10 @@ def test_bad_input_gets_one_clear_outcome_and_later_requests_still_commit(broker
         sent = [producer.send(f"{namespace}.requests", key=key, value=value) for key, value in bad]
         producer.flush()
         # A message that is not a readable request is answered under its position, whatever its key says.
-        position = {key.decode(): f"@{m.partition}:{m.offset}" for (key, _), m in
-                    zip(bad, (future.get(timeout=30) for future in sent))}
+        position = {
+            key.decode(): f"@{m.partition}:{m.offset}"
+            for (key, _), m in zip(bad, (future.get(timeout=30) for future in sent))
+        }
         records = read_results(broker, f"{namespace}.results", len(bad) - 1)
     finally:
         assert stop(engine) == 0
@@ -106,13 +137,27 @@ def test_submit_wait_gen_dump_and_digest_from_the_cli(broker, namespace, tmp_pat
     engine = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", data_dir, "--quiet")
     try:
         requests = tmp_path / "r.jsonl"
-        requests.write_text(ordo_output("gen", "micro", "--count", "50", "--seed", "3",
-                                        "--knob", "keys=100", "--knob", "hot=5"))
+        requests.write_text(
+            ordo_output("gen", "micro", "--count", "50", "--seed", "3", "--knob", "keys=100", "--knob", "hot=5")
+        )
         assert len(requests.read_text().splitlines()) == 50
-        ordo_output("submit", "--bootstrap-servers", broker, "--namespace", namespace, "--file", str(requests),
-                    "--wait")
-        single = ordo_output("submit", "--bootstrap-servers", broker, "--namespace", namespace,
-                             "--proc", "micro_rmw", "--args", '{"keys": [1000]}', "--id", "one", "--wait")
+        ordo_output(
+            "submit", "--bootstrap-servers", broker, "--namespace", namespace, "--file", str(requests), "--wait"
+        )
+        single = ordo_output(
+            "submit",
+            "--bootstrap-servers",
+            broker,
+            "--namespace",
+            namespace,
+            "--proc",
+            "micro_rmw",
+            "--args",
+            '{"keys": [1000]}',
+            "--id",
+            "one",
+            "--wait",
+        )
         assert json.loads(single)["status"] == "committed"
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

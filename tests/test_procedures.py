@@ -18,22 +18,37 @@ def run(proc, args, state=None, now=0, seed=0):
     return execute(procedure, args, snapshot, write_set, DEFAULTS, now, seed)
 
 
-@pytest.mark.parametrize("proc, args, message", [
-    ("nope", {}, "unknown procedure 'nope'"),
-    (7, {}, "'proc' must be a string"),
-    ("sl_deposit", [], "'args' must be an object"),
-    ("sl_deposit", {"account": 1}, "missing argument(s): account_amount, asset, asset_amount"),
-    ("sl_deposit", {"account": "1", "asset": 1, "account_amount": 1, "asset_amount": 1},
-     "argument 'account': expected integer, got string"),
-    ("sl_deposit", {"account": True, "asset": 1, "account_amount": 1, "asset_amount": 1},
-     "argument 'account': expected integer, got boolean"),
-    ("sl_deposit", {"account": 1, "asset": 1, "account_amount": -5, "asset_amount": 1},
-     "argument 'account_amount': -5 outside"),
-    ("sl_deposit", {"account": 1, "asset": 1, "account_amount": 1, "asset_amount": 1, "x": 0},
-     "unknown argument(s): x"),
-    ("micro_rmw", {"keys": []}, "expected 1..64 items, got 0"),
-    ("micro_rmw", {"keys": [1, 2.5]}, "argument 'keys[1]': expected integer, got number"),
-])
+@pytest.mark.parametrize(
+    "proc, args, message",
+    [
+        ("nope", {}, "unknown procedure 'nope'"),
+        (7, {}, "'proc' must be a string"),
+        ("sl_deposit", [], "'args' must be an object"),
+        ("sl_deposit", {"account": 1}, "missing argument(s): account_amount, asset, asset_amount"),
+        (
+            "sl_deposit",
+            {"account": "1", "asset": 1, "account_amount": 1, "asset_amount": 1},
+            "argument 'account': expected integer, got string",
+        ),
+        (
+            "sl_deposit",
+            {"account": True, "asset": 1, "account_amount": 1, "asset_amount": 1},
+            "argument 'account': expected integer, got boolean",
+        ),
+        (
+            "sl_deposit",
+            {"account": 1, "asset": 1, "account_amount": -5, "asset_amount": 1},
+            "argument 'account_amount': -5 outside",
+        ),
+        (
+            "sl_deposit",
+            {"account": 1, "asset": 1, "account_amount": 1, "asset_amount": 1, "x": 0},
+            "unknown argument(s): x",
+        ),
+        ("micro_rmw", {"keys": []}, "expected 1..64 items, got 0"),
+        ("micro_rmw", {"keys": [1, 2.5]}, "argument 'keys[1]': expected integer, got number"),
+    ],
+)
 def test_bad_requests_are_refused_with_a_clear_reason(proc, args, message):
     with pytest.raises(RequestError) as err:
         registry.analyze(proc, args)
@@ -52,20 +67,22 @@ def test_micro_increments_each_key_and_repeats_twice():
 
 
 def test_sl_transfer_moves_funds_or_aborts():
-    args = {"src_account": 1, "dst_account": 2, "src_asset": 3, "dst_asset": 4,
-            "account_amount": 10, "asset_amount": 5}
+    args = {"src_account": 1, "dst_account": 2, "src_asset": 3, "dst_asset": 4, "account_amount": 10, "asset_amount": 5}
     rich = {("account", 1): 10, ("asset", 3): 5}
     status, _, _, writes = run("sl_transfer", args, rich)
     assert status == COMMITTED
     assert {(w[0], w[1]): w[2] for w in writes.values()} == {
-        ("account", 1): 0, ("account", 2): 10, ("asset", 3): 0, ("asset", 4): 5}
+        ("account", 1): 0,
+        ("account", 2): 10,
+        ("asset", 3): 0,
+        ("asset", 4): 5,
+    }
     status, _, error, writes = run("sl_transfer", args, {("account", 1): 9, ("asset", 3): 5})
     assert (status, error, writes) == (ABORTED, "insufficient funds", {})
 
 
 def test_sl_transfer_to_itself_keeps_the_balance():
-    args = {"src_account": 1, "dst_account": 1, "src_asset": 3, "dst_asset": 3,
-            "account_amount": 4, "asset_amount": 1}
+    args = {"src_account": 1, "dst_account": 1, "src_asset": 3, "dst_asset": 3, "account_amount": 4, "asset_amount": 1}
     _, _, _, writes = run("sl_transfer", args, {("account", 1): 10, ("asset", 3): 1})
     assert {(w[0], w[1]): w[2] for w in writes.values()} == {("account", 1): 10, ("asset", 3): 1}
 
@@ -92,6 +109,7 @@ def test_undeclared_read_and_write_abort_the_transaction():
 def test_a_raising_procedure_aborts_with_its_error():
     def boom(ctx, a):
         raise ZeroDivisionError("division by zero")
+
     status, _, error, _ = _custom(boom)
     assert (status, error) == (ABORTED, "p raised ZeroDivisionError: division by zero")
 
@@ -113,7 +131,9 @@ def test_reads_are_copies_so_stored_values_stay_immutable():
     def mutate(ctx, a):
         ctx.read("t", 1)["x"] = 99
         return ctx.read("t", 1)
+
     from ordo.procedures.contract import Procedure
+
     procedure = Procedure("p", {}, lambda a: ([("t", 1)], []), mutate)
     stored = {"x": 1}
     status, result, _, _ = execute(procedure, {}, {encode_key("t", 1): stored}, set(), {}, 0, 0)
@@ -137,5 +157,6 @@ def test_oversized_results_and_errors_are_bounded():
 
     def shout(ctx, a):
         ctx.abort("no" * 5000)
+
     status, _, error, _ = _custom(shout)
     assert status == ABORTED and len(error) <= 1001

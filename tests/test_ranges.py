@@ -20,8 +20,14 @@ s_ = st.integers(0, 1)
 op = st.one_of(
     st.builds(lambda g, s, v: ("r_append", {"g": g, "s": s, "v": v}), g, s_, st.integers(0, 100)),
     st.builds(lambda g, s: ("r_total", {"g": g, "s": s}), g, s_),
-    st.builds(lambda g, g2, s, n, d: ("r_bump", {"g": g, "g2": g2, "s": s, "n": n, "d": d}),
-              g, g, s_, st.integers(0, 3), st.integers(0, 5)),
+    st.builds(
+        lambda g, g2, s, n, d: ("r_bump", {"g": g, "g2": g2, "s": s, "n": n, "d": d}),
+        g,
+        g,
+        s_,
+        st.integers(0, 3),
+        st.integers(0, 5),
+    ),
 )
 logs = st.lists(st.lists(op, min_size=1, max_size=15), min_size=1, max_size=3)
 
@@ -56,8 +62,9 @@ def model(log):
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(logs)
 def test_ranges_agree_with_the_model_under_every_scheduler_and_partition_count(log):
-    batches = [[{"id": f"r{b}-{i}", "proc": p, "args": a} for i, (p, a) in enumerate(batch)]
-               for b, batch in enumerate(log)]
+    batches = [
+        [{"id": f"r{b}-{i}", "proc": p, "args": a} for i, (p, a) in enumerate(batch)] for b, batch in enumerate(log)
+    ]
     outcomes, state = model(log)
     first = None
     for scheduler, partitions in CONFIGS:
@@ -67,8 +74,11 @@ def test_ranges_agree_with_the_model_under_every_scheduler_and_partition_count(l
         if first is None:
             first = run
             reference = serial_interpretation(run, REGISTRY)
-            assert (run["outcomes"], run["changes"], run["digest"]) == \
-                (reference["outcomes"], reference["changes"], reference["digest"])
+            assert (run["outcomes"], run["changes"], run["digest"]) == (
+                reference["outcomes"],
+                reference["changes"],
+                reference["digest"],
+            )
         assert run["changes"] == first["changes"] and run["digest"] == first["digest"], (scheduler, partitions)
 
 

@@ -22,8 +22,9 @@ def test_workers_on_two_nodes_give_the_serial_result(broker, tmp_path):
     last_batch, reference = sequence_requests(broker, namespace, requests, max_txns=80)
 
     ray.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "include_dashboard": False, "node_ip_address": "127.0.0.1"})
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False, "node_ip_address": "127.0.0.1"}
+    )
     cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
     try:
         ray.init(address=cluster.address)
@@ -35,8 +36,9 @@ def test_workers_on_two_nodes_give_the_serial_result(broker, tmp_path):
         finally:
             group.close()
         assert len(nodes) == 2, "workers were not placed on both nodes"
-        outputs, state_digest = run_engine(broker, namespace, last_batch, tmp_path / "d", "locking", 2,
-                                           runtime="ray", ray_address=cluster.address)
+        outputs, state_digest = run_engine(
+            broker, namespace, last_batch, tmp_path / "d", "locking", 2, runtime="ray", ray_address=cluster.address
+        )
         assert_same_as_reference(outputs, state_digest, last_batch, reference)
     finally:
         ray.shutdown()
@@ -57,17 +59,22 @@ def test_a_local_ray_is_its_own_while_a_cluster_on_this_machine_is_noted_in_tmp_
     from tests.helpers import ROOT
 
     ray.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "include_dashboard": False, "node_ip_address": "127.0.0.1"})
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False, "node_ip_address": "127.0.0.1"}
+    )
     noted = cluster.address
     try:
-        code = ("import ray; from ordo.scheduler.ray_group import start_ray; start_ray(); "
-                "print(ray.get_runtime_context().gcs_address); ray.shutdown()")
+        code = (
+            "import ray; from ordo.scheduler.ray_group import start_ray; start_ray(); "
+            "print(ray.get_runtime_context().gcs_address); ray.shutdown()"
+        )
         done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
         joined = done.stdout.strip().splitlines()[-1]
         assert noted and joined != noted, f"start_ray joined the cluster noted in /tmp/ray ({noted})"
     finally:
         cluster.shutdown()
-    fault_report(f"a Ray cluster noted in /tmp/ray at {noted} while the engine started its local Ray: "
-                 f"it started its own at {joined}")
+    fault_report(
+        f"a Ray cluster noted in /tmp/ray at {noted} while the engine started its local Ray: "
+        f"it started its own at {joined}"
+    )

@@ -52,6 +52,7 @@ def test_the_first_wait_of_a_batch_lets_every_send_of_the_step_leave_first():
     """A worker prepares its next batch at its first wait (`on_wait`). A batch's first
     wait may come before its first send in the same step; the sends still leave first,
     so no peer waits for that preparation."""
+
     async def scenario():
         a, b = await _pair()
         order = []
@@ -60,6 +61,7 @@ def test_the_first_wait_of_a_batch_lets_every_send_of_the_step_leave_first():
         def write_out():
             order.append("sent")
             written()
+
         a._write_out = write_out
         a.mailbox.on_wait = lambda: order.append("prepared ahead")
         a.when_received(1, 0, 1, lambda values: None)  # the first wait, then a send
@@ -110,8 +112,14 @@ def test_a_failed_exchange_fails_the_transaction_waiting_on_it():
 
     async def scenario():
         a, b = await _pair()
-        execution = BatchExecution(batch, txn.executor, BatchOverlay(Empty()), {"micro": 0},
-                                   lambda t, k, e: partitioner.of(t, k, e), a if txn.executor == 0 else b)
+        execution = BatchExecution(
+            batch,
+            txn.executor,
+            BatchOverlay(Empty()),
+            {"micro": 0},
+            lambda t, k, e: partitioner.of(t, k, e),
+            a if txn.executor == 0 else b,
+        )
         peer = b if txn.executor == 0 else a
         running = asyncio.ensure_future(execution.run(txn))
         await _settle()

@@ -21,7 +21,7 @@ def quick_start() -> str:
     with open(os.path.join(ROOT, "README.md")) as f:
         readme = f.read()
     start = readme.index(SECTION)
-    return readme[start:readme.index("\n## ", start + 1)]
+    return readme[start : readme.index("\n## ", start + 1)]
 
 
 def blocks(text: str, language: str) -> list[str]:
@@ -61,14 +61,22 @@ def test_the_readme_quick_start_runs_as_written(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
     script = "\n".join(["trap 'kill $(jobs -p) 2>/dev/null; wait' EXIT", *lines[1:]]).replace("9092", port)
-    shutil.copytree(os.path.join(ROOT, "examples"), tmp_path / "examples",
-                    ignore=shutil.ignore_patterns("__pycache__", "bank-data"))
+    shutil.copytree(
+        os.path.join(ROOT, "examples"), tmp_path / "examples", ignore=shutil.ignore_patterns("__pycache__", "bank-data")
+    )
     bin_dir = os.path.dirname(sys.executable)
     if not os.path.exists(os.path.join(bin_dir, "ordo")):
         pytest.skip(f"no ordo command beside {sys.executable}")
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": ROOT}
-    process = subprocess.Popen(["bash", "-c", script], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    process = subprocess.Popen(
+        ["bash", "-c", script],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = process.communicate(timeout=240)
     finally:

@@ -47,16 +47,16 @@ def shared_log(broker):
 def engine(broker, namespace, data_dir, until_batch, scheduler="serial", **options):
     """Run the engine in this process through `until_batch`; return its outputs."""
     outputs = CollectedOutputs()
-    coordinator = Coordinator(broker, namespace, str(data_dir), scheduler, PARTITIONS, runtime="local",
-                              outputs=outputs, **options)
+    coordinator = Coordinator(
+        broker, namespace, str(data_dir), scheduler, PARTITIONS, runtime="local", outputs=outputs, **options
+    )
     coordinator.run(until_batch=until_batch)
     return outputs, coordinator
 
 
 def outputs_after(reference, batch):
     """The reference outcomes and change data of the batches after `batch`."""
-    return ([o for o in reference.outcomes if o["batch"] > batch],
-            [c for c in reference.changes if c[0] > batch])
+    return ([o for o in reference.outcomes if o["batch"] > batch], [c for c in reference.changes if c[0] > batch])
 
 
 def test_checkpoints_hold_their_batch_and_old_ones_are_pruned(broker, shared_log, tmp_path):
@@ -148,8 +148,17 @@ def test_the_replay_rate_counts_only_applied_transactions(broker, shared_log, tm
     assert seen and seen == sorted(seen)
     assert stats.applied_txns == stats.txns == len(reference.outcomes)
 
-    report = recover(broker, namespace, str(tmp_path / "again"), "vll", PARTITIONS, mode="scratch", idle=1.0,
-                     quiet=True, runtime="local")
+    report = recover(
+        broker,
+        namespace,
+        str(tmp_path / "again"),
+        "vll",
+        PARTITIONS,
+        mode="scratch",
+        idle=1.0,
+        quiet=True,
+        runtime="local",
+    )
     assert report.to_batch == last_batch and report.txns == len(reference.outcomes)
     assert 0 <= report.steady_txns <= report.txns
     assert report.steady_txns_per_s > 0
@@ -160,8 +169,23 @@ def test_rebuild_from_scratch_under_another_scheduler_gives_the_same_digest(brok
     data_dir = str(tmp_path / "d")
     run_engine(broker, namespace, last_batch, data_dir, "serial", PARTITIONS)
     original = digest(data_dir)
-    done = ordo_run("recover", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", data_dir,
-                    "--scheduler", "opchain", "--from-scratch", "--idle", "1", "--checkpoint", "--runtime", "local")
+    done = ordo_run(
+        "recover",
+        "--bootstrap-servers",
+        broker,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        data_dir,
+        "--scheduler",
+        "opchain",
+        "--from-scratch",
+        "--idle",
+        "1",
+        "--checkpoint",
+        "--runtime",
+        "local",
+    )
     assert done.returncode == 0, done.stderr
     assert "wiped the shards to rebuild them from the beginning of the log" in done.stderr
     assert f"replay of {last_batch} batches" in done.stderr and "txns/s" in done.stderr
@@ -218,22 +242,40 @@ def test_a_log_that_lost_batches_stops_recovery_with_the_missing_batch(broker, n
     producer.produce(f"{namespace}.log", encode_start(namespace, None, "s1"))
     for batch_id in (4, 5):  # batches 1..3 gone, as if the log had been truncated
         entry = encode_entry([f"r{batch_id}", "micro_rmw", {"keys": [batch_id]}])
-        producer.produce(f"{namespace}.log",
-                         encode_batch(batch_id, 0, 0, {}, [entry], log_id="s1", namespace=namespace))
+        producer.produce(
+            f"{namespace}.log", encode_batch(batch_id, 0, 0, {}, [entry], log_id="s1", namespace=namespace)
+        )
     producer.flush(10)
-    done = ordo_run("recover", "--bootstrap-servers", broker, "--namespace", namespace,
-                    "--data-dir", str(tmp_path), "--idle", "5")
+    done = ordo_run(
+        "recover", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", str(tmp_path), "--idle", "5"
+    )
     assert done.returncode == 2
-    assert f"ordo recover: cannot replay {namespace}.log from batch 1: log gap: expected batch 1 of sequencer 0, found batch 4" \
-        in done.stderr, done.stderr
+    assert (
+        f"ordo recover: cannot replay {namespace}.log from batch 1: log gap: expected batch 1 of sequencer 0, found batch 4"
+        in done.stderr
+    ), done.stderr
     assert "Traceback" not in done.stderr
 
 
 def test_sigusr1_checkpoints_a_running_engine(broker, shared_log, tmp_path):
     namespace, last_batch, reference = shared_log
     data_dir = str(tmp_path)
-    process = ordo("execute", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", data_dir,
-                   "--partitions", str(PARTITIONS), "--runtime", "local", "--checkpoint-every", "0", "--quiet")
+    process = ordo(
+        "execute",
+        "--bootstrap-servers",
+        broker,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        data_dir,
+        "--partitions",
+        str(PARTITIONS),
+        "--runtime",
+        "local",
+        "--checkpoint-every",
+        "0",
+        "--quiet",
+    )
     try:
         wait_until(lambda: [(m or {}).get("batch") for m in applied_markers(data_dir)] == [last_batch] * PARTITIONS)
         assert CheckpointStore(data_dir, PARTITIONS).latest() is None
@@ -260,8 +302,9 @@ def wait_until(condition, timeout=60):
 def ordo_run(*args, timeout=120):
     """The CLI to its end, with its stderr (tests.helpers.ordo_output wants success)."""
     env = {**os.environ, "PYTHONPATH": ROOT}
-    return subprocess.run([sys.executable, "-m", "ordo.cli", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "ordo.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_a_replay_applied_before_its_first_look_shows_no_made_up_rate(broker, namespace, tmp_path):

@@ -32,8 +32,10 @@ pytestmark = pytest.mark.slow
 def traffic(count: int, partitions: int, seed: int) -> list[dict]:
     """Contended counters (a batch applied twice would show) and transfers that abort."""
     requests = []
-    for a, b in zip(micro.generate(count // 2, seed=seed, partitions=max(partitions, 2), keys=60, hot=3, mp=0.5),
-                    sl.generate(count // 2, seed=seed + 1, records=30, theta=0.9)):
+    for a, b in zip(
+        micro.generate(count // 2, seed=seed, partitions=max(partitions, 2), keys=60, hot=3, mp=0.5),
+        sl.generate(count // 2, seed=seed + 1, records=30, theta=0.9),
+    ):
         requests += [a, b]
     return requests
 
@@ -46,7 +48,7 @@ class Feeder(threading.Thread):
 
     def run(self) -> None:
         for start in range(0, len(self.requests), self.chunk):
-            self.client.submit(self.requests[start:start + self.chunk])
+            self.client.submit(self.requests[start : start + self.chunk])
             time.sleep(self.pause)
         self.client.close()
 
@@ -70,7 +72,8 @@ def check_against_serial_run(broker: str, namespace: str, data_dir: str, request
     last_batch = max(r["batch"] for r in results)
     reference = interpret_log(broker, namespace, last_batch)
     assert {request_id: outcomes[-1] for request_id, outcomes in copies.items()} == {
-        o["id"]: o for o in reference.outcomes}
+        o["id"]: o for o in reference.outcomes
+    }
 
     change_copies = defaultdict(set)
     change_records = read_topic(broker, f"{namespace}.changes")
@@ -81,14 +84,19 @@ def check_against_serial_run(broker: str, namespace: str, data_dir: str, request
     txns = {p["batch"]: p["txns"] for p in parts.values()}
     assert sorted(txns) == list(range(1, last_batch + 1))
     assert {(p["batch"], p["txn"]) for p in parts.values()} == {(b, t) for b, n in txns.items() for t in range(n)}
-    changes = sorted(((p["batch"], p["txn"], c["table"], c["key"], c["value"]) for p in parts.values()
-                      for c in p["changes"]), key=lambda c: (c[0], c[1], encode_key(c[2], c[3])))
+    changes = sorted(
+        ((p["batch"], p["txn"], c["table"], c["key"], c["value"]) for p in parts.values() for c in p["changes"]),
+        key=lambda c: (c[0], c[1], encode_key(c[2], c[3])),
+    )
     assert changes == reference.changes
 
     assert digest(data_dir) == (reference.digest(), last_batch)
     check_applied_once(data_dir, last_batch)
-    return {"batches": last_batch, "re-emitted outcomes": len(results) - len(copies),
-            "re-emitted change records": len(change_records) - len(change_copies)}
+    return {
+        "batches": last_batch,
+        "re-emitted outcomes": len(results) - len(copies),
+        "re-emitted change records": len(change_records) - len(change_copies),
+    }
 
 
 def engine_log(tmp_path, name: str):
@@ -107,15 +115,26 @@ def logs_text(tmp_path) -> str:
 
 
 @pytest.mark.parametrize("partitions", [1, 2])
-def test_engine_sigkilled_again_and_again_ends_as_if_it_never_crashed(broker, namespace, tmp_path, monkeypatch,
-                                                                      partitions):
+def test_engine_sigkilled_again_and_again_ends_as_if_it_never_crashed(
+    broker, namespace, tmp_path, monkeypatch, partitions
+):
     monkeypatch.setenv("ORDO_TRACE_APPLIED", "1")
     seed, rng = crash_seed()
     ensure_topics(broker, namespace, request_partitions=2)
     kafka = ("--bootstrap-servers", broker, "--namespace", namespace)
     data_dir = str(tmp_path / "data")
-    engine_args = ("--data-dir", data_dir, "--partitions", str(partitions), "--runtime", "local",
-                   "--checkpoint-every", "3", "--keep-checkpoints", "2")
+    engine_args = (
+        "--data-dir",
+        data_dir,
+        "--partitions",
+        str(partitions),
+        "--runtime",
+        "local",
+        "--checkpoint-every",
+        "3",
+        "--keep-checkpoints",
+        "2",
+    )
     requests = traffic(6000, partitions, seed)
     sequencer = ordo("sequence", *kafka, "--max-txns", "40")
     feeder = Feeder(broker, namespace, requests, chunk=100, pause=0.1)
@@ -140,10 +159,27 @@ def test_engine_sigkilled_again_and_again_ends_as_if_it_never_crashed(broker, na
             finally:
                 assert stop(engine) == 0, logs_text(tmp_path)
         # And the CLI recovery path: restore the newest checkpoint, replay to the head, exit.
-        done = subprocess.run([sys.executable, "-m", "ordo.cli", "recover", *kafka, "--data-dir", data_dir,
-                               "--runtime", "local", "--from-checkpoint", "--idle", "2"],
-                              cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True,
-                              timeout=120)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ordo.cli",
+                "recover",
+                *kafka,
+                "--data-dir",
+                data_dir,
+                "--runtime",
+                "local",
+                "--from-checkpoint",
+                "--idle",
+                "2",
+            ],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": ROOT},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 0, done.stderr
         assert "restored every shard from the checkpoint of batch" in done.stderr
     finally:
@@ -151,9 +187,15 @@ def test_engine_sigkilled_again_and_again_ends_as_if_it_never_crashed(broker, na
     assert kills == 10
     summary = check_against_serial_run(broker, namespace, data_dir, requests)
     text = logs_text(tmp_path)
-    print(summary, {"restores": text.count("restored every shard"), "rebuilds": text.count("wiped the shards"),
-                    "disagreements": text.count("shards stopped at different batches"),
-                    "unfinished checkpoints cleaned": len(re.findall(r"removed .*checkpoints.*by a crash", text))})
+    print(
+        summary,
+        {
+            "restores": text.count("restored every shard"),
+            "rebuilds": text.count("wiped the shards"),
+            "disagreements": text.count("shards stopped at different batches"),
+            "unfinished checkpoints cleaned": len(re.findall(r"removed .*checkpoints.*by a crash", text)),
+        },
+    )
 
 
 def test_a_killed_ray_worker_stops_the_engine_and_a_restart_recovers(broker, namespace, tmp_path, monkeypatch):
@@ -167,7 +209,7 @@ def test_a_killed_ray_worker_stops_the_engine_and_a_restart_recovers(broker, nam
     # Half the traffic per round, sent once the workers are up (Ray takes a while to start
     # here). The kill lands while requests still arrive: an idle engine would only notice
     # the dead worker with the next batch.
-    rounds = [requests[:len(requests) // 2], requests[len(requests) // 2:]]
+    rounds = [requests[: len(requests) // 2], requests[len(requests) // 2 :]]
     victims = rng.sample([0, 1], 2)
     sequencer = ordo("sequence", *kafka, "--max-txns", "40")
     try:
@@ -194,8 +236,14 @@ def test_a_killed_ray_worker_stops_the_engine_and_a_restart_recovers(broker, nam
         stop(sequencer)
     summary = check_against_serial_run(broker, namespace, data_dir, requests)
     text = logs_text(tmp_path)
-    print(summary, {"restores": text.count("restored every shard"), "rebuilds": text.count("wiped the shards"),
-                    "disagreements": text.count("shards stopped at different batches")})
+    print(
+        summary,
+        {
+            "restores": text.count("restored every shard"),
+            "rebuilds": text.count("wiped the shards"),
+            "disagreements": text.count("shards stopped at different batches"),
+        },
+    )
 
 
 def wait_for_worker_pid(log_path, partition: int, engine, timeout: float = 120) -> int:

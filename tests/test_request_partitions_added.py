@@ -15,14 +15,31 @@ from tests.helpers import ordo, read_results, stop
 
 
 def _deposits(prefix: str, count: int) -> list[dict]:
-    return [{"id": f"{prefix}-{i}", "proc": "sl_deposit",
-             "args": {"account": i, "asset": i, "account_amount": 1, "asset_amount": 1}} for i in range(count)]
+    return [
+        {
+            "id": f"{prefix}-{i}",
+            "proc": "sl_deposit",
+            "args": {"account": i, "asset": i, "account_amount": 1, "asset_amount": 1},
+        }
+        for i in range(count)
+    ]
 
 
-def test_request_partitions_raised_from_one_to_three_under_load_are_all_read(broker, namespace, tmp_path,
-                                                                             fault_report):
-    engine = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir",
-                  str(tmp_path / "d"), "--runtime", "local", "--quiet", stderr=subprocess.PIPE, text=True)
+def test_request_partitions_raised_from_one_to_three_under_load_are_all_read(broker, namespace, tmp_path, fault_report):
+    engine = ordo(
+        "run",
+        "--bootstrap-servers",
+        broker,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        str(tmp_path / "d"),
+        "--runtime",
+        "local",
+        "--quiet",
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     before, during, after = _deposits("before", 200), _deposits("during", 200), _deposits("after", 200)
     try:
         with Client(broker, namespace) as client:
@@ -33,7 +50,7 @@ def test_request_partitions_raised_from_one_to_three_under_load_are_all_read(bro
 
             def feed() -> None:  # load while the partitions are added, from a producer that predates them
                 for start in range(0, len(during), 20):
-                    client.submit(during[start:start + 20])
+                    client.submit(during[start : start + 20])
                     time.sleep(0.1)
 
             feeder = threading.Thread(target=feed)
@@ -59,5 +76,7 @@ def test_request_partitions_raised_from_one_to_three_under_load_are_all_read(bro
         stop(engine)
     said = engine.stderr.read()
     assert "Traceback" not in said and "takes the new partition(s) 1, 2 too" in said, said
-    fault_report(f"{namespace}.requests raised from 1 to 3 partitions while requests were fed: "
-                 f"{len(requests)} requests, each answered once, requests lag 0")
+    fault_report(
+        f"{namespace}.requests raised from 1 to 3 partitions while requests were fed: "
+        f"{len(requests)} requests, each answered once, requests lag 0"
+    )

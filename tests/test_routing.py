@@ -14,7 +14,13 @@ from ordo.procedures.workloads import ALL_WORKLOADS
 from ordo.scheduler.batch import prepare
 from ordo.sequencer.log import Batch
 from ordo.sequencer.routing import (
-    CARRIED_KEYS_MAX, build_routing, item_bytes, max_item_bytes, placement_of, routing_bytes, slice_of,
+    CARRIED_KEYS_MAX,
+    build_routing,
+    item_bytes,
+    max_item_bytes,
+    placement_of,
+    routing_bytes,
+    slice_of,
 )
 from ordo.storage.partitioning import Partitioner, executor_of
 
@@ -114,9 +120,14 @@ def test_an_entry_with_too_many_keys_leaves_its_participants_to_analyze_it():
 
 
 @settings(max_examples=40, deadline=None)
-@given(partitions=st.integers(2, 16),
-       txns=st.lists(st.lists(st.tuples(st.sampled_from(["r", "w", "rw"]), st.integers(0, 10**12)),
-                              min_size=0, max_size=150), min_size=1, max_size=30))
+@given(
+    partitions=st.integers(2, 16),
+    txns=st.lists(
+        st.lists(st.tuples(st.sampled_from(["r", "w", "rw"]), st.integers(0, 10**12)), min_size=0, max_size=150),
+        min_size=1,
+        max_size=30,
+    ),
+)
 def test_item_bytes_bounds_what_an_entry_adds_to_the_routing(partitions, txns):
     """The sequencer cuts a batch by size with `item_bytes`: it must never undercount."""
     partitioner = partitioner_for(partitions)
@@ -128,16 +139,16 @@ def test_item_bytes_bounds_what_an_entry_adds_to_the_routing(partitions, txns):
     routing = build_routing(partitions, placements)
     assert len(msgpack.packb(routing)) <= routing_bytes(partitions) + sum(item_bytes(p) for p in placements)
     assert all(item_bytes(p) <= max_item_bytes(partitions) for p in placements)
-    assert all(p[2] is None or sum(len(k) for c in p[2].values() for k in c[0]) <= CARRIED_KEYS_MAX
-               for p in placements)
+    assert all(p[2] is None or sum(len(k) for c in p[2].values() for k in c[0]) <= CARRIED_KEYS_MAX for p in placements)
 
 
 def test_a_log_whose_slices_are_plain_lists_still_routes():
     """Logs written before each slice became a bin of its own hold the slices as lists."""
     requests = [{"proc": "micro_rmw", "args": {"keys": [i, i + 1, i + 2]}} for i in range(20)]
     routed = routed_batch(requests, 3)
-    as_lists = Batch(1, 1, 1_000, {}, routed.entries,
-                     routing=[3, [msgpack.unpackb(items) for items in routed.routing[1]]])
+    as_lists = Batch(
+        1, 1, 1_000, {}, routed.entries, routing=[3, [msgpack.unpackb(items) for items in routed.routing[1]]]
+    )
     partitioner = partitioner_for(3)
     for p in range(3):
         assert prepare(as_lists, REGISTRY, partitioner, p) == prepare(routed, REGISTRY, partitioner, p)

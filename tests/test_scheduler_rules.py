@@ -55,9 +55,17 @@ def run_batch(requests: list[tuple[str, dict]], scheduler="opchain", make=None):
 
 def test_locking_grants_a_run_of_reads_together_and_writes_in_log_order():
     table = _LockTable(execution=None)
-    w1, r2, r3, w4, r5, w6 = (table.request(t) for t in (
-        txn(1, writes="a"), txn(2, reads="a"), txn(3, reads="a"),
-        txn(4, writes="a"), txn(5, reads="a"), txn(6, writes="a")))
+    w1, r2, r3, w4, r5, w6 = (
+        table.request(t)
+        for t in (
+            txn(1, writes="a"),
+            txn(2, reads="a"),
+            txn(3, reads="a"),
+            txn(4, writes="a"),
+            txn(5, reads="a"),
+            txn(6, writes="a"),
+        )
+    )
     assert [h.missing for h in (w1, r2, r3, w4, r5, w6)] == [0, 1, 1, 1, 1, 1]
 
     table.release(w1)  # the whole run of reads behind the write, not the write after it
@@ -105,6 +113,7 @@ class HeldExchange:
         async def later():
             await self.arrived.wait()
             callback(dict(self.values))
+
         asyncio.get_running_loop().create_task(later())
 
 
@@ -116,16 +125,17 @@ class EmptyStore:
 @pytest.mark.parametrize("name, overtakes", [("locking", True), ("vll", True), ("serial", False)])
 def test_later_transactions_go_on_while_one_waits_for_remote_reads(name, overtakes):
     # micro keys partition by key modulo 2: key 0 is ours, key 1 is partition 1's.
-    requests = [("micro_rmw", {"keys": [0, 1]}),  # multi-partition: waits for key 1
-                ("micro_rmw", {"keys": [2]}),     # no conflict
-                ("micro_rmw", {"keys": [0]})]     # conflicts with the first
+    requests = [
+        ("micro_rmw", {"keys": [0, 1]}),  # multi-partition: waits for key 1
+        ("micro_rmw", {"keys": [2]}),  # no conflict
+        ("micro_rmw", {"keys": [0]}),
+    ]  # conflicts with the first
     batch = Batch(1, 1, 1_000, {}, [[f"r{i}", p, a] for i, (p, a) in enumerate(requests)])
     partitioner = Partitioner.for_tables(2, {t.name: t.partitioner for t in REGISTRY.tables.values()})
     txns, _ = prepare(batch, REGISTRY, partitioner, 0)
     exchange = HeldExchange({encode_key("micro", 1): 5})
     overlay = BatchOverlay(EmptyStore())
-    execution = BatchExecution(batch, 0, overlay, DEFAULTS,
-                               lambda t, k, e: partitioner.of(t, k, e), exchange)
+    execution = BatchExecution(batch, 0, overlay, DEFAULTS, lambda t, k, e: partitioner.of(t, k, e), exchange)
 
     async def scenario():
         task = asyncio.ensure_future(make_scheduler(name).run_batch(txns, execution))
@@ -203,14 +213,25 @@ def test_vll_sca_lets_readers_share_but_not_pass_a_writer():
 
 def transfer(src, dst, amount, asset_amount=None):
     asset_amount = amount if asset_amount is None else asset_amount
-    return ("sl_transfer", {"src_account": src, "dst_account": dst, "src_asset": src, "dst_asset": dst,
-                            "account_amount": amount, "asset_amount": asset_amount})
+    return (
+        "sl_transfer",
+        {
+            "src_account": src,
+            "dst_account": dst,
+            "src_asset": src,
+            "dst_asset": dst,
+            "account_amount": amount,
+            "asset_amount": asset_amount,
+        },
+    )
 
 
 def deposit(account, amount, asset_amount=None):
     asset_amount = amount if asset_amount is None else asset_amount
-    return ("sl_deposit", {"account": account, "asset": account, "account_amount": amount,
-                           "asset_amount": asset_amount})
+    return (
+        "sl_deposit",
+        {"account": account, "asset": account, "account_amount": amount, "asset_amount": asset_amount},
+    )
 
 
 OPCHAIN_ORDERS = [None] + [lambda seed=seed: OpChainScheduler(shuffle_seed=seed) for seed in range(4)]
@@ -226,9 +247,13 @@ def test_opchain_failed_transfer_leaves_no_trace_on_later_operations(make):
         transfer(1, 2, 10),
     ]
     outcomes, state, changes = run_batch(requests, make=make)
-    assert outcomes == [(COMMITTED, None, None), (ABORTED, None, "insufficient funds"),
-                        (ABORTED, None, "insufficient funds"), (COMMITTED, None, None),
-                        (COMMITTED, None, None)]
+    assert outcomes == [
+        (COMMITTED, None, None),
+        (ABORTED, None, "insufficient funds"),
+        (ABORTED, None, "insufficient funds"),
+        (COMMITTED, None, None),
+        (COMMITTED, None, None),
+    ]
     assert state == {("account", 1): 0, ("account", 2): 11, ("asset", 1): 0, ("asset", 2): 10}
     assert {c[0] for c in changes} == {0, 3, 4}
     assert (outcomes, state, changes) == run_batch(requests, scheduler="serial")
@@ -289,8 +314,9 @@ def test_opchain_runs_a_procedure_without_operation_form_whole_at_its_position()
     import dataclasses
 
     registry = default_registry()
-    registry.add_procedure(dataclasses.replace(registry.procedures["sl_transfer"], name="plain_transfer",
-                                               operations=None))
+    registry.add_procedure(
+        dataclasses.replace(registry.procedures["sl_transfer"], name="plain_transfer", operations=None)
+    )
     requests = [deposit(1, 10), ("plain_transfer", transfer(1, 2, 10)[1]), transfer(2, 3, 10), deposit(1, 1)]
     batch = Batch(1, 1, 1_000, {}, [[f"r{i}", p, a] for i, (p, a) in enumerate(requests)])
     results = {}
@@ -309,27 +335,39 @@ def test_opchain_runs_a_procedure_without_operation_form_whole_at_its_position()
 
 @pytest.mark.parametrize("scheduler", ["serial", "locking", "vll", "opchain"])
 def test_gs_reads_sum_and_writes_set(scheduler):
-    outcomes, state, _ = run_batch([
-        ("gs_write", {"keys": [1, 2], "value": 5}),
-        ("gs_write", {"keys": [2], "value": 7}),
-        ("gs_read", {"keys": [1, 2, 1, 3]}),  # a repeated key counts twice; 3 reads as 0
-    ], scheduler)
+    outcomes, state, _ = run_batch(
+        [
+            ("gs_write", {"keys": [1, 2], "value": 5}),
+            ("gs_write", {"keys": [2], "value": 7}),
+            ("gs_read", {"keys": [1, 2, 1, 3]}),  # a repeated key counts twice; 3 reads as 0
+        ],
+        scheduler,
+    )
     assert [o[1] for o in outcomes] == [None, None, 17]
     assert state == {("gs", 1): 5, ("gs", 2): 7}
 
 
 @pytest.mark.parametrize("scheduler", ["serial", "locking", "vll", "opchain"])
 def test_ob_bids_alters_and_tops(scheduler):
-    outcomes, state, _ = run_batch([
-        ("ob_bid", {"item": 1, "price": 100, "qty": 10}),  # default ask 100, 1000 on offer
-        ("ob_bid", {"item": 1, "price": 99, "qty": 1}),  # below the ask
-        ("ob_bid", {"item": 1, "price": 200, "qty": 991}),  # more than is left
-        ("ob_alter", {"items": [1, 2, 1], "prices": [120, 80, 90]}),  # last price wins
-        ("ob_top", {"items": [2, 2], "qtys": [5, 6]}),
-        ("ob_bid", {"item": 1, "price": 90, "qty": 990}),
-    ], scheduler)
-    assert outcomes == [(COMMITTED, 990, None), (ABORTED, None, "bid rejected"), (ABORTED, None, "bid rejected"),
-                        (COMMITTED, None, None), (COMMITTED, None, None), (COMMITTED, 0, None)]
+    outcomes, state, _ = run_batch(
+        [
+            ("ob_bid", {"item": 1, "price": 100, "qty": 10}),  # default ask 100, 1000 on offer
+            ("ob_bid", {"item": 1, "price": 99, "qty": 1}),  # below the ask
+            ("ob_bid", {"item": 1, "price": 200, "qty": 991}),  # more than is left
+            ("ob_alter", {"items": [1, 2, 1], "prices": [120, 80, 90]}),  # last price wins
+            ("ob_top", {"items": [2, 2], "qtys": [5, 6]}),
+            ("ob_bid", {"item": 1, "price": 90, "qty": 990}),
+        ],
+        scheduler,
+    )
+    assert outcomes == [
+        (COMMITTED, 990, None),
+        (ABORTED, None, "bid rejected"),
+        (ABORTED, None, "bid rejected"),
+        (COMMITTED, None, None),
+        (COMMITTED, None, None),
+        (COMMITTED, 0, None),
+    ]
     assert state == {("item", 1): {"price": 90, "qty": 0}, ("item", 2): {"price": 80, "qty": 1011}}
 
 

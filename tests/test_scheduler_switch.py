@@ -19,8 +19,20 @@ def test_restart_with_another_scheduler_continues_the_log(broker, namespace, tmp
     client = Client(broker, namespace)
     seen = 0
     for scheduler, part in (("serial", first), ("vll", second), ("opchain", third)):
-        engine = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", data_dir,
-                      "--scheduler", scheduler, "--max-txns", "70", "--quiet")
+        engine = ordo(
+            "run",
+            "--bootstrap-servers",
+            broker,
+            "--namespace",
+            namespace,
+            "--data-dir",
+            data_dir,
+            "--scheduler",
+            scheduler,
+            "--max-txns",
+            "70",
+            "--quiet",
+        )
         try:
             client.submit(part)
             seen += len(part)

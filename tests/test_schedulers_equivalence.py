@@ -103,9 +103,15 @@ def build_registry():
         registry.add_procedure(dataclasses.replace(base[name], name=f"{name}_whole", operations=None))
     registry.add_procedure(Procedure("t_clear", {"keys": List(Int(0), min_len=1, max_len=8)}, _gs_keys, _clear))
     registry.add_procedure(Procedure("t_div", {"key": Int(0), "by": Int(0, 3)}, _div_keys, _div, operations=_div_ops))
-    registry.add_procedure(Procedure("t_guarded", {"key": Int(0), "guard": Int(0), "other": Int(0),
-                                                   "value": Int(-5, 40)},
-                                     _guarded_keys, _guarded, operations=_guarded_ops))
+    registry.add_procedure(
+        Procedure(
+            "t_guarded",
+            {"key": Int(0), "guard": Int(0), "other": Int(0), "value": Int(-5, 40)},
+            _guarded_keys,
+            _guarded,
+            operations=_guarded_ops,
+        )
+    )
     registry.add_procedure(Procedure("t_sneaky", {"key": Int(0)}, _div_keys, _sneaky, operations=_sneaky_ops))
     return registry
 
@@ -121,23 +127,24 @@ small = st.integers(0, 30)
 
 
 def _transfer(a, b, c, d, x, y):
-    return {"src_account": a, "dst_account": b, "src_asset": c, "dst_asset": d,
-            "account_amount": x, "asset_amount": y}
+    return {"src_account": a, "dst_account": b, "src_asset": c, "dst_asset": d, "account_amount": x, "asset_amount": y}
 
 
 def _paired(field):
-    return st.lists(st.tuples(key, st.integers(80, 130) if field == "prices" else st.integers(0, 300)),
-                    min_size=1, max_size=4).map(
-        lambda pairs: {"items": [p[0] for p in pairs], field: [p[1] for p in pairs]})
+    return st.lists(
+        st.tuples(key, st.integers(80, 130) if field == "prices" else st.integers(0, 300)), min_size=1, max_size=4
+    ).map(lambda pairs: {"items": [p[0] for p in pairs], field: [p[1] for p in pairs]})
 
 
 micro_args = st.builds(lambda ks: {"keys": ks}, st.lists(st.integers(0, 11), min_size=1, max_size=6))
-deposit_args = st.builds(lambda a, b, x, y: {"account": a, "asset": b, "account_amount": x, "asset_amount": y},
-                         key, key, small, small)
+deposit_args = st.builds(
+    lambda a, b, x, y: {"account": a, "asset": b, "account_amount": x, "asset_amount": y}, key, key, small, small
+)
 transfer_args = st.builds(_transfer, key, key, key, key, small, small)
 bid_args = st.builds(lambda i, p, q: {"item": i, "price": p, "qty": q}, key, st.integers(80, 130), st.integers(0, 600))
-report_args = st.builds(lambda v, s, sp: {"vehicle": v, "segment": s, "speed": sp},
-                        st.integers(0, 5), st.integers(0, 2), st.integers(0, 80))
+report_args = st.builds(
+    lambda v, s, sp: {"vehicle": v, "segment": s, "speed": sp}, st.integers(0, 5), st.integers(0, 2), st.integers(0, 80)
+)
 
 good = st.one_of(
     st.tuples(st.just("micro_rmw"), micro_args),
@@ -155,21 +162,27 @@ good = st.one_of(
     st.tuples(st.just("micro_rmw_whole"), micro_args),
     st.tuples(st.just("t_clear"), st.builds(lambda ks: {"keys": ks}, keys)),
     st.tuples(st.just("t_div"), st.builds(lambda k, b: {"key": k, "by": b}, key, st.integers(0, 3))),
-    st.tuples(st.just("t_guarded"), st.builds(lambda k, g, o, v: {"key": k, "guard": g, "other": o, "value": v},
-                                              key, key, key, st.integers(-5, 40))),
+    st.tuples(
+        st.just("t_guarded"),
+        st.builds(
+            lambda k, g, o, v: {"key": k, "guard": g, "other": o, "value": v}, key, key, key, st.integers(-5, 40)
+        ),
+    ),
     st.tuples(st.just("t_sneaky"), st.builds(lambda k: {"key": k}, key)),
 )
-bad = st.sampled_from([
-    ("no_such_procedure", {}),
-    ("sl_deposit", {"account": "1", "asset": 1, "account_amount": 1, "asset_amount": 1}),
-    ("sl_deposit", {"account": 1}),
-    ("micro_rmw", {"keys": []}),
-    ("gs_write", {"keys": [1], "value": True}),
-    ("ob_alter", {"items": [1, 2], "prices": [100]}),  # ANALYZE refuses unequal lengths
-    ("sl_transfer", [1, 2]),
-    (7, {}),
-    (None, "rejected by the sequencer"),
-])
+bad = st.sampled_from(
+    [
+        ("no_such_procedure", {}),
+        ("sl_deposit", {"account": "1", "asset": 1, "account_amount": 1, "asset_amount": 1}),
+        ("sl_deposit", {"account": 1}),
+        ("micro_rmw", {"keys": []}),
+        ("gs_write", {"keys": [1], "value": True}),
+        ("ob_alter", {"items": [1, 2], "prices": [100]}),  # ANALYZE refuses unequal lengths
+        ("sl_transfer", [1, 2]),
+        (7, {}),
+        (None, "rejected by the sequencer"),
+    ]
+)
 request = st.one_of(good, good, good, good, bad)
 batches = st.lists(st.lists(request, min_size=1, max_size=20), min_size=1, max_size=3)
 
@@ -196,6 +209,7 @@ def to_batches(drawn) -> list[Batch]:
         out.append(Batch(b, 1, 1_000 * b, {}, entries))
     return out
 
+
 def routed(log: list[Batch], partitions: int) -> list[Batch]:
     """The same batches with the routing a sequencer told `partitions` records: workers
     then take their slices from it instead of placing every entry themselves."""
@@ -210,9 +224,18 @@ def routed(log: list[Batch], partitions: int) -> list[Batch]:
                 placements.append(None)  # what a sequencer would reject
                 continue
             placements.append(placement_of(partitioner, read_set, write_set))
-        out.append(Batch(batch.batch_id, batch.generation, batch.time_ms, batch.offsets, batch.entries,
-                         routing=build_routing(partitions, placements)))
+        out.append(
+            Batch(
+                batch.batch_id,
+                batch.generation,
+                batch.time_ms,
+                batch.offsets,
+                batch.entries,
+                routing=build_routing(partitions, placements),
+            )
+        )
     return out
+
 
 # --- the yardstick: a dictionary and RUN, one request at a time --------------------------
 
@@ -232,8 +255,14 @@ def interpret(log: list[Batch]):
                 continue
             snapshot = {encode_key(t, k): state.get(encode_key(t, k), ABSENT) for t, k in reads}
             status, result, error, written = execute(
-                procedure, args, snapshot, {encode_key(t, k) for t, k in writes}, DEFAULTS,
-                batch.time_ms, txn_seed(batch.batch_id, index))
+                procedure,
+                args,
+                snapshot,
+                {encode_key(t, k) for t, k in writes},
+                DEFAULTS,
+                batch.time_ms,
+                txn_seed(batch.batch_id, index),
+            )
             outcomes.append((batch.batch_id, index, request_id, status, result, error))
             if status != COMMITTED:
                 continue
@@ -246,6 +275,7 @@ def interpret(log: list[Batch]):
                 changes.append((batch.batch_id, index, encoded, None if value is ABSENT else value))
     digest = digest_pairs((k, encode_value(v)) for k, v in state.items())
     return outcomes, sorted(changes, key=lambda c: c[:3]), digest
+
 
 # --- the engine: partition workers driven in-process -------------------------------------
 
@@ -300,8 +330,7 @@ class MemoryShard:
         pass
 
 
-def engine(log: list[Batch], scheduler: str, partitions: int, make=None, holding=False, memory=False,
-           registry=None):
+def engine(log: list[Batch], scheduler: str, partitions: int, make=None, holding=False, memory=False, registry=None):
     """Outcomes, change data and digest of `log` run by `partitions` workers."""
     if memory:
         with mock.patch("ordo.scheduler.worker.RocksShard", MemoryShard):
@@ -311,8 +340,10 @@ def engine(log: list[Batch], scheduler: str, partitions: int, make=None, holding
         endpoints = [exchange.endpoint(p) for p in range(partitions)]
         if holding:
             endpoints = [HoldingEndpoint(e) for e in endpoints]
-        workers = [PartitionWorker(data_dir, p, partitions, scheduler, registry or REGISTRY, endpoints[p])
-                   for p in range(partitions)]
+        workers = [
+            PartitionWorker(data_dir, p, partitions, scheduler, registry or REGISTRY, endpoints[p])
+            for p in range(partitions)
+        ]
         if make is not None:
             for worker in workers:
                 worker.scheduler = make()
@@ -325,7 +356,8 @@ def engine(log: list[Batch], scheduler: str, partitions: int, make=None, holding
                     # A deadlock between partitions fails the test instead of hanging it. Each
                     # worker prepares the next batch while it waits for its peers, as followers do.
                     return await asyncio.wait_for(
-                        asyncio.gather(*(w.execute(batch, upcoming=upcoming) for w in workers)), 60)
+                        asyncio.gather(*(w.execute(batch, upcoming=upcoming) for w in workers)), 60
+                    )
 
                 results = asyncio.run(both())
                 for result in results:
@@ -360,8 +392,9 @@ def test_every_scheduler_equals_serial_interpretation(drawn):
     # 1 and 2 partitions place every entry themselves; 3 take their slices from routing.
     for partitions, layout_log in ((1, log), (2, log), (3, routed(log, 3))):
         for name, make in CONFIGS:
-            outcomes, changes, digest, fallbacks = engine(layout_log, name, partitions, make,
-                                                          holding=partitions > 1, memory=True)
+            outcomes, changes, digest, fallbacks = engine(
+                layout_log, name, partitions, make, holding=partitions > 1, memory=True
+            )
             label = f"{name}{'' if make is None else '*'} on {partitions} partition(s)"
             assert outcomes == expected_outcomes, label
             assert changes == expected_changes, label
@@ -389,9 +422,14 @@ def generated_log(knobs: dict, seed: int, batch_size: int, stride: int, prefix: 
 
 def test_workload_generators_agree_across_schedulers():
     """The benchmark generators' own streams, 2 partitions, larger batches."""
-    knobs = {"micro": {"partitions": 2, "keys": 60, "hot": 4, "mp": 0.5}, "sl": {"records": 40},
-             "gs": {"records": 40}, "ob": {"records": 40}, "tp": {"segments": 4, "vehicles": 80},
-             "alias": {"aliases": 8, "accounts": 6}}
+    knobs = {
+        "micro": {"partitions": 2, "keys": 60, "hot": 4, "mp": 0.5},
+        "sl": {"records": 40},
+        "gs": {"records": 40},
+        "ob": {"records": 40},
+        "tp": {"segments": 4, "vehicles": 80},
+        "alias": {"aliases": 8, "accounts": 6},
+    }
     log = generated_log(knobs, seed=3, batch_size=150, stride=7, prefix="g")
     expected = interpret(log)
     for partitions in (1, 2):
@@ -404,8 +442,13 @@ def test_workload_generators_agree_across_schedulers():
 def test_routed_batches_of_hundreds_on_three_and_four_partitions():
     """Every workload generator aimed at 4 partitions, half multi-partition, in batches of
     300: routed and unrouted, on 3 and 4 partitions, every scheduler gives the serial result."""
-    knobs = {"micro": {"partitions": 4, "keys": 400, "hot": 8, "mp": 0.5}, "sl": {"records": 200},
-             "gs": {"records": 200}, "ob": {"records": 200}, "tp": {"segments": 8, "vehicles": 300}}
+    knobs = {
+        "micro": {"partitions": 4, "keys": 400, "hot": 8, "mp": 0.5},
+        "sl": {"records": 200},
+        "gs": {"records": 200},
+        "ob": {"records": 200},
+        "tp": {"segments": 8, "vehicles": 300},
+    }
     log = generated_log(knobs, seed=5, batch_size=300, stride=3, prefix="h")
     for batch in log:
         batch.entries[7] = [batch.entries[7][0], None, "rejected by the sequencer"]
@@ -415,8 +458,9 @@ def test_routed_batches_of_hundreds_on_three_and_four_partitions():
     for partitions in (3, 4):
         for layout_log in (log, routed(log, partitions)):
             for name, make in CONFIGS:
-                outcomes, changes, digest, fallbacks = engine(layout_log, name, partitions, make,
-                                                              holding=True, memory=True)
+                outcomes, changes, digest, fallbacks = engine(
+                    layout_log, name, partitions, make, holding=True, memory=True
+                )
                 label = f"{name} on {partitions} partitions, {'routed' if layout_log is not log else 'placed'}"
                 assert (outcomes, changes, digest) == expected, label
                 assert fallbacks == 0, label
@@ -427,17 +471,33 @@ def test_routed_batches_of_hundreds_on_three_and_four_partitions():
 # over three keys, with the chains walked in several orders.
 tiny = st.integers(0, 2)
 dependent = st.one_of(
-    st.tuples(st.just("t_guarded"), st.builds(lambda k, g, o, v: {"key": k, "guard": g, "other": o, "value": v},
-                                              tiny, tiny, tiny, st.integers(-5, 12))),
-    st.tuples(st.just("gs_write"), st.builds(lambda ks, v: {"keys": ks, "value": v},
-                                             st.lists(tiny, min_size=1, max_size=2), st.integers(-5, 12))),
+    st.tuples(
+        st.just("t_guarded"),
+        st.builds(
+            lambda k, g, o, v: {"key": k, "guard": g, "other": o, "value": v}, tiny, tiny, tiny, st.integers(-5, 12)
+        ),
+    ),
+    st.tuples(
+        st.just("gs_write"),
+        st.builds(lambda ks, v: {"keys": ks, "value": v}, st.lists(tiny, min_size=1, max_size=2), st.integers(-5, 12)),
+    ),
     st.tuples(st.just("gs_read"), st.builds(lambda ks: {"keys": ks}, st.lists(tiny, min_size=1, max_size=3))),
     st.tuples(st.just("t_clear"), st.builds(lambda ks: {"keys": ks}, st.lists(tiny, min_size=1, max_size=2))),
-    st.tuples(st.just("tp_report"), st.builds(lambda v, sp: {"vehicle": v, "segment": 0, "speed": sp},
-                                              tiny, st.integers(0, 80))),
+    st.tuples(
+        st.just("tp_report"),
+        st.builds(lambda v, sp: {"vehicle": v, "segment": 0, "speed": sp}, tiny, st.integers(0, 80)),
+    ),
     st.tuples(st.just("sl_transfer"), st.builds(_transfer, tiny, tiny, tiny, tiny, small, small)),
-    st.tuples(st.just("sl_deposit"), st.builds(lambda a, b, x, y: {"account": a, "asset": b, "account_amount": x,
-                                                                    "asset_amount": y}, tiny, tiny, small, small)),
+    st.tuples(
+        st.just("sl_deposit"),
+        st.builds(
+            lambda a, b, x, y: {"account": a, "asset": b, "account_amount": x, "asset_amount": y},
+            tiny,
+            tiny,
+            small,
+            small,
+        ),
+    ),
 )
 
 

@@ -28,12 +28,13 @@ def test_sequencer_sigkill_loses_and_repeats_nothing(broker, namespace, tmp_path
 
     def feed():
         for start in range(0, len(requests), 100):
-            client.submit(requests[start:start + 100])
+            client.submit(requests[start : start + 100])
             time.sleep(0.05)
 
     def sequencer(index: int):
-        return ordo("sequence", *kafka, "--max-txns", "150", "--sequencers", str(sequencers),
-                    "--sequencer-index", str(index))
+        return ordo(
+            "sequence", *kafka, "--max-txns", "150", "--sequencers", str(sequencers), "--sequencer-index", str(index)
+        )
 
     feeder = threading.Thread(target=feed)
     running = [sequencer(k) for k in range(sequencers)]

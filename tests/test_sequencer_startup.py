@@ -25,9 +25,14 @@ WINDOW = 40
 
 
 def deposits(start: int, count: int, repeat_every: int = 0) -> list[dict]:
-    return [{"id": f"r{i - 1 if repeat_every and i % repeat_every == 0 else i}", "proc": "sl_deposit",
-             "args": {"account": i % 5, "asset": 0, "account_amount": 1, "asset_amount": 1}}
-            for i in range(start, start + count)]
+    return [
+        {
+            "id": f"r{i - 1 if repeat_every and i % repeat_every == 0 else i}",
+            "proc": "sl_deposit",
+            "args": {"account": i % 5, "asset": 0, "account_amount": 1, "asset_amount": 1},
+        }
+        for i in range(start, start + count)
+    ]
 
 
 def test_a_restarted_sequencer_reads_back_only_to_a_snapshot_and_remembers_the_same_ids(broker, namespace):
@@ -49,8 +54,12 @@ def test_a_restarted_sequencer_reads_back_only_to_a_snapshot_and_remembers_the_s
         assert restarted.next_batch == last_batch + 1 and restarted.generation == 2
         log_records = 2 * last_batch  # at least: every batch and its transaction marker
         assert restarted.stats.startup_records < 2 * SNAPSHOT_EVERY + 2 * WINDOW + 20 < log_records / 2
-        accepted = [request_identity(request_id, args) for batch in read_log(broker, namespace, last_batch)
-                    for request_id, proc, args in batch.entries if proc is not None]
+        accepted = [
+            request_identity(request_id, args)
+            for batch in read_log(broker, namespace, last_batch)
+            for request_id, proc, args in batch.entries
+            if proc is not None
+        ]
         assert set(restarted._recent._order) >= set(accepted[-WINDOW:])
         remembered = [i for i in accepted if i in restarted._recent]
         assert remembered[-WINDOW:] == accepted[-WINDOW:]
@@ -83,7 +92,9 @@ def test_the_log_topic_keeps_every_record_and_a_log_that_would_not_is_refused(br
         ensure_topics(broker, f"{namespace}-r3", replication=3)
 
     other = f"{namespace}-short"
-    admin.create_topics([NewTopic(f"{other}.log", 1, 1, config={"retention.ms": "604800000"})])[f"{other}.log"].result(10)
+    admin.create_topics([NewTopic(f"{other}.log", 1, 1, config={"retention.ms": "604800000"})])[f"{other}.log"].result(
+        10
+    )
     with pytest.raises(RuntimeError, match=r"retention.ms=604800000: the log is the source of truth"):
         ensure_topics(broker, other)
 
@@ -91,6 +102,10 @@ def test_the_log_topic_keeps_every_record_and_a_log_that_would_not_is_refused(br
 def test_a_sequencer_on_a_namespace_without_topics_says_so_and_exits(broker, namespace):
     with pytest.raises(RuntimeError, match=r"do not exist: create the namespace's topics first"):
         check_topics(broker, Topics(namespace))
-    done = subprocess.run([sys.executable, "-m", "ordo.cli", "sequence", "--bootstrap-servers", broker,
-                           "--namespace", namespace], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "ordo.cli", "sequence", "--bootstrap-servers", broker, "--namespace", namespace],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and "do not exist" in done.stderr, done.stderr

@@ -16,8 +16,16 @@ from ordo.procedures.workloads import micro, sl
 from ordo.sequencer.tansu_broker import TansuBroker
 from ordo.sequencer.sequencer import SequencerConfig
 from ordo.sequencer.topics import ensure_topics
-from tests.helpers import (assert_same_as_reference, dump_state, interpret_log, ordo, read_results,
-                           reference_state, run_engine, stop)
+from tests.helpers import (
+    assert_same_as_reference,
+    dump_state,
+    interpret_log,
+    ordo,
+    read_results,
+    reference_state,
+    run_engine,
+    stop,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -25,8 +33,7 @@ REQUEST_PARTITIONS = 4
 
 
 def start_sequencers(broker: str, namespace: str, config: SequencerConfig) -> list[SequencerThread]:
-    return [SequencerThread(broker, namespace, replace(config, index=k)).start()
-            for k in range(config.sequencers)]
+    return [SequencerThread(broker, namespace, replace(config, index=k)).start() for k in range(config.sequencers)]
 
 
 def wait_for(sequencers: list[SequencerThread], requests: int, timeout: float = 300.0) -> None:
@@ -43,8 +50,10 @@ def stop_all(sequencers: list[SequencerThread]) -> None:
 
 def mixed_requests(count: int, seed: int, partitions: int) -> list[dict]:
     requests = []
-    for a, b in zip(micro.generate(count, seed=seed, partitions=partitions, keys=60, hot=4, mp=0.5),
-                    sl.generate(count, seed=seed + 1, records=30)):
+    for a, b in zip(
+        micro.generate(count, seed=seed, partitions=partitions, keys=60, hot=4, mp=0.5),
+        sl.generate(count, seed=seed + 1, records=30),
+    ):
         requests += [a, b]
     return requests
 
@@ -75,8 +84,9 @@ def test_two_sequencers_make_one_log_that_every_scheduler_executes_alike(broker,
 
     reference = interpret_log(broker, namespace, last_batch)
     for scheduler, partitions in (("serial", 1), ("locking", 3), ("vll", 3), ("opchain", 3)):
-        outputs, state = run_engine(broker, namespace, last_batch, tmp_path / f"{scheduler}-{partitions}",
-                                    scheduler, partitions)
+        outputs, state = run_engine(
+            broker, namespace, last_batch, tmp_path / f"{scheduler}-{partitions}", scheduler, partitions
+        )
         assert_same_as_reference(outputs, state, last_batch, reference)
 
 
@@ -98,8 +108,15 @@ def test_a_restarted_sequencer_resumes_its_own_lane_from_its_snapshot(broker, na
             s.sequencer.stats.sequenced = 0
         sequencers[1] = SequencerThread(broker, namespace, replace(config, index=1)).start()
     # A copy of a recent request is rejected by the sequencer that takes it, after restarts too.
-    client.submit([{"id": expected[-1], "proc": "sl_deposit",
-                    "args": {"account": 1, "asset": 0, "account_amount": 1, "asset_amount": 1}}])
+    client.submit(
+        [
+            {
+                "id": expected[-1],
+                "proc": "sl_deposit",
+                "args": {"account": 1, "asset": 0, "account_amount": 1, "asset_amount": 1},
+            }
+        ]
+    )
     wait_for(sequencers, 1)
     restarted = sequencers[1].sequencer
     last_batch = sum(s.sequencer.next_epoch - 1 for s in sequencers)
@@ -140,13 +157,32 @@ def test_from_one_sequencer_to_two_nothing_is_lost_or_repeated(broker, namespace
 
 
 def test_ordo_run_with_two_sequencers_serves_a_client(broker, namespace, tmp_path):
-    engine = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", str(tmp_path),
-                  "--sequencers", "2", "--request-partitions", "4", "--runtime", "local", "--quiet")
+    engine = ordo(
+        "run",
+        "--bootstrap-servers",
+        broker,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        str(tmp_path),
+        "--sequencers",
+        "2",
+        "--request-partitions",
+        "4",
+        "--runtime",
+        "local",
+        "--quiet",
+    )
     try:
         client = Client(broker, namespace)
-        requests = [{"id": f"d{i}", "proc": "sl_deposit",
-                     "args": {"account": i % 7, "asset": 0, "account_amount": 1, "asset_amount": 1}}
-                    for i in range(60)]
+        requests = [
+            {
+                "id": f"d{i}",
+                "proc": "sl_deposit",
+                "args": {"account": i % 7, "asset": 0, "account_amount": 1, "asset_amount": 1},
+            }
+            for i in range(60)
+        ]
         client.submit(requests)
         client.close()
         results = read_results(broker, f"{namespace}.results", len(requests))
@@ -161,8 +197,22 @@ def test_ordo_run_with_two_sequencers_serves_a_client(broker, namespace, tmp_pat
 
 def test_more_sequencers_than_request_partitions_is_refused_with_one_line(broker, namespace, tmp_path):
     ensure_topics(broker, namespace, request_partitions=1)
-    engine = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", str(tmp_path),
-                  "--sequencers", "2", "--runtime", "local", "--quiet", stderr=-1, text=True)
+    engine = ordo(
+        "run",
+        "--bootstrap-servers",
+        broker,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        str(tmp_path),
+        "--sequencers",
+        "2",
+        "--runtime",
+        "local",
+        "--quiet",
+        stderr=-1,
+        text=True,
+    )
     _, err = engine.communicate(timeout=120)
     assert engine.returncode == 2
     assert "2 sequencers need at least 2 partitions of" in err and "Traceback" not in err, err
@@ -193,6 +243,7 @@ def test_sequencers_on_the_local_broker_never_end_transactions_together(monkeypa
     # (Its `Some(Begin)` form is not counted: by the broker's code it is logged by a first try
     # of an update on a stale copy of its books, which the broker then redoes, and the runs
     # with it logged went on unharmed.)
-    ended_twice = [line for line in log_path.read_text(errors="replace").splitlines()
-                   if "otherwise=Some(Committed)" in line]
+    ended_twice = [
+        line for line in log_path.read_text(errors="replace").splitlines() if "otherwise=Some(Committed)" in line
+    ]
     assert ended_twice == []

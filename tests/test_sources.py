@@ -72,10 +72,14 @@ class OrdersProducer:
     def send(self, orders: range, partition: int | None = None) -> None:
         for i in orders:
             value, _ = _order(i)
-            self.producer.produce(self.topic, value=value, key=f"order-{i}".encode(),
-                                  partition=i % 2 if partition is None else partition,
-                                  headers=[("origin", b"shop-frontend")],
-                                  on_delivery=lambda error, message, i=i: self._placed(i, error, message))
+            self.producer.produce(
+                self.topic,
+                value=value,
+                key=f"order-{i}".encode(),
+                partition=i % 2 if partition is None else partition,
+                headers=[("origin", b"shop-frontend")],
+                on_delivery=lambda error, message, i=i: self._placed(i, error, message),
+            )
         assert self.producer.flush(30) == 0
 
     def _placed(self, i: int, error, message) -> None:
@@ -83,8 +87,9 @@ class OrdersProducer:
         self.placed[i] = (message.partition(), message.offset())
 
 
-def test_a_topic_of_a_plain_producer_is_answered_once_through_sigkills(broker, namespace, tmp_path, monkeypatch,
-                                                                        fault_report):
+def test_a_topic_of_a_plain_producer_is_answered_once_through_sigkills(
+    broker, namespace, tmp_path, monkeypatch, fault_report
+):
     topic = f"{namespace}-orders"
     monkeypatch.setenv("ORDO_TEST_ORDERS_TOPIC", topic)
     _create(broker, topic, 2)
@@ -98,13 +103,29 @@ def test_a_topic_of_a_plain_producer_is_answered_once_through_sigkills(broker, n
     said = open(tmp_path / "run.err", "w")
 
     def run() -> subprocess.Popen:
-        return ordo_cli("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", data_dir,
-                        "--runtime", "local", "--app", APP, "--max-txns", "40", "--quiet", stderr=said)
+        return ordo_cli(
+            "run",
+            "--bootstrap-servers",
+            broker,
+            "--namespace",
+            namespace,
+            "--data-dir",
+            data_dir,
+            "--runtime",
+            "local",
+            "--app",
+            APP,
+            "--max-txns",
+            "40",
+            "--quiet",
+            stderr=said,
+        )
 
     engine = run()
     # Orders 200-399 come while sequencers are killed, 400-599 while ordo run is down.
-    feeder = threading.Thread(target=lambda: [(orders.send(range(start, start + 5)), time.sleep(0.2))
-                                              for start in range(200, 400, 5)])
+    feeder = threading.Thread(
+        target=lambda: [(orders.send(range(start, start + 5)), time.sleep(0.2)) for start in range(200, 400, 5)]
+    )
     kills = []
     try:
         feeder.start()
@@ -169,10 +190,12 @@ def test_a_topic_of_a_plain_producer_is_answered_once_through_sigkills(broker, n
     assert dump_state(data_dir) == {("ordered", sku): qty for sku, qty in ordered.items()}
     assert lag == 0
     rejected = count - sum(1 for i in range(count) if _order(i)[1] is None)
-    fault_report(f"SIGKILLed {', '.join(kills)} while a plain producer wrote {count} orders ({rejected} bad) to "
-                 f"{topic} (2 partitions, a third added while ordo run ran); checked: each order entered the log "
-                 f"once and has one outcome, bad ones rejected naming the field, state equal to the good orders' "
-                 f"sums, requests lag 0")
+    fault_report(
+        f"SIGKILLed {', '.join(kills)} while a plain producer wrote {count} orders ({rejected} bad) to "
+        f"{topic} (2 partitions, a third added while ordo run ran); checked: each order entered the log "
+        f"once and has one outcome, bad ones rejected naming the field, state equal to the good orders' "
+        f"sums, requests lag 0"
+    )
 
 
 def test_a_mapping_sees_the_whole_record_and_its_id_failures_are_answered_under_the_place(broker, namespace):
@@ -184,26 +207,44 @@ def test_a_mapping_sees_the_whole_record_and_its_id_failures_are_answered_under_
 
     topic = f"{namespace}-payments"
     _create(broker, topic, 1)
-    app = ordo.App("pay", sources=[ordo.Source(
-        topic, proc="place_order", id=lambda rec: rec.key.decode(),
-        args=lambda rec: {"sku": rec.json()["sku"],
-                          "qty": rec.json()["qty"] * (2 if rec.header("promo") == b"double" else 1)})])
+    app = ordo.App(
+        "pay",
+        sources=[
+            ordo.Source(
+                topic,
+                proc="place_order",
+                id=lambda rec: rec.key.decode(),
+                args=lambda rec: {
+                    "sku": rec.json()["sku"],
+                    "qty": rec.json()["qty"] * (2 if rec.header("promo") == b"double" else 1),
+                },
+            )
+        ],
+    )
     app.table("ordered", default=0)
 
     @app.procedure(args={"sku": ordo.Str(), "qty": ordo.Int()}, keys=[("ordered", "sku")])
     def place_order(ctx, args):
         ctx.write("ordered", args["sku"], ctx.read("ordered", args["sku"]) + args["qty"])
 
-    sent = [(b"pay-1", b'{"sku": "a", "qty": 2}', [("promo", b"double")]),
-            (None, b'{"sku": "a", "qty": 2}', []),
-            (b"@pay-3", b'{"sku": "a", "qty": 2}', []),
-            (b"pay-4", b'{"sku": "b", "qty": 1.5}', [])]
+    sent = [
+        (b"pay-1", b'{"sku": "a", "qty": 2}', [("promo", b"double")]),
+        (None, b'{"sku": "a", "qty": 2}', []),
+        (b"@pay-3", b'{"sku": "a", "qty": 2}', []),
+        (b"pay-4", b'{"sku": "b", "qty": 1.5}', []),
+    ]
     producer = Producer({"bootstrap.servers": broker})
     for key, value, headers in sent:
         producer.produce(topic, key=key, value=value, headers=headers, partition=0)
     assert producer.flush(30) == 0
-    consumer = Consumer({"bootstrap.servers": broker, "group.id": f"{namespace}-reader",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": broker,
+            "group.id": f"{namespace}-reader",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     consumer.subscribe([topic])
     messages, deadline = [], time.monotonic() + 60
     while len(messages) < len(sent) and time.monotonic() < deadline:
@@ -215,10 +256,16 @@ def test_a_mapping_sees_the_whole_record_and_its_id_failures_are_answered_under_
     entries = [reading.entry(message, 64 * 1024, None)[0] for message in messages]
     assert entries == [
         ["pay-1", "place_order", {"sku": "a", "qty": 4}],
-        [record_id(topic, 0, 1), None, f"source {topic}: its id failed: AttributeError: 'NoneType' object has "
-                                       f"no attribute 'decode'"],
-        [record_id(topic, 0, 2), None, f"source {topic}: its id gives '@pay-3': 'id' must not start with '@' "
-                                       f"(outcomes named by position use it)"],
+        [
+            record_id(topic, 0, 1),
+            None,
+            f"source {topic}: its id failed: AttributeError: 'NoneType' object has no attribute 'decode'",
+        ],
+        [
+            record_id(topic, 0, 2),
+            None,
+            f"source {topic}: its id gives '@pay-3': 'id' must not start with '@' (outcomes named by position use it)",
+        ],
         ["pay-4", None, "place_order: argument 'qty': expected integer, got number"],
     ]
 
@@ -226,21 +273,35 @@ def test_a_mapping_sees_the_whole_record_and_its_id_failures_are_answered_under_
 def test_a_missing_source_topic_is_said_in_one_line(broker, namespace, tmp_path, monkeypatch):
     topic = f"{namespace}-absent"
     monkeypatch.setenv("ORDO_TEST_ORDERS_TOPIC", topic)
-    engine = ordo_cli("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir",
-                      str(tmp_path / "d"), "--runtime", "local", "--app", APP, "--quiet",
-                      stderr=subprocess.PIPE, text=True)
+    engine = ordo_cli(
+        "run",
+        "--bootstrap-servers",
+        broker,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        str(tmp_path / "d"),
+        "--runtime",
+        "local",
+        "--app",
+        APP,
+        "--quiet",
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         code = engine.wait(120)
     finally:
         stop(engine)
     said = engine.stderr.read().strip().splitlines()
     assert code != 0
-    assert said[-1].endswith(f"source topic(s) {topic} do not exist: create them (or correct the app's sources) "
-                             f"and start again"), said
+    assert said[-1].endswith(
+        f"source topic(s) {topic} do not exist: create them (or correct the app's sources) and start again"
+    ), said
     assert not any("Traceback" in line for line in said), said
 
 
-SHOP = '''
+SHOP = """
 import ordo
 MAPPING
 
@@ -251,11 +312,11 @@ app.table("ordered", default=0)
 @app.procedure(args={"sku": ordo.Str(), "qty": ordo.Int()}, keys=[("ordered", "sku")])
 def place_order(ctx, args):
     ctx.write("ordered", args["sku"], ctx.read("ordered", args["sku"]) + args["qty"])
-'''
-ORDER_ARGS = '''
+"""
+ORDER_ARGS = """
 def order_args(record):
     return {"sku": record.json()["sku"], "qty": QTY}
-'''
+"""
 
 
 def _described_shop(tmp_path, qty: str, own_module: bool) -> dict:
@@ -310,8 +371,11 @@ def test_sources_name_declared_procedures_and_topics_of_their_own():
     def place_order(ctx, args):
         ctx.write("t", args["k"], 1)
 
-    with pytest.raises(ValueError, match="source 'orders' names procedure 'place_ordr', which is not declared "
-                                         r"\(did you mean 'place_order'\?\)"):
+    with pytest.raises(
+        ValueError,
+        match="source 'orders' names procedure 'place_ordr', which is not declared "
+        r"\(did you mean 'place_order'\?\)",
+    ):
         app.registry()
     with pytest.raises(ValueError, match="is no Kafka topic name"):
         ordo.Source("orders/eu", proc="place_order")

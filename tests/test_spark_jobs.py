@@ -30,8 +30,10 @@ from ordo.spark_jobs.records import request_message
 from ordo.spark_jobs.samples import BAD_ROWS, SAMPLES_DIR
 from tests.helpers import ROOT, ordo_output, topic_reader
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning"),
+]
 
 PARTITIONS = 2
 
@@ -94,8 +96,9 @@ def sample_ids(name: str) -> list[str]:
 
 def engine_state(data_dir: str) -> dict:
     """`ordo dump` as {(table, key as canonical JSON): value}."""
-    return {(r["table"], json.dumps(r["key"], separators=(",", ":"), sort_keys=True)): r["value"]
-            for r in records(data_dir)}
+    return {
+        (r["table"], json.dumps(r["key"], separators=(",", ":"), sort_keys=True)): r["value"] for r in records(data_dir)
+    }
 
 
 def parquet_state(spark, output: str) -> dict:
@@ -109,21 +112,25 @@ def parquet_state(spark, output: str) -> dict:
 
 
 def changelog_rows(spark, output: str) -> list[tuple]:
-    return sorted(tuple(r) for r in changes_job.load_changelog(spark, output)
-                  .select("batch", "part", "seq", "txn", "table", "key", "value", "deleted").collect())
+    return sorted(
+        tuple(r)
+        for r in changes_job.load_changelog(spark, output)
+        .select("batch", "part", "seq", "txn", "table", "key", "value", "deleted")
+        .collect()
+    )
 
 
 def topic_changes(bootstrap: str, namespace: str, last_batch: int, timeout: float = 60):
     """The change records on <ns>.changes of batches 1..last_batch, read with kafka-python
     (no code shared with the source under test): (raw messages, exploded rows of the
     distinct (batch, txn, part) records)."""
-    consumer = topic_reader(bootstrap, f"{namespace}.changes", consumer_timeout_ms=500,
-                            isolation_level="read_committed")
+    consumer = topic_reader(
+        bootstrap, f"{namespace}.changes", consumer_timeout_ms=500, isolation_level="read_committed"
+    )
     messages, by_record, parts, txns = [], {}, {}, {}
 
     def complete() -> bool:  # every part of every transaction of every batch
-        return (len(txns) == last_batch and len(parts) == sum(txns.values())
-                and len(by_record) == sum(parts.values()))
+        return len(txns) == last_batch and len(parts) == sum(txns.values()) and len(by_record) == sum(parts.values())
 
     deadline = time.monotonic() + timeout
     while not complete() and time.monotonic() < deadline:
@@ -136,21 +143,33 @@ def topic_changes(bootstrap: str, namespace: str, last_batch: int, timeout: floa
     consumer.close()
     assert complete(), f"{len(by_record)} change records on the topic, some missing"
     canonical = lambda v: None if v is None else json.dumps(v, separators=(",", ":"), sort_keys=True)  # noqa: E731
-    rows = sorted((b, k, seq, t, c["table"], canonical(c["key"]), canonical(c["value"]), bool(c.get("deleted")))
-                  for (b, t, k), record in by_record.items() for seq, c in enumerate(record["changes"]))
+    rows = sorted(
+        (b, k, seq, t, c["table"], canonical(c["key"]), canonical(c["value"]), bool(c.get("deleted")))
+        for (b, t, k), record in by_record.items()
+        for seq, c in enumerate(record["changes"])
+    )
     return messages, rows
 
 
-def test_sample_dataset_through_producer_engine_and_consumer_equals_ordo_dump(spark, broker, namespace, engine,
-                                                                                tmp_path, capsys):
+def test_sample_dataset_through_producer_engine_and_consumer_equals_ordo_dump(
+    spark, broker, namespace, engine, tmp_path, capsys
+):
     # The SL sample as CSV (args as JSON text) plus SL deposits with one column per argument.
     produced = producer_job.produce(spark, broker, namespace, sample("sl.csv"), "csv")
-    wide = producer_job.produce(spark, broker, namespace, sample("sl_deposits_wide.csv"), "csv",
-                                producer_job.Mapping(args_col=None, args_cols=["*"]))
+    wide = producer_job.produce(
+        spark,
+        broker,
+        namespace,
+        sample("sl_deposits_wide.csv"),
+        "csv",
+        producer_job.Mapping(args_col=None, args_cols=["*"]),
+    )
     ids = sample_ids("sl.csv") + sample_ids("sl_deposits_wide.csv")
     assert produced.rows + wide.rows == len(ids) == 400
-    print(f"\nproducer (batch, CSV): {produced.rows} rows in {produced.seconds:.2f}s = "
-          f"{produced.rows_per_second:,.0f} rows/s")
+    print(
+        f"\nproducer (batch, CSV): {produced.rows} rows in {produced.seconds:.2f}s = "
+        f"{produced.rows_per_second:,.0f} rows/s"
+    )
     outcomes = engine.outcomes(ids)
     statuses = Counter(o["status"] for o in outcomes.values())
     assert statuses["committed"] >= 300 and statuses["rejected"] == 0, statuses
@@ -162,8 +181,10 @@ def test_sample_dataset_through_producer_engine_and_consumer_equals_ordo_dump(sp
     seconds = time.monotonic() - started
     progress = [line for line in capsys.readouterr().err.splitlines() if line.startswith("ordo-changes: ")]
     assert progress and "change records read" in progress[-1], progress
-    print(f"consumer (--once): {stats.changes} changes in {stats.micro_batches} micro-batch(es), "
-          f"{seconds:.2f}s = {stats.changes / seconds:,.0f} changes/s")
+    print(
+        f"consumer (--once): {stats.changes} changes in {stats.micro_batches} micro-batch(es), "
+        f"{seconds:.2f}s = {stats.changes / seconds:,.0f} changes/s"
+    )
     engine.stop()
     expected = engine_state(engine.data_dir)
     assert expected and parquet_state(spark, output) == expected
@@ -175,8 +196,9 @@ def test_sample_dataset_through_producer_engine_and_consumer_equals_ordo_dump(sp
     assert report["total_assets"] == sum(v for (t, _), v in expected.items() if t == "asset")
 
 
-def test_consumer_stopped_mid_stream_and_restarted_loses_and_duplicates_nothing(spark, broker, namespace, engine,
-                                                                                 tmp_path):
+def test_consumer_stopped_mid_stream_and_restarted_loses_and_duplicates_nothing(
+    spark, broker, namespace, engine, tmp_path
+):
     # Requests arrive as files in a folder: the streaming producer (JSON lines) publishes them.
     inbox = tmp_path / "inbox"
     inbox.mkdir()
@@ -184,8 +206,9 @@ def test_consumer_stopped_mid_stream_and_restarted_loses_and_duplicates_nothing(
         lines = f.read().splitlines(keepends=True)
     (inbox / "part-1.jsonl").write_text("".join(lines[:150]))
     (inbox / "part-2.jsonl").write_text("".join(lines[150:]))
-    query = producer_job.produce_stream(spark, broker, namespace, str(inbox), "json", str(tmp_path / "produce-ck"),
-                                        once=True)
+    query = producer_job.produce_stream(
+        spark, broker, namespace, str(inbox), "json", str(tmp_path / "produce-ck"), once=True
+    )
     query.awaitTermination(120)
     assert query.exception() is None and producer_job.streamed_rows(query) == 300
     assert "KafkaTable" in query.lastProgress["sink"]["description"]  # Spark's Kafka sink
@@ -234,8 +257,13 @@ def test_consumer_stopped_mid_stream_and_restarted_loses_and_duplicates_nothing(
 def test_bad_rows_are_published_and_rejected_with_clear_errors(spark, broker, namespace, engine):
     produced = producer_job.produce(spark, broker, namespace, sample("bad_rows.csv"), "csv")
     assert produced.rows == len(BAD_ROWS)
-    sent = spark.read.format("kafka").option("kafka.bootstrap.servers", broker) \
-        .option("subscribe", f"{namespace}.requests").load().collect()
+    sent = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", broker)
+        .option("subscribe", f"{namespace}.requests")
+        .load()
+        .collect()
+    )
     # A row that is not a whole request is answered under its position, not the id it names.
     position = {bytes(m["key"]).decode(): f"@{m['partition']}:{m['offset']}" for m in sent}
     unreadable = ("no-proc", "no-args")
@@ -259,9 +287,11 @@ def test_bad_rows_are_published_and_rejected_with_clear_errors(spark, broker, na
     # messages as the hand-made encoding of each row.
     results = changes_job.read_outputs(spark, broker, namespace, "results", stream=False)
     assert {r["id"]: (r["status"], r["error"]) for r in results.collect()} == {
-        i: (o["status"], o["error"]) for i, o in found.items()}
+        i: (o["status"], o["error"]) for i, o in found.items()
+    }
     assert sorted((bytes(m["key"]) if m["key"] is not None else None, bytes(m["value"])) for m in sent) == sorted(
-        request_message(*row) for row in BAD_ROWS)
+        request_message(*row) for row in BAD_ROWS
+    )
 
 
 def test_consumer_reads_every_partition_committed_records_only_within_the_read_limit(spark, broker, namespace):
@@ -276,8 +306,18 @@ def test_consumer_reads_every_partition_committed_records_only_within_the_read_l
     admin.create_topics([NewTopic(topic, 3, 1)])[topic].result(30)
     producer = Producer({"bootstrap.servers": broker, "transactional.id": f"{namespace}-test"})
     producer.init_transactions(30)
-    record = lambda batch, p, key: json.dumps({"batch": batch, "partition": p, "part": 0, "parts": 1, "changes": [  # noqa: E731
-        {"txn": 0, "table": "t", "key": key, "value": {"b": 2, "a": [1, None]}}]})
+
+    def record(batch, p, key):
+        return json.dumps(
+            {
+                "batch": batch,
+                "partition": p,
+                "part": 0,
+                "parts": 1,
+                "changes": [{"txn": 0, "table": "t", "key": key, "value": {"b": 2, "a": [1, None]}}],
+            }
+        )
+
     sent = set()
     for batch in range(1, 5):
         producer.begin_transaction()
@@ -291,8 +331,14 @@ def test_consumer_reads_every_partition_committed_records_only_within_the_read_l
         else:
             producer.commit_transaction(30)
     expected = {(b, p, p) for b, p in sent}
-    everything = spark.read.format("kafka").option("kafka.bootstrap.servers", broker).option("subscribe", topic) \
-        .option("kafka.isolation.level", "read_uncommitted").load().count()
+    everything = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", broker)
+        .option("subscribe", topic)
+        .option("kafka.isolation.level", "read_uncommitted")
+        .load()
+        .count()
+    )
     assert everything == 12  # the aborted records are on the log
 
     df = changes_job.read_outputs(spark, broker, namespace, "changes", stream=False)
@@ -302,8 +348,13 @@ def test_consumer_reads_every_partition_committed_records_only_within_the_read_l
     assert {r["changes"][0]["value"] for r in rows} == {'{"a":[1,null],"b":2}'}  # canonical JSON
     assert f"KafkaRelation(strategy=Subscribe[{topic}]" in df._jdf.queryExecution().analyzed().toString()
 
-    query = (changes_job.read_outputs(spark, broker, namespace, "changes", max_records_per_batch=5)
-             .writeStream.format("memory").queryName("ordo_changes_stream").trigger(availableNow=True).start())
+    query = (
+        changes_job.read_outputs(spark, broker, namespace, "changes", max_records_per_batch=5)
+        .writeStream.format("memory")
+        .queryName("ordo_changes_stream")
+        .trigger(availableNow=True)
+        .start()
+    )
     query.awaitTermination(90)
     assert query.exception() is None
     streamed = spark.sql("SELECT batch, partition, kafka_partition FROM ordo_changes_stream").collect()
@@ -324,13 +375,15 @@ def test_the_jobs_run_on_sparks_kafka_connector_from_maven_central(spark):
     jars = spark.sparkContext.getConf().get("spark.jars").split(",")
     assert any(os.path.basename(j).startswith("spark-sql-kafka-0-10_") for j in jars), jars
     assert any(os.path.basename(j).startswith("kafka-clients-") for j in jars), jars
-    assert set(connector_jars()) <= set(jars) and all(j.startswith(os.path.join(cache_dir(), "maven")) for j in
-                                                    connector_jars())
+    assert set(connector_jars()) <= set(jars) and all(
+        j.startswith(os.path.join(cache_dir(), "maven")) for j in connector_jars()
+    )
     assert not spark.sparkContext.getConf().contains("spark.jars.packages")
     assert not any(os.path.basename(j).startswith(("scala-library", "hadoop-client")) for j in connector_jars())
     assert connector_loaded(spark)
     provider = spark.sparkContext._jvm.java.lang.Class.forName(
-        PROVIDER_CLASS, False, spark.sparkContext._jvm.java.lang.Thread.currentThread().getContextClassLoader())
+        PROVIDER_CLASS, False, spark.sparkContext._jvm.java.lang.Thread.currentThread().getContextClassLoader()
+    )
     assert "spark-sql-kafka" in provider.getProtectionDomain().getCodeSource().getLocation().toString()
     # What the changes job reads (decoded by records.py) is a plan over Spark's Kafka relation.
     from ordo.spark_jobs.records import decode_outputs
@@ -345,22 +398,44 @@ def test_kafka_settings_become_the_java_clients():
     """The user's librdkafka settings as options of the connector's Java client."""
     from ordo.spark_jobs.kafka_connector import java_client_settings, kafka_options
 
-    java, dropped = java_client_settings({
-        "security.protocol": "SASL_SSL", "sasl.mechanisms": "SCRAM-SHA-512", "sasl.username": "u",
-        "sasl.password": 'p"w', "ssl.ca.location": "/ca.pem", "ssl.endpoint.identification.algorithm": "none",
-        "client.id": "c", "request.timeout.ms": "9000", "debug": "broker", "socket.keepalive.enable": "true",
-        "isolation.level": "read_uncommitted", "group.id": "g"})
+    java, dropped = java_client_settings(
+        {
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanisms": "SCRAM-SHA-512",
+            "sasl.username": "u",
+            "sasl.password": 'p"w',
+            "ssl.ca.location": "/ca.pem",
+            "ssl.endpoint.identification.algorithm": "none",
+            "client.id": "c",
+            "request.timeout.ms": "9000",
+            "debug": "broker",
+            "socket.keepalive.enable": "true",
+            "isolation.level": "read_uncommitted",
+            "group.id": "g",
+        }
+    )
     assert java == {
-        "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
         "sasl.jaas.config": 'org.apache.kafka.common.security.scram.ScramLoginModule required username="u" '
-                            'password="p\\"w";',
-        "ssl.truststore.type": "PEM", "ssl.truststore.location": "/ca.pem", "ssl.endpoint.identification.algorithm": "",
-        "client.id": "c", "request.timeout.ms": "9000"}
+        'password="p\\"w";',
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": "/ca.pem",
+        "ssl.endpoint.identification.algorithm": "",
+        "client.id": "c",
+        "request.timeout.ms": "9000",
+    }
     assert dropped == ["debug", "socket.keepalive.enable"]
     java, _ = java_client_settings({"sasl.mechanism": "PLAIN", "sasl.username": "u", "sasl.password": "p"})
     assert java["sasl.jaas.config"].startswith("org.apache.kafka.common.security.plain.PlainLoginModule required")
-    java, _ = java_client_settings({"sasl.mechanism": "GSSAPI", "sasl.kerberos.keytab": "/k.tab",
-                                    "sasl.kerberos.principal": "ordo@EXAMPLE", "sasl.kerberos.service.name": "kafka"})
+    java, _ = java_client_settings(
+        {
+            "sasl.mechanism": "GSSAPI",
+            "sasl.kerberos.keytab": "/k.tab",
+            "sasl.kerberos.principal": "ordo@EXAMPLE",
+            "sasl.kerberos.service.name": "kafka",
+        }
+    )
     assert "useKeyTab=true" in java["sasl.jaas.config"] and java["sasl.kerberos.service.name"] == "kafka"
     java, _ = java_client_settings({"ssl.keystore.location": "/c.p12", "ssl.keystore.password": "x"})
     assert java == {"ssl.keystore.type": "PKCS12", "ssl.keystore.location": "/c.p12", "ssl.keystore.password": "x"}
@@ -373,10 +448,14 @@ def sasl_broker():
     """A Kafka node with a SASL_PLAINTEXT listener (PLAIN; user `spark`, password `s3cret`)."""
     from ordo.sequencer.kafka_broker import KafkaCluster, Listener
 
-    listener = Listener("SASL_PLAINTEXT", "SASL_PLAINTEXT", {
-        "listener.name.sasl_plaintext.sasl.enabled.mechanisms": "PLAIN",
-        "listener.name.sasl_plaintext.plain.sasl.jaas.config":
-            'org.apache.kafka.common.security.plain.PlainLoginModule required user_spark="s3cret";'})
+    listener = Listener(
+        "SASL_PLAINTEXT",
+        "SASL_PLAINTEXT",
+        {
+            "listener.name.sasl_plaintext.sasl.enabled.mechanisms": "PLAIN",
+            "listener.name.sasl_plaintext.plain.sasl.jaas.config": 'org.apache.kafka.common.security.plain.PlainLoginModule required user_spark="s3cret";',
+        },
+    )
     with KafkaCluster(listeners=[listener]) as cluster:
         yield cluster
 
@@ -392,27 +471,38 @@ def test_the_users_sasl_settings_reach_the_connector(spark, sasl_broker, namespa
     secure = sasl_broker.listener_servers("SASL_PLAINTEXT")
     ensure_topics(plain, namespace)
     config = tmp_path / "kafka.properties"
-    config.write_text("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\nsasl.username=spark\n"
-                      "sasl.password=s3cret\n")
+    config.write_text(
+        "security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\nsasl.username=spark\nsasl.password=s3cret\n"
+    )
     monkeypatch.setenv(FILE_ENV, str(config))
     produced = producer_job.produce(spark, secure, namespace, sample("bad_rows.csv"), "csv")
     assert produced.rows == len(BAD_ROWS)
     producer = KafkaProducer(bootstrap_servers=plain)
-    producer.send(f"{namespace}.results", key=b"r1", value=json.dumps(
-        {"id": "r1", "status": "committed", "batch": 1, "result": {"z": 1, "a": 2}, "error": None}).encode())
+    producer.send(
+        f"{namespace}.results",
+        key=b"r1",
+        value=json.dumps(
+            {"id": "r1", "status": "committed", "batch": 1, "result": {"z": 1, "a": 2}, "error": None}
+        ).encode(),
+    )
     producer.flush()
     producer.close()
     results = changes_job.read_outputs(spark, secure, namespace, "results", stream=False).collect()
     assert [(r["id"], r["result"]) for r in results] == [("r1", '{"a":2,"z":1}')]
-    sent = spark.read.format("kafka").option("kafka.bootstrap.servers", plain) \
-        .option("subscribe", f"{namespace}.requests").load().count()
+    sent = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", plain)
+        .option("subscribe", f"{namespace}.requests")
+        .load()
+        .count()
+    )
     assert sent == len(BAD_ROWS)
 
-    config.write_text("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\nsasl.username=spark\n"
-                      "sasl.password=wrong\n")
+    config.write_text(
+        "security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\nsasl.username=spark\nsasl.password=wrong\n"
+    )
     with pytest.raises(Exception, match="SaslAuthenticationException"):  # in the connector's Java producer
-        producer_job.produce(spark, secure, namespace, sample("bad_rows.csv"), "csv",
-                             kafka={"max.block.ms": "15000"})
+        producer_job.produce(spark, secure, namespace, sample("bad_rows.csv"), "csv", kafka={"max.block.ms": "15000"})
 
 
 def test_cli_writes_the_checked_in_samples_and_parses_the_jobs(tmp_path):
@@ -435,9 +525,30 @@ def test_a_job_says_nothing_on_stderr_but_its_own_lines(broker, namespace):
     level announcement, no incubator-module notice)."""
     ensure_topics(broker, namespace, request_partitions=2)
     env = {**os.environ, "PYTHONPATH": ROOT}
-    done = subprocess.run([sys.executable, "-m", "ordo.cli", "spark", "produce", "--bootstrap-servers", broker,
-                           "--namespace", namespace, "--input", sample("sl.csv"), "--format", "csv",
-                           "--master", "local[2]"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ordo.cli",
+            "spark",
+            "produce",
+            "--bootstrap-servers",
+            broker,
+            "--namespace",
+            namespace,
+            "--input",
+            sample("sl.csv"),
+            "--format",
+            "csv",
+            "--master",
+            "local[2]",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"published 300 requests to {namespace}.requests"), done.stdout
     assert [line for line in done.stderr.splitlines() if not line.startswith("ordo-produce: ")] == [], done.stderr
@@ -448,12 +559,16 @@ def test_column_mapping_builds_requests(spark):
     map arguments, arguments from named columns."""
     df = spark.createDataFrame(
         [("a", "sl_deposit", 1, 2, None), ("b", None, 3, None, "x")],
-        "rid string, p string, account int, asset int, note string")
-    rows = producer_job.to_requests(df, producer_job.Mapping(id_col="rid", proc_col="p", args_col=None,
-                                                             args_cols=["account", "asset"])).collect()
+        "rid string, p string, account int, asset int, note string",
+    )
+    rows = producer_job.to_requests(
+        df, producer_job.Mapping(id_col="rid", proc_col="p", args_col=None, args_cols=["account", "asset"])
+    ).collect()
     assert [tuple(r) for r in rows] == [("a", "sl_deposit", '{"account":1,"asset":2}'), ("b", None, '{"account":3}')]
-    rows = producer_job.to_requests(df.selectExpr("rid", "named_struct('k', account) AS a", "map('m', asset) AS m"),
-                                    producer_job.Mapping(id_col="rid", proc="micro_rmw", args_col="a")).collect()
+    rows = producer_job.to_requests(
+        df.selectExpr("rid", "named_struct('k', account) AS a", "map('m', asset) AS m"),
+        producer_job.Mapping(id_col="rid", proc="micro_rmw", args_col="a"),
+    ).collect()
     assert [tuple(r) for r in rows] == [("a", "micro_rmw", '{"k":1}'), ("b", "micro_rmw", '{"k":3}')]
     assert request_message("x", "p", '{"a": [1, 2]}') == (b"x", b'{"id":"x","proc":"p","args":{"a":[1,2]}}')
     assert request_message("y", None, "{oops") == (b"y", b'{"id":"y","args":"{oops"}')
@@ -461,11 +576,17 @@ def test_column_mapping_builds_requests(spark):
     with pytest.raises(ValueError, match="no column"):
         producer_job.to_requests(df, producer_job.Mapping())
     # The messages Spark's Kafka sink is given: the same bytes, row by row, as request_message.
-    rows = [("x", "p", '{"a": [1, 2]}'), ("y", None, "{oops"), (None, "p", None), ("", "p", "5"),
-            ("é\n\"q", "p", '{"b": 1.0, "a": "\\u00e9"}')]
+    rows = [
+        ("x", "p", '{"a": [1, 2]}'),
+        ("y", None, "{oops"),
+        (None, "p", None),
+        ("", "p", "5"),
+        ('é\n"q', "p", '{"b": 1.0, "a": "\\u00e9"}'),
+    ]
     encoded = records_codec.encode_requests(spark.createDataFrame(rows, "id string, proc string, args string"))
     assert [(None if r["key"] is None else bytes(r["key"]), bytes(r["value"])) for r in encoded.collect()] == [
-        request_message(*row) for row in rows]
+        request_message(*row) for row in rows
+    ]
     assert request_message("", "p", "5") == (None, b'{"id":"","proc":"p","args":5}')
 
 
@@ -476,8 +597,10 @@ def test_parts_deletes_and_late_re_emissions_merge_by_batch_and_txn(spark, broke
 
     ensure_topics(broker, namespace)
     put = lambda key, value: {"table": "account", "key": key, "value": value}  # noqa: E731
-    head = lambda batch, txn, txns, part=0, parts=1: {"batch": batch, "txn": txn, "txns": txns,  # noqa: E731
-                                                      "part": part, "parts": parts}
+
+    def head(batch, txn, txns, part=0, parts=1):
+        return {"batch": batch, "txn": txn, "txns": txns, "part": part, "parts": parts}
+
     records = {
         "1.0.0": {**head(1, 0, 4, 0, 2), "changes": [put(1, 10)]},
         "1.0.1": {**head(1, 0, 4, 1, 2), "changes": [put("k", {"a": 1})]},
@@ -491,8 +614,9 @@ def test_parts_deletes_and_late_re_emissions_merge_by_batch_and_txn(spark, broke
 
     def send(*keys):
         for key in keys:
-            producer.send(f"{namespace}.changes", key=key.encode(),
-                          value=json.dumps(records[key], separators=(",", ":")).encode())
+            producer.send(
+                f"{namespace}.changes", key=key.encode(), value=json.dumps(records[key], separators=(",", ":")).encode()
+            )
         producer.flush()
 
     send(*records)

@@ -68,8 +68,7 @@ def test_overlay_reads_own_writes_and_prefetches(tmp_path):
         assert overlay.encoded_writes() == {encode_key("t", 1): None, encode_key("t", 2): encode_value(7)}
 
 
-@given(st.dictionaries(st.binary(min_size=1, max_size=8), st.binary(max_size=8), max_size=30),
-       st.integers(1, 5))
+@given(st.dictionaries(st.binary(min_size=1, max_size=8), st.binary(max_size=8), max_size=30), st.integers(1, 5))
 def test_digest_is_independent_of_order_and_partitioning(pairs, parts):
     whole = digest_pairs(pairs.items())
     assert digest_pairs(reversed(list(pairs.items()))) == whole

@@ -32,6 +32,7 @@ MOD = 1_000_003
 # goes forward, so graph order is declaration order. A tuple is [k, v]; k stays one of the keys
 # of the request, which is what every procedure declares.
 
+
 def spec_strategy():
     @st.composite
     def draw(d):
@@ -39,28 +40,63 @@ def spec_strategy():
         steps = []
         for i in range(1, n + 1):
             producers = d(st.lists(st.sampled_from(["r", *(f"q{j}" for j in range(i))]), min_size=1, unique=True))
-            extra = d(st.lists(st.sampled_from([f"q{j}" for j in range(i + 1, n + 1)] or ["-"]), unique=True, max_size=2))
-            window = d(st.one_of(st.none(), st.tuples(st.just("rows"), st.integers(1, 4), st.integers(1, 4)),
-                                 st.tuples(st.just("time"), st.integers(10, 40), st.integers(10, 40))))
+            extra = d(
+                st.lists(st.sampled_from([f"q{j}" for j in range(i + 1, n + 1)] or ["-"]), unique=True, max_size=2)
+            )
+            window = d(
+                st.one_of(
+                    st.none(),
+                    st.tuples(st.just("rows"), st.integers(1, 4), st.integers(1, 4)),
+                    st.tuples(st.just("time"), st.integers(10, 40), st.integers(10, 40)),
+                )
+            )
             if window is not None:
                 _, size, step = window
                 window = (window[0], max(size, step), min(size, step))
-            steps.append({"producers": producers, "fanout": [c for c in extra if c != "-"],
-                          "abort_mod": d(st.integers(2, 9)), "window": window,
-                          "on_insert": d(st.booleans())})
+            steps.append(
+                {
+                    "producers": producers,
+                    "fanout": [c for c in extra if c != "-"],
+                    "abort_mod": d(st.integers(2, 9)),
+                    "window": window,
+                    "on_insert": d(st.booleans()),
+                }
+            )
         start = d(st.integers(1, n))
         length = d(st.integers(0, n - start + 1))
-        return {"n": n, "steps": steps, "nested": list(range(start, start + length)) if length >= 2 else [],
-                "abort_mod0": d(st.integers(3, 12))}
+        return {
+            "n": n,
+            "steps": steps,
+            "nested": list(range(start, start + length)) if length >= 2 else [],
+            "abort_mod0": d(st.integers(3, 12)),
+        }
+
     return draw()
 
 
 def request_strategy():
-    direct = st.fixed_dictionaries({"proc": st.just("q0"), "args": st.fixed_dictionaries({
-        "keys": st.lists(st.integers(0, KEYS - 1), min_size=1, max_size=3), "v": st.integers(0, 100)})})
-    batch = st.fixed_dictionaries({"proc": st.just("r"), "args": st.fixed_dictionaries({
-        "batch": st.lists(st.fixed_dictionaries({"k": st.integers(0, KEYS - 1), "v": st.integers(0, 100)}),
-                          min_size=1, max_size=3)})})
+    direct = st.fixed_dictionaries(
+        {
+            "proc": st.just("q0"),
+            "args": st.fixed_dictionaries(
+                {"keys": st.lists(st.integers(0, KEYS - 1), min_size=1, max_size=3), "v": st.integers(0, 100)}
+            ),
+        }
+    )
+    batch = st.fixed_dictionaries(
+        {
+            "proc": st.just("r"),
+            "args": st.fixed_dictionaries(
+                {
+                    "batch": st.lists(
+                        st.fixed_dictionaries({"k": st.integers(0, KEYS - 1), "v": st.integers(0, 100)}),
+                        min_size=1,
+                        max_size=3,
+                    )
+                }
+            ),
+        }
+    )
     return st.lists(st.one_of(direct, batch), min_size=1, max_size=25)
 
 
@@ -71,12 +107,14 @@ def keys_of(args) -> list[int]:
 def step_logic(index: int, abort_mod: int):
     """What q<index> does to one tuple, over any read/write pair: the shared arithmetic both
     the engine and the model run (the model orchestrates it on its own)."""
+
     def apply(read, write, k, v):
         current = read("sf", k)
         if (current + v + index) % abort_mod == 0:
             raise Abort(f"q{index} refuses key {k}")
         write("sf", k, (current * 3 + v + index) % MOD)
         return [k, (v * 7 + index) % 101]
+
     return apply
 
 
@@ -98,6 +136,7 @@ def build(spec) -> Registry:
             if index and spec["steps"][index - 1]["window"]:
                 keys.append(("sf_win", index))
             return keys, keys
+
         return analyze
 
     def emit_all(ctx, name, item):
@@ -108,11 +147,15 @@ def build(spec) -> Registry:
         logic = step_logic(index, abort_mod)
 
         def run(ctx, args):
-            tuples = ([[k, (args["v"] + j) % 101] for j, k in enumerate(args["keys"])] if name == "q0"
-                      else [[t["k"], t["v"]] for t in args])
+            tuples = (
+                [[k, (args["v"] + j) % 101] for j, k in enumerate(args["keys"])]
+                if name == "q0"
+                else [[t["k"], t["v"]] for t in args]
+            )
             for k, v in tuples:
                 emit_all(ctx, name, logic(ctx.read, ctx.write, k, v))
             return len(tuples)
+
         return run
 
     def make_step(index, abort_mod):
@@ -125,27 +168,48 @@ def build(spec) -> Registry:
                 if window:
                     ctx.window_insert(f"w{index}", [k, v])
                 emit_all(ctx, f"q{index}", out)
+
         return run
 
-    procedures.append(Procedure("r", {"k": Int(0, KEYS - 1), "v": Int(0, 100)}, keys_for("r", 0),
-                                make_root("r", 0, spec["abort_mod0"] + 1)))
-    procedures.append(Procedure("q0", {"keys": List(Int(0, KEYS - 1), min_len=1, max_len=3), "v": Int(0, 100)},
-                                keys_for("q0", 0), make_root("q0", 0, spec["abort_mod0"])))
+    procedures.append(
+        Procedure(
+            "r", {"k": Int(0, KEYS - 1), "v": Int(0, 100)}, keys_for("r", 0), make_root("r", 0, spec["abort_mod0"] + 1)
+        )
+    )
+    procedures.append(
+        Procedure(
+            "q0",
+            {"keys": List(Int(0, KEYS - 1), min_len=1, max_len=3), "v": Int(0, 100)},
+            keys_for("q0", 0),
+            make_root("q0", 0, spec["abort_mod0"]),
+        )
+    )
     streams.append(Stream("sin", consumers=["r"]))
     for i, step in enumerate(spec["steps"], 1):
         procedures.append(Procedure(f"q{i}", {}, keys_for(f"q{i}", i), make_step(i, step["abort_mod"])))
 
         def counted(ctx, item, i=i):
             ctx.write("sf_ins", f"s{i}", ctx.read("sf_ins", f"s{i}") + 1)
-        streams.append(Stream(f"s{i}", producers=step["producers"], consumers=[f"q{i}", *step["fanout"]],
-                              on_insert=counted if step["on_insert"] else None))
+
+        streams.append(
+            Stream(
+                f"s{i}",
+                producers=step["producers"],
+                consumers=[f"q{i}", *step["fanout"]],
+                on_insert=counted if step["on_insert"] else None,
+            )
+        )
         if step["window"]:
             kind, size, slide = step["window"]
 
             def slid(ctx, rows, i=i, kind=kind):
                 ctx.write("sf_win", i, (ctx.read("sf_win", i) * 31 + sum(v for _, v in rows) + len(rows)) % MOD)
-            streams.append(Window(f"w{i}", owner=f"q{i}", rows=size, slide=slide, on_slide=slid) if kind == "rows"
-                           else Window(f"w{i}", owner=f"q{i}", range_ms=size, slide_ms=slide, on_slide=slid))
+
+            streams.append(
+                Window(f"w{i}", owner=f"q{i}", rows=size, slide=slide, on_slide=slid)
+                if kind == "rows"
+                else Window(f"w{i}", owner=f"q{i}", range_ms=size, slide_ms=slide, on_slide=slid)
+            )
     if spec["nested"]:
         streams.append(Nested("group", [f"q{i}" for i in spec["nested"]]))
     registry = Registry()
@@ -154,6 +218,7 @@ def build(spec) -> Registry:
 
 
 # --- the model: the streaming semantics on a dictionary -----------------------------------
+
 
 class Model:
     def __init__(self, spec):
@@ -211,12 +276,16 @@ class Model:
         state, emitted = dict(self.state), {}
         abort_mod = self.spec["abort_mod0"] + (1 if proc == "r" else 0)
         logic = step_logic(0, abort_mod)
-        tuples = ([[k, (args["v"] + j) % 101] for j, k in enumerate(args["keys"])] if proc == "q0"
-                  else [[t["k"], t["v"]] for t in args["batch"]])
+        tuples = (
+            [[k, (args["v"] + j) % 101] for j, k in enumerate(args["keys"])]
+            if proc == "q0"
+            else [[t["k"], t["v"]] for t in args["batch"]]
+        )
         try:
             for k, v in tuples:
-                out = logic(lambda t, key: self.read(state, t, key),
-                            lambda t, key, val: state.__setitem__((t, key), val), k, v)
+                out = logic(
+                    lambda t, key: self.read(state, t, key), lambda t, key, val: state.__setitem__((t, key), val), k, v
+                )
                 self.emit(state, emitted, proc, out)
         except Abort as exc:
             self.outcomes.append((request_id, "aborted", None, exc.reason))
@@ -236,16 +305,23 @@ class Model:
             logic = step_logic(index, self.spec["steps"][index - 1]["abort_mod"])
             try:
                 for k, v in batch:
-                    out = logic(lambda t, key: self.read(state, t, key),
-                                lambda t, key, val: state.__setitem__((t, key), val), k, v)
+                    out = logic(
+                        lambda t, key: self.read(state, t, key),
+                        lambda t, key, val: state.__setitem__((t, key), val),
+                        k,
+                        v,
+                    )
                     if self.spec["steps"][index - 1]["window"]:
                         self.window_insert(state, index, [k, v], now)
                     self.emit(state, emitted, f"q{index}", out)
             except Abort:
                 back = group_saved if in_group else snapshot
                 group_failed = group_failed or in_group
-                state, emitted, self.windows = dict(back[0]), {s: list(b) for s, b in back[1].items()}, \
-                    copy.deepcopy(back[2])
+                state, emitted, self.windows = (
+                    dict(back[0]),
+                    {s: list(b) for s, b in back[1].items()},
+                    copy.deepcopy(back[2]),
+                )
         self.state = state
         self.outcomes.append((request_id, "committed", len(tuples), None))
 
@@ -273,6 +349,7 @@ def test_random_dataflows_every_scheduler_agrees_with_the_model(spec, drawn, bat
 
 
 # --- the semantics, case by case ----------------------------------------------------------
+
 
 def _fanout_registry(fail_b: bool = False, nested: bool = False):
     def keys(args):
@@ -302,11 +379,18 @@ def _fanout_registry(fail_b: bool = False, nested: bool = False):
     registry = Registry()
     registry.add_workload(
         [Table("t", default=[])],
-        [Procedure("src", {"vs": List(Int())}, keys, source), Procedure("a", {}, keys, a),
-         Procedure("b", {}, keys, b), Procedure("c", {}, keys, c)],
-        [Stream("in", producers=["src"], consumers=["a", "b"], on_insert=logged),
-         Stream("mid", producers=["a"], consumers=["c"]),
-         *([Nested("ac", ["b", "c"])] if nested else [])])
+        [
+            Procedure("src", {"vs": List(Int())}, keys, source),
+            Procedure("a", {}, keys, a),
+            Procedure("b", {}, keys, b),
+            Procedure("c", {}, keys, c),
+        ],
+        [
+            Stream("in", producers=["src"], consumers=["a", "b"], on_insert=logged),
+            Stream("mid", producers=["a"], consumers=["c"]),
+            *([Nested("ac", ["b", "c"])] if nested else []),
+        ],
+    )
     return registry
 
 
@@ -336,13 +420,20 @@ def test_a_nested_transaction_commits_or_aborts_as_one():
 
 def test_declarations_are_checked():
     with pytest.raises(ValueError, match="cycle"):
-        Registry().add_workload([Table("t")], [Procedure("x", {}, lambda a: ((), ()), lambda c, a: None),
-                                               Procedure("y", {}, lambda a: ((), ()), lambda c, a: None)],
-                                [Stream("s1", producers=["x"], consumers=["y"]),
-                                 Stream("s2", producers=["y"], consumers=["x"])])
+        Registry().add_workload(
+            [Table("t")],
+            [
+                Procedure("x", {}, lambda a: ((), ()), lambda c, a: None),
+                Procedure("y", {}, lambda a: ((), ()), lambda c, a: None),
+            ],
+            [Stream("s1", producers=["x"], consumers=["y"]), Stream("s2", producers=["y"], consumers=["x"])],
+        )
     with pytest.raises(ValueError, match="unknown procedure"):
-        Registry().add_workload([], [Procedure("x", {}, lambda a: ((), ()), lambda c, a: None)],
-                                [Stream("s", producers=["x"], consumers=["nobody"])])
+        Registry().add_workload(
+            [],
+            [Procedure("x", {}, lambda a: ((), ()), lambda c, a: None)],
+            [Stream("s", producers=["x"], consumers=["nobody"])],
+        )
     with pytest.raises(ValueError, match="slide"):
         Window("w", owner="x", rows=3, slide=5)
 
@@ -352,8 +443,12 @@ def test_bad_atomic_batches_are_rejected_and_undeclared_emits_abort():
     with TestEngine(registry) as engine:
         assert engine.call("a", {})["status"] == "rejected"
         assert engine.call("src", {"vs": ["x"]})["status"] == "rejected"
-    spec = {"n": 1, "steps": [{"producers": ["q0"], "fanout": [], "abort_mod": 100, "window": None,
-                               "on_insert": False}], "nested": [], "abort_mod0": 1000}
+    spec = {
+        "n": 1,
+        "steps": [{"producers": ["q0"], "fanout": [], "abort_mod": 100, "window": None, "on_insert": False}],
+        "nested": [],
+        "abort_mod0": 1000,
+    }
     with TestEngine(build(spec)) as engine:
         bad = engine.call("r", {"batch": []})
         assert bad["status"] == "rejected" and "1..1024 tuples" in bad["error"]
@@ -364,6 +459,7 @@ def test_bad_atomic_batches_are_rejected_and_undeclared_emits_abort():
 
 
 # --- output streams on Kafka, end to end ----------------------------------------------------
+
 
 def _stream_topic(bootstrap: str, topic: str) -> list[tuple[str, dict]]:
     from tests.helpers import topic_reader
@@ -381,9 +477,14 @@ def test_output_streams_are_published_in_log_order_and_a_replay_only_duplicates(
     from tests.helpers import ordo, read_results, stop
 
     rng = random.Random(5)
-    requests = [{"id": f"s{i}", "proc": "sensor_reading",
-                 "args": {"sensor": rng.choice(["a", "b", "c", "bad"]), "value": rng.randint(0, 100)}}
-                for i in range(300)]
+    requests = [
+        {
+            "id": f"s{i}",
+            "proc": "sensor_reading",
+            "args": {"sensor": rng.choice(["a", "b", "c", "bad"]), "value": rng.randint(0, 100)},
+        }
+        for i in range(300)
+    ]
     ensure_topics(broker, namespace, request_partitions=1)
     producer = KafkaProducer(bootstrap_servers=broker)
     for request in requests:
@@ -394,8 +495,9 @@ def test_output_streams_are_published_in_log_order_and_a_replay_only_duplicates(
     sequencer = ordo("sequence", *kafka, "--max-txns", "20")
     try:
         for data_dir in (tmp_path / "first", tmp_path / "replayed"):  # the second replays the whole log
-            engine = ordo("execute", *kafka, "--data-dir", str(data_dir), "--partitions", "2", "--runtime", "local",
-                          "--quiet")
+            engine = ordo(
+                "execute", *kafka, "--data-dir", str(data_dir), "--partitions", "2", "--runtime", "local", "--quiet"
+            )
             runs = 2 if data_dir.name == "replayed" else 1
             try:
                 records = read_results(broker, f"{namespace}.results", len(requests), timeout=120)
@@ -418,15 +520,17 @@ def test_output_streams_are_published_in_log_order_and_a_replay_only_duplicates(
             batch, txn = position[request["id"]]
             expected.append((f"{batch}:{txn}:0", {"sensor": sensor, "value": value, "alert": counts[sensor]}))
     assert expected and dict(published) == dict(expected)
-    assert published[:len(expected)] == expected == published[len(expected):]
+    assert published[: len(expected)] == expected == published[len(expected) :]
 
 
 def test_the_outcome_record_adds_each_triggered_procedure_s_status():
     with TestEngine(_fanout_registry(fail_b=True, nested=True), "locking", 2) as engine:
         outcome = engine.call("src", {"vs": [1]})
     assert (outcome["status"], outcome["result"], outcome["error"]) == ("committed", 1, None)
-    assert outcome["steps"] == [{"proc": "a", "status": "committed", "error": None},
-                                {"proc": "b", "status": "aborted", "error": "b refuses"}]
+    assert outcome["steps"] == [
+        {"proc": "a", "status": "committed", "error": None},
+        {"proc": "b", "status": "aborted", "error": "b refuses"},
+    ]
     with TestEngine(_fanout_registry(nested=True)) as engine:
         outcome = engine.call("src", {"vs": [2, 3]})
         assert [step["status"] for step in outcome["steps"]] == ["committed"] * 3
@@ -446,8 +550,11 @@ def test_a_faulty_triggered_procedure_aborts_alone_and_says_why():
         ctx.write("t", "elsewhere", batch)  # not declared
 
     registry = Registry()
-    registry.add_workload([Table("t")], [Procedure("src", {"v": Int()}, keys, source), Procedure("sink", {}, keys, sink)],
-                          [Stream("out", producers=["src"], consumers=["sink"])])
+    registry.add_workload(
+        [Table("t")],
+        [Procedure("src", {"v": Int()}, keys, source), Procedure("sink", {}, keys, sink)],
+        [Stream("out", producers=["src"], consumers=["sink"])],
+    )
     with TestEngine(registry, "vll", 2) as engine:
         ok = engine.call("src", {"v": 1})
         bad = engine.call("src", {"v": 2})
@@ -463,13 +570,18 @@ def test_a_procedure_with_only_an_output_stream_emits_to_it():
         ctx.write("shipped", args["item"], args["qty"])
         ctx.emit("shipments", {"item": args["item"], "qty": args["qty"]})
         return args["qty"]
+
     registry = Registry()
-    registry.add_workload([Table("shipped")], [Procedure("ship", {"item": Int(), "qty": Int()},
-                                                         lambda a: ((), [("shipped", a["item"])]), run)],
-                          [Stream("shipments", producers=["ship"])])
+    registry.add_workload(
+        [Table("shipped")],
+        [Procedure("ship", {"item": Int(), "qty": Int()}, lambda a: ((), [("shipped", a["item"])]), run)],
+        [Stream("shipments", producers=["ship"])],
+    )
     for scheduler, partitions in (("serial", 1), ("locking", 2), ("opchain", 2)):
         with TestEngine(registry, scheduler, partitions) as engine:
             outcome = engine.call("ship", {"item": 7, "qty": 2})
             assert (outcome["status"], outcome["result"], outcome["error"]) == ("committed", 2, None)
-            assert sorted(c[2:] for c in engine.changes) == [("shipped", 7, 2),
-                                                             ("stream.shipments", 0, [{"item": 7, "qty": 2}])]
+            assert sorted(c[2:] for c in engine.changes) == [
+                ("shipped", 7, 2),
+                ("stream.shipments", 0, [{"item": 7, "qty": 2}]),
+            ]

@@ -42,8 +42,16 @@ def new_topic(bootstrap: str) -> str:
 
 
 def read_values(bootstrap: str, topic: str, expected: int, **extra) -> list[bytes]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "lb-test", "enable.auto.commit": False,
-                         "enable.partition.eof": True, "logger": QUIET, **extra})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "lb-test",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "logger": QUIET,
+            **extra,
+        }
+    )
     consumer.assign([TopicPartition(topic, 0, 0)])
     values, deadline = [], time.monotonic() + TIMEOUT
     try:
@@ -58,8 +66,12 @@ def read_values(bootstrap: str, topic: str, expected: int, **extra) -> list[byte
 
 def listening_addresses(pid: int) -> set[str]:
     process = psutil.Process(pid)
-    connections = [c for p in [process, *process.children(recursive=True)]
-                   for c in p.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN]
+    connections = [
+        c
+        for p in [process, *process.children(recursive=True)]
+        for c in p.net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN
+    ]
     return {c.laddr.ip for c in connections}
 
 
@@ -127,8 +139,9 @@ def test_kafka_python_round_trip(local):
     producer = KafkaProducer(bootstrap_servers=local.bootstrap_servers, max_block_ms=TIMEOUT * 1000)
     producer.send(topic, b"hello", partition=0).get(TIMEOUT)
     producer.close(TIMEOUT)
-    consumer = KafkaConsumer(bootstrap_servers=local.bootstrap_servers, enable_auto_commit=False,
-                             consumer_timeout_ms=1000)
+    consumer = KafkaConsumer(
+        bootstrap_servers=local.bootstrap_servers, enable_auto_commit=False, consumer_timeout_ms=1000
+    )
     consumer.assign([KTopicPartition(topic, 0)])
     consumer.seek_to_beginning()
     assert [m.value for m in consumer] == [b"hello"]
@@ -180,18 +193,31 @@ def test_free_port_is_bindable_on_loopback():
 
 def test_interpreter_exit_kills_an_unstopped_broker():
     code = "from ordo.sequencer.tansu_broker import TansuBroker; b = TansuBroker(); b.start(); print(b._process.pid)"
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=30,
-                          env={**os.environ, "PYTHONPATH": ROOT})
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
     assert done.returncode == 0, done.stderr
     assert not psutil.pid_exists(int(done.stdout))
 
 
 def test_foreground_broker_announces_itself_and_stops_on_sigint():
     port = free_port()
-    code = ("import sys; from ordo.sequencer.broker import run_broker_foreground; "
-            f"sys.exit(run_broker_foreground({port}, 'tansu'))")
-    process = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True,
-                               env={**os.environ, "PYTHONPATH": ROOT})
+    code = (
+        "import sys; from ordo.sequencer.broker import run_broker_foreground; "
+        f"sys.exit(run_broker_foreground({port}, 'tansu'))"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
     try:
         line = process.stdout.readline()
         assert line.startswith(f"broker listening on 127.0.0.1:{port} (tansu, memory only"), line

@@ -45,28 +45,45 @@ def bank() -> ordo.App:
 def test_a_test_engine_runs_requests_as_the_pipeline_does(scheduler, partitions):
     with TestEngine(bank(), scheduler, partitions) as engine:
         assert engine.call("transfer", {"src": 1, "dst": 2, "amount": 30}) == {
-            "id": "t0", "status": "committed", "batch": 1, "txn": 0, "restarts": 0, "result": 70, "error": None}
+            "id": "t0",
+            "status": "committed",
+            "batch": 1,
+            "txn": 0,
+            "restarts": 0,
+            "result": 70,
+            "error": None,
+        }
         assert (engine.read("account", 1), engine.read("account", 2), engine.read("account", 9)) == (70, 130, 100)
-        outcomes = engine.run([
-            {"id": "a", "proc": "transfer", "args": {"src": 1, "dst": 3, "amount": 500}},
-            {"id": "a", "proc": "transfer", "args": {"src": 1, "dst": 3, "amount": 1}},
-            {"id": "b", "proc": "transfer", "args": {"src": "x", "dst": 3, "amount": 1}},
-            b"{not json",
-            {"id": "c", "proc": "peek", "args": {"account": 4}},
-        ])
+        outcomes = engine.run(
+            [
+                {"id": "a", "proc": "transfer", "args": {"src": 1, "dst": 3, "amount": 500}},
+                {"id": "a", "proc": "transfer", "args": {"src": 1, "dst": 3, "amount": 1}},
+                {"id": "b", "proc": "transfer", "args": {"src": "x", "dst": 3, "amount": 1}},
+                b"{not json",
+                {"id": "c", "proc": "peek", "args": {"account": 4}},
+            ]
+        )
         assert [(o["id"], o["status"]) for o in outcomes] == [
-            ("a", "aborted"), ("a", "rejected"), ("b", "rejected"), ("@0:4", "rejected"), ("c", "aborted")]
+            ("a", "aborted"),
+            ("a", "rejected"),
+            ("b", "rejected"),
+            ("@0:4", "rejected"),
+            ("c", "aborted"),
+        ]
         assert outcomes[0]["error"] == "insufficient funds"
         assert outcomes[1]["error"] == "duplicate request id 'a'"
         assert "argument 'src': expected integer" in outcomes[2]["error"]
-        assert outcomes[4]["error"] == ("undeclared access: write of account[4] is not in the write set "
-                                        "declared by ANALYZE")
+        assert outcomes[4]["error"] == (
+            "undeclared access: write of account[4] is not in the write set declared by ANALYZE"
+        )
         assert engine.state() == {("account", 1): 70, ("account", 2): 130}
 
 
 def test_check_deterministic_agrees_for_a_deterministic_app():
-    requests = [{"id": f"r{i}", "proc": "transfer", "args": {"src": i % 5, "dst": (i * 3) % 7, "amount": 40}}
-                for i in range(120)]
+    requests = [
+        {"id": f"r{i}", "proc": "transfer", "args": {"src": i % 5, "dst": (i * 3) % 7, "amount": 40}}
+        for i in range(120)
+    ]
     outcomes = check_deterministic(bank(), requests, batch_size=25)
     assert {o["status"] for o in outcomes} == {"committed", "aborted"}
 
@@ -111,6 +128,7 @@ def test_the_harness_reads_composite_keys_as_lists_names_its_changes_and_takes_a
 
         def run(ctx, args):
             ctx.write("stock", [args["warehouse"], args["item"]], 7)  # a list, as JSON gives keys
+
     with TestEngine(app) as engine:
         assert engine.call("put", {"warehouse": 2, "item": 3})["status"] == "committed"
         assert engine.read("stock", [2, 3]) == engine.read("stock", (2, 3)) == 7

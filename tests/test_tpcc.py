@@ -26,14 +26,16 @@ def _split(requests):
 
 
 def _records(state: dict):
-    return [{"table": table, "key": list(key) if type(key) is tuple else key, "value": value}
-            for (table, key), value in state.items()]
+    return [
+        {"table": table, "key": list(key) if type(key) is tuple else key, "value": value}
+        for (table, key), value in state.items()
+    ]
 
 
 def test_generator_prints_the_load_first_then_the_mix():
     requests = list(tpcc.generate(2000, seed=3, **SIZE, **FULL_MIX))
     loads, mix = _split(requests)
-    assert requests[:len(loads)] == loads and len(mix) == 2000
+    assert requests[: len(loads)] == loads and len(mix) == 2000
     assert len(loads) == 1 + 2 * (1 + 1 + tpcc.DISTRICTS)
     procs = [r["proc"] for r in mix]
     payments = [p for p in procs if p.startswith("tpcc_payment")]
@@ -49,7 +51,7 @@ def test_generator_prints_the_load_first_then_the_mix():
 
 def test_every_scheduler_and_partition_count_agrees_and_the_conditions_hold():
     loads, mix = _split(tpcc.generate(600, seed=7, **SIZE, **FULL_MIX))
-    batches = [loads] + [mix[i:i + 60] for i in range(0, len(mix), 60)]
+    batches = [loads] + [mix[i : i + 60] for i in range(0, len(mix), 60)]
     first = None
     for scheduler in ("serial", "locking", "vll", "opchain"):
         for partitions in (1, 2, 3):
@@ -82,18 +84,33 @@ def test_a_run_on_two_partitions_keeps_the_conditions_and_every_layout_replays_i
     ensure_topics(broker, namespace, request_partitions=2)
     data_dir = str(tmp_path / "run")
     loads, mix = _split(tpcc.generate(500, seed=11, **SIZE, **FULL_MIX))
-    engine = ordo("run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", data_dir,
-                  "--scheduler", "locking", "--partitions", "2", "--runtime", "local", "--max-txns", "100",
-                  "--quiet")
+    engine = ordo(
+        "run",
+        "--bootstrap-servers",
+        broker,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        data_dir,
+        "--scheduler",
+        "locking",
+        "--partitions",
+        "2",
+        "--runtime",
+        "local",
+        "--max-txns",
+        "100",
+        "--quiet",
+    )
     try:
         producer = KafkaProducer(bootstrap_servers=broker)
         for group in (loads, mix):  # the population first, then the transactions
             for request in group:
-                producer.send(f"{namespace}.requests", key=request["id"].encode(),
-                              value=json.dumps(request).encode())
+                producer.send(f"{namespace}.requests", key=request["id"].encode(), value=json.dumps(request).encode())
             producer.flush()
-            records = read_results(broker, f"{namespace}.results", len(loads) if group is loads else
-                                   len(loads) + len(mix), timeout=240)
+            records = read_results(
+                broker, f"{namespace}.results", len(loads) if group is loads else len(loads) + len(mix), timeout=240
+            )
         producer.close()
     finally:
         assert stop(engine) == 0
@@ -120,8 +137,9 @@ def test_a_run_on_two_partitions_keeps_the_conditions_and_every_layout_replays_i
 def test_bench_tpcc_reports_engine_and_end_to_end_with_the_conditions(tmp_path):
     from ordo.benchmarks.tpcc import run_tpcc
 
-    report = run_tpcc([1], "vll", 400, 3, {"warehouses": 2, "customers": 30, "items": 200}, 50,
-                      str(tmp_path / "tpcc.json"))
+    report = run_tpcc(
+        [1], "vll", 400, 3, {"warehouses": 2, "customers": 30, "items": 200}, 50, str(tmp_path / "tpcc.json")
+    )
     [run] = report["runs"]
     assert run["engine_tps"] > 0 and run["conditions"] == [] and run["timed_txns"] > 0
     e2e = run["end_to_end"]

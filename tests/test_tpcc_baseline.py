@@ -19,8 +19,19 @@ def test_baseline_runs_the_tpcc_procedures_and_keeps_the_conditions(broker, name
     except BaselineUnavailable as exc:
         pytest.skip(f"PostgreSQL baseline unavailable: {exc}")
     try:
-        requests = list(tpcc.generate(300, seed=2, warehouses=2, customers=30, items=200, payment=0.43,
-                                      order_status=0.04, delivery=0.04, stock_level=0.04))
+        requests = list(
+            tpcc.generate(
+                300,
+                seed=2,
+                warehouses=2,
+                customers=30,
+                items=200,
+                payment=0.43,
+                order_status=0.04,
+                delivery=0.04,
+                stock_level=0.04,
+            )
+        )
         loads = sum(1 for r in requests if r["proc"].startswith("tpcc_load_"))
         ensure_topics(broker, namespace, request_partitions=1)
         client = Client(broker, namespace)

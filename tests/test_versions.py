@@ -34,7 +34,7 @@ class deposit:
         return balance
 '''
 
-SENSORS = '''import ordo
+SENSORS = """import ordo
 from ordo import Int
 
 app = ordo.App("sensors")
@@ -45,7 +45,7 @@ app.table("reading", default=0)
 class record:
     def run(ctx, args):
         ctx.write("reading", args["sensor"], args["value"])
-'''
+"""
 
 
 def _write(folder, name: str, text: str) -> None:
@@ -79,8 +79,9 @@ def _no_process_left():
 
 def _ordo(folder, *args, **kwargs) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join([str(folder), ROOT])}
-    process = subprocess.Popen([sys.executable, "-m", "ordo.cli", *args], cwd=folder, env=env, text=True,
-                               stderr=subprocess.PIPE, **kwargs)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ordo.cli", *args], cwd=folder, env=env, text=True, stderr=subprocess.PIPE, **kwargs
+    )
     _started.append(process)
     return process
 
@@ -101,9 +102,26 @@ def _log_end(broker: str, namespace: str) -> int:
 
 
 def _run(folder, broker, namespace, data_dir, spec, *extra) -> subprocess.Popen:
-    return _ordo(folder, "run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir",
-                 str(data_dir), "--app", spec, "--runtime", "local", "--quiet", "--checkpoint-every", "5",
-                 "--max-delay-ms", "5", *extra)
+    return _ordo(
+        folder,
+        "run",
+        "--bootstrap-servers",
+        broker,
+        "--namespace",
+        namespace,
+        "--data-dir",
+        str(data_dir),
+        "--app",
+        spec,
+        "--runtime",
+        "local",
+        "--quiet",
+        "--checkpoint-every",
+        "5",
+        "--max-delay-ms",
+        "5",
+        *extra,
+    )
 
 
 def _deposits(client: Client, prefix: str, accounts: range, amount: int = 1, timeout: float = 120) -> dict:
@@ -113,13 +131,20 @@ def _deposits(client: Client, prefix: str, accounts: range, amount: int = 1, tim
 
 def _digest(folder, data_dir) -> str:
     env = {**os.environ, "PYTHONPATH": ROOT}
-    done = subprocess.run([sys.executable, "-m", "ordo.cli", "digest", "--data-dir", str(data_dir)], cwd=folder,
-                          env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "ordo.cli", "digest", "--data-dir", str(data_dir)],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
 
 
 # -- the identity -------------------------------------------------------------------------
+
 
 def test_the_identity_covers_the_code_of_run_not_only_the_arguments(tmp_path):
     _write(tmp_path, "bank_a", BANK.format(factor=1))
@@ -129,15 +154,17 @@ def test_the_identity_covers_the_code_of_run_not_only_the_arguments(tmp_path):
     assert one["procedures"]["deposit"] != two["procedures"]["deposit"]
     assert one["tables"] == two["tables"]
     # The arguments-only form (logs from before versions) cannot tell them apart.
-    assert describe(_registry(tmp_path, "bank_a:app"), code=False) == describe(_registry(tmp_path, "bank_b:app"),
-                                                                                code=False)
+    assert describe(_registry(tmp_path, "bank_a:app"), code=False) == describe(
+        _registry(tmp_path, "bank_b:app"), code=False
+    )
     # An earlier version kept under another module name is still that version.
     assert set_id(describe(_registry(tmp_path, "bank_a_copy:app"))) == set_id(one)
 
 
 def test_a_helper_module_named_in_code_is_covered(tmp_path):
-    app = BANK.format(factor=1).replace('app = ordo.App("bank")', 'import helper\napp = ordo.App("bank", '
-                                                                  'code=[helper])')
+    app = BANK.format(factor=1).replace(
+        'app = ordo.App("bank")', 'import helper\napp = ordo.App("bank", code=[helper])'
+    )
     _write(tmp_path, "bank_h", app)
     _write(tmp_path, "helper", "RATE = 1\n")
     before = set_id(describe(_registry(tmp_path, "bank_h:app")))
@@ -150,11 +177,20 @@ def test_a_helper_module_named_in_code_is_covered(tmp_path):
 
 def test_the_identity_is_the_same_in_every_process(tmp_path):
     _write(tmp_path, "bank_p", BANK.format(factor=3))
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from ordo.procedures.fingerprint import describe, set_id; "
-            "from ordo.procedures.loading import load_registry; print(set_id(describe(load_registry(['bank_p:app']))))")
-    seen = {subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120,
-                           env={**os.environ, "PYTHONPATH": ROOT, "PYTHONHASHSEED": seed}).stdout.strip()
-            for seed in ("1", "2")}
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from ordo.procedures.fingerprint import describe, set_id; "
+        "from ordo.procedures.loading import load_registry; print(set_id(describe(load_registry(['bank_p:app']))))"
+    )
+    seen = {
+        subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": ROOT, "PYTHONHASHSEED": seed},
+        ).stdout.strip()
+        for seed in ("1", "2")
+    }
     assert len(seen) == 1 and seen != {""}
     assert seen == {str(set_id(describe(_registry(tmp_path, "bank_p:app"))))}
 
@@ -182,9 +218,11 @@ def test_versions_follow_one_another_and_copies_name_nothing():
 
 # -- on Kafka -----------------------------------------------------------------------------
 
+
 @pytest.mark.slow
-def test_an_edited_run_needs_an_upgrade_and_every_replay_runs_the_code_that_ran(broker, namespace, tmp_path,
-                                                                                 fault_report):
+def test_an_edited_run_needs_an_upgrade_and_every_replay_runs_the_code_that_ran(
+    broker, namespace, tmp_path, fault_report
+):
     _write(tmp_path, "bank", BANK.format(factor=1))
     live = tmp_path / "live"
     engine = _run(tmp_path, broker, namespace, live, "bank:app")
@@ -204,8 +242,7 @@ def test_an_edited_run_needs_an_upgrade_and_every_replay_runs_the_code_that_ran(
     assert "procedure 'deposit' changed" in lines[0] and "ordo upgrade" in lines[0], err
     assert _log_end(broker, namespace) == end  # nothing written
 
-    upgraded = _ordo(tmp_path, "upgrade", "--bootstrap-servers", broker, "--namespace", namespace, "--app",
-                     "bank:app")
+    upgraded = _ordo(tmp_path, "upgrade", "--bootstrap-servers", broker, "--namespace", namespace, "--app", "bank:app")
     code, err = _finish(upgraded)
     assert code == 0 and "to v2" in err, err
 
@@ -219,25 +256,65 @@ def test_an_edited_run_needs_an_upgrade_and_every_replay_runs_the_code_that_ran(
     live_digest = _digest(tmp_path, live)
 
     # Without v1's code a replay from scratch refuses, naming the version it needs.
-    code, err = _finish(_ordo(tmp_path, "recover", "--bootstrap-servers", broker, "--namespace", namespace,
-                              "--data-dir", str(tmp_path / "without"), "--app", "bank:app", "--from-scratch",
-                              "--runtime", "local", "--quiet", "--idle", "0"))
+    code, err = _finish(
+        _ordo(
+            tmp_path,
+            "recover",
+            "--bootstrap-servers",
+            broker,
+            "--namespace",
+            namespace,
+            "--data-dir",
+            str(tmp_path / "without"),
+            "--app",
+            "bank:app",
+            "--from-scratch",
+            "--runtime",
+            "local",
+            "--quiet",
+            "--idle",
+            "0",
+        )
+    )
     assert code == 2 and "v1" in err and "--app-version" in err and "Traceback" not in err, err
     for partitions, scheduler in (("1", "serial"), ("2", "locking")):
         rebuilt = tmp_path / f"rebuilt-{partitions}"
-        code, err = _finish(_ordo(tmp_path, "recover", "--bootstrap-servers", broker, "--namespace", namespace,
-                                  "--data-dir", str(rebuilt), "--app", "bank:app", "--app-version", "bank_v1:app",
-                                  "--from-scratch", "--partitions", partitions, "--scheduler", scheduler,
-                                  "--runtime", "local", "--idle", "0"), timeout=300)
+        code, err = _finish(
+            _ordo(
+                tmp_path,
+                "recover",
+                "--bootstrap-servers",
+                broker,
+                "--namespace",
+                namespace,
+                "--data-dir",
+                str(rebuilt),
+                "--app",
+                "bank:app",
+                "--app-version",
+                "bank_v1:app",
+                "--from-scratch",
+                "--partitions",
+                partitions,
+                "--scheduler",
+                scheduler,
+                "--runtime",
+                "local",
+                "--idle",
+                "0",
+            ),
+            timeout=300,
+        )
         assert code == 0, err
         assert _digest(tmp_path, rebuilt) == live_digest, err
-    fault_report(f"1 RUN edit refused (log unchanged at offset {end}), 1 upgrade at batch {boundary}, "
-                 f"40 deposits checked by version, 3 replays (without v1: refused; 1P serial, 2P locking: equal)")
+    fault_report(
+        f"1 RUN edit refused (log unchanged at offset {end}), 1 upgrade at batch {boundary}, "
+        f"40 deposits checked by version, 3 replays (without v1: refused; 1P serial, 2P locking: equal)"
+    )
 
 
 @pytest.mark.slow
-def test_another_app_on_a_running_namespace_is_refused_and_changes_nothing(broker, namespace, tmp_path,
-                                                                            fault_report):
+def test_another_app_on_a_running_namespace_is_refused_and_changes_nothing(broker, namespace, tmp_path, fault_report):
     _write(tmp_path, "bank", BANK.format(factor=1))
     _write(tmp_path, "sensors", SENSORS)
     engine = _run(tmp_path, broker, namespace, tmp_path / "bank-data", "bank:app")
@@ -260,8 +337,9 @@ def test_another_app_on_a_running_namespace_is_refused_and_changes_nothing(broke
 
 
 @pytest.mark.slow
-def test_an_upgrade_under_load_stops_the_old_engine_at_its_batch_and_loses_nothing(broker, namespace, tmp_path,
-                                                                                   fault_report):
+def test_an_upgrade_under_load_stops_the_old_engine_at_its_batch_and_loses_nothing(
+    broker, namespace, tmp_path, fault_report
+):
     _write(tmp_path, "bank", BANK.format(factor=1))
     live = tmp_path / "live"
     engine = _run(tmp_path, broker, namespace, live, "bank:app")
@@ -287,8 +365,9 @@ def test_an_upgrade_under_load_stops_the_old_engine_at_its_batch_and_loses_nothi
             time.sleep(4)
             _write(tmp_path, "bank", BANK.format(factor=2))
             started = time.monotonic()
-            code, err = _finish(_ordo(tmp_path, "upgrade", "--bootstrap-servers", broker, "--namespace",
-                                      namespace, "--app", "bank:app"))
+            code, err = _finish(
+                _ordo(tmp_path, "upgrade", "--bootstrap-servers", broker, "--namespace", namespace, "--app", "bank:app")
+            )
             assert code == 0, err
             appended_s = float(err.split(" in ")[1].split(" s")[0])  # the command's own figure
             code, err = _finish(engine, timeout=120)  # the v1 engine stops at the upgrade, in one line
@@ -317,9 +396,11 @@ def test_an_upgrade_under_load_stops_the_old_engine_at_its_batch_and_loses_nothi
         assert outcome["result"] == expected, (outcome, boundary)
         by_version[expected] += 1
     assert by_version[1] and by_version[2]
-    fault_report(f"1 upgrade under 500 req/s at batch {boundary}: {len(sent)} requests answered once "
-                 f"({by_version[1]} by v1, {by_version[2]} by v2); the upgrade record appended in {appended_s:.2f} s, "
-                 f"the v1 engine stopped {stopped_s:.1f} s and v2 answered {upgrade_s:.1f} s after the upgrade began")
+    fault_report(
+        f"1 upgrade under 500 req/s at batch {boundary}: {len(sent)} requests answered once "
+        f"({by_version[1]} by v1, {by_version[2]} by v2); the upgrade record appended in {appended_s:.2f} s, "
+        f"the v1 engine stopped {stopped_s:.1f} s and v2 answered {upgrade_s:.1f} s after the upgrade began"
+    )
 
 
 def before_places(record: bytes) -> bytes:
@@ -356,24 +437,34 @@ def test_the_previous_release_s_own_encoder_writes_what_before_places_makes(tmp_
     old = tmp_path / "old" / "ordo" / "sequencer"
     old.mkdir(parents=True)
     for name in ("log.py", "log_secret.py"):
-        shown = subprocess.run(["git", "show", f"f13108cf1a1c85a495b22ad53641571c2c76af2e:sequencer/{name}"],
-                               cwd=ROOT, capture_output=True)
+        shown = subprocess.run(
+            ["git", "show", f"f13108cf1a1c85a495b22ad53641571c2c76af2e:sequencer/{name}"], cwd=ROOT, capture_output=True
+        )
         if shown.returncode != 0:
             pytest.skip(f"the repository's history lacks the release before versions: {shown.stderr[:200]!r}")
         (old / name).write_bytes(shown.stdout)
     for package in (old.parent, old):
         (package / "__init__.py").write_text("")
     described = {"procedures": {"p": "1"}, "tables": {}}
-    code = ("import sys; from ordo.sequencer.log import encode_start, encode_batch, encode_entry; "
-            f"print(encode_start('L', {described!r}).hex()); "
-            "print(encode_batch(1, 0, 5, {0: (0, 1)}, [encode_entry(['a', 'p', {}])], log_id='L').hex())")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(old.parent.parent)}, cwd=tmp_path)
+    code = (
+        "import sys; from ordo.sequencer.log import encode_start, encode_batch, encode_entry; "
+        f"print(encode_start('L', {described!r}).hex()); "
+        "print(encode_batch(1, 0, 5, {0: (0, 1)}, [encode_entry(['a', 'p', {}])], log_id='L').hex())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(old.parent.parent)},
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr
     written = [bytes.fromhex(line) for line in done.stdout.split()]
-    assert written == [before_places(encode_start("ns", None, "L", described)),
-                       before_places(encode_batch(1, 0, 5, {0: (0, 1)}, [encode_entry(["a", "p", {}])], log_id="L",
-                                                  namespace="ns"))]
+    assert written == [
+        before_places(encode_start("ns", None, "L", described)),
+        before_places(encode_batch(1, 0, 5, {0: (0, 1)}, [encode_entry(["a", "p", {}])], log_id="L", namespace="ns")),
+    ]
     cursor = LogCursor(namespace="ns")
     cursor.accept(written[0], 0)
     assert cursor.accept(written[1], 1).batch_id == 1 and cursor.log_id == "L"
@@ -399,12 +490,25 @@ def test_a_namespace_another_app_broke_before_versions_has_a_way_back(broker, na
     log_id = "bank-sequencer"
     records = [
         encode_start(namespace, None, log_id, describe(_registry(tmp_path, "bank:app"), code=False)),
-        encode_batch(1, 0, 1000, {0: (0, 3)}, [encode_entry([f"early-{a}", "deposit", {**args, "account": a}])
-                                               for a in range(3)], log_id=log_id, namespace=namespace),
-        encode_start(namespace, log_id, "sensors-sequencer", describe(_registry(tmp_path, "sensors:app"),
-                                                                      code=False)),
-        encode_batch(2, 2, 1001, {0: (3, 5)}, [encode_entry([f"early-{a}", None, "unknown procedure 'deposit'"])
-                                               for a in (3, 4)], log_id=log_id, namespace=namespace),
+        encode_batch(
+            1,
+            0,
+            1000,
+            {0: (0, 3)},
+            [encode_entry([f"early-{a}", "deposit", {**args, "account": a}]) for a in range(3)],
+            log_id=log_id,
+            namespace=namespace,
+        ),
+        encode_start(namespace, log_id, "sensors-sequencer", describe(_registry(tmp_path, "sensors:app"), code=False)),
+        encode_batch(
+            2,
+            2,
+            1001,
+            {0: (3, 5)},
+            [encode_entry([f"early-{a}", None, "unknown procedure 'deposit'"]) for a in (3, 4)],
+            log_id=log_id,
+            namespace=namespace,
+        ),
     ]
     producer = Producer({"bootstrap.servers": broker})
     for record in records:  # sealed as Ordo sealed records before tags covered their place
@@ -415,8 +519,9 @@ def test_a_namespace_another_app_broke_before_versions_has_a_way_back(broker, na
     code, err = _finish(_run(tmp_path, broker, namespace, data, "bank:app"))
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1 and "ordo upgrade" in lines[0], err
-    code, err = _finish(_ordo(tmp_path, "upgrade", "--bootstrap-servers", broker, "--namespace", namespace,
-                              "--app", "bank:app"))
+    code, err = _finish(
+        _ordo(tmp_path, "upgrade", "--bootstrap-servers", broker, "--namespace", namespace, "--app", "bank:app")
+    )
     assert code == 0, err
     engine = _run(tmp_path, broker, namespace, data, "bank:app")
     try:
@@ -427,13 +532,16 @@ def test_a_namespace_another_app_broke_before_versions_has_a_way_back(broker, na
         assert stop(engine) == 0
     assert [answered[f"early-{a}"]["status"] for a in range(5)] == ["committed"] * 3 + ["rejected"] * 2
     assert [later[f"later-{a}"]["result"] for a in range(5)] == [6, 6, 6, 1, 1]
-    fault_report("a log from before versions with another app's start record and batch: refused in one line, "
-                 "taken back by ordo upgrade, 10 requests answered")
+    fault_report(
+        "a log from before versions with another app's start record and batch: refused in one line, "
+        "taken back by ordo upgrade, 10 requests answered"
+    )
 
 
 @pytest.mark.slow
-def test_a_streaming_app_s_window_trigger_and_dependent_procedure_upgrade_and_replay(broker, namespace, tmp_path,
-                                                                                     fault_report):
+def test_a_streaming_app_s_window_trigger_and_dependent_procedure_upgrade_and_replay(
+    broker, namespace, tmp_path, fault_report
+):
     """examples/inventory.py (an input stream, a triggered procedure with a window, an OLLP
     procedure) upgraded to a version whose window is shorter, whose trigger counts twice and
     whose dependent restock adds one more: each version answers its own requests, and a
@@ -442,12 +550,20 @@ def test_a_streaming_app_s_window_trigger_and_dependent_procedure_upgrade_and_re
 
     with open(os.path.join(ROOT, "examples", "inventory.py")) as f:
         v1 = f.read()
-    v2 = (v1.replace('app.window("recent", owner="tally", rows=5, slide=1)',
-                     'app.window("recent", owner="tally", rows=2, slide=1)')
-            .replace('ctx.write("delivered", warehouse, ctx.read("delivered", warehouse) + qty)',
-                     'ctx.write("delivered", warehouse, ctx.read("delivered", warehouse) + 2 * qty)')
-            .replace('ctx.write("stock", key, ctx.read("stock", key) + args["qty"])\n        return',
-                     'ctx.write("stock", key, ctx.read("stock", key) + args["qty"] + 1)\n        return'))
+    v2 = (
+        v1.replace(
+            'app.window("recent", owner="tally", rows=5, slide=1)',
+            'app.window("recent", owner="tally", rows=2, slide=1)',
+        )
+        .replace(
+            'ctx.write("delivered", warehouse, ctx.read("delivered", warehouse) + qty)',
+            'ctx.write("delivered", warehouse, ctx.read("delivered", warehouse) + 2 * qty)',
+        )
+        .replace(
+            'ctx.write("stock", key, ctx.read("stock", key) + args["qty"])\n        return',
+            'ctx.write("stock", key, ctx.read("stock", key) + args["qty"] + 1)\n        return',
+        )
+    )
     assert v2.count("2 * qty") == 1 and v2.count('args["qty"] + 1') == 1 and "rows=2" in v2
     _write(tmp_path, "inventory", v1)
     live = tmp_path / "live"
@@ -459,8 +575,10 @@ def test_a_streaming_app_s_window_trigger_and_dependent_procedure_upgrade_and_re
             with Client(broker, namespace) as client:
                 client.wait_for_topics()
                 for step in STEPS:
-                    ids = [client.submit(proc, args, request_id=f"{prefix}-{request_id}")
-                           for request_id, (proc, args) in step.items()]
+                    ids = [
+                        client.submit(proc, args, request_id=f"{prefix}-{request_id}")
+                        for request_id, (proc, args) in step.items()
+                    ]
                     outcomes.update(client.wait(ids, timeout=120))
         finally:
             assert stop(engine) == 0
@@ -473,8 +591,9 @@ def test_a_streaming_app_s_window_trigger_and_dependent_procedure_upgrade_and_re
     _write(tmp_path, "inventory", v2)
     code, err = _finish(_run(tmp_path, broker, namespace, live, "inventory:app", "--partitions", "2"))
     assert code == 2 and "ordo upgrade" in err and len(err.strip().splitlines()) == 1, err
-    code, err = _finish(_ordo(tmp_path, "upgrade", "--bootstrap-servers", broker, "--namespace", namespace,
-                              "--app", "inventory:app"))
+    code, err = _finish(
+        _ordo(tmp_path, "upgrade", "--bootstrap-servers", broker, "--namespace", namespace, "--app", "inventory:app")
+    )
     assert code == 0, err
     second = run_steps("v2")
     # v1 left 15 bolts; v2 delivers 40, ships 35 (the second 35 aborts), and its restock adds 10 + 1.
@@ -483,11 +602,35 @@ def test_a_streaming_app_s_window_trigger_and_dependent_procedure_upgrade_and_re
     live_digest = _digest(tmp_path, live)
     for partitions, scheduler in (("1", "serial"), ("2", "vll")):
         rebuilt = tmp_path / f"rebuilt-{partitions}"
-        code, err = _finish(_ordo(tmp_path, "recover", "--bootstrap-servers", broker, "--namespace", namespace,
-                                  "--data-dir", str(rebuilt), "--app", "inventory:app", "--app-version",
-                                  "inventory_v1:app", "--from-scratch", "--partitions", partitions, "--scheduler",
-                                  scheduler, "--runtime", "local", "--idle", "0"), timeout=300)
+        code, err = _finish(
+            _ordo(
+                tmp_path,
+                "recover",
+                "--bootstrap-servers",
+                broker,
+                "--namespace",
+                namespace,
+                "--data-dir",
+                str(rebuilt),
+                "--app",
+                "inventory:app",
+                "--app-version",
+                "inventory_v1:app",
+                "--from-scratch",
+                "--partitions",
+                partitions,
+                "--scheduler",
+                scheduler,
+                "--runtime",
+                "local",
+                "--idle",
+                "0",
+            ),
+            timeout=300,
+        )
         assert code == 0, err
         assert _digest(tmp_path, rebuilt) == live_digest, err
-    fault_report(f"a window, a trigger and a dependent procedure changed: plain restart refused, upgrade, "
-                 f"{len(first) + len(second)} requests by version, 2 rebuilds (1P serial, 2P vll) equal to the live state")
+    fault_report(
+        f"a window, a trigger and a dependent procedure changed: plain restart refused, upgrade, "
+        f"{len(first) + len(second)} requests by version, 2 rebuilds (1P serial, 2P vll) equal to the live state"
+    )

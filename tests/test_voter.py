@@ -19,7 +19,7 @@ from ordo.sequencer.topics import ensure_topics
 from tests.helpers import dump_state, ordo, ordo_output, read_results, stop, topic_reader
 
 VOTER_TABLES = ("voter_count", "voter_phone", "voter_contestant", "voter_board")
-INT64 = (-2**63, 2**63 - 1)
+INT64 = (-(2**63), 2**63 - 1)
 
 
 def contract_state(requests: list[dict]) -> tuple[dict, dict]:
@@ -45,9 +45,14 @@ def contract_state(requests: list[dict]) -> tuple[dict, dict]:
 
     for request in requests:
         args = request.get("args")
-        ok = (type(args) is dict and set(args) == {"phone", "contestant"}
-              and type(args["phone"]) is int and 2_000_000_000 <= args["phone"] <= 9_999_999_999
-              and type(args["contestant"]) is int and INT64[0] <= args["contestant"] <= INT64[1])
+        ok = (
+            type(args) is dict
+            and set(args) == {"phone", "contestant"}
+            and type(args["phone"]) is int
+            and 2_000_000_000 <= args["phone"] <= 9_999_999_999
+            and type(args["contestant"]) is int
+            and INT64[0] <= args["contestant"] <= INT64[1]
+        )
         if not ok:
             outcomes[request["id"]] = ("rejected", None, None)
             continue
@@ -104,9 +109,15 @@ def vote_stream(count: int, phones: int, seed: int) -> list[dict]:
             contestant = rng.randint(1, 25)
         args: dict = {"phone": phone, "contestant": contestant}
         if roll > 0.985:
-            args = rng.choice([{"phone": phone, "contestant": str(contestant)}, {"phone": 12345, "contestant": 3},
-                               {"phone": phone}, {"phone": phone, "contestant": 3, "extra": 1},
-                               {"phone": True, "contestant": 3}])
+            args = rng.choice(
+                [
+                    {"phone": phone, "contestant": str(contestant)},
+                    {"phone": 12345, "contestant": 3},
+                    {"phone": phone},
+                    {"phone": phone, "contestant": 3, "extra": 1},
+                    {"phone": True, "contestant": 3},
+                ]
+            )
         requests.append({"id": f"v{seed}-{i}", "proc": "voter_vote", "args": args})
     return requests
 
@@ -179,8 +190,9 @@ def test_external_client_sigkill_restart_and_every_scheduler_agree(broker, names
     [bad] = [r for i, r in decided.items() if i.startswith("@")]
     assert bad["status"] == "rejected" and bad["error"].startswith("invalid JSON")
     assert decided_before < len(decided), "the engine was killed only after it had decided every vote"
-    in_log_order = sorted((r for r in decided.values() if not r["id"].startswith("@")),
-                          key=lambda r: (r["batch"], r["txn"]))
+    in_log_order = sorted(
+        (r for r in decided.values() if not r["id"].startswith("@")), key=lambda r: (r["batch"], r["txn"])
+    )
     by_id = {r["id"]: r for r in requests}
     expected, outcomes = contract_state([by_id[r["id"]] for r in in_log_order])
     assert any(key[0] == "voter_contestant" for key in expected)
@@ -190,11 +202,32 @@ def test_external_client_sigkill_restart_and_every_scheduler_agree(broker, names
         if status != "rejected":
             assert (record["result"], record["error"]) == (result, error), record
     assert voter_part(dump_state(data_dir)) == expected
-    for scheduler, partitions in [("serial", 2), ("locking", 1), ("locking", 2), ("vll", 1), ("vll", 2),
-                                  ("opchain", 1), ("opchain", 2)]:
+    for scheduler, partitions in [
+        ("serial", 2),
+        ("locking", 1),
+        ("locking", 2),
+        ("vll", 1),
+        ("vll", 2),
+        ("opchain", 1),
+        ("opchain", 2),
+    ]:
         other = str(tmp_path / f"{scheduler}-{partitions}")
-        ordo_output("recover", *kafka, "--data-dir", other, "--scheduler", scheduler, "--partitions",
-                    str(partitions), "--runtime", "local", "--quiet", "--idle", "2", timeout=300)
+        ordo_output(
+            "recover",
+            *kafka,
+            "--data-dir",
+            other,
+            "--scheduler",
+            scheduler,
+            "--partitions",
+            str(partitions),
+            "--runtime",
+            "local",
+            "--quiet",
+            "--idle",
+            "2",
+            timeout=300,
+        )
         assert voter_part(dump_state(other)) == expected, (scheduler, partitions)
 
 

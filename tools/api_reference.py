@@ -63,6 +63,7 @@ def _signature(obj, method: bool = False) -> str:
         signature = inspect.signature(obj)
     except (TypeError, ValueError):
         return ""
+
     def written(annotation):
         return _Written(annotation) if isinstance(annotation, str) else annotation
 
@@ -92,9 +93,12 @@ def generate() -> tuple[str, list[str]]:
 
     missing: list[str] = []
     names = [n for n in ordo.__all__ if not n.startswith("_")]
-    placed = {n: next((title for title, module in SECTIONS if getattr(ordo, n).__module__ == module), None)
-              for n in names}
-    missing += [f"ordo.{n}: its module has no section in tools/api_reference.py" for n, t in placed.items() if t is None]
+    placed = {
+        n: next((title for title, module in SECTIONS if getattr(ordo, n).__module__ == module), None) for n in names
+    }
+    missing += [
+        f"ordo.{n}: its module has no section in tools/api_reference.py" for n, t in placed.items() if t is None
+    ]
     out = [HEADER]
     for title, _ in SECTIONS:
         members = [n for n in names if placed[n] == title]
@@ -126,8 +130,9 @@ def generate() -> tuple[str, list[str]]:
                     if isinstance(value, property):
                         out.append(f"#### `{name}.{member}` (property)\n")
                     else:
-                        prefix = "async " if inspect.iscoroutinefunction(value) or inspect.isasyncgenfunction(value) \
-                            else ""
+                        prefix = (
+                            "async " if inspect.iscoroutinefunction(value) or inspect.isasyncgenfunction(value) else ""
+                        )
                         out.append(f"#### `{prefix}{name}.{member}{_signature(value, method=True)}`\n")
                     out.append((member_doc or "") + "\n")
     return "\n".join(out).rstrip("\n") + "\n", missing
@@ -146,8 +151,7 @@ def main(argv: list[str]) -> int:
         except FileNotFoundError:
             current = None
         if current != text:
-            print(f"{os.path.relpath(OUTPUT, ROOT)} is out of date: run python tools/api_reference.py",
-                  file=sys.stderr)
+            print(f"{os.path.relpath(OUTPUT, ROOT)} is out of date: run python tools/api_reference.py", file=sys.stderr)
             return 1
         return 0
     with open(OUTPUT, "w") as f:

@@ -26,10 +26,28 @@ RESTART_LIMIT_REASON = "changed before its turn"
 def start_engine(bootstrap: str, namespace: str, data_dir: str, log, partitions: int) -> subprocess.Popen:
     from ordo.lifeline import stop_with_owner
 
-    engine = subprocess.Popen([sys.executable, "-m", "ordo.cli", "run", "--bootstrap-servers", bootstrap,
-                               "--namespace", namespace, "--data-dir", data_dir, "--partitions", str(partitions),
-                               "--quiet", "--workloads", "alias"],
-                              stdout=log, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    engine = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ordo.cli",
+            "run",
+            "--bootstrap-servers",
+            bootstrap,
+            "--namespace",
+            namespace,
+            "--data-dir",
+            data_dir,
+            "--partitions",
+            str(partitions),
+            "--quiet",
+            "--workloads",
+            "alias",
+        ],
+        stdout=log,
+        stderr=log,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     stop_with_owner([engine.pid])  # its sequencer and its Ray go with it
     return engine
 
@@ -53,11 +71,12 @@ def send_paced(client, requests: list[dict], rate: float, sent: list[str]) -> No
         delay = started + i / rate - time.monotonic()
         if delay > 0:
             time.sleep(delay)
-        sent.extend(client.submit(requests[i:i + step]))
+        sent.extend(client.submit(requests[i : i + step]))
 
 
-def measure(bootstrap: str, rate: float, seconds: float, kills: int, seed: int, partitions: int = 1,
-            down: float = 0.0) -> dict:
+def measure(
+    bootstrap: str, rate: float, seconds: float, kills: int, seed: int, partitions: int = 1, down: float = 0.0
+) -> dict:
     """`down`: seconds the engine stays down after each kill before it is started again."""
     from ordo.client import Client
     from ordo.procedures.workloads import alias
@@ -91,13 +110,24 @@ def measure(bootstrap: str, rate: float, seconds: float, kills: int, seed: int, 
     statuses = Counter(o["status"] for o in outcomes.values())
     storm = sum(1 for o in outcomes.values() if RESTART_LIMIT_REASON in (o.get("error") or ""))
     restarts = Counter(o.get("restarts", 0) for o in outcomes.values())
-    return {"rate": rate, "seconds": seconds, "kills": kills, "down": down, "partitions": partitions, "seed": seed,
-            "requests": len(requests),
-            "outcomes": len(outcomes), "statuses": dict(statuses), "rejected_restart_limit": storm,
-            "rejected_restart_limit_share": storm / max(1, len(outcomes)),
-            "max_restarts": max(restarts) if restarts else 0,
-            "restarts": dict(sorted(restarts.items())),
-            "rejected_examples": [o["error"] for o in outcomes.values() if RESTART_LIMIT_REASON in (o.get("error") or "")][:3]}
+    return {
+        "rate": rate,
+        "seconds": seconds,
+        "kills": kills,
+        "down": down,
+        "partitions": partitions,
+        "seed": seed,
+        "requests": len(requests),
+        "outcomes": len(outcomes),
+        "statuses": dict(statuses),
+        "rejected_restart_limit": storm,
+        "rejected_restart_limit_share": storm / max(1, len(outcomes)),
+        "max_restarts": max(restarts) if restarts else 0,
+        "restarts": dict(sorted(restarts.items())),
+        "rejected_examples": [o["error"] for o in outcomes.values() if RESTART_LIMIT_REASON in (o.get("error") or "")][
+            :3
+        ],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,8 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=1)
     parser.add_argument("--down", type=float, default=0.0, help="seconds down after each kill")
     args = parser.parse_args(argv)
-    print(json.dumps(measure(args.bootstrap_servers, args.rate, args.seconds, args.kills, args.seed, args.partitions,
-                             args.down)))
+    print(
+        json.dumps(
+            measure(args.bootstrap_servers, args.rate, args.seconds, args.kills, args.seed, args.partitions, args.down)
+        )
+    )
     return 0
 
 

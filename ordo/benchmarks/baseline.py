@@ -45,14 +45,16 @@ def _bindir_candidates() -> list[str]:
     initdb = shutil.which("initdb")
     if initdb:
         found.append(os.path.dirname(os.path.realpath(initdb)))
+
     # Debian keeps the server out of PATH, under one directory per major version.
     def major(path: str) -> int:
         version = path.split("/")[-2]
         return int(version) if version.isdigit() else 0
 
     found.extend(sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=major, reverse=True))
-    return [d for d in found if os.path.exists(os.path.join(d, "postgres")) and
-            os.path.exists(os.path.join(d, "pg_ctl"))]
+    return [
+        d for d in found if os.path.exists(os.path.join(d, "postgres")) and os.path.exists(os.path.join(d, "pg_ctl"))
+    ]
 
 
 def find_bindir(install: bool = False) -> str:
@@ -70,8 +72,7 @@ def find_bindir(install: bool = False) -> str:
         candidates = _bindir_candidates()
         if candidates:
             return candidates[0]
-    raise BaselineUnavailable(
-        "PostgreSQL server not found: install Debian's server (apt-get install -y postgresql)")
+    raise BaselineUnavailable("PostgreSQL server not found: install Debian's server (apt-get install -y postgresql)")
 
 
 class PostgresServer:
@@ -102,8 +103,9 @@ class PostgresServer:
         return ["runuser", "-u", self.run_as, "--", *command] if self.run_as else command
 
     def _run(self, tool: str, *args: str, timeout: float = 120) -> str:
-        done = subprocess.run(self._command(tool, *args), capture_output=True, text=True, timeout=timeout,
-                              cwd=self.root)
+        done = subprocess.run(
+            self._command(tool, *args), capture_output=True, text=True, timeout=timeout, cwd=self.root
+        )
         if done.returncode != 0:
             log = self._log_tail()
             raise BaselineUnavailable(f"{tool} failed ({done.returncode}): {done.stderr.strip()[-800:]}{log}")
@@ -130,11 +132,21 @@ class PostgresServer:
                 os.chown(path, entry.pw_uid, entry.pw_gid)
         data = os.path.join(self.root, "data")
         try:
-            self._run("initdb", "-D", data, "-U", "ordo", "--auth=trust", "-E", "UTF8", "--locale=C",
-                      "--no-sync")
+            self._run("initdb", "-D", data, "-U", "ordo", "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync")
             options = f"-c listen_addresses='' -k {self.socket_dir} -c max_connections=20"
-            self._run("pg_ctl", "-D", data, "-l", os.path.join(self.root, "server.log"), "-o", options,
-                      "-w", "-t", "60", "start")
+            self._run(
+                "pg_ctl",
+                "-D",
+                data,
+                "-l",
+                os.path.join(self.root, "server.log"),
+                "-o",
+                options,
+                "-w",
+                "-t",
+                "60",
+                "start",
+            )
             with self.connect() as conn:
                 self.version = conn.execute("SHOW server_version").fetchone()[0]
         except BaseException:
@@ -152,8 +164,12 @@ class PostgresServer:
             return
         data = os.path.join(self.root, "data")
         if os.path.exists(os.path.join(data, "postmaster.pid")):
-            subprocess.run(self._command("pg_ctl", "-D", data, "-m", "fast", "-w", "stop"),
-                           capture_output=True, timeout=60, cwd=self.root)
+            subprocess.run(
+                self._command("pg_ctl", "-D", data, "-m", "fast", "-w", "stop"),
+                capture_output=True,
+                timeout=60,
+                cwd=self.root,
+            )
         shutil.rmtree(self.root, ignore_errors=True)
         self.root = None
 
@@ -174,11 +190,14 @@ def _user_exists(name: str) -> bool:
 
 # -- the procedures in SQL ---------------------------------------------------------------
 
+
 def _upsert_add(table: str) -> str:
     # Adds to the stored value, a missing key counting as 0. Repeated keys of a request
     # are summed first: one statement may not update a row twice.
-    return (f"INSERT INTO {table} (k, v) SELECT * FROM unnest(%s::bigint[], %s::bigint[]) "
-            f"ON CONFLICT (k) DO UPDATE SET v = {table}.v + excluded.v")
+    return (
+        f"INSERT INTO {table} (k, v) SELECT * FROM unnest(%s::bigint[], %s::bigint[]) "
+        f"ON CONFLICT (k) DO UPDATE SET v = {table}.v + excluded.v"
+    )
 
 
 class Aborted(Exception):
@@ -204,11 +223,13 @@ def _sl_deposit(cur, args: dict) -> None:
 def _sl_transfer(cur, args: dict) -> None:
     account, asset = cur.execute(
         "SELECT coalesce((SELECT v FROM account WHERE k = %s), 0), coalesce((SELECT v FROM asset WHERE k = %s), 0)",
-        (args["src_account"], args["src_asset"])).fetchone()
+        (args["src_account"], args["src_asset"]),
+    ).fetchone()
     if account < args["account_amount"] or asset < args["asset_amount"]:
         raise Aborted("insufficient funds")
-    _add(cur, "account", [(args["src_account"], -args["account_amount"]),
-                          (args["dst_account"], args["account_amount"])])
+    _add(
+        cur, "account", [(args["src_account"], -args["account_amount"]), (args["dst_account"], args["account_amount"])]
+    )
     _add(cur, "asset", [(args["src_asset"], -args["asset_amount"]), (args["dst_asset"], args["asset_amount"])])
 
 
@@ -233,6 +254,7 @@ def read_state(conn, workload: str) -> dict[tuple[str, int], int]:
 
 
 # -- the consumer ------------------------------------------------------------------------
+
 
 @dataclass
 class BaselineResult:
@@ -270,7 +292,7 @@ def apply_request(conn, body: dict, max_retries: int = 50) -> tuple[str, int]:
             return "aborted", attempt
         except (errors.SerializationFailure, errors.DeadlockDetected):
             conn.rollback()
-            time.sleep(min(0.001 * 2 ** attempt, 0.05))
+            time.sleep(min(0.001 * 2**attempt, 0.05))
         except (KeyError, TypeError, ValueError, errors.DataError):
             conn.rollback()
             return "rejected", attempt
@@ -285,9 +307,17 @@ def requests_consumer(bootstrap: str, topic: str):
     from ordo.sequencer.kafka import kafka_config
     from ordo.sequencer.topics import partition_count
 
-    consumer = Consumer(kafka_config(bootstrap, {
-        "group.id": f"ordo-baseline-{uuid.uuid4().hex}", "enable.auto.commit": False,
-        "enable.partition.eof": False, "fetch.wait.max.ms": 5}))
+    consumer = Consumer(
+        kafka_config(
+            bootstrap,
+            {
+                "group.id": f"ordo-baseline-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+                "enable.partition.eof": False,
+                "fetch.wait.max.ms": 5,
+            },
+        )
+    )
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partition_count(bootstrap, topic))])
     return consumer
 
@@ -314,8 +344,15 @@ def each_request(consumer, count: int, timeout: float) -> Iterator[bytes]:
         consumer.close()
 
 
-def run_baseline(bootstrap: str, namespace: str, workload: str, count: int, server: PostgresServer,
-                 synchronous_commit: bool = False, timeout: float = 300.0) -> BaselineResult:
+def run_baseline(
+    bootstrap: str,
+    namespace: str,
+    workload: str,
+    count: int,
+    server: PostgresServer,
+    synchronous_commit: bool = False,
+    timeout: float = 300.0,
+) -> BaselineResult:
     """Consume the first `count` messages of `<namespace>.requests` (every partition, from
     offset 0) and apply each; the clock runs from the first message consumed to the last
     commit. `synchronous_commit=False` matches Ordo's durability on the local broker (no
@@ -374,8 +411,9 @@ def check_serial(result: BaselineResult) -> None:
     requests in the order the baseline applied them."""
     expected = serial_state(result.order, result.workload)
     if result.state != expected:
-        raise AssertionError(f"baseline state differs from the serial interpretation: "
-                             f"{describe_difference(result.state, expected)}")
+        raise AssertionError(
+            f"baseline state differs from the serial interpretation: {describe_difference(result.state, expected)}"
+        )
 
 
 def describe_difference(got: dict, expected: dict, limit: int = 5) -> str:
@@ -390,8 +428,9 @@ def describe_difference(got: dict, expected: dict, limit: int = 5) -> str:
 DURABLE_BASELINE_REQUESTS = 3000
 
 
-def measure_baseline(bootstrap: str, log: Log, workload: str, count: int, engine_dir: str | None,
-                     install: bool = True, server=None) -> dict:
+def measure_baseline(
+    bootstrap: str, log: Log, workload: str, count: int, engine_dir: str | None, install: bool = True, server=None
+) -> dict:
     """The PostgreSQL baseline over the first `count` requests of the engine's log (it
     consumes the log's own <ns>.requests), checked against the serial interpretation of
     its own order and, where that order is the log's (one request partition, as here),
@@ -407,19 +446,29 @@ def measure_baseline(bootstrap: str, log: Log, workload: str, count: int, engine
     try:
         result = run_baseline(bootstrap, log.namespace, workload, count, server, synchronous_commit=False)
         check_serial(result)
-        figures = {"requests": result.requests, "requests_per_s": round(result.requests_per_s),
-                   "committed": result.committed, "aborted": result.aborted, "retries": result.retries,
-                   "server": server.version, "checked_serial": True, "checked_engine": False}
+        figures = {
+            "requests": result.requests,
+            "requests_per_s": round(result.requests_per_s),
+            "committed": result.committed,
+            "aborted": result.aborted,
+            "retries": result.retries,
+            "server": server.version,
+            "checked_serial": True,
+            "checked_engine": False,
+        }
         if engine_dir is not None and os.path.isdir(engine_dir):
             same_order = [e[0] for e in result.order] == [r["id"] for r in log.requests[:count]]
-            engine_state = {(r["table"], r["key"]): r["value"] for r in records(engine_dir)
-                            if r["table"] in TABLES[workload]}
+            engine_state = {
+                (r["table"], r["key"]): r["value"] for r in records(engine_dir) if r["table"] in TABLES[workload]
+            }
             if same_order and engine_state != result.state:
-                raise AssertionError(f"baseline and engine states differ: "
-                                     f"{describe_difference(result.state, engine_state)}")
+                raise AssertionError(
+                    f"baseline and engine states differ: {describe_difference(result.state, engine_state)}"
+                )
             figures["checked_engine"] = same_order
-        durable = run_baseline(bootstrap, log.namespace, workload, min(count, DURABLE_BASELINE_REQUESTS), server,
-                               synchronous_commit=True)
+        durable = run_baseline(
+            bootstrap, log.namespace, workload, min(count, DURABLE_BASELINE_REQUESTS), server, synchronous_commit=True
+        )
         check_serial(durable)
         figures["durable_requests"] = durable.requests
         figures["durable_requests_per_s"] = round(durable.requests_per_s)

@@ -36,9 +36,11 @@ class Pipeline:
         self.namespace = new_namespace(kind)
         ensure_topics(bootstrap, self.namespace, request_partitions=1)
         self.coordinator = Coordinator(bootstrap, self.namespace, directory, scheduler, partitions)
-        self.sequencer = SequencerProcess(bootstrap, self.namespace,
-                                          SequencerConfig(max_txns=max_txns, partitions=partitions,
-                                                          ordering=ordering_of(scheduler)))
+        self.sequencer = SequencerProcess(
+            bootstrap,
+            self.namespace,
+            SequencerConfig(max_txns=max_txns, partitions=partitions, ordering=ordering_of(scheduler)),
+        )
         self.client = Client(bootstrap, self.namespace)
         self.errors: list[BaseException] = []
         self._engine = threading.Thread(target=self._serve, daemon=True)
@@ -80,14 +82,25 @@ def restart_figures(requests: list[dict], outcomes: dict) -> dict[str, Any]:
     procedures = default_registry().procedures
     dependent = [outcomes[r["id"]] for r in requests if procedures[r["proc"]].reconnoiter is not None]
     restarted = [o for o in dependent if o.get("restarts", 0) > 0]
-    return {"dependent": len(dependent), "restarted": len(restarted),
-            "restart_rate": round(len(restarted) / max(1, len(dependent)), 4),
-            "restarts": sum(o.get("restarts", 0) for o in dependent),
-            "rejected_by_bound": sum(1 for o in dependent if o["status"] == "rejected")}
+    return {
+        "dependent": len(dependent),
+        "restarted": len(restarted),
+        "restart_rate": round(len(restarted) / max(1, len(dependent)), 4),
+        "restarts": sum(o.get("restarts", 0) for o in dependent),
+        "rejected_by_bound": sum(1 for o in dependent if o["status"] == "rejected"),
+    }
 
 
-def run_alias(scheduler: str, partitions: int, txns: int, seed: int, knobs: dict, max_txns: int,
-              json_path: str | None = None, rate: float | None = None) -> dict[str, Any]:
+def run_alias(
+    scheduler: str,
+    partitions: int,
+    txns: int,
+    seed: int,
+    knobs: dict,
+    max_txns: int,
+    json_path: str | None = None,
+    rate: float | None = None,
+) -> dict[str, Any]:
     """`rate`: requests/s the client sends at (None: all at once). Restarts depend on how
     many rebinds fall between a transaction's reconnaissance and its turn, so on how long
     that is: in a burst the reconnaissance result waits behind the whole backlog."""
@@ -97,24 +110,35 @@ def run_alias(scheduler: str, partitions: int, txns: int, seed: int, knobs: dict
     root = tempfile.mkdtemp(prefix="ordo-alias-")
     try:
         with local_broker() as broker:
-            with Pipeline(broker.bootstrap_servers, "alias", scheduler, partitions, max_txns,
-                          os.path.join(root, "data")) as pipeline:
+            with Pipeline(
+                broker.bootstrap_servers, "alias", scheduler, partitions, max_txns, os.path.join(root, "data")
+            ) as pipeline:
                 outcomes, elapsed = pipeline.run(requests, rate)
     finally:
         shutil.rmtree(root, ignore_errors=True)
         shutdown_ray()
     report = {
-        "workload": "alias", "scheduler": scheduler, "partitions": partitions, "txns": txns, "knobs": knobs,
-        "rate": rate, "batch_size": max_txns, "machine": machine(),
+        "workload": "alias",
+        "scheduler": scheduler,
+        "partitions": partitions,
+        "txns": txns,
+        "knobs": knobs,
+        "rate": rate,
+        "batch_size": max_txns,
+        "machine": machine(),
         "end_to_end_tps": round(len(requests) / elapsed),
         "statuses": dict(Counter(o["status"] for o in outcomes.values())),
         **restart_figures(requests, outcomes),
     }
-    print(f"alias {knobs or ''} | {scheduler} | {partitions} partition(s) | {txns:,} requests "
-          f"({'all at once' if rate is None else f'{rate:,.0f}/s'}), {report['dependent']:,} deposits and transfers")
+    print(
+        f"alias {knobs or ''} | {scheduler} | {partitions} partition(s) | {txns:,} requests "
+        f"({'all at once' if rate is None else f'{rate:,.0f}/s'}), {report['dependent']:,} deposits and transfers"
+    )
     print(f"  end to end {report['end_to_end_tps']:,} req/s (each deposit or transfer passes the log twice)")
-    print(f"  restarted {report['restarted']:,} of {report['dependent']:,} ({100 * report['restart_rate']:.2f} %), "
-          f"{report['restarts']:,} restarts in all, {report['rejected_by_bound']} rejected at the bound")
+    print(
+        f"  restarted {report['restarted']:,} of {report['dependent']:,} ({100 * report['restart_rate']:.2f} %), "
+        f"{report['restarts']:,} restarts in all, {report['rejected_by_bound']} rejected at the bound"
+    )
     print(f"  outcomes {report['statuses']}")
     if json_path:
         with open(json_path, "w") as f:
@@ -134,5 +158,5 @@ def _send(client, requests: list[dict], rate: float | None) -> list[str]:
         wait = started + first / rate - time.monotonic()
         if wait > 0:
             time.sleep(wait)
-        ids += client.submit(requests[first:first + step])
+        ids += client.submit(requests[first : first + step])
     return ids

@@ -59,8 +59,13 @@ BROKER_WARMUP_S = 15.0
 # -- the client (a process of its own) -----------------------------------------------
 
 
-def open_loop(send: Callable[[int], None], rate: float, count: int,
-              clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep) -> list[float]:
+def open_loop(
+    send: Callable[[int], None],
+    rate: float,
+    count: int,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[float]:
     """Call send(i) for i in 0..count-1 at t0 + i/rate, never waiting on anything but the
     schedule (a late send goes at once, and the ones after keep their own times); the
     scheduled times, in `clock`'s seconds."""
@@ -74,8 +79,9 @@ def open_loop(send: Callable[[int], None], rate: float, count: int,
     return scheduled
 
 
-def latency_client_main(bootstrap: str, namespace: str, warmup: list, requests: list, rate: float,
-                        drain_s: float, out) -> None:
+def latency_client_main(
+    bootstrap: str, namespace: str, warmup: list, requests: list, rate: float, drain_s: float, out
+) -> None:
     try:
         out.put(_client(bootstrap, namespace, warmup, requests, rate, drain_s))
     except BaseException as exc:  # reported, not lost with the process
@@ -89,16 +95,26 @@ def _client(bootstrap: str, namespace: str, warmup: list, requests: list, rate: 
     from ordo.sequencer.topics import Topics, partition_count
 
     topics = Topics(namespace)
-    producer = Producer(kafka_config(bootstrap, {
-        "enable.idempotence": True, "linger.ms": 1, "queue.buffering.max.messages": 1_000_000}))
-    consumer = Consumer(consumer_config(bootstrap, {
-        "group.id": f"bench-latency-{uuid.uuid4().hex}", "enable.auto.commit": False}))
-    consumer.assign([TopicPartition(topics.results, p, OFFSET_BEGINNING)
-                     for p in range(partition_count(bootstrap, topics.results))])
+    producer = Producer(
+        kafka_config(bootstrap, {"enable.idempotence": True, "linger.ms": 1, "queue.buffering.max.messages": 1_000_000})
+    )
+    consumer = Consumer(
+        consumer_config(bootstrap, {"group.id": f"bench-latency-{uuid.uuid4().hex}", "enable.auto.commit": False})
+    )
+    consumer.assign(
+        [TopicPartition(topics.results, p, OFFSET_BEGINNING) for p in range(partition_count(bootstrap, topics.results))]
+    )
     # The log as the partition workers read it: what a batch's commit makes readable.
-    log_follower = Consumer(consumer_config(bootstrap, {
-        "group.id": f"bench-latency-{uuid.uuid4().hex}", "enable.auto.commit": False,
-        "isolation.level": "read_committed"}))
+    log_follower = Consumer(
+        consumer_config(
+            bootstrap,
+            {
+                "group.id": f"bench-latency-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+            },
+        )
+    )
     log_follower.assign([TopicPartition(topics.log, 0, OFFSET_BEGINNING)])
     outcomes: dict[str, tuple[float, int, int, str]] = {}  # id -> (arrival s, result CreateTime ms, type, status)
     acknowledged: dict[str, float] = {}  # request id -> when the broker acknowledged it (s)
@@ -166,11 +182,13 @@ def _client(bootstrap: str, namespace: str, warmup: list, requests: list, rate: 
         producer.flush(60)
         wait_for([k for k, _ in requests], drain_s)
         time.sleep(0.2)  # the log follower's last fetch
-        return {"warmup_s": warmup_s,
-                "scheduled": [(key, due) for (key, _), due in zip(requests, scheduled)],
-                "outcomes": {key: outcomes[key] for key, _ in requests if key in outcomes},
-                "acknowledged": {key: acknowledged[key] for key, _ in requests if key in acknowledged},
-                "readable": dict(readable)}
+        return {
+            "warmup_s": warmup_s,
+            "scheduled": [(key, due) for (key, _), due in zip(requests, scheduled)],
+            "outcomes": {key: outcomes[key] for key, _ in requests if key in outcomes},
+            "acknowledged": {key: acknowledged[key] for key, _ in requests if key in acknowledged},
+            "readable": dict(readable),
+        }
     finally:
         stop.set()
         for thread in threads:
@@ -223,9 +241,16 @@ def _read_all(bootstrap: str, topic: str, partitions: int, take, done: Callable[
 
     from ordo.sequencer.kafka import consumer_config
 
-    consumer = Consumer(consumer_config(bootstrap, {
-        "group.id": f"bench-latency-{uuid.uuid4().hex}", "enable.auto.commit": False,
-        "isolation.level": "read_committed"}))
+    consumer = Consumer(
+        consumer_config(
+            bootstrap,
+            {
+                "group.id": f"bench-latency-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+            },
+        )
+    )
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
     deadline = time.monotonic() + timeout
     try:
@@ -240,21 +265,37 @@ def _read_all(bootstrap: str, topic: str, partitions: int, take, done: Callable[
 # -- the figures (pure) ------------------------------------------------------------------
 
 
-def hop_times(scheduled_s: float, request_ms: int, acknowledged_s: float, log_ms: int, readable_s: float,
-              result_ms: int, arrival_s: float) -> dict[str, float]:
+def hop_times(
+    scheduled_s: float,
+    request_ms: int,
+    acknowledged_s: float,
+    log_ms: int,
+    readable_s: float,
+    result_ms: int,
+    arrival_s: float,
+) -> dict[str, float]:
     """One request's latency and its hops, in ms; the hops add up to the latency."""
-    return {"latency": (arrival_s - scheduled_s) * 1000,
-            "send": request_ms - scheduled_s * 1000,
-            "request": acknowledged_s * 1000 - request_ms,
-            "sequencing": log_ms - acknowledged_s * 1000,
-            "commit": (readable_s * 1000) - log_ms,
-            "execution": result_ms - readable_s * 1000,
-            "delivery": arrival_s * 1000 - result_ms}
+    return {
+        "latency": (arrival_s - scheduled_s) * 1000,
+        "send": request_ms - scheduled_s * 1000,
+        "request": acknowledged_s * 1000 - request_ms,
+        "sequencing": log_ms - acknowledged_s * 1000,
+        "commit": (readable_s * 1000) - log_ms,
+        "execution": result_ms - readable_s * 1000,
+        "delivery": arrival_s * 1000 - result_ms,
+    }
 
 
-def summarize(rate: float, seconds: float, scheduled: list[tuple[str, float]], outcomes: dict,
-              requested: dict[str, int], acknowledged: dict[str, float], logged: dict[str, tuple[int, int]],
-              readable: dict[int, float]) -> dict[str, Any]:
+def summarize(
+    rate: float,
+    seconds: float,
+    scheduled: list[tuple[str, float]],
+    outcomes: dict,
+    requested: dict[str, int],
+    acknowledged: dict[str, float],
+    logged: dict[str, tuple[int, int]],
+    readable: dict[int, float],
+) -> dict[str, Any]:
     """The figures of one rate. `scheduled`: (id, scheduled send time s), in schedule order;
     `outcomes`: id -> (arrival s, result CreateTime ms, timestamp type, status); `requested`:
     id -> CreateTime ms of its request record; `acknowledged`: id -> when the broker
@@ -263,12 +304,21 @@ def summarize(rate: float, seconds: float, scheduled: list[tuple[str, float]], o
     TIMED_AFTER of the run are not timed. Achieved throughput: outcomes over the time from
     the first scheduled send to the last arrival."""
     rows = []
-    for key, due in scheduled[int(len(scheduled) * TIMED_AFTER):]:
+    for key, due in scheduled[int(len(scheduled) * TIMED_AFTER) :]:
         if key in outcomes and key in requested and key in acknowledged and key in logged:
             log_ms, offset = logged[key]
             if offset in readable:
-                rows.append(hop_times(due, requested[key], acknowledged[key], log_ms, readable[offset],
-                                      outcomes[key][1], outcomes[key][0]))
+                rows.append(
+                    hop_times(
+                        due,
+                        requested[key],
+                        acknowledged[key],
+                        log_ms,
+                        readable[offset],
+                        outcomes[key][1],
+                        outcomes[key][0],
+                    )
+                )
     latencies = [row["latency"] for row in rows]
     total = sum(latencies)
     statuses: dict[str, int] = {}
@@ -276,28 +326,46 @@ def summarize(rate: float, seconds: float, scheduled: list[tuple[str, float]], o
         statuses[outcome[3]] = statuses.get(outcome[3], 0) + 1
     span = max((o[0] for o in outcomes.values()), default=0.0) - (scheduled[0][1] if scheduled else 0.0)
     result: dict[str, Any] = {
-        "rate_rps": rate, "seconds": seconds, "requests": len(scheduled), "answered": len(outcomes),
-        "timed": len(rows), "timed_after_pct": round(100 * TIMED_AFTER), "achieved_rps": round(len(outcomes) / span, 1) if span > 0 else None,
+        "rate_rps": rate,
+        "seconds": seconds,
+        "requests": len(scheduled),
+        "answered": len(outcomes),
+        "timed": len(rows),
+        "timed_after_pct": round(100 * TIMED_AFTER),
+        "achieved_rps": round(len(outcomes) / span, 1) if span > 0 else None,
         "statuses": statuses,
-        "latency_ms": {name: round(percentile(latencies, q), 2) for name, q in (("p50", 50), ("p90", 90),
-                                                                                ("p99", 99))},
+        "latency_ms": {name: round(percentile(latencies, q), 2) for name, q in (("p50", 50), ("p90", 90), ("p99", 99))},
         "hops": {},
     }
     result["latency_ms"]["max"] = round(max(latencies), 2) if latencies else None
     result["latency_ms"]["mean"] = round(statistics.fmean(latencies), 2) if latencies else None
     for hop in HOPS:
         values = [row[hop] for row in rows]
-        result["hops"][hop] = {"share_pct": round(100 * sum(values) / total, 1) if total else None,
-                               "p50_ms": round(percentile(values, 50), 2), "p99_ms": round(percentile(values, 99), 2)}
+        result["hops"][hop] = {
+            "share_pct": round(100 * sum(values) / total, 1) if total else None,
+            "p50_ms": round(percentile(values, 50), 2),
+            "p99_ms": round(percentile(values, 99), 2),
+        }
     return result
 
 
 # -- one rate, end to end ----------------------------------------------------------------
 
 
-def measure_rate(bootstrap: str, workload: str, knobs: dict, rate: float, seconds: float, scheduler: str,
-                 partitions: int, max_txns: int, runtime: str, directory: str, seed: int,
-                 max_delay_ms: float | None = None) -> dict[str, Any]:
+def measure_rate(
+    bootstrap: str,
+    workload: str,
+    knobs: dict,
+    rate: float,
+    seconds: float,
+    scheduler: str,
+    partitions: int,
+    max_txns: int,
+    runtime: str,
+    directory: str,
+    seed: int,
+    max_delay_ms: float | None = None,
+) -> dict[str, Any]:
     """A fresh namespace, sequencer and engine; the open-loop client at `rate` for `seconds`."""
     import multiprocessing
     import queue
@@ -313,9 +381,11 @@ def measure_rate(bootstrap: str, workload: str, knobs: dict, rate: float, second
     warmup = encode_requests(workload_requests(workload, WARMUP_REQUESTS, WARMUP_SEED, knobs, partitions))
     requests = encode_requests(workload_requests(workload, max(1, round(rate * seconds)), seed, knobs, partitions))
     coordinator = Coordinator(bootstrap, namespace, directory, scheduler, partitions, runtime=runtime)
-    sequencer = SequencerProcess(bootstrap, namespace, sequencer_config(max_delay_ms, max_txns=max_txns,
-                                                                        partitions=partitions,
-                                                                        ordering=ordering_of(scheduler)))
+    sequencer = SequencerProcess(
+        bootstrap,
+        namespace,
+        sequencer_config(max_delay_ms, max_txns=max_txns, partitions=partitions, ordering=ordering_of(scheduler)),
+    )
     engine_error: list[BaseException] = []
 
     def run_engine() -> None:
@@ -328,8 +398,9 @@ def measure_rate(bootstrap: str, workload: str, knobs: dict, rate: float, second
     context = multiprocessing.get_context("spawn")
     out = context.Queue()
     drain_s = 60 + 2 * seconds
-    client = context.Process(target=latency_client_main, daemon=True,
-                             args=(bootstrap, namespace, warmup, requests, rate, drain_s, out))
+    client = context.Process(
+        target=latency_client_main, daemon=True, args=(bootstrap, namespace, warmup, requests, rate, drain_s, out)
+    )
     try:
         sequencer.start()
         engine.start()
@@ -357,19 +428,35 @@ def measure_rate(bootstrap: str, workload: str, knobs: dict, rate: float, second
         if client.is_alive():
             client.kill()
     answered = set(result["outcomes"])
-    figures = summarize(rate, seconds, result["scheduled"], result["outcomes"],
-                        request_times(bootstrap, namespace, answered), result["acknowledged"],
-                        log_times(bootstrap, namespace, answered),
-                        result["readable"])
+    figures = summarize(
+        rate,
+        seconds,
+        result["scheduled"],
+        result["outcomes"],
+        request_times(bootstrap, namespace, answered),
+        result["acknowledged"],
+        log_times(bootstrap, namespace, answered),
+        result["readable"],
+    )
     figures["warmup_s"] = round(result["warmup_s"], 2)
     kinds = {kind for _, _, kind, _ in result["outcomes"].values()}
     figures["result_timestamps"] = "CreateTime" if kinds == {1} else f"types {sorted(kinds)}"
     return figures
 
 
-def run_latency(workload: str, rates: list[float], partitions: int, scheduler: str, seconds: float, seed: int,
-                knobs: dict, max_txns: int, runtime: str = "auto", json_path: str | None = None,
-                max_delay_ms: float | None = None) -> dict[str, Any]:
+def run_latency(
+    workload: str,
+    rates: list[float],
+    partitions: int,
+    scheduler: str,
+    seconds: float,
+    seed: int,
+    knobs: dict,
+    max_txns: int,
+    runtime: str = "auto",
+    json_path: str | None = None,
+    max_delay_ms: float | None = None,
+) -> dict[str, Any]:
     from ordo.benchmarks.runners import shutdown_ray
     from ordo.sequencer.broker import local_broker
 
@@ -380,15 +467,30 @@ def run_latency(workload: str, rates: list[float], partitions: int, scheduler: s
     if partitions < 1:
         raise ValueError("--partitions must be >= 1")
     say = lambda text="": print(text, flush=True)  # noqa: E731
-    report: dict[str, Any] = {"workload": workload, "scheduler": scheduler, "partitions": partitions,
-                              "runtime": runtime, "seconds": seconds, "knobs": knobs, "batch_size": max_txns,
-                              "max_delay_ms": max_delay_ms,
-                              "machine": machine(), "runs": []}
-    say(f"ordo bench latency {workload} ({scheduler}, {partitions} partition(s), {runtime} runtime): "
+    report: dict[str, Any] = {
+        "workload": workload,
+        "scheduler": scheduler,
+        "partitions": partitions,
+        "runtime": runtime,
+        "seconds": seconds,
+        "knobs": knobs,
+        "batch_size": max_txns,
+        "max_delay_ms": max_delay_ms,
+        "machine": machine(),
+        "runs": [],
+    }
+    say(
+        f"ordo bench latency {workload} ({scheduler}, {partitions} partition(s), {runtime} runtime): "
         f"open loop at {', '.join(f'{r:g}' for r in rates)} req/s, {seconds:g} s each, "
         f"{len(os.sched_getaffinity(0))} cores"
-        + ("" if max_delay_ms is None else f", sequencer epochs of {max_delay_ms:g} ms" if max_delay_ms
-           else ", sequencer group commit"))
+        + (
+            ""
+            if max_delay_ms is None
+            else f", sequencer epochs of {max_delay_ms:g} ms"
+            if max_delay_ms
+            else ", sequencer group commit"
+        )
+    )
     root = tempfile.mkdtemp(prefix="ordo-latency-")
     try:
         with local_broker() as broker:
@@ -396,11 +498,35 @@ def run_latency(workload: str, rates: list[float], partitions: int, scheduler: s
             # the first seconds of traffic see several times the latency of the rest. A
             # round at the highest rate, not reported, warms it up as a long-running broker is.
             say(f"  warming up the broker: {BROKER_WARMUP_S:g} s at {max(rates):g} req/s, not reported")
-            measure_rate(broker.bootstrap_servers, workload, knobs, max(rates), BROKER_WARMUP_S, scheduler, partitions,
-                         max_txns, runtime, os.path.join(root, "warm-up"), seed, max_delay_ms)
+            measure_rate(
+                broker.bootstrap_servers,
+                workload,
+                knobs,
+                max(rates),
+                BROKER_WARMUP_S,
+                scheduler,
+                partitions,
+                max_txns,
+                runtime,
+                os.path.join(root, "warm-up"),
+                seed,
+                max_delay_ms,
+            )
             for i, rate in enumerate(rates):
-                run = measure_rate(broker.bootstrap_servers, workload, knobs, rate, seconds, scheduler, partitions,
-                                   max_txns, runtime, os.path.join(root, f"rate-{i}"), seed, max_delay_ms)
+                run = measure_rate(
+                    broker.bootstrap_servers,
+                    workload,
+                    knobs,
+                    rate,
+                    seconds,
+                    scheduler,
+                    partitions,
+                    max_txns,
+                    runtime,
+                    os.path.join(root, f"rate-{i}"),
+                    seed,
+                    max_delay_ms,
+                )
                 report["runs"].append(run)
                 say(format_run(run))
     finally:
@@ -417,37 +543,52 @@ def run_latency(workload: str, rates: list[float], partitions: int, scheduler: s
 
 def format_run(run: dict[str, Any]) -> str:
     lat = run["latency_ms"]
-    line = (f"  {run['rate_rps']:>8,g} req/s: {cell(run['achieved_rps'], ',.0f', 7)} outcomes/s, "
-            f"{run['answered']:,}/{run['requests']:,} answered, p50 {cell(lat['p50'], '.1f', 0)} "
-            f"p99 {cell(lat['p99'], '.1f', 0)} max {cell(lat['max'], '.1f', 0)} ms")
+    line = (
+        f"  {run['rate_rps']:>8,g} req/s: {cell(run['achieved_rps'], ',.0f', 7)} outcomes/s, "
+        f"{run['answered']:,}/{run['requests']:,} answered, p50 {cell(lat['p50'], '.1f', 0)} "
+        f"p99 {cell(lat['p99'], '.1f', 0)} max {cell(lat['max'], '.1f', 0)} ms"
+    )
     if run["answered"] < run["requests"]:
         line += f"  ({run['requests'] - run['answered']:,} NOT ANSWERED)"
     return line
 
 
 def format_report(report: dict[str, Any]) -> str:
-    lines = [f"{report['workload']} | {report['scheduler']} | {report['partitions']} partition(s) | "
-             f"{report['seconds']:g} s per rate | open loop, latency from the scheduled send time",
-             f"{'rate':>8} {'achieved':>9} {'answered':>15} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'max ms':>8}"]
+    lines = [
+        f"{report['workload']} | {report['scheduler']} | {report['partitions']} partition(s) | "
+        f"{report['seconds']:g} s per rate | open loop, latency from the scheduled send time",
+        f"{'rate':>8} {'achieved':>9} {'answered':>15} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'max ms':>8}",
+    ]
     for run in report["runs"]:
         lat = run["latency_ms"]
-        lines.append(f"{run['rate_rps']:>8,g} {cell(run['achieved_rps'], ',.0f', 9)} "
-                     f"{run['answered']:>7,}/{run['requests']:<7,} {cell(lat['p50'], '.1f', 8)} "
-                     f"{cell(lat['p90'], '.1f', 8)} {cell(lat['p99'], '.1f', 8)} {cell(lat['max'], '.1f', 8)}")
-    lines += ["", f"where the time goes: share of the latency, median / p99 ms per hop (requests after the "
-                  f"first {TIMED_AFTER:.0%} of each run)",
-              f"{'rate':>8} " + " ".join(f"{hop:>20}" for hop in HOPS)]
+        lines.append(
+            f"{run['rate_rps']:>8,g} {cell(run['achieved_rps'], ',.0f', 9)} "
+            f"{run['answered']:>7,}/{run['requests']:<7,} {cell(lat['p50'], '.1f', 8)} "
+            f"{cell(lat['p90'], '.1f', 8)} {cell(lat['p99'], '.1f', 8)} {cell(lat['max'], '.1f', 8)}"
+        )
+    lines += [
+        "",
+        f"where the time goes: share of the latency, median / p99 ms per hop (requests after the "
+        f"first {TIMED_AFTER:.0%} of each run)",
+        f"{'rate':>8} " + " ".join(f"{hop:>20}" for hop in HOPS),
+    ]
     for run in report["runs"]:
         hops = []
         for hop in HOPS:
             h = run["hops"][hop]
-            hops.append(f"{cell(h['share_pct'], '.0f', 3)} % {cell(h['p50_ms'], '.1f', 5)} / "
-                        f"{cell(h['p99_ms'], '.1f', 5)}")
+            hops.append(
+                f"{cell(h['share_pct'], '.0f', 3)} % {cell(h['p50_ms'], '.1f', 5)} / {cell(h['p99_ms'], '.1f', 5)}"
+            )
         lines.append(f"{run['rate_rps']:>8,g} " + " ".join(f"{h:>20}" for h in hops))
-    lines.append("send: schedule → request record; request: → acknowledged by the broker; sequencing: → log "
-                 "record (epoch cut); commit: → readable in the log (the sequencer's transaction); execution: → "
-                 "result record; delivery: → client (outputs' acknowledgement + fetch)")
+    lines.append(
+        "send: schedule → request record; request: → acknowledged by the broker; sequencing: → log "
+        "record (epoch cut); commit: → readable in the log (the sequencer's transaction); execution: → "
+        "result record; delivery: → client (outputs' acknowledgement + fetch)"
+    )
     m = report["machine"]
-    lines += ["", f"machine: {m['cpus']} × {m['cpu_model']}, {m['memory_gb']} GB, Python {m['python']}, "
-                  f"{m['broker']}; load average {m['load_average']} at start, {m.get('load_average_end')} at end"]
+    lines += [
+        "",
+        f"machine: {m['cpus']} × {m['cpu_model']}, {m['memory_gb']} GB, Python {m['python']}, "
+        f"{m['broker']}; load average {m['load_average']} at start, {m.get('load_average_end')} at end",
+    ]
     return "\n".join(lines)

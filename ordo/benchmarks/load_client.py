@@ -17,8 +17,9 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[rank]
 
 
-def client_main(bootstrap: str, namespace: str, warmup: list, burst: list, paced: list,
-                phases: list[tuple[str, float, float]], out) -> None:
+def client_main(
+    bootstrap: str, namespace: str, warmup: list, burst: list, paced: list, phases: list[tuple[str, float, float]], out
+) -> None:
     """A client of its own (own process, own GIL): produce, and read <ns>.results to see
     when each outcome arrives. Phases: warm-up (until the pipeline answers), burst (every
     request as fast as possible: end-to-end throughput), then for each (name, load,
@@ -30,21 +31,32 @@ def client_main(bootstrap: str, namespace: str, warmup: list, burst: list, paced
         out.put({"error": f"{type(exc).__name__}: {exc}"})
 
 
-def _client(bootstrap: str, namespace: str, warmup: list, burst: list, paced: list,
-            phases: list[tuple[str, float, float]]) -> dict:
+def _client(
+    bootstrap: str, namespace: str, warmup: list, burst: list, paced: list, phases: list[tuple[str, float, float]]
+) -> dict:
     from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
     from ordo.sequencer.kafka import kafka_config
     from ordo.sequencer.topics import Topics, partition_count
 
     topics = Topics(namespace)
-    producer = Producer(kafka_config(bootstrap, {
-        "enable.idempotence": True, "linger.ms": 1, "queue.buffering.max.messages": 1_000_000}))
-    consumer = Consumer(kafka_config(bootstrap, {
-        "group.id": f"bench-client-{uuid.uuid4().hex}", "enable.auto.commit": False,
-        "enable.partition.eof": False, "fetch.wait.max.ms": 2}))
-    consumer.assign([TopicPartition(topics.results, p, OFFSET_BEGINNING)
-                     for p in range(partition_count(bootstrap, topics.results))])
+    producer = Producer(
+        kafka_config(bootstrap, {"enable.idempotence": True, "linger.ms": 1, "queue.buffering.max.messages": 1_000_000})
+    )
+    consumer = Consumer(
+        kafka_config(
+            bootstrap,
+            {
+                "group.id": f"bench-client-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+                "enable.partition.eof": False,
+                "fetch.wait.max.ms": 2,
+            },
+        )
+    )
+    consumer.assign(
+        [TopicPartition(topics.results, p, OFFSET_BEGINNING) for p in range(partition_count(bootstrap, topics.results))]
+    )
     arrived: dict[str, float] = {}
     statuses: dict[str, int] = {}
     stop = threading.Event()
@@ -102,15 +114,16 @@ def _client(bootstrap: str, namespace: str, warmup: list, burst: list, paced: li
         burst_s = max(arrived[i] for i in ids) - started
         throughput = len(burst) / burst_s
 
-        figures = {"warmup_s": warmup_s, "end_to_end_tps": throughput, "burst_s": burst_s,
-                   "burst_requests": len(burst)}
+        figures = {"warmup_s": warmup_s, "end_to_end_tps": throughput, "burst_s": burst_s, "burst_requests": len(burst)}
         remaining = list(paced)
         for name, load, seconds in phases:
             rate = load * throughput
             count = max(50, int(rate * seconds))
             if count > len(remaining):
-                raise ValueError(f"the {name} phase needs {count:,} paced requests at {rate:,.0f}/s and "
-                                 f"{len(remaining):,} are left: raise PACED_MAX_RATE (ordo/benchmarks/defaults.py)")
+                raise ValueError(
+                    f"the {name} phase needs {count:,} paced requests at {rate:,.0f}/s and "
+                    f"{len(remaining):,} are left: raise PACED_MAX_RATE (ordo/benchmarks/defaults.py)"
+                )
             chosen, remaining = remaining[:count], remaining[count:]
             produced: dict[str, float] = {}
             started = time.perf_counter()
@@ -124,9 +137,15 @@ def _client(bootstrap: str, namespace: str, warmup: list, burst: list, paced: li
             producer.flush(60)
             wait_for(list(produced), 120)
             latencies = [(arrived[k] - t) * 1000 for k, t in produced.items()]
-            figures[name] = {"p50": percentile(latencies, 50), "p99": percentile(latencies, 99),
-                             "max": max(latencies), "mean": statistics.fmean(latencies), "load": load,
-                             "rate_rps": rate, "requests": len(chosen)}
+            figures[name] = {
+                "p50": percentile(latencies, 50),
+                "p99": percentile(latencies, 99),
+                "max": max(latencies),
+                "mean": statistics.fmean(latencies),
+                "load": load,
+                "rate_rps": rate,
+                "requests": len(chosen),
+            }
         figures["statuses"] = statuses
         return figures
     finally:

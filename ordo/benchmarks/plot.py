@@ -24,13 +24,26 @@ def plot(report: dict, path: str) -> str:
     import matplotlib.pyplot as plt
     from matplotlib import ticker
 
-    runs = [run for run in report["runs"] if run.get("engine_tps") and run["workload"] == "micro"
-            and run["batch_size"] == DEFAULT_BATCH]
+    runs = [
+        run
+        for run in report["runs"]
+        if run.get("engine_tps") and run["workload"] == "micro" and run["batch_size"] == DEFAULT_BATCH
+    ]
     panels = [
-        ("contention", "contention index (1 / hot records), micro, 1 partition", lambda run: 1 / run["knobs"]["hot"],
-         True, [run for run in runs if run["partitions"] == 1 and "contention" in run["tags"]]),
-        ("mp", "multi-partition transactions (%), micro, 2 partitions", lambda run: 100 * run["knobs"].get("mp", 0),
-         False, [run for run in runs if run["partitions"] == 2 and "mp" in run["tags"]]),
+        (
+            "contention",
+            "contention index (1 / hot records), micro, 1 partition",
+            lambda run: 1 / run["knobs"]["hot"],
+            True,
+            [run for run in runs if run["partitions"] == 1 and "contention" in run["tags"]],
+        ),
+        (
+            "mp",
+            "multi-partition transactions (%), micro, 2 partitions",
+            lambda run: 100 * run["knobs"].get("mp", 0),
+            False,
+            [run for run in runs if run["partitions"] == 2 and "mp" in run["tags"]],
+        ),
     ]
     figure, axes = plt.subplots(1, 2, figsize=(12, 5))
     for axis, (_, xlabel, x_of, log_x, chosen) in zip(axes, panels):
@@ -46,8 +59,9 @@ def plot(report: dict, path: str) -> str:
         # Log scale: the storage limit and a slow scheduler differ by two orders of magnitude.
         axis.set_yscale("log")
         axis.yaxis.set_major_formatter(ticker.FuncFormatter(_thousands))
-        axis.yaxis.set_minor_formatter(ticker.FuncFormatter(
-            lambda v, _: _thousands(v, _) if str(round(v))[0] in "235" else ""))
+        axis.yaxis.set_minor_formatter(
+            ticker.FuncFormatter(lambda v, _: _thousands(v, _) if str(round(v))[0] in "235" else "")
+        )
         axis.set_xlabel(xlabel)
         axis.set_ylabel("engine throughput (txn/s, log scale)")
         axis.grid(True, which="major", alpha=0.35)
@@ -56,11 +70,15 @@ def plot(report: dict, path: str) -> str:
     for axis in axes:
         for handle, label in zip(*axis.get_legend_handles_labels()):
             handles.setdefault(label, handle)
-    figure.legend(list(handles.values()), list(handles), loc="lower center", ncol=len(handles), fontsize=10,
-                  frameon=False)
+    figure.legend(
+        list(handles.values()), list(handles), loc="lower center", ncol=len(handles), fontsize=10, frameon=False
+    )
     machine = report.get("machine", {})
-    figure.suptitle(f"Ordo engine throughput ({report.get('suite', '')} suite, {machine.get('cpus', '?')} cores, "
-                    f"{report.get('started', '')[:10]})", fontsize=11)
+    figure.suptitle(
+        f"Ordo engine throughput ({report.get('suite', '')} suite, {machine.get('cpus', '?')} cores, "
+        f"{report.get('started', '')[:10]})",
+        fontsize=11,
+    )
     figure.tight_layout(rect=(0, 0.07, 1, 1))
     figure.savefig(path, dpi=110)
     plt.close(figure)

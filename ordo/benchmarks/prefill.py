@@ -45,8 +45,15 @@ def produce(bootstrap: str, namespace: str, encoded: list[tuple[str, bytes]]) ->
     client.close()
 
 
-def prefill_log(bootstrap: str, requests: list[dict], batch_size: int, kind: str, partitions: int = 1,
-                ordering: str | None = None, modules: tuple[str, ...] = ()) -> Log:
+def prefill_log(
+    bootstrap: str,
+    requests: list[dict],
+    batch_size: int,
+    kind: str,
+    partitions: int = 1,
+    ordering: str | None = None,
+    modules: tuple[str, ...] = (),
+) -> Log:
     """Requests produced to <ns>.requests (one partition), sequenced into <ns>.log with
     routing for `partitions` (or stamped with `ordering`: ordering_of in
     ordo/benchmarks/requests.py), with the procedures of `modules` (default: the built-in
@@ -60,9 +67,12 @@ def prefill_log(bootstrap: str, requests: list[dict], batch_size: int, kind: str
     namespace = new_namespace(kind)
     ensure_topics(bootstrap, namespace, request_partitions=1)
     produce(bootstrap, namespace, encode_requests(requests))
-    sequencer = SequencerThread(bootstrap, namespace,
-                                SequencerConfig(max_delay_ms=PREFILL_DELAY_MS, max_txns=batch_size,
-                                                partitions=partitions, ordering=ordering), modules).start()
+    sequencer = SequencerThread(
+        bootstrap,
+        namespace,
+        SequencerConfig(max_delay_ms=PREFILL_DELAY_MS, max_txns=batch_size, partitions=partitions, ordering=ordering),
+        modules,
+    ).start()
     try:
         sequencer.wait_for(len(requests))
     finally:

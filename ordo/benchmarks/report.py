@@ -8,8 +8,9 @@ from typing import Any
 from ordo.benchmarks.defaults import DEFAULT_BATCH
 
 
-def _find(report: dict, workload: str, partitions: int, scheduler: str | None = None, batch: int = DEFAULT_BATCH,
-          **knobs) -> list[dict]:
+def _find(
+    report: dict, workload: str, partitions: int, scheduler: str | None = None, batch: int = DEFAULT_BATCH, **knobs
+) -> list[dict]:
     found = []
     for run in report["runs"]:
         if run["workload"] != workload or run["partitions"] != partitions or run["batch_size"] != batch:
@@ -41,6 +42,7 @@ def ratios(report: dict) -> dict:
         best = max(micro1, key=lambda run: run["engine_tps"])
         r["micro_ci0.0001_1p_best_engine_over_limit"] = best["engine_over_limit"]
         r["micro_ci0.0001_1p_best_scheduler"] = best["scheduler"]
+
     def engine(partitions: int, scheduler: str, **knobs) -> float | None:
         return _one(report, "micro", partitions, scheduler, "engine_tps", **knobs)
 
@@ -49,11 +51,15 @@ def ratios(report: dict) -> dict:
     r["vll_over_serial_micro_2p_mp50"] = _ratio(engine(2, "vll", mp=0.5), engine(2, "serial", mp=0.5))
     e2e = [run for run in base if run.get("end_to_end_over_engine")]
     if e2e:
-        r["end_to_end_over_engine"] = {f"{run['workload']} {run['partitions']}P {run['scheduler']}":
-                                       run["end_to_end_over_engine"] for run in e2e}
+        r["end_to_end_over_engine"] = {
+            f"{run['workload']} {run['partitions']}P {run['scheduler']}": run["end_to_end_over_engine"] for run in e2e
+        }
         r["end_to_end_over_engine_median"] = round(statistics.median(run["end_to_end_over_engine"] for run in e2e), 3)
-        best_micro = max((run for run in e2e if run["workload"] == "micro" and run["partitions"] == 1),
-                         key=lambda run: run["end_to_end_tps"], default=None)
+        best_micro = max(
+            (run for run in e2e if run["workload"] == "micro" and run["partitions"] == 1),
+            key=lambda run: run["end_to_end_tps"],
+            default=None,
+        )
         if best_micro:
             r["end_to_end_over_engine_micro_1p_best"] = best_micro["end_to_end_over_engine"]
     replay = [run for run in base if run.get("replay_over_engine")]
@@ -70,12 +76,20 @@ def ratios(report: dict) -> dict:
         r["p50_low_load_latency_ms_median"] = round(statistics.median(run["latency_low_ms"]["p50"] for run in low), 2)
     for workload in ("micro", "sl"):
         baseline = report["baseline"].get(workload, {})
-        best = max((run for run in base if run["workload"] == workload and run["partitions"] == 1
-                    and run.get("end_to_end_tps")), key=lambda run: run["end_to_end_tps"], default=None)
+        best = max(
+            (
+                run
+                for run in base
+                if run["workload"] == workload and run["partitions"] == 1 and run.get("end_to_end_tps")
+            ),
+            key=lambda run: run["end_to_end_tps"],
+            default=None,
+        )
         if best and baseline.get("requests_per_s"):
             r[f"{workload}_end_to_end_over_baseline"] = _ratio(best["end_to_end_tps"], baseline["requests_per_s"])
-            r[f"{workload}_end_to_end_over_durable_baseline"] = _ratio(best["end_to_end_tps"],
-                                                                       baseline.get("durable_requests_per_s"))
+            r[f"{workload}_end_to_end_over_durable_baseline"] = _ratio(
+                best["end_to_end_tps"], baseline.get("durable_requests_per_s")
+            )
             r[f"{workload}_engine_over_baseline"] = _ratio(best["engine_tps"], baseline["requests_per_s"])
     for run in (report.get("scale") or {}).get("runs", []):  # ordo bench scale, inside the suite
         if run["partitions"] == 2 and run.get("mp") == 0.0:
@@ -92,13 +106,18 @@ def ratios(report: dict) -> dict:
         tps = by_log.get(log["log"], {})
         if tps.get("serial"):
             r["over_serial"][f"{log['workload']} {log['label']} {log['partitions']}P"] = {
-                s: round(v / tps["serial"], 3) for s, v in tps.items() if s != "serial"}
+                s: round(v / tps["serial"], 3) for s, v in tps.items() if s != "serial"
+            }
     return r
 
 
 TARGETS = [
-    ("engine, micro CI 0.0001, 1P, best scheduler ÷ storage limit", "micro_ci0.0001_1p_best_engine_over_limit",
-     ">=", 0.30),
+    (
+        "engine, micro CI 0.0001, 1P, best scheduler ÷ storage limit",
+        "micro_ci0.0001_1p_best_engine_over_limit",
+        ">=",
+        0.30,
+    ),
     ("end to end ÷ engine, micro 1P (best scheduler)", "end_to_end_over_engine_micro_1p_best", ">=", 0.60),
     ("end to end ÷ engine, median of the grid", "end_to_end_over_engine_median", ">=", 0.60),
     ("end to end ÷ PostgreSQL baseline, sl", "sl_end_to_end_over_baseline", ">=", 10),
@@ -132,8 +151,10 @@ def format_run(run: dict) -> str:
         text += f" | replay {run['replay_over_engine']:.2f} × engine"
     if "end_to_end_tps" in run:
         lat = run["latency_ms"]
-        text += (f" | e2e {run['end_to_end_tps']:>6,} req/s ({run['end_to_end_over_engine']:.2f} × engine)"
-                 f" | half load p50 {lat['p50']:.0f} p99 {lat['p99']:.0f} ms")
+        text += (
+            f" | e2e {run['end_to_end_tps']:>6,} req/s ({run['end_to_end_over_engine']:.2f} × engine)"
+            f" | half load p50 {lat['p50']:.0f} p99 {lat['p99']:.0f} ms"
+        )
         if "latency_low_ms" in run:
             text += f", 10 % load p99 {run['latency_low_ms']['p99']:.0f} ms"
     if "memory_mb" in run:
@@ -151,15 +172,19 @@ def cell(value: Any, spec: str, width: int) -> str:
 
 def format_report(report: dict) -> str:
     lines = []
-    header = (f"{'workload':<9}{'knobs':<24}{'P':>2} {'sched':<8}{'limit':>8}{'engine':>8}{'÷lim':>6}"
-              f"{'replay':>8}{'÷eng':>6}{'e2e':>7}{'÷eng':>6}{'p50ms':>7}{'p99ms':>7}{'p99@10%':>8}"
-              f"{'MB eng/seq/wrk':>16}")
+    header = (
+        f"{'workload':<9}{'knobs':<24}{'P':>2} {'sched':<8}{'limit':>8}{'engine':>8}{'÷lim':>6}"
+        f"{'replay':>8}{'÷eng':>6}{'e2e':>7}{'÷eng':>6}{'p50ms':>7}{'p99ms':>7}{'p99@10%':>8}"
+        f"{'MB eng/seq/wrk':>16}"
+    )
     lines.append(header)
     lines.append("-" * len(header))
     for run in report["runs"]:
         if "engine_tps" not in run:
-            lines.append(f"{run['workload']:<9}{run['label'][:23]:<24}{run['partitions']:>2} {run['scheduler']:<8}"
-                         f" failed: {run.get('error', '?')}")
+            lines.append(
+                f"{run['workload']:<9}{run['label'][:23]:<24}{run['partitions']:>2} {run['scheduler']:<8}"
+                f" failed: {run.get('error', '?')}"
+            )
             continue
         lat = run.get("latency_ms") or {}
         low = run.get("latency_low_ms") or {}
@@ -171,13 +196,16 @@ def format_report(report: dict) -> str:
             f"{cell(run.get('replay_tps'), ',', 8)}{cell(run.get('replay_over_engine'), '.2f', 6)}"
             f"{cell(run.get('end_to_end_tps'), ',', 7)}{cell(run.get('end_to_end_over_engine'), '.2f', 6)}"
             f"{cell(lat.get('p50'), '.1f', 7)}{cell(lat.get('p99'), '.1f', 7)}{cell(low.get('p99'), '.1f', 8)}"
-            f"{memory:>16}")
+            f"{memory:>16}"
+        )
     lines.append("")
     for workload, b in report["baseline"].items():
         if isinstance(b, dict) and "requests_per_s" in b:
-            lines.append(f"PostgreSQL baseline, {workload}: {b['requests_per_s']:,} req/s (synchronous_commit off), "
-                         f"{b.get('durable_requests_per_s', 0):,} req/s (on, the default); "
-                         f"state = serial interpretation: {b['checked_serial']}, = engine: {b.get('checked_engine')}")
+            lines.append(
+                f"PostgreSQL baseline, {workload}: {b['requests_per_s']:,} req/s (synchronous_commit off), "
+                f"{b.get('durable_requests_per_s', 0):,} req/s (on, the default); "
+                f"state = serial interpretation: {b['checked_serial']}, = engine: {b.get('checked_engine')}"
+            )
         elif workload == "error" or isinstance(b, dict):
             lines.append(f"PostgreSQL baseline {workload}: {b if isinstance(b, str) else b.get('error')}")
     lines.append("")
@@ -188,7 +216,9 @@ def format_report(report: dict) -> str:
         lines.append(f"{row['figure']:<58}{value:>10}  {row['target']:<8} {met}")
     machine = report["machine"]
     lines.append("")
-    lines.append(f"machine: {machine['cpus']} × {machine['cpu_model']}, {machine['memory_gb']} GB, Python "
-                 f"{machine['python']}; load average {machine['load_average']} at start, "
-                 f"{machine.get('load_average_end')} at end")
+    lines.append(
+        f"machine: {machine['cpus']} × {machine['cpu_model']}, {machine['memory_gb']} GB, Python "
+        f"{machine['python']}; load average {machine['load_average']} at start, "
+        f"{machine.get('load_average_end')} at end"
+    )
     return "\n".join(lines)

@@ -61,9 +61,16 @@ class CpuWatch:
         return {name: round(end[name] - self._start[name], 3) for name in end}
 
 
-def engine_throughput(bootstrap: str, log: Log, scheduler: str, partitions: int, directory: str,
-                      seconds: float | None = None, broker_pid: int | None = None,
-                      modules: tuple[str, ...] = ()) -> EngineRun:
+def engine_throughput(
+    bootstrap: str,
+    log: Log,
+    scheduler: str,
+    partitions: int,
+    directory: str,
+    seconds: float | None = None,
+    broker_pid: int | None = None,
+    modules: tuple[str, ...] = (),
+) -> EngineRun:
     """Transactions/s of the engine over a pre-filled log: the partition workers follow it
     as they always do (read their slices from Kafka, execute, publish the outputs, apply).
     Every worker first applies batch 1 and is held there: that batch pays for connecting
@@ -122,25 +129,44 @@ def _wait_until_applied(coordinator, batch_id: int, timeout: float = 300) -> Non
             raise TimeoutError(f"the workers did not apply batch {batch_id} within {timeout:.0f} s")
 
 
-def replay_throughput(bootstrap: str, log: Log, scheduler: str, partitions: int,
-                      directory: str, modules: tuple[str, ...] = ()) -> tuple[float, float]:
+def replay_throughput(
+    bootstrap: str, log: Log, scheduler: str, partitions: int, directory: str, modules: tuple[str, ...] = ()
+) -> tuple[float, float]:
     """`recovery.replay.recover` rebuilding a fresh data directory from the whole log (as
     `ordo recover --from-scratch` does): (transactions/s from the first replayed batch to
     the last, transactions/s as recovery reports it, which also counts starting the
     workers, connecting and the first fetch)."""
     from ordo.recovery.replay import recover
 
-    report = recover(bootstrap, log.namespace, directory, scheduler, partitions, mode="scratch", idle=1.0,
-                     quiet=True, procedure_modules=modules)
+    report = recover(
+        bootstrap,
+        log.namespace,
+        directory,
+        scheduler,
+        partitions,
+        mode="scratch",
+        idle=1.0,
+        quiet=True,
+        procedure_modules=modules,
+    )
     if report.to_batch < log.last_batch:
         raise RuntimeError(f"replay stopped at batch {report.to_batch} of {log.last_batch}")
     return report.steady_txns_per_s, report.txns_per_s
 
 
-def end_to_end(bootstrap: str, workload: str, knobs: dict, requests: list[dict], scheduler: str,
-               partitions: int, batch_size: int, directory: str,
-               phases: list[tuple[str, float, float]] = (("latency_ms", LATENCY_LOAD, 3.0),),
-               modules: tuple[str, ...] = (), max_delay_ms: float | None = None) -> dict:
+def end_to_end(
+    bootstrap: str,
+    workload: str,
+    knobs: dict,
+    requests: list[dict],
+    scheduler: str,
+    partitions: int,
+    batch_size: int,
+    directory: str,
+    phases: list[tuple[str, float, float]] = (("latency_ms", LATENCY_LOAD, 3.0),),
+    modules: tuple[str, ...] = (),
+    max_delay_ms: float | None = None,
+) -> dict:
     """Sequencer (child process), engine (this process; Ray workers with 2+ partitions) and
     a client process on a fresh namespace: end-to-end throughput, latency at half of it,
     and peak memory per process. `max_delay_ms`: the sequencer's epoch length (None: its
@@ -159,9 +185,12 @@ def end_to_end(bootstrap: str, workload: str, knobs: dict, requests: list[dict],
     paced = encode_requests(workload_requests(workload, paced_count, PACED_SEED, knobs, partitions))
     reset = reset_own_peak()
     coordinator = Coordinator(bootstrap, namespace, directory, scheduler, partitions, procedure_modules=modules)
-    sequencer = SequencerProcess(bootstrap, namespace, sequencer_config(max_delay_ms, max_txns=batch_size,
-                                                                        partitions=partitions,
-                                                                        ordering=ordering_of(scheduler)), modules)
+    sequencer = SequencerProcess(
+        bootstrap,
+        namespace,
+        sequencer_config(max_delay_ms, max_txns=batch_size, partitions=partitions, ordering=ordering_of(scheduler)),
+        modules,
+    )
     engine_error: list[BaseException] = []
 
     def run_engine() -> None:
@@ -173,8 +202,11 @@ def end_to_end(bootstrap: str, workload: str, knobs: dict, requests: list[dict],
     engine = threading.Thread(target=run_engine, daemon=True)
     context = multiprocessing.get_context("spawn")
     out = context.Queue()
-    client = context.Process(target=client_main, args=(bootstrap, namespace, warmup, encode_requests(requests),
-                                                       paced, list(phases), out), daemon=True)
+    client = context.Process(
+        target=client_main,
+        args=(bootstrap, namespace, warmup, encode_requests(requests), paced, list(phases), out),
+        daemon=True,
+    )
     workers = getattr(coordinator.group, "where", None)
     roles = {"engine": [os.getpid()], "sequencer": [], "workers": [w["pid"] for w in workers()] if workers else []}
     watch = None

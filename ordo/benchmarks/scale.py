@@ -33,9 +33,20 @@ def cpu_per_ktxn(engine) -> dict[str, float]:
     return {name: round(seconds * 1e6 / timed, 1) for name, seconds in engine.cpu.items()}
 
 
-def run_scale(workload: str, partition_counts: list[int], scheduler: str, txns: int, seed: int, knobs: dict,
-              max_txns: int, end_to_end_too: bool = True, json_path: str | None = None, rounds: int = 1,
-              mp_shares: list[float] | None = None, max_delay_ms: float | None = None) -> dict[str, Any]:
+def run_scale(
+    workload: str,
+    partition_counts: list[int],
+    scheduler: str,
+    txns: int,
+    seed: int,
+    knobs: dict,
+    max_txns: int,
+    end_to_end_too: bool = True,
+    json_path: str | None = None,
+    rounds: int = 1,
+    mp_shares: list[float] | None = None,
+    max_delay_ms: float | None = None,
+) -> dict[str, Any]:
     """With `rounds` > 1 every configuration runs that many times, the configurations
     taking turns round by round, and each reports its median run: a shared machine's slow
     spells then fall on every configuration alike instead of on whichever ran during them.
@@ -54,13 +65,24 @@ def run_scale(workload: str, partition_counts: list[int], scheduler: str, txns: 
     if workload == "micro":
         knobs = {"partitions": widest, **knobs}
     cores = len(os.sched_getaffinity(0))
-    report: dict[str, Any] = {"workload": workload, "scheduler": scheduler, "knobs": knobs, "txns": txns,
-                              "batch_size": max_txns, "rounds": rounds, "machine": machine(), "runs": []}
+    report: dict[str, Any] = {
+        "workload": workload,
+        "scheduler": scheduler,
+        "knobs": knobs,
+        "txns": txns,
+        "batch_size": max_txns,
+        "rounds": rounds,
+        "machine": machine(),
+        "runs": [],
+    }
     root = tempfile.mkdtemp(prefix="ordo-scale-")
     say = lambda text="": print(text, flush=True)  # noqa: E731
-    say(f"ordo bench scale {workload} ({scheduler}): {txns:,} txns, partitions {counts}"
-        + (f", multi-partition shares {shares}" if mp_shares else "") + f", {cores} cores"
-        + (f", {rounds} rounds" if rounds > 1 else ""))
+    say(
+        f"ordo bench scale {workload} ({scheduler}): {txns:,} txns, partitions {counts}"
+        + (f", multi-partition shares {shares}" if mp_shares else "")
+        + f", {cores} cores"
+        + (f", {rounds} rounds" if rounds > 1 else "")
+    )
     modules = procedure_modules(workload, knobs)
     try:
         with local_broker() as broker:
@@ -70,20 +92,29 @@ def run_scale(workload: str, partition_counts: list[int], scheduler: str, txns: 
                 share_knobs = knobs if share is None else {**knobs, "mp": share}
                 requests = workload_requests(workload, txns, seed, share_knobs, widest)
                 for partitions in counts:
-                    log = prefill_log(bootstrap, requests, max_txns, "scale", partitions, ordering_of(scheduler),
-                                      modules)
+                    log = prefill_log(
+                        bootstrap, requests, max_txns, "scale", partitions, ordering_of(scheduler), modules
+                    )
                     configurations.append((share, share_knobs, requests, partitions, log))
             measured: list[list] = [[] for _ in configurations]
             for round_ in range(rounds):
                 for i, (share, _, _, partitions, log) in enumerate(configurations):
-                    engine = engine_throughput(bootstrap, log, scheduler, partitions,
-                                               os.path.join(root, f"engine-{i}-{round_}"), broker_pid=broker.pid,
-                                               modules=modules)
+                    engine = engine_throughput(
+                        bootstrap,
+                        log,
+                        scheduler,
+                        partitions,
+                        os.path.join(root, f"engine-{i}-{round_}"),
+                        broker_pid=broker.pid,
+                        modules=modules,
+                    )
                     measured[i].append(engine)
                     if rounds > 1:
-                        say(f"    round {round_ + 1}: {partitions} partition(s)"
+                        say(
+                            f"    round {round_ + 1}: {partitions} partition(s)"
                             + (f", mp {share}" if mp_shares else "")
-                            + f": {engine.tps:,.0f} txn/s")
+                            + f": {engine.tps:,.0f} txn/s"
+                        )
             for i, (share, share_knobs, requests, partitions, log) in enumerate(configurations):
                 engine = median_run(measured[i])
                 run: dict[str, Any] = {
@@ -103,9 +134,19 @@ def run_scale(workload: str, partition_counts: list[int], scheduler: str, txns: 
                 if rounds > 1:
                     run["engine_tps_rounds"] = [round(e.tps) for e in measured[i]]
                 if end_to_end_too:
-                    e2e = end_to_end(bootstrap, workload, share_knobs, requests, scheduler, partitions, max_txns,
-                                     os.path.join(root, f"e2e-{i}"), phases=[], modules=modules,
-                                     max_delay_ms=max_delay_ms)
+                    e2e = end_to_end(
+                        bootstrap,
+                        workload,
+                        share_knobs,
+                        requests,
+                        scheduler,
+                        partitions,
+                        max_txns,
+                        os.path.join(root, f"e2e-{i}"),
+                        phases=[],
+                        modules=modules,
+                        max_delay_ms=max_delay_ms,
+                    )
                     run["end_to_end_tps"] = round(e2e["end_to_end_tps"])
                 report["runs"].append(run)
                 say(format_run(run))
@@ -137,21 +178,25 @@ def add_ratios(runs: list[dict[str, Any]]) -> None:
         for run in group:
             run["engine_speedup"] = round(run["engine_tps"] / base["engine_tps"], 3)
             if "engine_tps_rounds" in run:
-                run["engine_speedup_rounds"] = [round(tps / b, 3) for tps, b in
-                                                zip(run["engine_tps_rounds"], base["engine_tps_rounds"])]
+                run["engine_speedup_rounds"] = [
+                    round(tps / b, 3) for tps, b in zip(run["engine_tps_rounds"], base["engine_tps_rounds"])
+                ]
             if "end_to_end_tps" in run and base.get("end_to_end_tps"):
                 run["end_to_end_speedup"] = round(run["end_to_end_tps"] / base["end_to_end_tps"], 3)
             if share != first_share:
                 reference = next(r for r in by_share[first_share] if r["partitions"] == run["partitions"])
                 run["mp_ratio"] = round(run["engine_tps"] / reference["engine_tps"], 3)
                 if "engine_tps_rounds" in run:
-                    run["mp_ratio_rounds"] = [round(tps / b, 3) for tps, b in
-                                              zip(run["engine_tps_rounds"], reference["engine_tps_rounds"])]
+                    run["mp_ratio_rounds"] = [
+                        round(tps / b, 3) for tps, b in zip(run["engine_tps_rounds"], reference["engine_tps_rounds"])
+                    ]
 
 
 def format_run(run: dict[str, Any]) -> str:
-    line = (f"  {run['partitions']:>3} partition(s): engine {run['engine_tps']:>9,} txn/s "
-            f"({run['engine_tps_per_core']:,}/core, {run['multi_partition_share']:.0%} multi-partition)")
+    line = (
+        f"  {run['partitions']:>3} partition(s): engine {run['engine_tps']:>9,} txn/s "
+        f"({run['engine_tps_per_core']:,}/core, {run['multi_partition_share']:.0%} multi-partition)"
+    )
     if "end_to_end_tps" in run:
         line += f", end to end {run['end_to_end_tps']:>9,} req/s"
     cpu = run.get("cpu_ms_per_ktxn")
@@ -164,15 +209,19 @@ def format_run(run: dict[str, Any]) -> str:
 
 def format_report(report: dict[str, Any]) -> str:
     several = any("mp" in run for run in report["runs"])
-    lines = [f"{report['workload']} | {report['scheduler']} | {report['txns']:,} txns | "
-             f"{report['machine']['cpus']} cores"
-             + (f" | median of {report['rounds']} rounds" if report.get("rounds", 1) > 1 else ""),
-             f"{'partitions':>10} {'engine txn/s':>13} {'per core':>9} {'speedup':>8} {'e2e req/s':>10} "
-             f"{'speedup':>8} {'mp share':>9}" + (f" {'÷ first mp':>10}" if several else "")]
+    lines = [
+        f"{report['workload']} | {report['scheduler']} | {report['txns']:,} txns | "
+        f"{report['machine']['cpus']} cores"
+        + (f" | median of {report['rounds']} rounds" if report.get("rounds", 1) > 1 else ""),
+        f"{'partitions':>10} {'engine txn/s':>13} {'per core':>9} {'speedup':>8} {'e2e req/s':>10} "
+        f"{'speedup':>8} {'mp share':>9}" + (f" {'÷ first mp':>10}" if several else ""),
+    ]
     for run in report["runs"]:
-        line = (f"{run['partitions']:>10} {run['engine_tps']:>13,} {run['engine_tps_per_core']:>9,} "
-                f"{run['engine_speedup']:>8.2f} {cell(run.get('end_to_end_tps'), ',', 10)} "
-                f"{cell(run.get('end_to_end_speedup'), '.2f', 8)} {run['multi_partition_share']:>9.0%}")
+        line = (
+            f"{run['partitions']:>10} {run['engine_tps']:>13,} {run['engine_tps_per_core']:>9,} "
+            f"{run['engine_speedup']:>8.2f} {cell(run.get('end_to_end_tps'), ',', 10)} "
+            f"{cell(run.get('end_to_end_speedup'), '.2f', 8)} {run['multi_partition_share']:>9.0%}"
+        )
         if several:
             line += f" {run['mp_ratio']:>10.2f}" if "mp_ratio" in run else f" {'':>10}"
         lines.append(line)

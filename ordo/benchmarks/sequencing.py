@@ -38,8 +38,15 @@ def sequencing_rate(batches: list) -> float:
     return entries * 1000.0 / (end - start)
 
 
-def sequence_once(bootstrap: str, encoded: list, request_partitions: int, sequencers: int, partitions: int,
-                  max_txns: int, timeout: float = 600.0) -> float:
+def sequence_once(
+    bootstrap: str,
+    encoded: list,
+    request_partitions: int,
+    sequencers: int,
+    partitions: int,
+    max_txns: int,
+    timeout: float = 600.0,
+) -> float:
     from ordo.services import SequencerProcesses
     from ordo.sequencer.log import SNAPSHOT, LogCursor, LogError, decode, is_batch_record
     from ordo.sequencer.reader import LogReader
@@ -48,8 +55,9 @@ def sequence_once(bootstrap: str, encoded: list, request_partitions: int, sequen
 
     namespace = new_namespace("sequence")
     ensure_topics(bootstrap, namespace, request_partitions=request_partitions)
-    processes = SequencerProcesses(bootstrap, namespace,
-                                   SequencerConfig(max_txns=max_txns, partitions=partitions, sequencers=sequencers))
+    processes = SequencerProcesses(
+        bootstrap, namespace, SequencerConfig(max_txns=max_txns, partitions=partitions, sequencers=sequencers)
+    )
     cursor = LogCursor()
     reader = LogReader(bootstrap, Topics(namespace).log, cursor, f"{namespace}.bench-reader")
     ready: set[int] = set()
@@ -80,8 +88,17 @@ def sequence_once(bootstrap: str, encoded: list, request_partitions: int, sequen
     return sequencing_rate(batches)
 
 
-def run_sequencing(workload: str, counts: list[int], txns: int, seed: int, knobs: dict, partitions: int,
-                   max_txns: int, json_path: str | None = None, rounds: int = 1) -> dict[str, Any]:
+def run_sequencing(
+    workload: str,
+    counts: list[int],
+    txns: int,
+    seed: int,
+    knobs: dict,
+    partitions: int,
+    max_txns: int,
+    json_path: str | None = None,
+    rounds: int = 1,
+) -> dict[str, Any]:
     from ordo.sequencer.broker import local_broker
 
     if not counts or any(s < 1 for s in counts):
@@ -91,10 +108,19 @@ def run_sequencing(workload: str, counts: list[int], txns: int, seed: int, knobs
     counts = sorted(set(counts))
     cores = len(os.sched_getaffinity(0))
     say = lambda text="": print(text, flush=True)  # noqa: E731
-    say(f"ordo bench sequence {workload}: {txns:,} requests, sequencers {counts}, routing for {partitions} "
-        f"partition(s), {cores} cores" + (f", {rounds} rounds" if rounds > 1 else ""))
-    report: dict[str, Any] = {"workload": workload, "txns": txns, "partitions": partitions, "batch_size": max_txns,
-                              "rounds": rounds, "machine": machine(), "runs": []}
+    say(
+        f"ordo bench sequence {workload}: {txns:,} requests, sequencers {counts}, routing for {partitions} "
+        f"partition(s), {cores} cores" + (f", {rounds} rounds" if rounds > 1 else "")
+    )
+    report: dict[str, Any] = {
+        "workload": workload,
+        "txns": txns,
+        "partitions": partitions,
+        "batch_size": max_txns,
+        "rounds": rounds,
+        "machine": machine(),
+        "runs": [],
+    }
     encoded = encode_requests(workload_requests(workload, txns, seed, knobs, partitions))
     measured: dict[int, list[float]] = {s: [] for s in counts}
     with local_broker() as broker:
@@ -107,15 +133,20 @@ def run_sequencing(workload: str, counts: list[int], txns: int, seed: int, knobs
     for sequencers in counts:
         rate = sorted(measured[sequencers])[(rounds - 1) // 2]  # the median (the lower middle of an even count)
         base = base or rate
-        run = {"sequencers": sequencers, "requests_per_s": round(rate),
-               "requests_per_s_per_core": round(rate / min(sequencers, cores)),
-               "speedup": round(rate / base, 2), "rounds": [round(r) for r in measured[sequencers]]}
+        run = {
+            "sequencers": sequencers,
+            "requests_per_s": round(rate),
+            "requests_per_s_per_core": round(rate / min(sequencers, cores)),
+            "speedup": round(rate / base, 2),
+            "rounds": [round(r) for r in measured[sequencers]],
+        }
         report["runs"].append(run)
     finish_report(report, json_path)
     say()
     say("sequencers  requests/s  per core  speedup  rounds")
     for run in report["runs"]:
-        say(f"{run['sequencers']:>10}  {run['requests_per_s']:>10,}  {run['requests_per_s_per_core']:>8,}  "
-            f"{run['speedup']:>7.2f}  {' '.join(f'{r:,}' for r in run['rounds'])}")
+        say(
+            f"{run['sequencers']:>10}  {run['requests_per_s']:>10,}  {run['requests_per_s_per_core']:>8,}  "
+            f"{run['speedup']:>7.2f}  {' '.join(f'{r:,}' for r in run['rounds'])}"
+        )
     return report
-

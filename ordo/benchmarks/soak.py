@@ -37,7 +37,7 @@ DRAIN_S = 300.0  # how long the last requests may take to be answered
 # node has taken more than 90 s.
 RESTART_WAIT_S = 600.0
 _METRICS_LINE = re.compile(r"metrics on (http://127\.0\.0\.1:\d+/metrics)")
-_SAMPLE = re.compile(r'^(ordo_\w+?)(?:\{([^}]*)\})? ([0-9.eE+-]+)$')
+_SAMPLE = re.compile(r"^(ordo_\w+?)(?:\{([^}]*)\})? ([0-9.eE+-]+)$")
 
 
 def parse_metrics(text: str) -> dict[tuple[str, tuple], float]:
@@ -99,9 +99,11 @@ def resident_mb(pids: list[int]) -> float:
 
 def growth(samples: list[dict], role: str) -> tuple[float, float]:
     """MB per 100,000 requests answered over the first and the second half of the samples."""
+
     def slope(first: dict, last: dict) -> float:
         done = last["answered"] - first["answered"]
         return 0.0 if done <= 0 else (last["rss_mb"][role] - first["rss_mb"][role]) * 100_000 / done
+
     middle = len(samples) // 2
     return slope(samples[0], samples[middle]), slope(samples[middle], samples[-1])
 
@@ -112,8 +114,9 @@ class _Engine:
     def __init__(self, command: list[str]):
         from ordo.lifeline import stop_with_owner
 
-        self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
         stop_with_owner([self.process.pid])  # its sequencer and its Ray go with it
         self.lines: list[str] = []
         self.metrics_url: str | None = None
@@ -194,18 +197,26 @@ class Bouncer:
             try:
                 self.broker.restart_node(0, RESTART_WAIT_S)
             except RuntimeError as exc:
-                self.failure = (f"the broker did not serve again within {RESTART_WAIT_S:.0f} s of its restart after "
-                                f"the {how} at {at - self._started:.0f} s: {str(exc).splitlines()[0]}")
+                self.failure = (
+                    f"the broker did not serve again within {RESTART_WAIT_S:.0f} s of its restart after "
+                    f"the {how} at {at - self._started:.0f} s: {str(exc).splitlines()[0]}"
+                )
                 return
             back = time.monotonic()
             before = answered(self.engine.scrape())
             while answered(self.engine.scrape()) <= before and not self._stop.is_set():
                 time.sleep(0.2)
-            event = {"t": round(at - self._started, 1), "how": how, "down_s": round(back - at, 1),
-                     "resume_s": round(time.monotonic() - back, 1)}
+            event = {
+                "t": round(at - self._started, 1),
+                "how": how,
+                "down_s": round(back - at, 1),
+                "resume_s": round(time.monotonic() - back, 1),
+            }
             self.events.append(event)
-            say(f"  broker bounced ({how}) at {event['t']:.0f} s, away {event['down_s']:.1f} s; answering again "
-                f"{event['resume_s']:.1f} s after it was back")
+            say(
+                f"  broker bounced ({how}) at {event['t']:.0f} s, away {event['down_s']:.1f} s; answering again "
+                f"{event['resume_s']:.1f} s after it was back"
+            )
 
 
 def check_exactly_once(bootstrap: str, namespace: str, data_dir: str, count: int) -> dict[str, Any]:
@@ -221,8 +232,12 @@ def check_exactly_once(bootstrap: str, namespace: str, data_dir: str, count: int
     from ordo.state import digest
 
     topic = Topics(namespace).results
-    consumer = Consumer(consumer_config(bootstrap, {"group.id": f"{namespace}-soak-check", "enable.auto.commit": False,
-                                                    "isolation.level": "read_committed"}))
+    consumer = Consumer(
+        consumer_config(
+            bootstrap,
+            {"group.id": f"{namespace}-soak-check", "enable.auto.commit": False, "isolation.level": "read_committed"},
+        )
+    )
     partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
     outcomes: dict[str, int] = {}
@@ -242,13 +257,28 @@ def check_exactly_once(bootstrap: str, namespace: str, data_dir: str, count: int
         consumer.close()
     reference = SerialInterpreter(default_registry()).apply(read_log(bootstrap, namespace, last_batch, timeout=300))
     state, applied = digest(data_dir)
-    return {"answered": len(outcomes), "answered_twice": sum(1 for n in outcomes.values() if n > 1),
-            "last_batch": last_batch, "applied_batch": applied, "state_equals_serial_reading": state == reference.digest()}
+    return {
+        "answered": len(outcomes),
+        "answered_twice": sum(1 for n in outcomes.values() if n > 1),
+        "last_batch": last_batch,
+        "applied_batch": applied,
+        "state_equals_serial_reading": state == reference.digest(),
+    }
 
 
-def run_soak(workload: str, rate: float, seconds: float, partitions: int, scheduler: str, every: float,
-             seed: int, knobs: dict, json_path: str | None, bounce_every: float | None = None,
-             down: float = 15.0) -> dict[str, Any]:
+def run_soak(
+    workload: str,
+    rate: float,
+    seconds: float,
+    partitions: int,
+    scheduler: str,
+    every: float,
+    seed: int,
+    knobs: dict,
+    json_path: str | None,
+    bounce_every: float | None = None,
+    down: float = 15.0,
+) -> dict[str, Any]:
     from confluent_kafka import Producer
 
     from ordo.sequencer.broker import local_broker
@@ -256,33 +286,78 @@ def run_soak(workload: str, rate: float, seconds: float, partitions: int, schedu
     from ordo.sequencer.topics import Topics
 
     count = int(rate * seconds)
-    report: dict[str, Any] = {"bench": "soak", "workload": workload, "rate": rate, "seconds": seconds,
-                              "partitions": partitions, "scheduler": scheduler, "machine": machine()}
-    say(f"ordo bench soak {workload}: {count:,} requests at {rate:,.0f}/s for {seconds:,.0f} s, "
+    report: dict[str, Any] = {
+        "bench": "soak",
+        "workload": workload,
+        "rate": rate,
+        "seconds": seconds,
+        "partitions": partitions,
+        "scheduler": scheduler,
+        "machine": machine(),
+    }
+    say(
+        f"ordo bench soak {workload}: {count:,} requests at {rate:,.0f}/s for {seconds:,.0f} s, "
         f"{partitions} partition(s), {scheduler}; a sample every {every:.0f} s"
-        + (f"; every {bounce_every:.0f} s the broker is stopped and started again {down:.0f} s later"
-           if bounce_every else ""))
+        + (
+            f"; every {bounce_every:.0f} s the broker is stopped and started again {down:.0f} s later"
+            if bounce_every
+            else ""
+        )
+    )
     directory = tempfile.mkdtemp(prefix="ordo-soak-")
     namespace = "soak"
     bouncer = None
     try:
         with local_broker("kafka" if bounce_every else None) as broker:
-            engine = _Engine([sys.executable, "-m", "ordo.cli", "run", "--bootstrap-servers", broker.bootstrap_servers,
-                              "--namespace", namespace, "--data-dir", f"{directory}/data", "--scheduler", scheduler,
-                              "--partitions", str(partitions), "--metrics-port", "0", "--quiet",
-                              "--workloads", workload])
+            engine = _Engine(
+                [
+                    sys.executable,
+                    "-m",
+                    "ordo.cli",
+                    "run",
+                    "--bootstrap-servers",
+                    broker.bootstrap_servers,
+                    "--namespace",
+                    namespace,
+                    "--data-dir",
+                    f"{directory}/data",
+                    "--scheduler",
+                    scheduler,
+                    "--partitions",
+                    str(partitions),
+                    "--metrics-port",
+                    "0",
+                    "--quiet",
+                    "--workloads",
+                    workload,
+                ]
+            )
             try:
                 if not engine.serving.wait(180) or engine.metrics_url is None:
                     raise RuntimeError(f"ordo run did not start serving within 180 s: {engine.last_line()}")
                 # Requests wait in the producer while the broker is bounced: none expires.
-                producer = Producer(kafka_config(broker.bootstrap_servers, {"enable.idempotence": True,
-                                                                            "linger.ms": 5, "message.timeout.ms": 0}))
+                producer = Producer(
+                    kafka_config(
+                        broker.bootstrap_servers, {"enable.idempotence": True, "linger.ms": 5, "message.timeout.ms": 0}
+                    )
+                )
                 broker_pids = lambda: [node.pid for node in getattr(broker, "nodes", ()) if node.pid]  # noqa: E731
                 bouncer = Bouncer(broker, engine, bounce_every, down).start() if bounce_every else None
                 try:
-                    report["samples"] = _drive(engine, broker_pids, producer, Topics(namespace).requests,
-                                               workload, knobs, partitions, seed, rate, count, every,
-                                               lambda: bouncer.failure if bouncer is not None else None)
+                    report["samples"] = _drive(
+                        engine,
+                        broker_pids,
+                        producer,
+                        Topics(namespace).requests,
+                        workload,
+                        knobs,
+                        partitions,
+                        seed,
+                        rate,
+                        count,
+                        every,
+                        lambda: bouncer.failure if bouncer is not None else None,
+                    )
                 finally:
                     if bouncer is not None:
                         bouncer.stop()
@@ -296,20 +371,33 @@ def run_soak(workload: str, rate: float, seconds: float, partitions: int, schedu
             bouncer.release()
         shutil.rmtree(directory, ignore_errors=True)
     samples = report["samples"]
-    report["growth_mb_per_100k"] = {role: growth(samples, role) for role in samples[-1]["rss_mb"]
-                                    if all(role in s["rss_mb"] for s in samples)}
+    report["growth_mb_per_100k"] = {
+        role: growth(samples, role) for role in samples[-1]["rss_mb"] if all(role in s["rss_mb"] for s in samples)
+    }
     say(format_report(report))
     finish_report(report, json_path)
     check = report.get("check")
-    if check is not None and (check["answered"] != count or check["answered_twice"]
-                              or not check["state_equals_serial_reading"]):
+    if check is not None and (
+        check["answered"] != count or check["answered_twice"] or not check["state_equals_serial_reading"]
+    ):
         raise RuntimeError(f"the soak with broker bounces did not hold: {check}")
     return report
 
 
-def _drive(engine: _Engine, broker_pids: Callable[[], list[int]], producer, topic: str, workload: str, knobs: dict,
-           partitions: int, seed: int, rate: float, count: int, every: float,
-           failure: Callable[[], str | None] = lambda: None) -> list[dict]:
+def _drive(
+    engine: _Engine,
+    broker_pids: Callable[[], list[int]],
+    producer,
+    topic: str,
+    workload: str,
+    knobs: dict,
+    partitions: int,
+    seed: int,
+    rate: float,
+    count: int,
+    every: float,
+    failure: Callable[[], str | None] = lambda: None,
+) -> list[dict]:
     chunk: dict[str, Any] = {"at": -1, "requests": []}
 
     def send(i: int) -> None:
@@ -318,8 +406,10 @@ def _drive(engine: _Engine, broker_pids: Callable[[], list[int]], producer, topi
 
         at = i // CHUNK
         if chunk["at"] != at:  # distinct seeds give distinct request ids
-            chunk["at"], chunk["requests"] = at, encode_requests(
-                workload_requests(workload, CHUNK, seed * 1_000_003 + at, knobs, partitions))
+            chunk["at"], chunk["requests"] = (
+                at,
+                encode_requests(workload_requests(workload, CHUNK, seed * 1_000_003 + at, knobs, partitions)),
+            )
         key, value = chunk["requests"][i % CHUNK]
         while True:
             try:
@@ -356,8 +446,9 @@ def _drive(engine: _Engine, broker_pids: Callable[[], list[int]], producer, topi
         last = sample()
     samples.append(last)
     if last["answered"] < count:
-        raise RuntimeError(f"only {last['answered']:,} of {count:,} requests were answered within "
-                           f"{DRAIN_S:.0f} s of the last send")
+        raise RuntimeError(
+            f"only {last['answered']:,} of {count:,} requests were answered within {DRAIN_S:.0f} s of the last send"
+        )
     return samples
 
 
@@ -370,32 +461,56 @@ def _sample(engine: _Engine, broker_pids: Callable[[], list[int]], started: floa
         raise RuntimeError(f"ordo run exited with {engine.process.returncode}: {engine.last_line()}")
     metrics = engine.scrape()
     roles = process_roles(engine.process.pid, broker_pids())
-    return {"t": round(time.monotonic() - started, 1), "answered": answered(metrics),
-            "rss_mb": {role: round(resident_mb(pids), 1) for role, pids in roles.items() if pids},
-            "rocksdb_mb": {kind: round(v / 2**20, 1) for kind, v in storage_memory(metrics).items()}}
+    return {
+        "t": round(time.monotonic() - started, 1),
+        "answered": answered(metrics),
+        "rss_mb": {role: round(resident_mb(pids), 1) for role, pids in roles.items() if pids},
+        "rocksdb_mb": {kind: round(v / 2**20, 1) for kind, v in storage_memory(metrics).items()},
+    }
 
 
 def format_report(report: dict[str, Any]) -> str:
     samples = report["samples"]
     roles = list(samples[-1]["rss_mb"])
     kinds = list(samples[-1]["rocksdb_mb"])
-    lines = ["  " + "  ".join([f"{'t (s)':>7}", f"{'answered':>10}", *(f"{r + ' MB':>12}" for r in roles),
-                               *(f"{k + ' MB':>16}" for k in kinds)])]
+    lines = [
+        "  "
+        + "  ".join(
+            [
+                f"{'t (s)':>7}",
+                f"{'answered':>10}",
+                *(f"{r + ' MB':>12}" for r in roles),
+                *(f"{k + ' MB':>16}" for k in kinds),
+            ]
+        )
+    ]
     for s in samples:
-        lines.append("  " + "  ".join([f"{s['t']:>7.0f}", f"{s['answered']:>10,}",
-                                       *(f"{s['rss_mb'].get(r, 0):>12.1f}" for r in roles),
-                                       *(f"{s['rocksdb_mb'].get(k, 0):>16.1f}" for k in kinds)]))
-    lines.append("  resident growth, MB per 100,000 requests (first half, second half): " + "; ".join(
-        f"{role} {a:+.2f}, {b:+.2f}" for role, (a, b) in report["growth_mb_per_100k"].items()))
+        lines.append(
+            "  "
+            + "  ".join(
+                [
+                    f"{s['t']:>7.0f}",
+                    f"{s['answered']:>10,}",
+                    *(f"{s['rss_mb'].get(r, 0):>12.1f}" for r in roles),
+                    *(f"{s['rocksdb_mb'].get(k, 0):>16.1f}" for k in kinds),
+                ]
+            )
+        )
+    lines.append(
+        "  resident growth, MB per 100,000 requests (first half, second half): "
+        + "; ".join(f"{role} {a:+.2f}, {b:+.2f}" for role, (a, b) in report["growth_mb_per_100k"].items())
+    )
     if "bounces" in report:
         resumes = [event["resume_s"] for event in report["bounces"]]
         check = report["check"]
-        lines.append(f"  {len(resumes)} broker bounce(s); answering again after "
-                     f"{', '.join(f'{s:.1f}' for s in resumes) or '-'} s; {check['answered']:,} of "
-                     f"{int(report['rate'] * report['seconds']):,} requests answered, {check['answered_twice']} "
-                     f"twice; state "
-                     f"{'equal to' if check['state_equals_serial_reading'] else 'DIFFERENT from'} a serial reading "
-                     f"of the log's {check['last_batch']:,} batches")
+        lines.append(
+            f"  {len(resumes)} broker bounce(s); answering again after "
+            f"{', '.join(f'{s:.1f}' for s in resumes) or '-'} s; {check['answered']:,} of "
+            f"{int(report['rate'] * report['seconds']):,} requests answered, {check['answered_twice']} "
+            f"twice; state "
+            f"{'equal to' if check['state_equals_serial_reading'] else 'DIFFERENT from'} a serial reading "
+            f"of the log's {check['last_batch']:,} batches"
+        )
     return "\n".join(lines)
 
 

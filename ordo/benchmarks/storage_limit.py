@@ -23,7 +23,7 @@ def storage_limit(requests: list[dict], batch_size: int, directory: str, repeats
     batches = []
     for start in range(0, len(requests), batch_size):
         reads, writes = [], []
-        for request in requests[start:start + batch_size]:
+        for request in requests[start : start + batch_size]:
             _, read_set, write_set = registry.analyze(request["proc"], request["args"])
             reads.extend(encode_key(t, k) for t, k in read_set)
             writes.append([encode_key(t, k) for t, k in write_set])

@@ -28,6 +28,7 @@ from ordo.benchmarks.tpcc import STYX_TPCC_TPS, measure_tpcc
 @dataclass
 class Spec:
     """One request log and what to measure on it."""
+
     workload: str
     knobs: dict
     partitions: int
@@ -61,11 +62,19 @@ def plan_suite(quick: bool) -> Plan:
             elif workload == "sl" and partitions == 1:
                 tags += ("theta",)
             full = not quick or (workload in ("micro", "sl") and partitions == 1)
-            specs.append(Spec(workload, knobs, partitions, tags=tags, full=full,
-                              baseline=partitions == 1 and workload in ("micro", "sl")))
-    for hot in ((10,) if quick else (100, 10)):
+            specs.append(
+                Spec(
+                    workload,
+                    knobs,
+                    partitions,
+                    tags=tags,
+                    full=full,
+                    baseline=partitions == 1 and workload in ("micro", "sl"),
+                )
+            )
+    for hot in (10,) if quick else (100, 10):
         specs.append(Spec("micro", {"hot": hot}, 1, tags=("contention",)))
-    for mp in ((0.0, 0.5) if quick else (0.0, 0.5, 1.0)):
+    for mp in (0.0, 0.5) if quick else (0.0, 0.5, 1.0):
         specs.append(Spec("micro", {"hot": 10_000, "mp": mp}, 2, tags=("mp",)))
     if not quick:
         for theta in (0.0, 0.99):
@@ -77,8 +86,9 @@ def plan_suite(quick: bool) -> Plan:
     specs.sort(key=lambda s: s.partitions)
     if quick:
         return Plan("quick", 6000, 1000, 0.5, 0.5, 0.75, [("latency_ms", LATENCY_LOAD, 1.0)], specs)
-    return Plan("full", 20_000, 2000, 1.5, 1.5, 1.5,
-                [("latency_ms", LATENCY_LOAD, 2.0), ("latency_low_ms", 0.1, 1.0)], specs)
+    return Plan(
+        "full", 20_000, 2000, 1.5, 1.5, 1.5, [("latency_ms", LATENCY_LOAD, 2.0), ("latency_low_ms", 0.1, 1.0)], specs
+    )
 
 
 def run_suite(quick: bool = False, out_dir: str = "bench-results", schedulers: tuple[str, ...] = SCHEDULERS) -> int:
@@ -92,14 +102,28 @@ def run_suite(quick: bool = False, out_dir: str = "bench-results", schedulers: t
     os.makedirs(out_dir, exist_ok=True)
     began = time.time()
     report: dict[str, Any] = {
-        "suite": plan.name, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine(),
-        "settings": {"txns_per_log": plan.txns, "min_txns_per_log": plan.min_txns, "batch_size": DEFAULT_BATCH,
-                     "engine_seconds": plan.engine_seconds, "replay_seconds": plan.replay_seconds,
-                     "burst_seconds": plan.burst_seconds, "latency_phases": plan.phases, "seed": SEED},
-        "logs": [], "runs": [], "baseline": {}}
+        "suite": plan.name,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine(),
+        "settings": {
+            "txns_per_log": plan.txns,
+            "min_txns_per_log": plan.min_txns,
+            "batch_size": DEFAULT_BATCH,
+            "engine_seconds": plan.engine_seconds,
+            "replay_seconds": plan.replay_seconds,
+            "burst_seconds": plan.burst_seconds,
+            "latency_phases": plan.phases,
+            "seed": SEED,
+        },
+        "logs": [],
+        "runs": [],
+        "baseline": {},
+    }
     say = lambda text="": print(text, flush=True)  # noqa: E731
-    say(f"ordo bench suite ({plan.name}): {len(plan.specs)} logs × {len(schedulers)} schedulers on "
-        f"{report['machine']['cpus']} cores, load average {report['machine']['load_average']}")
+    say(
+        f"ordo bench suite ({plan.name}): {len(plan.specs)} logs × {len(schedulers)} schedulers on "
+        f"{report['machine']['cpus']} cores, load average {report['machine']['load_average']}"
+    )
     root = tempfile.mkdtemp(prefix="ordo-suite-")
     server = None
     try:
@@ -113,13 +137,31 @@ def run_suite(quick: bool = False, out_dir: str = "bench-results", schedulers: t
             for number, spec in enumerate(plan.specs, 1):
                 _run_spec(broker.bootstrap_servers, spec, plan, schedulers, root, server, report, say, number)
             # TPC-C beside Styx's published figure: its own population, NewOrder and Payment.
-            report["tpcc"] = measure_tpcc(broker.bootstrap_servers, [1, 2], "locking", 2000 if quick else 6000, SEED,
-                                          {}, DEFAULT_BATCH, end_to_end=not quick, say=say)
+            report["tpcc"] = measure_tpcc(
+                broker.bootstrap_servers,
+                [1, 2],
+                "locking",
+                2000 if quick else 6000,
+                SEED,
+                {},
+                DEFAULT_BATCH,
+                end_to_end=not quick,
+                say=say,
+            )
         # Scale-out: one log at 1 and 2 partitions, 0 % and 100 % multi-partition, rounds taking turns.
         say()
-        report["scale"] = run_scale("micro", [1, 2], "vll", 6000 if quick else 60_000, SEED, {"hot": 10_000},
-                                    DEFAULT_BATCH, end_to_end_too=False, rounds=1 if quick else 3,
-                                    mp_shares=[0.0, 1.0])
+        report["scale"] = run_scale(
+            "micro",
+            [1, 2],
+            "vll",
+            6000 if quick else 60_000,
+            SEED,
+            {"hot": 10_000},
+            DEFAULT_BATCH,
+            end_to_end_too=False,
+            rounds=1 if quick else 3,
+            mp_shares=[0.0, 1.0],
+        )
     finally:
         if server is not None:
             server.stop()
@@ -136,9 +178,14 @@ def run_suite(quick: bool = False, out_dir: str = "bench-results", schedulers: t
     plot(report, plot_path)
     say()
     say(format_report(report))
-    say("TPC-C (locking): " + "; ".join(
-        f"{run['partitions']} partition(s) {run['engine_tps']:,} txn/s, {run['engine_tps_per_core']:,} per core"
-        for run in report["tpcc"]["runs"]) + f" (Styx: {STYX_TPCC_TPS:,} txn/s)")
+    say(
+        "TPC-C (locking): "
+        + "; ".join(
+            f"{run['partitions']} partition(s) {run['engine_tps']:,} txn/s, {run['engine_tps_per_core']:,} per core"
+            for run in report["tpcc"]["runs"]
+        )
+        + f" (Styx: {STYX_TPCC_TPS:,} txn/s)"
+    )
     say(f"\nwrote {json_path} and {plot_path} ({report['duration_s']:.0f} s)")
     return 0
 
@@ -150,11 +197,13 @@ def _log_size(spec: Spec, plan: Plan, share: float) -> int:
     return max(spec.batch_size * 3, count - count % spec.batch_size)
 
 
-def _run_spec(bootstrap: str, spec: Spec, plan: Plan, schedulers, root: str, server, report: dict, say,
-              number: int) -> None:
+def _run_spec(
+    bootstrap: str, spec: Spec, plan: Plan, schedulers, root: str, server, report: dict, say, number: int
+) -> None:
     began = time.monotonic()
-    share = multi_partition_share(workload_requests(spec.workload, 500, SEED, spec.knobs, spec.partitions),
-                                  spec.partitions)
+    share = multi_partition_share(
+        workload_requests(spec.workload, 500, SEED, spec.knobs, spec.partitions), spec.partitions
+    )
     count = _log_size(spec, plan, share)
     requests = workload_requests(spec.workload, count, SEED, spec.knobs, spec.partitions)
     limit = storage_limit(requests, spec.batch_size, os.path.join(root, f"limit-{number}"))
@@ -168,32 +217,70 @@ def _run_spec(bootstrap: str, spec: Spec, plan: Plan, schedulers, root: str, ser
         if ordering not in cache:
             cache[ordering] = prefill_log(bootstrap, chosen, spec.batch_size, kind, spec.partitions, ordering)
         return cache[ordering]
+
     label = describe_knobs(spec)
-    entry = {"log": number, "workload": spec.workload, "knobs": spec.knobs, "label": label,
-             "partitions": spec.partitions, "txns": count, "batch_size": spec.batch_size,
-             "batches": log.last_batch, "multi_partition_share": round(share, 3),
-             "storage_limit_tps": round(limit), "tags": list(spec.tags)}
+    entry = {
+        "log": number,
+        "workload": spec.workload,
+        "knobs": spec.knobs,
+        "label": label,
+        "partitions": spec.partitions,
+        "txns": count,
+        "batch_size": spec.batch_size,
+        "batches": log.last_batch,
+        "multi_partition_share": round(share, 3),
+        "storage_limit_tps": round(limit),
+        "tags": list(spec.tags),
+    }
     report["logs"].append(entry)
-    say(f"[{number}] {spec.workload} {label}, {spec.partitions}P: log of {count} txns in {log.last_batch} "
-        f"batches, {share:.0%} multi-partition; storage limit {limit:,.0f} txn/s")
+    say(
+        f"[{number}] {spec.workload} {label}, {spec.partitions}P: log of {count} txns in {log.last_batch} "
+        f"batches, {share:.0%} multi-partition; storage limit {limit:,.0f} txn/s"
+    )
     runs = {}
     for scheduler in schedulers:
-        run = {**{k: entry[k] for k in ("log", "workload", "knobs", "label", "partitions", "batch_size",
-                                        "multi_partition_share", "storage_limit_tps", "tags")},
-               "scheduler": scheduler}
+        run = {
+            **{
+                k: entry[k]
+                for k in (
+                    "log",
+                    "workload",
+                    "knobs",
+                    "label",
+                    "partitions",
+                    "batch_size",
+                    "multi_partition_share",
+                    "storage_limit_tps",
+                    "tags",
+                )
+            },
+            "scheduler": scheduler,
+        }
         runs[scheduler] = run
         report["runs"].append(run)
         directory = os.path.join(root, f"{number}-{scheduler}-engine")
         try:
-            engine = engine_throughput(bootstrap, log_for(scheduler, "engine", requests, logs), scheduler,
-                                       spec.partitions, directory, plan.engine_seconds)
-            run.update({"engine_tps": round(engine.tps), "engine_txns": engine.txns,
-                        "engine_over_limit": round(engine.tps / limit, 3)})
+            engine = engine_throughput(
+                bootstrap,
+                log_for(scheduler, "engine", requests, logs),
+                scheduler,
+                spec.partitions,
+                directory,
+                plan.engine_seconds,
+            )
+            run.update(
+                {
+                    "engine_tps": round(engine.tps),
+                    "engine_txns": engine.txns,
+                    "engine_over_limit": round(engine.tps / limit, 3),
+                }
+            )
             if engine.aria is not None:
                 run["aria"] = engine.aria
             if spec.baseline and scheduler == "serial" and server is not None:
-                report["baseline"][spec.workload] = measure_baseline(bootstrap, log, spec.workload, engine.txns,
-                                                                     directory, server=server)
+                report["baseline"][spec.workload] = measure_baseline(
+                    bootstrap, log, spec.workload, engine.txns, directory, server=server
+                )
         except Exception as exc:  # one failed configuration is reported; the grid goes on
             run["error"] = f"engine: {type(exc).__name__}: {exc}"
         finally:
@@ -208,10 +295,21 @@ def _run_spec(bootstrap: str, spec: Spec, plan: Plan, schedulers, root: str, ser
                 continue
             directory = os.path.join(root, f"{number}-{scheduler}-replay")
             try:
-                replay, recovery = replay_throughput(bootstrap, log_for(scheduler, "replay", requests[:size], replay_logs),
-                                                     scheduler, spec.partitions, directory)
-                run.update({"replay_txns": size, "replay_tps": round(replay), "recovery_tps": round(recovery),
-                            "replay_over_engine": round(replay / run["engine_tps"], 3)})
+                replay, recovery = replay_throughput(
+                    bootstrap,
+                    log_for(scheduler, "replay", requests[:size], replay_logs),
+                    scheduler,
+                    spec.partitions,
+                    directory,
+                )
+                run.update(
+                    {
+                        "replay_txns": size,
+                        "replay_tps": round(replay),
+                        "recovery_tps": round(recovery),
+                        "replay_over_engine": round(replay / run["engine_tps"], 3),
+                    }
+                )
             except Exception as exc:
                 run["error"] = f"replay: {type(exc).__name__}: {exc}"
             finally:
@@ -219,11 +317,25 @@ def _run_spec(bootstrap: str, spec: Spec, plan: Plan, schedulers, root: str, ser
             directory = os.path.join(root, f"{number}-{scheduler}-e2e")
             burst = min(count, max(400, round(run["engine_tps"] * plan.burst_seconds)))
             try:
-                e2e = end_to_end(bootstrap, spec.workload, spec.knobs, requests[:burst], scheduler, spec.partitions,
-                                 spec.batch_size, directory, plan.phases)
-                run.update({"end_to_end_requests": burst, "end_to_end_tps": round(e2e["end_to_end_tps"]),
-                            "end_to_end_over_engine": round(e2e["end_to_end_tps"] / run["engine_tps"], 3),
-                            "memory_mb": e2e["memory_mb"]})
+                e2e = end_to_end(
+                    bootstrap,
+                    spec.workload,
+                    spec.knobs,
+                    requests[:burst],
+                    scheduler,
+                    spec.partitions,
+                    spec.batch_size,
+                    directory,
+                    plan.phases,
+                )
+                run.update(
+                    {
+                        "end_to_end_requests": burst,
+                        "end_to_end_tps": round(e2e["end_to_end_tps"]),
+                        "end_to_end_over_engine": round(e2e["end_to_end_tps"] / run["engine_tps"], 3),
+                        "memory_mb": e2e["memory_mb"],
+                    }
+                )
                 for name, _, _ in plan.phases:
                     run[name] = rounded(e2e[name])
             except Exception as exc:

@@ -37,12 +37,14 @@ def produce(bootstrap: str, topic: str, count: int, flush_every: int | None, set
     return time.perf_counter() - start
 
 
-def read_back(bootstrap: str, topic: str, count: int, timeout: float,
-              offset: int = OFFSET_BEGINNING) -> tuple[float, float, int]:
+def read_back(
+    bootstrap: str, topic: str, count: int, timeout: float, offset: int = OFFSET_BEGINNING
+) -> tuple[float, float, int]:
     """(seconds to read `count` records from `offset` or the timeout, longest gap between
     fetches that returned records, records read)."""
-    consumer = Consumer(consumer_config(bootstrap, {"group.id": f"tiny-{uuid.uuid4().hex}",
-                                                    "enable.auto.commit": False}))
+    consumer = Consumer(
+        consumer_config(bootstrap, {"group.id": f"tiny-{uuid.uuid4().hex}", "enable.auto.commit": False})
+    )
     consumer.assign([TopicPartition(topic, 0, offset)])
     start = last = time.perf_counter()
     read, longest = 0, 0.0
@@ -102,9 +104,11 @@ def run(bootstrap: str, count: int, timeout: float) -> None:
         seconds, longest, read = read_back(bootstrap, topic, count, timeout)
         done = "all" if read >= count else f"only {read:,} (timed out)"
         tail_seconds, _, tail_read = read_back(bootstrap, topic, 1000, timeout, count - 1000)
-        print(f"- {name}: produced in {produced:.1f} s, high watermark {high:,}; read back {done} in "
-              f"{seconds:.1f} s ({read / seconds:,.0f}/s), longest wait for a fetch {longest:.2f} s; "
-              f"the last 1,000 in {tail_seconds:.1f} s" + ("" if tail_read >= 1000 else " (timed out)"))
+        print(
+            f"- {name}: produced in {produced:.1f} s, high watermark {high:,}; read back {done} in "
+            f"{seconds:.1f} s ({read / seconds:,.0f}/s), longest wait for a fetch {longest:.2f} s; "
+            f"the last 1,000 in {tail_seconds:.1f} s" + ("" if tail_read >= 1000 else " (timed out)")
+        )
 
 
 if __name__ == "__main__":

@@ -28,8 +28,17 @@ STYX_TPCC_TPS = 3_000
 DEFAULT_KNOBS = {"warehouses": 2, "customers": 300, "items": 10_000}
 
 
-def run_tpcc(partition_counts: list[int], scheduler: str, txns: int, seed: int, knobs: dict, max_txns: int,
-             json_path: str | None = None, baseline: bool = False, end_to_end: bool = True) -> dict[str, Any]:
+def run_tpcc(
+    partition_counts: list[int],
+    scheduler: str,
+    txns: int,
+    seed: int,
+    knobs: dict,
+    max_txns: int,
+    json_path: str | None = None,
+    baseline: bool = False,
+    end_to_end: bool = True,
+) -> dict[str, Any]:
     """`ordo bench tpcc` on a broker of its own. `baseline`: also the PostgreSQL baseline
     over the same requests (ordo/benchmarks/tpcc_baseline.py). `end_to_end`: also the
     whole pipeline, where lookups by last name make their reconnaissance pass through the log."""
@@ -37,16 +46,26 @@ def run_tpcc(partition_counts: list[int], scheduler: str, txns: int, seed: int, 
 
     try:
         with local_broker() as broker:
-            report = measure_tpcc(broker.bootstrap_servers, partition_counts, scheduler, txns, seed, knobs,
-                                  max_txns, baseline, end_to_end)
+            report = measure_tpcc(
+                broker.bootstrap_servers, partition_counts, scheduler, txns, seed, knobs, max_txns, baseline, end_to_end
+            )
     finally:
         shutdown_ray()
     return finish_report(report, json_path)
 
 
-def measure_tpcc(bootstrap: str, partition_counts: list[int], scheduler: str, txns: int, seed: int, knobs: dict,
-                 max_txns: int, baseline: bool = False, end_to_end: bool = True,
-                 say=lambda text="": print(text, flush=True)) -> dict[str, Any]:
+def measure_tpcc(
+    bootstrap: str,
+    partition_counts: list[int],
+    scheduler: str,
+    txns: int,
+    seed: int,
+    knobs: dict,
+    max_txns: int,
+    baseline: bool = False,
+    end_to_end: bool = True,
+    say=lambda text="": print(text, flush=True),
+) -> dict[str, Any]:
     """The measurements of `ordo bench tpcc` on a running broker (also part of the suite)."""
     from ordo.procedures.workloads import tpcc
 
@@ -55,11 +74,21 @@ def measure_tpcc(bootstrap: str, partition_counts: list[int], scheduler: str, tx
     plain = list(tpcc.generate(txns, seed, **{**knobs, "assume": 0}))
     loads = sum(1 for r in requests if r["proc"].startswith("tpcc_load_"))
     cores = len(os.sched_getaffinity(0))
-    report: dict[str, Any] = {"workload": "tpcc", "scheduler": scheduler, "knobs": knobs, "txns": txns,
-                              "load_requests": loads, "batch_size": max_txns, "machine": machine(), "runs": [],
-                              "styx_tps": STYX_TPCC_TPS}
-    say(f"ordo bench tpcc ({scheduler}): {txns:,} txns after {loads} load requests, knobs {knobs}, "
-        f"partitions {partition_counts}, {cores} cores")
+    report: dict[str, Any] = {
+        "workload": "tpcc",
+        "scheduler": scheduler,
+        "knobs": knobs,
+        "txns": txns,
+        "load_requests": loads,
+        "batch_size": max_txns,
+        "machine": machine(),
+        "runs": [],
+        "styx_tps": STYX_TPCC_TPS,
+    }
+    say(
+        f"ordo bench tpcc ({scheduler}): {txns:,} txns after {loads} load requests, knobs {knobs}, "
+        f"partitions {partition_counts}, {cores} cores"
+    )
     root = tempfile.mkdtemp(prefix="ordo-tpcc-")
     try:
         for partitions in sorted(set(partition_counts)):
@@ -75,8 +104,9 @@ def measure_tpcc(bootstrap: str, partition_counts: list[int], scheduler: str, tx
             report["runs"].append(run)
             say(format_run(run))
             if end_to_end:
-                run["end_to_end"] = _end_to_end(bootstrap, plain, loads, scheduler, partitions, max_txns,
-                                                os.path.join(root, f"e2e{partitions}"))
+                run["end_to_end"] = _end_to_end(
+                    bootstrap, plain, loads, scheduler, partitions, max_txns, os.path.join(root, f"e2e{partitions}")
+                )
                 say(format_end_to_end(run["end_to_end"]))
         if baseline:
             report["baseline"] = _baseline(bootstrap, log, loads)
@@ -114,13 +144,21 @@ def _measure(bootstrap: str, log, scheduler: str, partitions: int, directory: st
         aborted = sum(s["aborted"] for s in statuses)
     finally:
         coordinator.close()
-    return {"partitions": partitions, "engine_tps": round(timed / elapsed), "timed_txns": timed,
-            "seconds": round(elapsed, 2), "batches": log.last_batch, "load_batches": load_batch,
-            "committed": committed, "aborted": aborted}
+    return {
+        "partitions": partitions,
+        "engine_tps": round(timed / elapsed),
+        "timed_txns": timed,
+        "seconds": round(elapsed, 2),
+        "batches": log.last_batch,
+        "load_batches": load_batch,
+        "committed": committed,
+        "aborted": aborted,
+    }
 
 
-def _end_to_end(bootstrap: str, requests: list[dict], loads: int, scheduler: str, partitions: int,
-                max_txns: int, directory: str) -> dict[str, Any]:
+def _end_to_end(
+    bootstrap: str, requests: list[dict], loads: int, scheduler: str, partitions: int, max_txns: int, directory: str
+) -> dict[str, Any]:
     """Sequencer, engine and client: the load first (waited for), then the mix, timed from
     its first request sent to its last outcome."""
     from ordo.benchmarks.dependent import Pipeline, restart_figures
@@ -129,15 +167,22 @@ def _end_to_end(bootstrap: str, requests: list[dict], loads: int, scheduler: str
     with Pipeline(bootstrap, "tpcc-e2e", scheduler, partitions, max_txns, directory) as pipeline:
         pipeline.run(requests[:loads], timeout=1800)
         outcomes, elapsed = pipeline.run(mix)
-    return {"txns": len(mix), "tps": round(len(mix) / elapsed), "seconds": round(elapsed, 2),
-            "statuses": dict(Counter(o["status"] for o in outcomes.values())),
-            **restart_figures(mix, outcomes), "conditions": _conditions(directory)}
+    return {
+        "txns": len(mix),
+        "tps": round(len(mix) / elapsed),
+        "seconds": round(elapsed, 2),
+        "statuses": dict(Counter(o["status"] for o in outcomes.values())),
+        **restart_figures(mix, outcomes),
+        "conditions": _conditions(directory),
+    }
 
 
 def format_end_to_end(result: dict[str, Any]) -> str:
     held = "hold" if not result["conditions"] else f"{len(result['conditions'])} VIOLATED"
-    return (f"    end to end: {result['tps']:,} txn/s ({result['dependent']:,} lookups by last name passed the log "
-            f"twice, {result['restarted']} restarted); consistency conditions {held}")
+    return (
+        f"    end to end: {result['tps']:,} txn/s ({result['dependent']:,} lookups by last name passed the log "
+        f"twice, {result['restarted']} restarted); consistency conditions {held}"
+    )
 
 
 def _baseline(bootstrap: str, log, loads: int) -> dict[str, Any]:
@@ -158,9 +203,11 @@ def format_baseline(result: dict[str, Any]) -> str:
     if "error" in result:
         return f"  PostgreSQL baseline unavailable: {result['error']}"
     held = "hold" if not result["conditions"] else f"{len(result['conditions'])} VIOLATED"
-    return (f"  PostgreSQL baseline (one SERIALIZABLE transaction per request, same procedures): "
-            f"{result['tps']:,} txn/s, {result['txns']:,} txns in {result['seconds']} s, "
-            f"{result['retries']} retries; consistency conditions {held}")
+    return (
+        f"  PostgreSQL baseline (one SERIALIZABLE transaction per request, same procedures): "
+        f"{result['tps']:,} txn/s, {result['txns']:,} txns in {result['seconds']} s, "
+        f"{result['retries']} retries; consistency conditions {held}"
+    )
 
 
 def _conditions(directory: str) -> list[str]:
@@ -172,6 +219,8 @@ def _conditions(directory: str) -> list[str]:
 
 def format_run(run: dict[str, Any]) -> str:
     held = "hold" if not run["conditions"] else f"{len(run['conditions'])} VIOLATED"
-    return (f"  {run['partitions']} partition(s): {run['engine_tps']:,} txn/s engine, "
-            f"{run['engine_tps_per_core']:,} per core (Styx: {STYX_TPCC_TPS:,} txn/s), "
-            f"{run['timed_txns']:,} txns in {run['seconds']} s; consistency conditions {held}")
+    return (
+        f"  {run['partitions']} partition(s): {run['engine_tps']:,} txn/s engine, "
+        f"{run['engine_tps_per_core']:,} per core (Styx: {STYX_TPCC_TPS:,} txn/s), "
+        f"{run['timed_txns']:,} txns in {run['seconds']} s; consistency conditions {held}"
+    )

@@ -100,7 +100,7 @@ def serializable(conn, transaction, what: str, max_retries: int = 50) -> tuple[s
             return "aborted", attempt
         except (errors.SerializationFailure, errors.DeadlockDetected):
             conn.rollback()
-            time.sleep(min(0.001 * 2 ** attempt, 0.05))
+            time.sleep(min(0.001 * 2**attempt, 0.05))
     raise RuntimeError(f"{what} failed {max_retries} serialization retries")
 
 
@@ -145,11 +145,20 @@ def run_tpcc_baseline(bootstrap: str, namespace: str, requests: list[dict], load
                 retries += tries
         seconds = time.perf_counter() - started
         conn.isolation_level = None
-        records = [{"table": table, "key": key, "value": decode_value(raw)}
-                   for table, key, raw in ((*decode_key(bytes(k)), v) for k, v in conn.execute("SELECT k, v FROM kv"))]
+        records = [
+            {"table": table, "key": key, "value": decode_value(raw)}
+            for table, key, raw in ((*decode_key(bytes(k)), v) for k, v in conn.execute("SELECT k, v FROM kv"))
+        ]
         conn.commit()
     finally:
         conn.close()
     timed = len(requests) - loads
-    return {"txns": timed, "tps": round(timed / seconds), "seconds": round(seconds, 2), "retries": retries,
-            "statuses": dict(counts), "server": server.version, "conditions": violations(records)}
+    return {
+        "txns": timed,
+        "tps": round(timed / seconds),
+        "seconds": round(seconds, 2),
+        "retries": retries,
+        "statuses": dict(counts),
+        "server": server.version,
+        "conditions": violations(records),
+    }

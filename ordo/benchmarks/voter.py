@@ -17,22 +17,41 @@ from ordo.benchmarks.machine import finish_report, machine
 
 # S-Store (VLDB'15), leaderboard maintenance on one core, input batches/s.
 S_STORE_VOTES = 2_200
-PUBLISHED = {"S-Store": 2_200, "H-Store async (no ordering)": 5_300, "H-Store sync": 210,
-             "Esper+VoltDB": 570, "Storm+VoltDB": 600}
+PUBLISHED = {
+    "S-Store": 2_200,
+    "H-Store async (no ordering)": 5_300,
+    "H-Store sync": 210,
+    "Esper+VoltDB": 570,
+    "Storm+VoltDB": 600,
+}
 
 
-def run_voter(scheduler: str, partitions: int, votes: int, seed: int, max_txns: int,
-              json_path: str | None = None, baseline: bool = False, knobs: dict | None = None,
-              say=lambda text="": print(text, flush=True)) -> dict[str, Any]:
+def run_voter(
+    scheduler: str,
+    partitions: int,
+    votes: int,
+    seed: int,
+    max_txns: int,
+    json_path: str | None = None,
+    baseline: bool = False,
+    knobs: dict | None = None,
+    say=lambda text="": print(text, flush=True),
+) -> dict[str, Any]:
     from ordo.benchmarks.dependent import Pipeline
     from ordo.benchmarks.runners import shutdown_ray
     from ordo.procedures.workloads import voter
     from ordo.sequencer.broker import local_broker
 
     requests = list(voter.generate(votes, seed, **(knobs or {})))
-    report: dict[str, Any] = {"workload": "voter", "scheduler": scheduler, "partitions": partitions,
-                              "votes": votes, "batch_size": max_txns, "machine": machine(),
-                              "published": PUBLISHED}
+    report: dict[str, Any] = {
+        "workload": "voter",
+        "scheduler": scheduler,
+        "partitions": partitions,
+        "votes": votes,
+        "batch_size": max_txns,
+        "machine": machine(),
+        "published": PUBLISHED,
+    }
     say(f"ordo bench voter ({scheduler}, {partitions} partition(s)): {votes:,} votes, batches of {max_txns}")
     directory = tempfile.mkdtemp(prefix="ordo-voter-")
     try:
@@ -42,12 +61,17 @@ def run_voter(scheduler: str, partitions: int, votes: int, seed: int, max_txns: 
                 namespace = pipeline.namespace
             rate = round(len(requests) / elapsed)
             # The ratio comes from the rounded rate so the report and the line printed agree.
-            report["end_to_end"] = {"votes_per_s": rate, "seconds": round(elapsed, 2),
-                                    "ratio_to_s_store": round(rate / S_STORE_VOTES, 2),
-                                    "outcomes": dict(Counter(o.get("error") or o["status"] for o in outcomes.values()))}
+            report["end_to_end"] = {
+                "votes_per_s": rate,
+                "seconds": round(elapsed, 2),
+                "ratio_to_s_store": round(rate / S_STORE_VOTES, 2),
+                "outcomes": dict(Counter(o.get("error") or o["status"] for o in outcomes.values())),
+            }
             report["leaderboards"] = leaderboards(directory)
-            say(f"  end to end: {rate:,.0f} votes/s ({len(requests):,} in {elapsed:.1f} s), "
-                f"{report['end_to_end']['ratio_to_s_store']:.2f} x S-Store's {S_STORE_VOTES:,} batches/s")
+            say(
+                f"  end to end: {rate:,.0f} votes/s ({len(requests):,} in {elapsed:.1f} s), "
+                f"{report['end_to_end']['ratio_to_s_store']:.2f} x S-Store's {S_STORE_VOTES:,} batches/s"
+            )
             say(f"  outcomes:   {report['end_to_end']['outcomes']}")
             say(f"  boards:     {format_boards(report['leaderboards'])}")
             if baseline:
@@ -66,15 +90,23 @@ def leaderboards(data_dir: str) -> dict[str, Any]:
     boards = {r["key"]: r["value"] for r in records(data_dir, "voter_board")}
     removed = sorted(r["key"] for r in records(data_dir, "voter_contestant") if r["value"] == "removed")
     counts = {r["key"]: r["value"] for r in records(data_dir, "voter_count")}
-    return {"top3": boards.get("top3"), "bottom3": boards.get("bottom3"), "trending3": boards.get("trending3"),
-            "removed": removed, "votes": counts}
+    return {
+        "top3": boards.get("top3"),
+        "bottom3": boards.get("bottom3"),
+        "trending3": boards.get("trending3"),
+        "removed": removed,
+        "votes": counts,
+    }
 
 
 def format_boards(boards: dict[str, Any]) -> str:
     def named(ids):
         return ", ".join(f"#{c} ({boards['votes'].get(c, 0)})" for c in ids or [])
-    return (f"top3 {named(boards['top3'])} | bottom3 {named(boards['bottom3'])} | "
-            f"trending3 {', '.join(f'#{c}' for c in boards['trending3'] or [])} | removed {boards['removed']}")
+
+    return (
+        f"top3 {named(boards['top3'])} | bottom3 {named(boards['bottom3'])} | "
+        f"trending3 {', '.join(f'#{c}' for c in boards['trending3'] or [])} | removed {boards['removed']}"
+    )
 
 
 def _baseline(bootstrap: str, namespace: str, count: int) -> dict[str, Any]:
@@ -93,8 +125,10 @@ def _baseline(bootstrap: str, namespace: str, count: int) -> dict[str, Any]:
 def format_baseline(result: dict[str, Any], ordo_rate: float) -> str:
     if "error" in result:
         return f"  PostgreSQL baseline unavailable: {result['error']}"
-    return (f"  PostgreSQL baseline (three SERIALIZABLE transactions per vote): {result['votes_per_s']:,} votes/s, "
-            f"{result['retries']} retries; Ordo / baseline = {ordo_rate / max(1, result['votes_per_s']):.1f}")
+    return (
+        f"  PostgreSQL baseline (three SERIALIZABLE transactions per vote): {result['votes_per_s']:,} votes/s, "
+        f"{result['retries']} retries; Ordo / baseline = {ordo_rate / max(1, result['votes_per_s']):.1f}"
+    )
 
 
 def run_voter_baseline(bootstrap: str, namespace: str, count: int, server) -> dict[str, Any]:
@@ -119,8 +153,14 @@ def run_voter_baseline(bootstrap: str, namespace: str, count: int, server) -> di
         seconds = time.perf_counter() - started
     finally:
         conn.close()
-    return {"votes": count, "votes_per_s": round(count / seconds), "seconds": round(seconds, 2),
-            "retries": retries, "statuses": dict(counts), "server": server.version}
+    return {
+        "votes": count,
+        "votes_per_s": round(count / seconds),
+        "seconds": round(seconds, 2),
+        "retries": retries,
+        "statuses": dict(counts),
+        "server": server.version,
+    }
 
 
 def _vote(conn, registry, flow, body: dict, index: int) -> tuple[str, int]:

@@ -72,10 +72,16 @@ def _transfer(ctx, args):
 
 
 alias_bind = Procedure("alias_bind", {"alias": Str(64), "account": Int(0)}, _bind_keys, _bind)
-alias_deposit = Procedure("alias_deposit", {"alias": Str(64), "amount": AMOUNT}, _deposit_keys, _deposit,
-                          reconnoiter=_deposit_recon)
-alias_transfer = Procedure("alias_transfer", {"src": Str(64), "dst": Str(64), "amount": AMOUNT},
-                           _transfer_keys, _transfer, reconnoiter=_transfer_recon)
+alias_deposit = Procedure(
+    "alias_deposit", {"alias": Str(64), "amount": AMOUNT}, _deposit_keys, _deposit, reconnoiter=_deposit_recon
+)
+alias_transfer = Procedure(
+    "alias_transfer",
+    {"src": Str(64), "dst": Str(64), "amount": AMOUNT},
+    _transfer_keys,
+    _transfer,
+    reconnoiter=_transfer_recon,
+)
 
 PROCEDURES = [alias_bind, alias_deposit, alias_transfer]
 
@@ -88,8 +94,15 @@ KNOBS = {
 }
 
 
-def generate(count: int, seed: int = 0, aliases: int = ALIASES, accounts: int = ACCOUNTS, rebind: float = 0.1,
-             transfer: float = 0.6, unknown: float = 0.02) -> Iterator[dict]:
+def generate(
+    count: int,
+    seed: int = 0,
+    aliases: int = ALIASES,
+    accounts: int = ACCOUNTS,
+    rebind: float = 0.1,
+    transfer: float = 0.6,
+    unknown: float = 0.02,
+) -> Iterator[dict]:
     """The first `aliases` requests bind every alias (fewer if count is smaller); then a mix
     of rebinds, deposits and transfers."""
     if aliases < 1 or accounts < 1:

@@ -48,8 +48,9 @@ def _write_ops(args):
 
 
 gs_read = Procedure("gs_read", {"keys": _KEYS}, _read_keys, _read, operations=_read_ops)
-gs_write = Procedure("gs_write", {"keys": _KEYS, "value": Int(-(2**40), 2**40)},
-                     _write_keys, _write, operations=_write_ops)
+gs_write = Procedure(
+    "gs_write", {"keys": _KEYS, "value": Int(-(2**40), 2**40)}, _write_keys, _write, operations=_write_ops
+)
 
 PROCEDURES = [gs_read, gs_write]
 
@@ -60,8 +61,9 @@ KNOBS = {
 }
 
 
-def generate(count: int, seed: int = 0, records: int = RECORDS, theta: float = 0.6,
-             read: float = 0.5) -> Iterator[dict]:
+def generate(
+    count: int, seed: int = 0, records: int = RECORDS, theta: float = 0.6, read: float = 0.5
+) -> Iterator[dict]:
     if records < KEYS_PER_TXN:
         raise ValueError(f"need at least {KEYS_PER_TXN} records")
     rng = random.Random(seed)

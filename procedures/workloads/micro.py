@@ -51,8 +51,9 @@ KNOBS = {
 }
 
 
-def generate(count: int, seed: int = 0, partitions: int = 1, keys: int = 100_000,
-             hot: int = 10_000, mp: float = 0.0) -> Iterator[dict]:
+def generate(
+    count: int, seed: int = 0, partitions: int = 1, keys: int = 100_000, hot: int = 10_000, mp: float = 0.0
+) -> Iterator[dict]:
     if not 1 <= hot < keys:
         raise ValueError("need 1 <= hot < keys")
     if keys - hot < 9:

@@ -88,8 +88,7 @@ def _price_setter(price: int):
 
 
 def _alter_ops(args):
-    return Operations([READ_MODIFY("item", key, _price_setter(price))
-                       for key, price in _pairs(args, "prices")])
+    return Operations([READ_MODIFY("item", key, _price_setter(price)) for key, price in _pairs(args, "prices")])
 
 
 def _top_keys(args):
@@ -118,12 +117,17 @@ def _top_ops(args):
 
 _ITEMS = List(Int(0), min_len=1, max_len=64)
 
-ob_bid = Procedure("ob_bid", {"item": Int(0), "price": PRICE, "qty": QTY},
-                   _bid_keys, _bid, operations=_bid_ops)
-ob_alter = Procedure("ob_alter", {"items": _ITEMS, "prices": List(PRICE, min_len=1, max_len=64)},
-                     _alter_keys, _alter, operations=_alter_ops)
-ob_top = Procedure("ob_top", {"items": _ITEMS, "qtys": List(QTY, min_len=1, max_len=64)},
-                   _top_keys, _top, operations=_top_ops)
+ob_bid = Procedure("ob_bid", {"item": Int(0), "price": PRICE, "qty": QTY}, _bid_keys, _bid, operations=_bid_ops)
+ob_alter = Procedure(
+    "ob_alter",
+    {"items": _ITEMS, "prices": List(PRICE, min_len=1, max_len=64)},
+    _alter_keys,
+    _alter,
+    operations=_alter_ops,
+)
+ob_top = Procedure(
+    "ob_top", {"items": _ITEMS, "qtys": List(QTY, min_len=1, max_len=64)}, _top_keys, _top, operations=_top_ops
+)
 
 PROCEDURES = [ob_bid, ob_alter, ob_top]
 

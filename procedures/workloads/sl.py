@@ -40,8 +40,7 @@ def _transfer_keys(args):
 
 def _transfer(ctx, args):
     account_amount, asset_amount = args["account_amount"], args["asset_amount"]
-    if (ctx.read("account", args["src_account"]) < account_amount
-            or ctx.read("asset", args["src_asset"]) < asset_amount):
+    if ctx.read("account", args["src_account"]) < account_amount or ctx.read("asset", args["src_asset"]) < asset_amount:
         ctx.abort("insufficient funds")
     for table, src, dst, amount in (
         ("account", args["src_account"], args["dst_account"], account_amount),
@@ -53,10 +52,12 @@ def _transfer(ctx, args):
 
 
 def _deposit_ops(args):
-    return Operations([
-        READ_MODIFY("account", args["account"], adder(args["account_amount"])),
-        READ_MODIFY("asset", args["asset"], adder(args["asset_amount"])),
-    ])
+    return Operations(
+        [
+            READ_MODIFY("account", args["account"], adder(args["account_amount"])),
+            READ_MODIFY("asset", args["asset"], adder(args["asset_amount"])),
+        ]
+    )
 
 
 def _transfer_ops(args):
@@ -66,14 +67,15 @@ def _transfer_ops(args):
         return account >= account_amount and asset >= asset_amount
 
     # One guard for all four operations: a failed check leaves every chain untouched.
-    funds = Condition([("account", args["src_account"]), ("asset", args["src_asset"])],
-                      enough, "insufficient funds")
-    return Operations([
-        READ_MODIFY("account", args["src_account"], adder(-account_amount), condition=funds),
-        READ_MODIFY("account", args["dst_account"], adder(account_amount), condition=funds),
-        READ_MODIFY("asset", args["src_asset"], adder(-asset_amount), condition=funds),
-        READ_MODIFY("asset", args["dst_asset"], adder(asset_amount), condition=funds),
-    ])
+    funds = Condition([("account", args["src_account"]), ("asset", args["src_asset"])], enough, "insufficient funds")
+    return Operations(
+        [
+            READ_MODIFY("account", args["src_account"], adder(-account_amount), condition=funds),
+            READ_MODIFY("account", args["dst_account"], adder(account_amount), condition=funds),
+            READ_MODIFY("asset", args["src_asset"], adder(-asset_amount), condition=funds),
+            READ_MODIFY("asset", args["dst_asset"], adder(asset_amount), condition=funds),
+        ]
+    )
 
 
 sl_deposit = Procedure(
@@ -107,8 +109,9 @@ KNOBS = {
 }
 
 
-def generate(count: int, seed: int = 0, records: int = RECORDS, theta: float = 0.6,
-             transfer: float = 0.5) -> Iterator[dict]:
+def generate(
+    count: int, seed: int = 0, records: int = RECORDS, theta: float = 0.6, transfer: float = 0.5
+) -> Iterator[dict]:
     rng = random.Random(seed)
     zipf = Zipf(records, theta)
     for i in range(count):

@@ -88,11 +88,14 @@ def _operations(args):
     segment = args["segment"]
     key = seen_key(args["vehicle"], segment)
     # The count depends on `seen` as it was before this report: a cross-chain dependency.
-    return Operations([
-        READ_MODIFY("speed", segment, _speed_adder(args["speed"])),
-        READ_MODIFY("count", segment, _count_vehicle, deps=[("seen", key)]),
-        WRITE("seen", key, 1),
-    ], _toll_of)
+    return Operations(
+        [
+            READ_MODIFY("speed", segment, _speed_adder(args["speed"])),
+            READ_MODIFY("count", segment, _count_vehicle, deps=[("seen", key)]),
+            WRITE("seen", key, 1),
+        ],
+        _toll_of,
+    )
 
 
 tp_report = Procedure(
@@ -112,13 +115,13 @@ KNOBS = {
 }
 
 
-def generate(count: int, seed: int = 0, segments: int = SEGMENTS, vehicles: int = VEHICLES,
-             theta: float = 0.2) -> Iterator[dict]:
+def generate(
+    count: int, seed: int = 0, segments: int = SEGMENTS, vehicles: int = VEHICLES, theta: float = 0.2
+) -> Iterator[dict]:
     if not 1 <= segments <= SPAN:
         raise ValueError(f"need 1..{SPAN} segments")
     rng = random.Random(seed)
     zipf = Zipf(segments, theta)
     for i in range(count):
-        args = {"vehicle": rng.randrange(vehicles), "segment": zipf.sample(rng),
-                "speed": rng.randint(5, 75)}
+        args = {"vehicle": rng.randrange(vehicles), "segment": zipf.sample(rng), "speed": rng.randint(5, 75)}
         yield request("tp", seed, i, "tp_report", args)

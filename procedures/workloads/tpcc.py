@@ -101,7 +101,7 @@ def _data(rng: random.Random) -> str:
     text = _text(rng, 26, 50)
     if rng.random() < 0.1:
         at = rng.randint(0, len(text) - 8)
-        text = text[:at] + "ORIGINAL" + text[at + 8:]
+        text = text[:at] + "ORIGINAL" + text[at + 8 :]
     return text
 
 
@@ -109,15 +109,27 @@ def _data(rng: random.Random) -> str:
 def item_row(i_id: int) -> dict:
     """The item's columns, a function of its id alone (the stock rows copy them)."""
     rng = random.Random(f"tpcc/item/{i_id}")
-    return {"i_im_id": rng.randint(1, 10_000), "i_name": _text(rng, 14, 24),
-            "i_price": rng.randint(100, 10_000), "i_data": _data(rng)}
+    return {
+        "i_im_id": rng.randint(1, 10_000),
+        "i_name": _text(rng, 14, 24),
+        "i_price": rng.randint(100, 10_000),
+        "i_data": _data(rng),
+    }
 
 
 def _stock_row(w: int, i_id: int) -> dict:
     rng = random.Random(f"tpcc/stock/{w}/{i_id}")
     item = item_row(i_id)
-    row = {"s_quantity": rng.randint(10, 100), "s_ytd": 0, "s_order_cnt": 0, "s_remote_cnt": 0,
-           "s_data": _data(rng), "i_price": item["i_price"], "i_name": item["i_name"], "i_data": item["i_data"]}
+    row = {
+        "s_quantity": rng.randint(10, 100),
+        "s_ytd": 0,
+        "s_order_cnt": 0,
+        "s_remote_cnt": 0,
+        "s_data": _data(rng),
+        "i_price": item["i_price"],
+        "i_name": item["i_name"],
+        "i_data": item["i_data"],
+    }
     for d in range(1, DISTRICTS + 1):
         row[f"s_dist_{d:02d}"] = _text(rng, 24, 24)
     return row
@@ -131,8 +143,10 @@ def district_names(w: int, d: int, customers: int) -> tuple[str, ...]:
     rng = random.Random(f"tpcc/names/{w}/{d}/{customers}")
     names = name_count(customers)
     a = nurand_a(names, 255, 1000)
-    return tuple(last_name(c - 1 if c <= names else nurand(rng, a, 0, names - 1, NURAND_C["c_last"]))
-                 for c in range(1, customers + 1))
+    return tuple(
+        last_name(c - 1 if c <= names else nurand(rng, a, 0, names - 1, NURAND_C["c_last"]))
+        for c in range(1, customers + 1)
+    )
 
 
 @lru_cache(maxsize=2)
@@ -146,12 +160,24 @@ def district_population(w: int, d: int, customers: int, items: int) -> dict:
     by_name: dict[str, list] = {}
     for c in range(1, customers + 1):
         first = _text(rng, 8, 16)
-        row = {"c_first": first, "c_middle": "OE", "c_last": last_names[c - 1],
-               "c_street_1": _text(rng, 10, 20), "c_city": _text(rng, 10, 20), "c_state": _text(rng, 2, 2),
-               "c_zip": f"{rng.randint(0, 9999):04d}11111", "c_phone": "".join(rng.choices(string.digits, k=16)),
-               "c_credit": "BC" if rng.random() < 0.1 else "GC", "c_credit_lim": 5_000_000,
-               "c_discount": rng.randint(0, 5000), "c_balance": -1000, "c_ytd_payment": 1000,
-               "c_payment_cnt": 1, "c_delivery_cnt": 0, "c_data": _text(rng, 300, 500)}
+        row = {
+            "c_first": first,
+            "c_middle": "OE",
+            "c_last": last_names[c - 1],
+            "c_street_1": _text(rng, 10, 20),
+            "c_city": _text(rng, 10, 20),
+            "c_state": _text(rng, 2, 2),
+            "c_zip": f"{rng.randint(0, 9999):04d}11111",
+            "c_phone": "".join(rng.choices(string.digits, k=16)),
+            "c_credit": "BC" if rng.random() < 0.1 else "GC",
+            "c_credit_lim": 5_000_000,
+            "c_discount": rng.randint(0, 5000),
+            "c_balance": -1000,
+            "c_ytd_payment": 1000,
+            "c_payment_cnt": 1,
+            "c_delivery_cnt": 0,
+            "c_data": _text(rng, 300, 500),
+        }
         out_customers[c] = row
         by_name.setdefault(row["c_last"], []).append((first, c))
     index = {name: [c for _, c in sorted(found)] for name, found in by_name.items()}
@@ -162,17 +188,39 @@ def district_population(w: int, d: int, customers: int, items: int) -> dict:
     for o in range(1, customers + 1):
         count = rng.randint(5, 15)
         delivered = o < first_new
-        orders[o] = {"o_c_id": owners[o - 1], "o_carrier_id": rng.randint(1, 10) if delivered else None,
-                     "o_ol_cnt": count, "o_all_local": 1}
+        orders[o] = {
+            "o_c_id": owners[o - 1],
+            "o_carrier_id": rng.randint(1, 10) if delivered else None,
+            "o_ol_cnt": count,
+            "o_all_local": 1,
+        }
         for n in range(1, count + 1):
-            lines[(o, n)] = {"ol_i_id": rng.randint(1, items), "ol_supply_w_id": w, "ol_quantity": 5,
-                             "ol_amount": 0 if delivered else rng.randint(1, 999_999),
-                             "ol_dist_info": _text(rng, 24, 24), "delivered": delivered}
-    district = {"d_name": _text(rng, 6, 10), "d_street_1": _text(rng, 10, 20), "d_city": _text(rng, 10, 20),
-                "d_state": _text(rng, 2, 2), "d_zip": f"{rng.randint(0, 9999):04d}11111",
-                "d_tax": rng.randint(0, 2000), "d_ytd": customers * 1000, "d_next_o_id": customers + 1}
-    return {"customers": out_customers, "index": index, "orders": orders, "lines": lines,
-            "first_new": first_new, "district": district}
+            lines[(o, n)] = {
+                "ol_i_id": rng.randint(1, items),
+                "ol_supply_w_id": w,
+                "ol_quantity": 5,
+                "ol_amount": 0 if delivered else rng.randint(1, 999_999),
+                "ol_dist_info": _text(rng, 24, 24),
+                "delivered": delivered,
+            }
+    district = {
+        "d_name": _text(rng, 6, 10),
+        "d_street_1": _text(rng, 10, 20),
+        "d_city": _text(rng, 10, 20),
+        "d_state": _text(rng, 2, 2),
+        "d_zip": f"{rng.randint(0, 9999):04d}11111",
+        "d_tax": rng.randint(0, 2000),
+        "d_ytd": customers * 1000,
+        "d_next_o_id": customers + 1,
+    }
+    return {
+        "customers": out_customers,
+        "index": index,
+        "orders": orders,
+        "lines": lines,
+        "first_new": first_new,
+        "district": district,
+    }
 
 
 @lru_cache(maxsize=1024)
@@ -182,6 +230,7 @@ def district_index(w: int, d: int, customers: int, items: int) -> dict[str, list
 
 
 # --- load requests ------------------------------------------------------------------------
+
 
 def _item_keys(args):
     last = min(args["first"] + args["count"], args["items"] + 1)
@@ -209,17 +258,31 @@ def _warehouse_keys(args):
 
 def _load_warehouse(ctx, args):
     rng = random.Random(f"tpcc/warehouse/{args['w']}")
-    ctx.write("warehouse", (args["w"],), {
-        "w_name": _text(rng, 6, 10), "w_street_1": _text(rng, 10, 20), "w_city": _text(rng, 10, 20),
-        "w_state": _text(rng, 2, 2), "w_zip": f"{rng.randint(0, 9999):04d}11111",
-        "w_tax": rng.randint(0, 2000), "w_ytd": DISTRICTS * args["customers"] * 1000})
+    ctx.write(
+        "warehouse",
+        (args["w"],),
+        {
+            "w_name": _text(rng, 6, 10),
+            "w_street_1": _text(rng, 10, 20),
+            "w_city": _text(rng, 10, 20),
+            "w_state": _text(rng, 2, 2),
+            "w_zip": f"{rng.randint(0, 9999):04d}11111",
+            "w_tax": rng.randint(0, 2000),
+            "w_ytd": DISTRICTS * args["customers"] * 1000,
+        },
+    )
 
 
 def _district_keys(args):
     w, d, customers = args["w"], args["d"], args["customers"]
-    writes = [("district", (w, d)), ("new_order_head", (w, d)),
-              Prefix("customer", (w, d)), Prefix("orders", (w, d)), Prefix("new_order", (w, d)),
-              Prefix("order_line", (w, d))]
+    writes = [
+        ("district", (w, d)),
+        ("new_order_head", (w, d)),
+        Prefix("customer", (w, d)),
+        Prefix("orders", (w, d)),
+        Prefix("new_order", (w, d)),
+        Prefix("order_line", (w, d)),
+    ]
     writes += [("customer_name", (w, d, name)) for name in dict.fromkeys(district_names(w, d, customers))]
     writes += [("customer_last_order", (w, d, c)) for c in range(1, customers + 1)]
     writes += [("history", (w, d, f"load-{c}")) for c in range(1, customers + 1)]
@@ -234,9 +297,20 @@ def _load_district(ctx, args):
     ctx.write("new_order_head", (w, d), population["first_new"])
     for c, row in population["customers"].items():
         ctx.write("customer", (w, d, c), {**row, "c_since": now})
-        ctx.write("history", (w, d, f"load-{c}"), {"h_c_id": c, "h_c_d_id": d, "h_c_w_id": w, "h_d_id": d,
-                                                   "h_w_id": w, "h_date": now, "h_amount": 1000,
-                                                   "h_data": "initial payment"})
+        ctx.write(
+            "history",
+            (w, d, f"load-{c}"),
+            {
+                "h_c_id": c,
+                "h_c_d_id": d,
+                "h_c_w_id": w,
+                "h_d_id": d,
+                "h_w_id": w,
+                "h_date": now,
+                "h_amount": 1000,
+                "h_data": "initial payment",
+            },
+        )
     for name, ids in population["index"].items():
         ctx.write("customer_name", (w, d, name), ids)
     for o, row in population["orders"].items():
@@ -252,6 +326,7 @@ def _load_district(ctx, args):
 
 # --- NewOrder (2.4) ---------------------------------------------------------------------------
 
+
 def _lines(args) -> list[tuple[int, int, int]]:
     items, supply, quantity = args["items"], args["supply"], args["quantity"]
     if not len(items) == len(supply) == len(quantity):
@@ -263,8 +338,13 @@ def _new_order_keys(args):
     w, d = args["w"], args["d"]
     stock = [("stock", (sw, i)) for i, sw, _ in _lines(args)]
     reads = [("warehouse", (w,)), ("district", (w, d)), ("customer", (w, d, args["c"]))] + stock
-    writes = [("district", (w, d)), ("customer_last_order", (w, d, args["c"])), Prefix("orders", (w, d)),
-              Prefix("new_order", (w, d)), Prefix("order_line", (w, d))] + stock
+    writes = [
+        ("district", (w, d)),
+        ("customer_last_order", (w, d, args["c"])),
+        Prefix("orders", (w, d)),
+        Prefix("new_order", (w, d)),
+        Prefix("order_line", (w, d)),
+    ] + stock
     return reads, writes
 
 
@@ -283,18 +363,39 @@ def _new_order(ctx, args):
         if stock is None:  # TPC-C's 1 % rollback: an abort discards every write before it
             ctx.abort("Item number is not valid")
         left = stock["s_quantity"] - quantity
-        stock = {**stock, "s_quantity": left if left >= 10 else left + 91, "s_ytd": stock["s_ytd"] + quantity,
-                 "s_order_cnt": stock["s_order_cnt"] + 1,
-                 "s_remote_cnt": stock["s_remote_cnt"] + (1 if sw != w else 0)}
+        stock = {
+            **stock,
+            "s_quantity": left if left >= 10 else left + 91,
+            "s_ytd": stock["s_ytd"] + quantity,
+            "s_order_cnt": stock["s_order_cnt"] + 1,
+            "s_remote_cnt": stock["s_remote_cnt"] + (1 if sw != w else 0),
+        }
         ctx.write("stock", (sw, i), stock)
         amount = quantity * stock["i_price"]
         total += amount
-        ctx.write("order_line", (w, d, o_id, n), {
-            "ol_i_id": i, "ol_supply_w_id": sw, "ol_delivery_d": None, "ol_quantity": quantity,
-            "ol_amount": amount, "ol_dist_info": stock[f"s_dist_{d:02d}"]})
-    ctx.write("orders", (w, d, o_id), {"o_c_id": c, "o_entry_d": ctx.now, "o_carrier_id": None,
-                                       "o_ol_cnt": len(lines),
-                                       "o_all_local": int(all(sw == w for _, sw, _ in lines))})
+        ctx.write(
+            "order_line",
+            (w, d, o_id, n),
+            {
+                "ol_i_id": i,
+                "ol_supply_w_id": sw,
+                "ol_delivery_d": None,
+                "ol_quantity": quantity,
+                "ol_amount": amount,
+                "ol_dist_info": stock[f"s_dist_{d:02d}"],
+            },
+        )
+    ctx.write(
+        "orders",
+        (w, d, o_id),
+        {
+            "o_c_id": c,
+            "o_entry_d": ctx.now,
+            "o_carrier_id": None,
+            "o_ol_cnt": len(lines),
+            "o_all_local": int(all(sw == w for _, sw, _ in lines)),
+        },
+    )
     ctx.write("new_order", (w, d, o_id), {})
     ctx.write("customer_last_order", (w, d, c), o_id)
     rate = (10_000 - customer["c_discount"]) * (10_000 + warehouse["w_tax"] + district["d_tax"])
@@ -302,6 +403,7 @@ def _new_order(ctx, args):
 
 
 # --- Payment (2.5) ----------------------------------------------------------------------------
+
 
 def _by_name(args) -> tuple:
     return ("customer_name", (args["c_w"], args["c_d"], args["c_last"]))
@@ -343,15 +445,29 @@ def _pay(ctx, args, c):
         ctx.abort("no such warehouse, district or customer")
     ctx.write("warehouse", (w,), {**warehouse, "w_ytd": warehouse["w_ytd"] + amount})
     ctx.write("district", (w, d), {**district, "d_ytd": district["d_ytd"] + amount})
-    customer = {**customer, "c_balance": customer["c_balance"] - amount,
-                "c_ytd_payment": customer["c_ytd_payment"] + amount,
-                "c_payment_cnt": customer["c_payment_cnt"] + 1}
+    customer = {
+        **customer,
+        "c_balance": customer["c_balance"] - amount,
+        "c_ytd_payment": customer["c_ytd_payment"] + amount,
+        "c_payment_cnt": customer["c_payment_cnt"] + 1,
+    }
     if customer["c_credit"] == "BC":
         customer["c_data"] = f"{c} {c_d} {c_w} {d} {w} {amount}|{customer['c_data']}"[:500]
     ctx.write("customer", (c_w, c_d, c), customer)
-    ctx.write("history", (w, d, args["h_id"]), {
-        "h_c_id": c, "h_c_d_id": c_d, "h_c_w_id": c_w, "h_d_id": d, "h_w_id": w, "h_date": ctx.now,
-        "h_amount": amount, "h_data": f"{warehouse['w_name']}    {district['d_name']}"})
+    ctx.write(
+        "history",
+        (w, d, args["h_id"]),
+        {
+            "h_c_id": c,
+            "h_c_d_id": c_d,
+            "h_c_w_id": c_w,
+            "h_d_id": d,
+            "h_w_id": w,
+            "h_date": ctx.now,
+            "h_amount": amount,
+            "h_data": f"{warehouse['w_name']}    {district['d_name']}",
+        },
+    )
     return {"c_id": c, "c_balance": customer["c_balance"]}
 
 
@@ -364,6 +480,7 @@ def _payment_name(ctx, args):
 
 
 # --- OrderStatus (2.6) ------------------------------------------------------------------------
+
 
 def _status_sets(args, c):
     w, d = args["w"], args["d"]
@@ -389,9 +506,13 @@ def _status(ctx, args, c):
     o_id = ctx.read("customer_last_order", (w, d, c))
     order = ctx.read("orders", (w, d, o_id))
     lines = [ctx.read("order_line", (w, d, o_id, n)) for n in range(1, order["o_ol_cnt"] + 1)]
-    return {"c_id": c, "c_balance": customer["c_balance"], "o_id": o_id, "o_carrier_id": order["o_carrier_id"],
-            "lines": [[line["ol_i_id"], line["ol_quantity"], line["ol_amount"], line["ol_delivery_d"]]
-                      for line in lines]}
+    return {
+        "c_id": c,
+        "c_balance": customer["c_balance"],
+        "o_id": o_id,
+        "o_carrier_id": order["o_carrier_id"],
+        "lines": [[line["ol_i_id"], line["ol_quantity"], line["ol_amount"], line["ol_delivery_d"]] for line in lines],
+    }
 
 
 def _status_name(ctx, args):
@@ -401,12 +522,17 @@ def _status_name(ctx, args):
 
 # --- Delivery (2.7) ---------------------------------------------------------------------------
 
+
 def _delivery_keys(args):
     w = args["w"]
     reads, writes = [], []
     for d in range(1, DISTRICTS + 1):
-        ranges = [Prefix("new_order", (w, d)), Prefix("orders", (w, d)), Prefix("order_line", (w, d)),
-                  Prefix("customer", (w, d))]
+        ranges = [
+            Prefix("new_order", (w, d)),
+            Prefix("orders", (w, d)),
+            Prefix("order_line", (w, d)),
+            Prefix("customer", (w, d)),
+        ]
         reads += ranges + [("new_order_head", (w, d))]
         writes += ranges + [("new_order_head", (w, d))]
     return reads, writes
@@ -430,13 +556,17 @@ def _delivery(ctx, args):
             ctx.write("order_line", (w, d, o_id, n), {**line, "ol_delivery_d": ctx.now})
         c = order["o_c_id"]
         customer = ctx.read("customer", (w, d, c))
-        ctx.write("customer", (w, d, c), {**customer, "c_balance": customer["c_balance"] + total,
-                                          "c_delivery_cnt": customer["c_delivery_cnt"] + 1})
+        ctx.write(
+            "customer",
+            (w, d, c),
+            {**customer, "c_balance": customer["c_balance"] + total, "c_delivery_cnt": customer["c_delivery_cnt"] + 1},
+        )
         delivered.append([d, o_id])
     return delivered
 
 
 # --- StockLevel (2.8) -------------------------------------------------------------------------
+
 
 def _stock_level_keys(args):
     w, d = args["w"], args["d"]
@@ -472,23 +602,52 @@ AMOUNT = Int(1, 500_000)
 SIZE = {"customers": Int(1, 1_000_000), "items": Int(1, 10_000_000)}
 
 PROCEDURES = [
-    Procedure("tpcc_load_items", {"first": Int(1), "count": Int(1, 10_000), "items": Int(1, 10_000_000)},
-              _item_keys, _load_items),
-    Procedure("tpcc_load_stock", {"w": W, "first": Int(1), "count": Int(1, 10_000), "items": Int(1, 10_000_000)},
-              _stock_keys, _load_stock),
+    Procedure(
+        "tpcc_load_items",
+        {"first": Int(1), "count": Int(1, 10_000), "items": Int(1, 10_000_000)},
+        _item_keys,
+        _load_items,
+    ),
+    Procedure(
+        "tpcc_load_stock",
+        {"w": W, "first": Int(1), "count": Int(1, 10_000), "items": Int(1, 10_000_000)},
+        _stock_keys,
+        _load_stock,
+    ),
     Procedure("tpcc_load_warehouse", {"w": W, "customers": Int(1, 1_000_000)}, _warehouse_keys, _load_warehouse),
     Procedure("tpcc_load_district", {"w": W, "d": D, **SIZE}, _district_keys, _load_district),
-    Procedure("tpcc_new_order", {"w": W, "d": D, "c": CUSTOMER, "items": LINES, "supply": LINES,
-                                 "quantity": LINES}, _new_order_keys, _new_order),
-    Procedure("tpcc_payment", {"w": W, "d": D, "c_w": W, "c_d": D, "c": CUSTOMER, "amount": AMOUNT,
-                               "h_id": Str(64)}, _payment_keys, _payment),
-    Procedure("tpcc_payment_name", {"w": W, "d": D, "c_w": W, "c_d": D, "c_last": Str(32), "amount": AMOUNT,
-                                    "h_id": Str(64)}, _payment_name_keys, _payment_name,
-              reconnoiter=_payment_name_recon),
-    Procedure("tpcc_order_status", {"w": W, "d": D, "c": CUSTOMER}, lambda a: _status_sets(a, a["c"]),
-              lambda ctx, a: _status(ctx, a, a["c"])),
-    Procedure("tpcc_order_status_name", {"w": W, "d": D, "c_last": Str(32)}, _status_name_keys, _status_name,
-              reconnoiter=_status_name_recon),
+    Procedure(
+        "tpcc_new_order",
+        {"w": W, "d": D, "c": CUSTOMER, "items": LINES, "supply": LINES, "quantity": LINES},
+        _new_order_keys,
+        _new_order,
+    ),
+    Procedure(
+        "tpcc_payment",
+        {"w": W, "d": D, "c_w": W, "c_d": D, "c": CUSTOMER, "amount": AMOUNT, "h_id": Str(64)},
+        _payment_keys,
+        _payment,
+    ),
+    Procedure(
+        "tpcc_payment_name",
+        {"w": W, "d": D, "c_w": W, "c_d": D, "c_last": Str(32), "amount": AMOUNT, "h_id": Str(64)},
+        _payment_name_keys,
+        _payment_name,
+        reconnoiter=_payment_name_recon,
+    ),
+    Procedure(
+        "tpcc_order_status",
+        {"w": W, "d": D, "c": CUSTOMER},
+        lambda a: _status_sets(a, a["c"]),
+        lambda ctx, a: _status(ctx, a, a["c"]),
+    ),
+    Procedure(
+        "tpcc_order_status_name",
+        {"w": W, "d": D, "c_last": Str(32)},
+        _status_name_keys,
+        _status_name,
+        reconnoiter=_status_name_recon,
+    ),
     Procedure("tpcc_delivery", {"w": W, "carrier": Int(1, 10)}, _delivery_keys, _delivery),
     Procedure("tpcc_stock_level", {"w": W, "d": D, "threshold": Int(10, 20)}, _stock_level_keys, _stock_level),
 ]
@@ -511,6 +670,7 @@ KNOBS = {
 def load_requests(warehouses: int, customers: int, items: int) -> Iterator[dict]:
     """The initial population as small requests: items and stock in chunks, then each
     warehouse and each district."""
+
     def req(rid: str, proc: str, args: dict) -> dict:
         return {"id": f"tpcc-load-{rid}", "proc": proc, "args": args}
 
@@ -518,18 +678,31 @@ def load_requests(warehouses: int, customers: int, items: int) -> Iterator[dict]
         yield req(f"item-{first}", "tpcc_load_items", {"first": first, "count": ITEM_CHUNK, "items": items})
     for w in range(1, warehouses + 1):
         for first in range(1, items + 1, ITEM_CHUNK):
-            yield req(f"stock-{w}-{first}", "tpcc_load_stock",
-                      {"w": w, "first": first, "count": ITEM_CHUNK, "items": items})
+            yield req(
+                f"stock-{w}-{first}", "tpcc_load_stock", {"w": w, "first": first, "count": ITEM_CHUNK, "items": items}
+            )
         yield req(f"warehouse-{w}", "tpcc_load_warehouse", {"w": w, "customers": customers})
         for d in range(1, DISTRICTS + 1):
-            yield req(f"district-{w}-{d}", "tpcc_load_district", {"w": w, "d": d, "customers": customers,
-                                                                  "items": items})
+            yield req(
+                f"district-{w}-{d}", "tpcc_load_district", {"w": w, "d": d, "customers": customers, "items": items}
+            )
 
 
-def generate(count: int, seed: int = 0, warehouses: int = WAREHOUSES, customers: int = CUSTOMERS,
-             items: int = ITEMS, payment: float = 0.5, order_status: float = 0.0, delivery: float = 0.0,
-             stock_level: float = 0.0, load: int = 1, assume: int = 0, remote_payment: float = 0.15,
-             remote_line: float = 0.01) -> Iterator[dict]:
+def generate(
+    count: int,
+    seed: int = 0,
+    warehouses: int = WAREHOUSES,
+    customers: int = CUSTOMERS,
+    items: int = ITEMS,
+    payment: float = 0.5,
+    order_status: float = 0.0,
+    delivery: float = 0.0,
+    stock_level: float = 0.0,
+    load: int = 1,
+    assume: int = 0,
+    remote_payment: float = 0.15,
+    remote_line: float = 0.01,
+) -> Iterator[dict]:
     """The load requests (unless load=0), then `count` transactions of the mix. With
     assume=1 a lookup by last name carries its assumed index entry (docs/ollp.md), read from
     the population the load requests create: the engine then skips the reconnaissance pass,
@@ -589,6 +762,15 @@ def generate(count: int, seed: int = 0, warehouses: int = WAREHOUSES, customers:
             if rng.random() < 0.01:
                 chosen[-1] = items + 1  # an unused item id: the order rolls back
             supply = [other(w) if warehouses > 1 and rng.random() < remote_line else w for _ in chosen]
-            yield {"id": rid, "proc": "tpcc_new_order", "args": {
-                "w": w, "d": d, "c": nurand(rng, a_c, 1, customers, NURAND_C["c_id"]), "items": chosen,
-                "supply": supply, "quantity": [rng.randint(1, 10) for _ in chosen]}}
+            yield {
+                "id": rid,
+                "proc": "tpcc_new_order",
+                "args": {
+                    "w": w,
+                    "d": d,
+                    "c": nurand(rng, a_c, 1, customers, NURAND_C["c_id"]),
+                    "items": chosen,
+                    "supply": supply,
+                    "quantity": [rng.randint(1, 10) for _ in chosen],
+                },
+            }

@@ -20,8 +20,11 @@ def violations(records: Iterable[dict[str, Any]]) -> list[str]:
     history_w: dict[int, int] = defaultdict(int)
     history_d: dict[tuple, int] = defaultdict(int)
     for record in records:
-        table, key, value = record["table"], tuple(record["key"]) if type(record["key"]) is list else record["key"], \
-            record["value"]
+        table, key, value = (
+            record["table"],
+            tuple(record["key"]) if type(record["key"]) is list else record["key"],
+            record["value"],
+        )
         if table == "warehouse":
             warehouses[key[0]] = value
         elif table == "district":
@@ -56,8 +59,10 @@ def violations(records: Iterable[dict[str, Any]]) -> list[str]:
     for (w, d), row in sorted(districts.items()):
         ids = new_orders[(w, d)]
         if row["d_next_o_id"] - 1 != max_order[(w, d)] or (ids and max(ids) != max_order[(w, d)]):
-            out.append(f"2: district {w},{d}: d_next_o_id - 1 = {row['d_next_o_id'] - 1}, max(o_id) = "
-                       f"{max_order[(w, d)]}, max(no_o_id) = {max(ids) if ids else None}")
+            out.append(
+                f"2: district {w},{d}: d_next_o_id - 1 = {row['d_next_o_id'] - 1}, max(o_id) = "
+                f"{max_order[(w, d)]}, max(no_o_id) = {max(ids) if ids else None}"
+            )
         if ids and max(ids) - min(ids) + 1 != len(ids):
             out.append(f"3: district {w},{d}: new orders {min(ids)}..{max(ids)} but {len(ids)} rows")
         if ol_cnt[(w, d)] != lines[(w, d)]:
@@ -66,8 +71,10 @@ def violations(records: Iterable[dict[str, Any]]) -> list[str]:
             out.append(f"9: district {w},{d}: d_ytd {row['d_ytd']} != sum(h_amount) {history_d[(w, d)]}")
     for (w, d, c), row in sorted(customers.items()):
         if row["c_balance"] + row["c_ytd_payment"] != delivered[(w, d, c)]:
-            out.append(f"12: customer {w},{d},{c}: c_balance + c_ytd_payment = "
-                       f"{row['c_balance'] + row['c_ytd_payment']} != delivered ol_amount {delivered[(w, d, c)]}")
+            out.append(
+                f"12: customer {w},{d},{c}: c_balance + c_ytd_payment = "
+                f"{row['c_balance'] + row['c_ytd_payment']} != delivered ol_amount {delivered[(w, d, c)]}"
+            )
     if not warehouses or not districts:
         out.append("no TPC-C population found")
     return out

@@ -48,6 +48,7 @@ def _counts(ctx) -> list[int]:
 
 # --- step 1: validate ---
 
+
 def _vote_keys(args):
     keys = [("voter_phone", args["phone"]), *_STATE[:2]]
     return keys, keys
@@ -71,6 +72,7 @@ def _vote(ctx, args):
 
 
 # --- step 2: count, window, leaderboards ---
+
 
 def _boards_keys(args):
     reads = [*_STATE[1:], ("voter_board", "trending3")]

@@ -41,13 +41,18 @@ KNOBS = {
     "records": (int, 100_000, "keys, uniformly drawn"),
     "partitions": (int, 1, "partitions the keys are spread over (key k on k % partitions)"),
     "mp": (float, 0.0, "share of transfers between two partitions, 0..1"),
-    "analyze": (int, 1, "1: the procedure with ANALYZE; 0: the same without it (procedures/workloads/"
-                        "ycsbt_open.py); the requests are the same"),
+    "analyze": (
+        int,
+        1,
+        "1: the procedure with ANALYZE; 0: the same without it (procedures/workloads/"
+        "ycsbt_open.py); the requests are the same",
+    ),
 }
 
 
-def generate(count: int, seed: int = 0, records: int = 100_000, partitions: int = 1,
-             mp: float = 0.0, analyze: int = 1) -> Iterator[dict]:
+def generate(
+    count: int, seed: int = 0, records: int = 100_000, partitions: int = 1, mp: float = 0.0, analyze: int = 1
+) -> Iterator[dict]:
     if records < 2 * partitions:
         raise ValueError("need at least two records per partition")
     rng = random.Random(seed)

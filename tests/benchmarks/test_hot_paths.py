@@ -45,8 +45,9 @@ def requests_of(workload, count: int = BATCH, **knobs) -> list[dict]:
 
 
 def batch_of(requests: list[dict], batch_id: int = 1) -> Batch:
-    return Batch(batch_id, 1, 1_700_000_000_000, {0: [0, len(requests)]},
-                 [[r["id"], r["proc"], r["args"]] for r in requests])
+    return Batch(
+        batch_id, 1, 1_700_000_000_000, {0: [0, len(requests)]}, [[r["id"], r["proc"], r["args"]] for r in requests]
+    )
 
 
 def encoded(requests: list[dict]) -> list[tuple[bytes, bytes]]:
@@ -55,19 +56,23 @@ def encoded(requests: list[dict]) -> list[tuple[bytes, bytes]]:
 
 # -- the sequencer: decoding and validating a request -------------------------------------
 
+
 @pytest.mark.parametrize("workload", [micro, sl], ids=["micro", "sl"])
 def test_parse_request_batch(benchmark, registry, workload):
     messages = encoded(requests_of(workload))
 
     def parse_all():
-        return [parse_request(value, key, 0, offset, registry, MAX_REQUEST_BYTES)
-                for offset, (key, value) in enumerate(messages)]
+        return [
+            parse_request(value, key, 0, offset, registry, MAX_REQUEST_BYTES)
+            for offset, (key, value) in enumerate(messages)
+        ]
 
     entries = benchmark(parse_all)
     assert all(entry[1] is not None for entry in entries)
 
 
 # -- ANALYZE: argument checks and read/write sets -------------------------------------------
+
 
 @pytest.mark.parametrize("workload", [micro, sl], ids=["micro", "sl"])
 def test_registry_analyze_batch(benchmark, registry, workload):
@@ -87,6 +92,7 @@ def test_prepare_batch(benchmark, registry):
 
 
 # -- each scheduler running one prepared batch on a RocksDB shard ---------------------------
+
 
 @pytest.mark.parametrize("contention", list(CONTENTION))
 @pytest.mark.parametrize("scheduler_name", available_schedulers())
@@ -117,6 +123,7 @@ def test_scheduler_step(benchmark, registry, loop, tmp_path, scheduler_name, con
 
 # -- storage: the overlay becoming one WriteBatch -----------------------------------------------
 
+
 def test_overlay_and_apply_batch(benchmark, registry, tmp_path):
     """The storage side of a batch: multi-get of its keys into an overlay, a put per
     written key, the dirty keys encoded, one WriteBatch with the applied marker."""
@@ -143,6 +150,7 @@ def test_overlay_and_apply_batch(benchmark, registry, tmp_path):
 
 
 # -- outputs: outcome records and change data --------------------------------------------------
+
 
 def test_outcome_records_batch(benchmark):
     outcomes = [Outcome(i, f"micro-1-{i}", COMMITTED, None, None) for i in range(BATCH)]
