@@ -11,6 +11,8 @@ module of a user's own named `storage` or `procedures` shadows nothing of Ordo's
 public API, below, is documented in docs/api.md.
 """
 
+from typing import TYPE_CHECKING
+
 __version__ = "0.1.0"
 
 # Public name -> the module that defines it, imported on first use: `ordo.cli` starts
@@ -45,6 +47,15 @@ _PUBLIC = {
 }
 
 __all__ = [*_PUBLIC, "__version__"]
+
+if TYPE_CHECKING:  # what type checkers and editors see of the names loaded on first use
+    from ordo.app import App
+    from ordo.client import AsyncClient, Client, Submission, new_request
+    from ordo.errors import BrokerUnavailable, NotSent, OrdoError, OutcomeTimeout, Timeout, TopicMissing
+    from ordo.procedures.args import Bool, Float, Int, List, Object, Optional, Str
+    from ordo.reading import Change, Outcome, StreamTuple, UnreadableRecord
+    from ordo.sequencer.sources import Source, SourceRecord
+    from ordo.testing import TestEngine, check_deterministic
 
 
 def __getattr__(name: str):

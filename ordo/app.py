@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import difflib
 import sys
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, cast
 
 from ordo.procedures.args import FIELD_TYPES, List
 from ordo.procedures.contract import Procedure, Table
@@ -177,7 +177,7 @@ class App:
                 f"{hint} (settings: {', '.join(TABLE_SETTINGS)})"
             )
         settings = {"default": 0, "partitioner": "hash", "partition_by": None, "range_by": None, **given, **own}
-        return self.table(target.__name__, **settings)
+        return cast(Table, self.table(target.__name__, **settings))
 
     # -- streams (docs/streaming.md) ----------------------------------------------------------
 

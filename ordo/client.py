@@ -18,7 +18,7 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Iterable, Iterator
+from typing import Any, AsyncIterator, Callable, Iterable, Iterator, TypeVar, cast
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
@@ -39,6 +39,8 @@ from ordo.sequencer.kafka import REQUEST_BATCHING, consumer_config, kafka_config
 from ordo.sequencer.reachability import UNANSWERED
 from ordo.sequencer.topics import Topics
 from ordo.sequencer.wire import fields_problem, id_problem
+
+_Item = TypeVar("_Item")
 
 Request = dict[str, Any] | bytes | tuple[str, bytes]
 
@@ -119,7 +121,9 @@ class Client:
             submission = self.submit_many([new_request(proc, args or {}, request_id)], timeout)
             if submission.failed:
                 raise NotSent(f"request not sent: {submission.failed[0]}")
-            return submission.ids[0]
+            (sent,) = submission.ids
+            assert sent is not None  # new_request always names its request
+            return sent
         submission = self.submit_many(proc, timeout)
         if submission.failed:
             first = min(submission.failed)
@@ -283,8 +287,9 @@ class Client:
                 if not messages:
                     break
                 for message in messages:
-                    if message.error() is None:
-                        ends[message.partition()] = max(ends[message.partition()], message.offset() + 1)
+                    partition, offset = message.partition(), message.offset()
+                    if message.error() is None and partition is not None and offset is not None:
+                        ends[partition] = max(ends[partition], offset + 1)
             return ends
         finally:
             consumer.close()
@@ -326,10 +331,11 @@ class Client:
         try:
             while idle is None or time.monotonic() - last < idle:
                 for message in consumer.consume(10_000, 0.1):
-                    if message.error() is not None:
-                        if message.error().code() == KafkaError._PARTITION_EOF or message.error().code() in UNANSWERED:
+                    error = message.error()
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF or error.code() in UNANSWERED:
                             continue  # a broker away: the consumer reads on when it is back
-                        raise OrdoError(f"reading {self.topics.results} failed: {message.error()}")
+                        raise OrdoError(f"reading {self.topics.results} failed: {error}")
                     last = time.monotonic()
                     yield _outcome(message.value())
         finally:
@@ -469,13 +475,8 @@ class AsyncClient:
 
     async def stream(self, from_beginning: bool = False, idle: float | None = None) -> AsyncIterator[dict]:
         """`Client.stream`, as an async iterator: `async for outcome in client.stream(idle=5)`."""
-        outcomes = self.client.stream(from_beginning, idle)
-        done = object()
-        try:
-            while (outcome := await asyncio.to_thread(next, outcomes, done)) is not done:
-                yield outcome
-        finally:
-            await asyncio.to_thread(outcomes.close)
+        async for outcome in _async_iterate(lambda: self.client.stream(from_beginning, idle)):
+            yield outcome
 
     def read_outcomes(self, start: Position = BEGINNING, idle: float | None = None) -> AsyncIterator[Outcome]:
         """`Client.read_outcomes`, as an async iterator."""
@@ -504,15 +505,20 @@ class AsyncClient:
         await self.close()
 
 
-async def _async_iterate(make: Callable[[], Iterator]) -> AsyncIterator:
-    """A blocking iterator, each step on a worker thread; closed when the loop ends."""
+async def _async_iterate(make: Callable[[], Iterator[_Item]]) -> AsyncIterator[_Item]:
+    """A blocking iterator (a generator), each step on a worker thread; closed when the loop ends."""
     items = await asyncio.to_thread(make)
     done = object()
     try:
-        while (item := await asyncio.to_thread(next, items, done)) is not done:
-            yield item
+        while True:
+            item = await asyncio.to_thread(next, items, done)
+            if item is done:
+                return
+            yield cast(_Item, item)
     finally:
-        await asyncio.to_thread(items.close)
+        close = getattr(items, "close", None)
+        if close is not None:
+            await asyncio.to_thread(close)
 
 
 def _batch(record) -> int | None:
@@ -572,6 +578,8 @@ def _raw_id(body: bytes) -> str:
 
 
 def _outcome(raw: bytes | None) -> dict:
+    if raw is None:
+        return {"unreadable": raw}
     try:
         outcome = json.loads(raw)
     except (TypeError, ValueError, RecursionError):  # anyone can write to <ns>.results: never crash on it

@@ -240,7 +240,8 @@ def check_deterministic(
             with TestEngine(registry, scheduler, count) as engine:
                 outcomes = engine.run(requests, batch_size)
                 runs[f"{scheduler}, {count} partition(s)"] = (outcomes, engine.changes, engine.state())
-    batches, engine = [], TestEngine(registry)
+    batches: list[Batch] = []
+    engine = TestEngine(registry)
     try:
         for start in range(0, len(requests), batch_size):
             entries = [engine._entry(r) for r in requests[start : start + batch_size]]

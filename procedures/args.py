@@ -239,7 +239,7 @@ def list_fields(schema: dict[str, Field]) -> tuple[str, ...] | None:
     lists = []
     for name, field in schema.items():
         kind = type(field)
-        if kind is List and type(field.item) in (Int, Str):
+        if isinstance(field, List) and type(field.item) in (Int, Str):
             lists.append(name)
         elif kind is not Int and kind is not Str:
             return None
