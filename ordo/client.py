@@ -36,6 +36,7 @@ from ordo.reading import (
 from ordo.scheduler.stream_outputs import stream_topic
 from ordo.errors import BrokerUnavailable, NotSent, OrdoError, OutcomeTimeout, Timeout, TopicMissing
 from ordo.sequencer.kafka import REQUEST_BATCHING, consumer_config, kafka_config, watermarks
+from ordo.sequencer.log_probe import ABSENT_GRACE
 from ordo.sequencer.reachability import UNANSWERED
 from ordo.sequencer.topics import Topics
 from ordo.sequencer.wire import fields_problem, id_problem
@@ -589,11 +590,18 @@ def _outcome(raw: bytes | None) -> dict:
 
 def _until_the_broker_answers(call: Callable[[float], Any], timeout: float | None) -> Any:
     """`call(timeout)`; with `timeout=None`, called again, a bounded wait at a time, for as
-    long as no broker answers."""
+    long as no broker answers, and for as long as a broker back from an outage says the
+    namespace's topics are missing, up to ABSENT_GRACE: a durable broker answers "no such
+    topic" until it has loaded its logs."""
     if timeout is not None:
         return call(timeout)
+    last_away = None  # when the broker last did not answer
     while True:
         try:
             return call(10.0)
         except BrokerUnavailable:
-            time.sleep(1.0)
+            last_away = time.monotonic()
+        except TopicMissing:
+            if last_away is None or time.monotonic() - last_away > ABSENT_GRACE:
+                raise
+        time.sleep(1.0)
