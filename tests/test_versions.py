@@ -5,6 +5,7 @@ run each batch with the code that first ran it (sequencer/versions.py, docs/oper
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -634,3 +635,50 @@ def test_a_streaming_app_s_window_trigger_and_dependent_procedure_upgrade_and_re
         f"a window, a trigger and a dependent procedure changed: plain restart refused, upgrade, "
         f"{len(first) + len(second)} requests by version, 2 rebuilds (1P serial, 2P vll) equal to the live state"
     )
+
+
+def test_a_log_and_a_checkpoint_of_the_main_before_sources_are_read_as_they_were(tmp_path):
+    """The release before source topics and remembered start tokens (6774588): its encoder
+    writes the same bytes for a start record and a batch as this one, and a position it
+    checkpointed resumes here as a reader from the head would."""
+    from ordo.sequencer.log import LogCursor, encode_batch, encode_entry, encode_start
+
+    old = tmp_path / "old" / "ordo" / "sequencer"
+    old.mkdir(parents=True)
+    for name in ("log.py", "log_secret.py"):
+        shown = subprocess.run(["git", "show", f"6774588:sequencer/{name}"], cwd=ROOT, capture_output=True)
+        if shown.returncode != 0:
+            pytest.skip(f"the repository's history lacks the release before sources: {shown.stderr[:200]!r}")
+        (old / name).write_bytes(shown.stdout)
+    for package in (old.parent, old):
+        (package / "__init__.py").write_text("")
+    code = (
+        "import json; from ordo.sequencer.log import LogCursor, encode_start, encode_batch, encode_entry; "
+        "start = encode_start('ns', None, 'L', None); "
+        "batch = encode_batch(1, 0, 5, {0: (0, 1)}, [encode_entry(['a', 'p', {}])], log_id='L', namespace='ns'); "
+        "cursor = LogCursor(namespace='ns'); cursor.accept(start, 0); cursor.accept(batch, 1); "
+        "print(start.hex()); print(batch.hex()); print(json.dumps(cursor.to_dict()))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(old.parent.parent)},
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    start_hex, batch_hex, checkpoint = done.stdout.split("\n")[:3]
+    start, batch = bytes.fromhex(start_hex), bytes.fromhex(batch_hex)
+    assert start == encode_start("ns", None, "L", None)
+    assert batch == encode_batch(1, 0, 5, {0: (0, 1)}, [encode_entry(["a", "p", {}])], log_id="L", namespace="ns")
+    saved = json.loads(checkpoint)
+    assert "starts" not in saved and "source_offsets" not in saved  # what the old release kept
+    resumed = LogCursor.from_dict(saved, "ns")
+    assert resumed.next_batch == 2 and resumed.log_id == "L" and resumed.lanes == {0: [0, 2]}
+    later = encode_batch(2, 0, 6, {0: (1, 2)}, [encode_entry(["b", "p", {}])], log_id="L", namespace="ns")
+    assert resumed.accept(later, 2).batch_id == 2
+    fresh = LogCursor(namespace="ns")
+    for offset, record in enumerate([start, batch, later]):
+        fresh.accept(record, offset)
+    assert fresh.next_batch == resumed.next_batch and fresh.request_offsets == resumed.request_offsets
