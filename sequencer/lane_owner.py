@@ -160,14 +160,24 @@ def _claim(consumer: Consumer, topic: str, partitions: list[int], owner: dict, t
 
 
 def who_took_over(
-    bootstrap: str, group: str, topic: str, partitions: list[int], owner: dict, timeout: float = 5.0
-) -> str:
-    """The newest other owner noted on `partitions`, in words, for the fenced sequencer's last line."""
+    bootstrap: str, group: str, topic: str, partitions: list[int], owner: dict, wait: float = 5.0
+) -> str | None:
+    """The newest other owner noted on `partitions`, in words, for a superseded sequencer's
+    last line; None if none noted itself within `wait` seconds (a sequencer that took over
+    notes itself once it has read the log up to its start record)."""
     consumer = Consumer(kafka_config(bootstrap, {"group.id": group, "enable.auto.commit": False}))
+    deadline = time.monotonic() + wait
     try:
-        others = [n for n in _read_notes(consumer, topic, partitions, timeout).values() if n["id"] != owner["id"]]
-    except Exception:  # naming it is a courtesy: the stop goes on without it
-        others = []
+        while True:
+            try:
+                notes = _read_notes(consumer, topic, partitions, 5.0).values()
+            except Exception:  # naming it is a courtesy: the stop goes on without it
+                return "another sequencer"
+            others = [n for n in notes if (n["id"], n["who"]) != (owner["id"], owner["who"]) and not n.get("stopped")]
+            if others:
+                return max(others, key=lambda n: n["at"])["who"]
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.25)
     finally:
         consumer.close()
-    return max(others, key=lambda n: n["at"])["who"] if others else "another sequencer"

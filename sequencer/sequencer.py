@@ -1,12 +1,15 @@
 """The sequencer: consume requests, cut them into epochs, validate and number them, and
-append each epoch to the log as one batch, together with the consumed request offsets,
-in one Kafka transaction.
+append each epoch to the log as one batch record, which carries the request offsets it
+consumed.
 
-Where to resume is read from the log itself (the last accepted batch's request offsets),
-not from committed consumer offsets: the log is the single source of truth, and a broker
-that shows records of aborted transactions cannot make a request enter the log twice.
-The committed offsets are still written in the same transaction, for lag monitoring
-and for any tool that expects them.
+Appends are plain idempotent writes, not Kafka transactions: a batch is one record that
+names its lane, generation and epoch, and every reader accepts it by those alone
+(`LogCursor.accept`), so a repeat or a superseded sequencer's batch is dropped alike by
+all of them. Where to resume is read from the log itself (the last accepted batch's
+request offsets), not from committed consumer offsets: the log is the single source of
+truth. A sequencer learns from the log, too, that another one took over its lane
+(sequencer/takeover.py). The consumed positions are also committed to the sequencer's
+consumer group now and then, for the lag display and for any tool that expects them.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import logging
 import threading
 import time
 import uuid
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from confluent_kafka import (
@@ -30,9 +33,8 @@ from confluent_kafka import (
 from ordo.procedures.fingerprint import describe, set_id, short
 from ordo.procedures.registry import Registry
 from ordo.procedures.ollp import is_resequenced, request_identity
-from ordo.sequencer.append_turn import AppendTurn, needs_turns, turn_path
 from ordo.sequencer.dedupe import RecentIds
-from ordo.sequencer.kafka import LIBRDKAFKA_LOGGER, consumer_config, kafka_config
+from ordo.sequencer.kafka import consumer_config, kafka_config
 from ordo.sequencer.lag import sequencer_group
 from ordo.sequencer.lane_owner import Superseded, note, own_owner, refuse_if_taken, who_took_over
 from ordo.sequencer.log_probe import LogWatch, fingerprint
@@ -58,6 +60,7 @@ from ordo.sequencer.routing import (
 )
 from ordo.sequencer.reachability import UNANSWERED
 from ordo.sequencer.sources import SourceReading
+from ordo.sequencer.takeover import TakeoverWatch
 from ordo.sequencer.startup import find_seed
 from ordo.sequencer.topics import Topics, check_topics, request_partitions_for
 from ordo.sequencer.wire import parse_request_sets
@@ -78,10 +81,14 @@ def _spans(offsets: dict) -> str:
     )
 
 
-# How long appending one batch may keep failing before the sequencer gives up with a clear
-# error instead of retrying forever (a broker that lost its transaction state answers
-# every attempt with an abortable error).
+# How long appending one batch may go unacknowledged (the producer retrying meanwhile, a
+# broker away and back) before the sequencer gives up with a clear error instead of
+# waiting for ever.
 APPEND_DEADLINE = 60.0
+# How often the consumed positions are committed to the sequencer's group while batches are
+# appended: they feed the lag display and the lane owner's note (lane_owner.py), not the
+# log, so one commit per batch would be work for the broker that buys nothing.
+NOTE_EVERY = 0.25
 # How often an idle sequencer checks that the broker still holds what it sequenced.
 WATCH_EVERY = 2.0
 # How long an idle sequencer waits for a request at a time: the wait ends at the first
@@ -93,22 +100,11 @@ class BrokerLost(RuntimeError):
     """The broker no longer holds what this sequencer wrote or consumed."""
 
 
-# What the broker answers a producer whose transactional id a newer start took over.
-FENCED = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
-
 SINGLE = ((0,), (0,), None, SINGLE_ITEM_BYTES)
-# The sequencer says it was fenced in a line of its own; librdkafka's fatal-error lines about it go.
-LIBRDKAFKA_LOGGER.addFilter(lambda record: "fenced by a newer instance" not in record.getMessage())
 
 
-def _is_fenced(exc: BaseException | None) -> bool:
-    """Whether `exc`, or what it was raised from (librdkafka raises the error of a delivery
-    callback as a SystemError from it), is the broker fencing this producer."""
-    while exc is not None:
-        if isinstance(exc, KafkaException) and exc.args and exc.args[0].code() in FENCED:
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
+class _MovedOn(Exception):
+    """The log moved this sequencer's lane on without it (sequencer/takeover.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,8 +161,8 @@ class SequencerStats:
 
 
 def transactional_id(namespace: str, index: int) -> str:
-    """Sequencer k's producer id: a restarted sequencer k fences the one before it. Lane 0
-    keeps the single sequencer's id, so going from one sequencer to several fences it."""
+    """The transactional id sequencer k of a release that appended in Kafka transactions
+    used: `ordo upgrade` still fences it, so such a sequencer stops too."""
     return f"{namespace}.sequencer" if index == 0 else f"{namespace}.sequencer.{index}"
 
 
@@ -203,11 +199,12 @@ class Sequencer:
             kafka_config(
                 bootstrap,
                 {
-                    "transactional.id": transactional_id(namespace, config.index),
-                    # An append lasts milliseconds. A transaction a crashed broker left open holds every
-                    # read_committed reader of the log back until the broker aborts it, after this
-                    # long (librdkafka's default is a minute).
-                    "transaction.timeout.ms": 10_000,
+                    # The broker keeps each batch once and in order however often the producer
+                    # retries it; a record it cannot place in order stops the producer rather
+                    # than leaving a gap that every reader would stop at.
+                    "enable.idempotence": True,
+                    "enable.gapless.guarantee": True,
+                    "message.timeout.ms": int(APPEND_DEADLINE * 1000),
                     "linger.ms": 0,
                     "message.max.bytes": max(config.max_bytes + 64 * 1024, 1_000_000),
                 },
@@ -221,12 +218,15 @@ class Sequencer:
         self._log_end = 0  # the log's end offset after this sequencer's last append, as far as known
         self._last_appended: tuple[int, bytes] | None = None  # (offset, fingerprint)
         self._probe: LogWatch | None = None
+        self._takeover: TakeoverWatch | None = None
+        self._append_error: KafkaError | None = None  # the latest append's failure, from its delivery report
+        self._positions: dict[tuple[str, int], TopicPartition] = {}  # consumed positions not noted yet
+        self._noted_at = 0.0
         self._accepted = 0  # entries accepted into the log so far (what the duplicate check remembers)
         self._watched = 0.0
         self._partitions_checked = time.monotonic()  # when the requests topic's partitions were last counted
         self._last_cut_at = 0.0  # monotonic time the newest batch began to be cut
         self._recent = RecentIds(config.dedupe_window)
-        self._turn: AbstractContextManager = nullcontext()
         self._last_time = 0
         tables = registry.tables.values()
         self._partitioner = Partitioner.for_tables(config.partitions, {t.name: t.partitioner for t in tables})
@@ -234,9 +234,10 @@ class Sequencer:
     # -- start-up ---------------------------------------------------------------------
 
     def start(self, timeout: float = 60.0) -> None:
-        """Fence any earlier sequencer of this lane, mark the takeover in the log, and learn
-        from the log where sequencing stands: from a recent snapshot of an earlier
-        sequencer's state, reading forward to this sequencer's own start record."""
+        """Mark the takeover of this lane in the log, and learn from the log where
+        sequencing stands: from a recent snapshot of an earlier sequencer's state, reading
+        forward to this sequencer's own start record. An earlier sequencer of the lane
+        stops once it reads that start record (sequencer/takeover.py)."""
         from ordo.sequencer.versions import check_set, upgrade_command
 
         config = self.config
@@ -256,9 +257,6 @@ class Sequencer:
         refuse_if_taken(
             self.bootstrap, self.topics.namespace, self._group, self.topics.requests, self._owned, self.owner
         )
-        self._turn = self._append_turn(timeout)
-        with self._turn:  # fencing may end the previous generation's open transaction
-            self._producer.init_transactions(timeout)
         # The start record is bound to the log it continues (sequencer/log.py), and a log none
         # of whose records this secret can read is refused before anything is written.
         log_id = log_identity(self.bootstrap, self.topics.log, timeout)
@@ -267,6 +265,14 @@ class Sequencer:
             # the log's first, belongs to no log: start again, in the log it began.
             log_id = self._cursor.log_id
         self._append([self._snapshot(self._own_cursor(), self._accepted)], [])
+        self._takeover = TakeoverWatch(
+            self.bootstrap,
+            self.topics.log,
+            self._cursor,
+            config.index,
+            self._started_at,
+            f"{self._group}.takeover",
+        )
         self._consumer = Consumer(
             consumer_config(
                 self.bootstrap,
@@ -301,10 +307,8 @@ class Sequencer:
         and read the log up to it; False if the log had begun without it meanwhile."""
         config = self.config
         token = uuid.uuid4().hex
-        self._producer.begin_transaction()
         start = encode_start(self.topics.namespace, log_id, token, self._described, config.index, config.sequencers)
-        self._producer.produce(self.topics.log, value=start, partition=0, on_delivery=self._delivered)
-        self._end_transaction(self._producer.commit_transaction, timeout)
+        self._append([start], [], timeout)
         self._started_at = self._log_end - 1
         self._cursor, self._accepted, self._last_time = LogCursor(), 0, 0
         self._recent = RecentIds(config.dedupe_window)
@@ -328,17 +332,6 @@ class Sequencer:
                 f"does not verify for that log: restart the sequencer"
             )
         return False
-
-    def _append_turn(self, timeout: float) -> AbstractContextManager:
-        """Appends to the log taken in turns with the log's other sequencers where the
-        broker needs it (sequencer/append_turn.py), else no turns at all."""
-        metadata = self._producer.list_topics(timeout=timeout)
-        if not needs_turns(metadata.cluster_id):
-            return nullcontext()
-        brokers = [f"{b.host}:{b.port}" for b in metadata.brokers.values()]
-        return AppendTurn(
-            turn_path(metadata.cluster_id, brokers, self.topics.log), self.topics.log, wait_limit=APPEND_DEADLINE + 60.0
-        )
 
     def _own_cursor(self) -> dict:
         """The cursor as a snapshot keeps it: this sequencer's lane only (what it knows of
@@ -429,13 +422,12 @@ class Sequencer:
 
     @contextmanager
     def _fenced_is_superseded(self):
-        """A fenced producer means another sequencer started on this lane: stop in one line
-        that names it, never to be restarted into fencing it back."""
+        """A log that moved this lane on means another sequencer started on it, or `ordo
+        upgrade` moved the log to another procedure set: stop in one line that says which,
+        never to be restarted into taking the lane back."""
         try:
             yield
-        except Exception as exc:
-            if not _is_fenced(exc):
-                raise
+        except _MovedOn:
             from ordo.sequencer.versions import UpgradedAway, current_set
 
             try:
@@ -448,10 +440,18 @@ class Sequencer:
                     f"this sequencer of {short(self._set_id)} stops; its engine stops where the log "
                     f"moves on"
                 ) from None
+            lane = f"sequencer {self.config.index} of {self.config.sequencers}"
+            taker = who_took_over(self.bootstrap, self._group, self.topics.requests, self._owned, self.owner)
+            if taker is None:
+                raise Superseded(
+                    f"the start record at offset {self._takeover.moved_on()} of {self.topics.log} took the lane "
+                    f"of this {lane} over, and no sequencer noted itself on its request partitions: the record "
+                    f"did not come from a sequencer; this one stops: restart Ordo (a new generation takes over) "
+                    f"and keep other producers off the log"
+                ) from None
             raise Superseded(
-                f"{who_took_over(self.bootstrap, self._group, self.topics.requests, self._owned, self.owner)} "
-                f"started sequencing namespace {self.topics.namespace} (sequencer {self.config.index} of "
-                f"{self.config.sequencers}) and fenced this one, which stops: one engine per namespace"
+                f"{taker} started sequencing namespace {self.topics.namespace} ({lane}) and fenced this one, "
+                f"which stops: one engine per namespace"
             ) from None
 
     def _loop(self, epoch: _Epoch, max_delay: float) -> _Epoch:
@@ -631,7 +631,8 @@ class Sequencer:
         return bool(epoch.entries) and now >= epoch.opened + self.config.max_delay_ms / 1000.0
 
     def _cut(self, epoch: _Epoch) -> _Epoch:
-        self._check_cluster()  # the watch's latest answer: no request to the broker here
+        self._check_cluster()  # the watches' latest answers: no request to the broker here
+        self._check_lane()
         self._last_cut_at = time.monotonic()
         self._last_time = max(self._last_time, int(time.time() * 1000))
         number = self.next_epoch
@@ -680,32 +681,31 @@ class Sequencer:
         self.stats.sequenced += len(epoch.entries)
         return _Epoch()
 
-    def _append(self, records: list[bytes], positions: list[TopicPartition]) -> None:
-        """Append records (a batch and perhaps a snapshot, or a snapshot alone) in one
-        transaction, then note the request positions they consume in the sequencer's
-        consumer group. Those offsets only feed the lag display: the log itself holds each
-        batch's request offsets, and the sequencer resumes from the log. So they are
-        committed after the transaction, without waiting, and not inside it: librdkafka's
-        send_offsets_to_transaction can wait for ever, whatever its timeout, for a group
-        coordinator it lost when the broker restarted."""
+    def _append(self, records: list[bytes], positions: list[TopicPartition], timeout: float = APPEND_DEADLINE) -> None:
+        """Append records (a batch and perhaps a snapshot, or a snapshot or a start record
+        alone) and wait until the broker has them, then note the request positions they
+        consume. The producer retries what the broker did not take (a broker away and
+        back), and the broker keeps each record once; a record still not taken after
+        APPEND_DEADLINE stops the sequencer in one line."""
         producer = self._producer
-        deadline = time.monotonic() + APPEND_DEADLINE
-        while True:
-            producer.begin_transaction()
-            try:
-                for record in records:
-                    producer.produce(self.topics.log, value=record, partition=0, on_delivery=self._delivered)
-                self._commit(deadline)
-                if positions:
-                    self._note_positions(positions)
-                return
-            except KafkaException as exc:
-                if not exc.args[0].txn_requires_abort():
-                    raise  # fenced (see _fenced_is_superseded) or fatal
-                if time.monotonic() > deadline:
-                    raise BrokerLost(self._cannot_append(exc)) from None
-                self._end_transaction(producer.abort_transaction, 30)
-                # Append the same batch again; readers drop a visible aborted copy by its id.
+        self._append_error = None
+        for record in records:
+            producer.produce(self.topics.log, value=record, partition=0, on_delivery=self._delivered)
+        waiting = producer.flush(timeout)
+        if self._append_error is not None or waiting:
+            raise BrokerLost(self._cannot_append(self._append_error))
+        if positions:
+            self._note_positions_soon(positions)
+
+    def _note_positions_soon(self, positions: list[TopicPartition]) -> None:
+        """Note consumed positions at most every NOTE_EVERY seconds (the newest of each partition)."""
+        for position in positions:
+            self._positions[(position.topic, position.partition)] = position
+        now = time.monotonic()
+        if now - self._noted_at >= NOTE_EVERY:
+            self._noted_at = now
+            self._note_positions(list(self._positions.values()))
+            self._positions.clear()
 
     def _note_consumed(self, stopped: bool = False) -> None:
         """Note where this sequencer stands on its request partitions (what the log says it
@@ -736,40 +736,22 @@ class Sequencer:
         except KafkaException:
             pass  # a display figure: the next batch's commit carries the positions on
 
-    def _commit(self, deadline: float) -> None:
-        while True:
-            try:
-                self._end_transaction(self._producer.commit_transaction, 30)
-                return
-            except KafkaException as exc:
-                if not exc.args[0].retriable():
-                    raise
-                if time.monotonic() > deadline:
-                    raise BrokerLost(self._cannot_append(exc)) from None
-
-    def _end_transaction(self, end, timeout: float) -> None:
-        """Commit or abort in this sequencer's append turn. The records go out first, so
-        the turn covers no more than the broker ending the transaction."""
-        self._producer.flush(timeout)
-        with self._turn:
-            end(timeout)
-
-    def _cannot_append(self, exc: KafkaException) -> str:
-        error = exc.args[0]
-        if error.code() in UNANSWERED:
+    def _cannot_append(self, error: KafkaError | None) -> str:
+        what = f"cannot append batch {self.next_epoch} of sequencer {self.config.index} to {self.topics.log}"
+        if error is None or error.code() in UNANSWERED or error.code() == KafkaError._MSG_TIMED_OUT:
             return (
-                f"cannot append batch {self.next_epoch} of sequencer {self.config.index} to {self.topics.log} "
-                f"for {APPEND_DEADLINE:.0f} s ({error.str()}): the broker does not answer; start it again "
-                f"(on its data directory, it keeps the log) and restart Ordo"
+                f"{what} within {APPEND_DEADLINE:.0f} s ({error.str() if error else 'no acknowledgement'}): the "
+                f"broker does not answer; start it again (on its data directory, it keeps the log) and restart Ordo"
             )
         return (
-            f"cannot append batch {self.next_epoch} of sequencer {self.config.index} to {self.topics.log} for "
-            f"{APPEND_DEADLINE:.0f} s ({error.str()}): the broker may have been restarted without its "
-            f"data; see docs/operations.md, 'Broker lost'"
+            f"{what} ({error.str()}): the broker may have been restarted without its data; see "
+            f"docs/operations.md, 'Broker lost'"
         )
 
     def _delivered(self, error, message) -> None:
-        if error is None and message.offset() + 1 > self._log_end:
+        if error is not None:
+            self._append_error = error
+        elif message.offset() + 1 > self._log_end:
             self._log_end = message.offset() + 1
             self._last_appended = (message.offset(), fingerprint(message.value()))
 
@@ -785,6 +767,7 @@ class Sequencer:
         self._watched = now
         self._note_consumed()
         self._check_cluster()
+        self._check_lane()
         if self._last_appended is None or self._probe is None:
             return
         self._probe.note(*self._last_appended)
@@ -802,6 +785,12 @@ class Sequencer:
         if lost_cluster is not None:
             raise BrokerLost(lost_cluster)
 
+    def _check_lane(self) -> None:
+        """Stop once the log has moved this lane on without this sequencer: its batches
+        would be dropped by every reader from there on."""
+        if self._takeover is not None and self._takeover.moved_on() is not None:
+            raise _MovedOn()
+
     def close(self) -> None:
         if self._consumer is not None:
             self._consumer.close()
@@ -809,6 +798,7 @@ class Sequencer:
         if self._probe is not None:
             self._probe.close()
             self._probe = None
-        if isinstance(self._turn, AppendTurn):
-            self._turn.close()
+        if self._takeover is not None:
+            self._takeover.close()
+            self._takeover = None
         self._producer.flush(5)

@@ -218,11 +218,12 @@ def test_more_sequencers_than_request_partitions_is_refused_with_one_line(broker
     assert "2 sequencers need at least 2 partitions of" in err and "Traceback" not in err, err
 
 
-def test_sequencers_on_the_local_broker_never_end_transactions_together(monkeypatch, tmp_path):
-    """The local broker can keep a transaction that ended at the same moment as another
-    producer's on one partition as still open, which stops read_committed readers of the
-    log; it logs a warning each time (sequencer/append_turn.py). Two busy sequencers
-    cutting one-request batches must never make it happen: they take turns to append."""
+def test_two_busy_sequencers_on_the_local_broker_sequence_every_request_once(monkeypatch, tmp_path):
+    """Two busy sequencers cutting one-request batches into one log on the local broker:
+    every request enters the log once, and the broker never finds a transaction ended twice
+    (it can keep a transaction that ended at the same moment as another producer's on one
+    partition as still open, which stops read_committed readers; sequencers append without
+    transactions, so none of theirs can)."""
     monkeypatch.setenv("RUST_LOG", "warn")
     log_path = tmp_path / "broker.log"
     with TansuBroker(log_path=str(log_path)) as own:

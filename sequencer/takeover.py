@@ -1,0 +1,91 @@
+"""How a sequencer learns that its lane moved on without it: from the log itself.
+
+A sequencer's batches count only while the log's readers accept them (`LogCursor.accept`):
+while its lane's current generation is the one its own start record opened. Three records
+end that: a newer start record of its lane (another sequencer took over), a start record
+for another sequencer count (the sequencers were reconfigured, every lane closes), and an
+upgrade record (`ordo upgrade`, every lane closes). A sequencer that goes on appending
+after one of them loses nothing, since every reader drops its batches and the requests
+they held are sequenced again by the sequencer that took over from the log's own
+positions, but it must stop: one engine per namespace.
+
+So each sequencer follows the log after its own start record in a thread of its own, with
+the same acceptance rule every reader applies to start, upgrade and skip records (a copy
+of a start record already met opens nothing), passing over batch records undecoded.
+The sequencer asks `moved_on()` before each append and while idle: the answer costs no
+request to the broker. A sequencer that took over is noticed within a fetch of its start
+record (milliseconds), so the superseded one leaves at most the batches it had in flight
+behind it, which readers drop as stale."""
+
+from __future__ import annotations
+
+import threading
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from ordo.sequencer.kafka import consumer_config
+from ordo.sequencer.log import LogCursor, LogError, is_batch_record
+
+
+class TakeoverWatch:
+    """Follows `topic` from the record after `cursor.next_offset - 1` (this sequencer's
+    start record, or the snapshot after it) and notes the offset of the first record after
+    which lane `lane`'s generation is no longer `generation`."""
+
+    def __init__(self, bootstrap: str, topic: str, cursor: LogCursor, lane: int, generation: int, group: str):
+        self.topic, self.lane, self.generation = topic, lane, generation
+        self.moved_at: int | None = None  # the offset of the record that ended this lane's generation
+        self.upgraded = False  # whether that record is an upgrade record
+        self._cursor = LogCursor.from_dict(cursor.to_dict(), cursor.namespace)
+        self._cursor.only = None  # as the engines read it: a reconfiguration closes this lane too
+        self._stop = threading.Event()
+        self._consumer = Consumer(
+            consumer_config(
+                bootstrap,
+                {
+                    "group.id": group,
+                    "enable.auto.commit": False,
+                    "isolation.level": "read_committed",
+                    "fetch.max.bytes": 64 * 1024 * 1024,
+                },
+            )
+        )
+        self._consumer.assign([TopicPartition(topic, 0, cursor.next_offset)])
+        self._thread = threading.Thread(target=self._run, name=f"takeover watch {topic}", daemon=True)
+        self._thread.start()
+
+    def moved_on(self) -> int | None:
+        """The offset of the record after which readers no longer take this sequencer's
+        batches, once one was read; else None."""
+        return self.moved_at
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set() and self.moved_at is None:
+                for message in self._consumer.consume(1000, 0.2):
+                    if message.error() is None and self._ends_generation(message.offset(), message.value()):
+                        self.moved_at = message.offset()
+                        return
+                    if message.error() is not None and message.error().code() != KafkaError._PARTITION_EOF:
+                        continue  # the log's readers and the sequencer's watch report a broker's trouble
+        finally:
+            self._consumer.close()
+
+    def _ends_generation(self, offset: int, value: bytes | None) -> bool:
+        if value is None or is_batch_record(value):
+            return False  # batches move no lane's generation, and may run to a megabyte
+        cursor = self._cursor
+        try:
+            cursor.accept(value, offset)
+        except LogError:
+            return False  # a record every reader stops at: the engines say so
+        cursor.unreported.clear()
+        lane = cursor.lanes.get(self.lane)
+        if lane is not None and lane[0] == self.generation:
+            return False
+        self.upgraded = cursor.upgraded is not None
+        return True
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
