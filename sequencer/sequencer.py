@@ -89,6 +89,8 @@ APPEND_DEADLINE = 60.0
 # appended: they feed the lag display and the lane owner's note (lane_owner.py), not the
 # log, so one commit per batch would be work for the broker that buys nothing.
 NOTE_EVERY = 0.25
+# Calvin's epoch length, what the sequencer keeps by default for an engine of several partitions.
+PARTITIONED_EPOCH_MS = 10.0
 # How often an idle sequencer checks that the broker still holds what it sequenced.
 WATCH_EVERY = 2.0
 # How long an idle sequencer waits for a request at a time: the wait ends at the first
@@ -111,9 +113,9 @@ class _MovedOn(Exception):
 class SequencerConfig:
     # Calvin's epochs: at most one batch per that many ms unless full. 0: group commit, a
     # batch is cut as soon as the previous append is acknowledged and holds every request
-    # that came meanwhile: no wait for an epoch's end, but up to twice the transactions a
-    # second at 2,000 requests/s, each of them work for the broker (docs/benchmarks.md).
-    max_delay_ms: float = 10.0
+    # that came meanwhile, so no request waits for an epoch's end. None: group commit for
+    # an engine of one partition, PARTITIONED_EPOCH_MS epochs for several (`epoch_ms`).
+    max_delay_ms: float | None = None
     max_txns: int = 5_000
     max_bytes: int = 900_000  # below the broker's default 1 MiB message limit
     max_request_bytes: int = 64 * 1024
@@ -122,6 +124,16 @@ class SequencerConfig:
     sequencers: int = 1  # S: how many sequencers share the request partitions
     index: int = 0  # k: this one takes the request partitions p with p % S == k
     ordering: str | None = None  # every batch's ordering stamp (sequencer/log.py): None (log order) or ARIA
+
+    @property
+    def epoch_ms(self) -> float:
+        """The epoch length the sequencer keeps. A batch costs an engine of one partition
+        nothing beyond its entries, so it gets each batch as soon as the log can take it;
+        on several partitions each batch is a round of exchanges between the partitions,
+        which many small batches would spend the cores on (docs/benchmarks.md)."""
+        if self.max_delay_ms is not None:
+            return self.max_delay_ms
+        return 0.0 if self.partitions == 1 else PARTITIONED_EPOCH_MS
 
     def __post_init__(self) -> None:
         if self.ordering not in (None, ARIA):
@@ -413,7 +425,7 @@ class Sequencer:
             self.start()
         try:
             with self._fenced_is_superseded():
-                epoch = self._loop(_Epoch(), self.config.max_delay_ms / 1000.0)
+                epoch = self._loop(_Epoch(), self.config.epoch_ms / 1000.0)
                 if epoch.entries:
                     self._cut(epoch)
             self._note_consumed(stopped=True)
@@ -622,13 +634,13 @@ class Sequencer:
         was being appended has been waiting since that append began, so its epoch ends one
         epoch length after that (never sooner: batches stay at most one per epoch length,
         unless full), and never later than one epoch length from now."""
-        return max(self._last_cut_at, now - self.config.max_delay_ms / 1000.0)
+        return max(self._last_cut_at, now - self.config.epoch_ms / 1000.0)
 
     def _due(self, epoch: _Epoch, now: float) -> bool:
         """Whether `epoch` is cut now: at its epoch's end, or at once with group commit (the
         loop gets here after the last append returned, with every request that came
         meanwhile)."""
-        return bool(epoch.entries) and now >= epoch.opened + self.config.max_delay_ms / 1000.0
+        return bool(epoch.entries) and now >= epoch.opened + self.config.epoch_ms / 1000.0
 
     def _cut(self, epoch: _Epoch) -> _Epoch:
         self._check_cluster()  # the watches' latest answers: no request to the broker here

@@ -41,9 +41,15 @@ def test_group_commit_cuts_as_soon_as_the_last_append_returns(sequencer_of):
     assert not sequencer._due(_Epoch(), appended_at)  # nothing to cut
 
 
+def test_by_default_one_partition_gets_group_commit_and_several_calvin_epochs():
+    assert SequencerConfig().epoch_ms == 0
+    assert SequencerConfig(partitions=2).epoch_ms == 10
+    assert SequencerConfig(5, partitions=1).epoch_ms == 5
+
+
 def test_calvin_epochs_wait_for_the_epoch_to_end(sequencer_of):
-    sequencer = sequencer_of(SequencerConfig())
-    assert sequencer.config.max_delay_ms == 10
+    sequencer = sequencer_of(SequencerConfig(partitions=2))
+    assert sequencer.config.epoch_ms == 10
     epoch, appended_at = _epoch_opened_by_a_request_during_the_last_append(sequencer)
     assert not sequencer._due(epoch, appended_at)
     assert sequencer._due(epoch, appended_at + 0.006)  # 10 ms after the last cut

@@ -49,11 +49,16 @@ from ordo.benchmarks.load_client import percentile
 from ordo.benchmarks.machine import finish_report, machine
 from ordo.benchmarks.report import cell
 from ordo.benchmarks.requests import encode_requests, ordering_of, workload_requests
+from ordo.benchmarks.runners import sequencer_config
 
 HOPS = ("send", "request", "sequencing", "commit", "execution", "delivery")
 TIMED_AFTER = 0.2  # the share of each run, from its start, that is not timed
 WARMUP_REQUESTS = 20
 BROKER_WARMUP_S = 15.0
+
+
+def cadence(epoch_ms: float) -> str:
+    return f", sequencer epochs of {epoch_ms:g} ms" if epoch_ms else ", sequencer group commit"
 
 
 # -- the client (a process of its own) -----------------------------------------------
@@ -373,7 +378,6 @@ def measure_rate(
     from ordo.benchmarks.prefill import new_namespace
     from ordo.services import SequencerProcess
     from ordo.scheduler.coordinator import Coordinator
-    from ordo.benchmarks.runners import sequencer_config
     from ordo.sequencer.topics import ensure_topics
 
     namespace = new_namespace("latency")
@@ -483,13 +487,7 @@ def run_latency(
         f"ordo bench latency {workload} ({scheduler}, {partitions} partition(s), {runtime} runtime): "
         f"open loop at {', '.join(f'{r:g}' for r in rates)} req/s, {seconds:g} s each, "
         f"{len(os.sched_getaffinity(0))} cores"
-        + (
-            ""
-            if max_delay_ms is None
-            else f", sequencer epochs of {max_delay_ms:g} ms"
-            if max_delay_ms
-            else ", sequencer group commit"
-        )
+        + cadence(sequencer_config(max_delay_ms, partitions=partitions).epoch_ms)
     )
     root = tempfile.mkdtemp(prefix="ordo-latency-")
     try:

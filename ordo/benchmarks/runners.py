@@ -249,7 +249,7 @@ def sequencer_config(max_delay_ms: float | None, **settings):
     """A benchmark's sequencer settings: its epoch length where one is given, else the default."""
     from ordo.sequencer.sequencer import SequencerConfig
 
-    return SequencerConfig(**settings) if max_delay_ms is None else SequencerConfig(max_delay_ms, **settings)
+    return SequencerConfig(max_delay_ms, **settings)
 
 
 def rounded(values: dict) -> dict:
