@@ -52,6 +52,19 @@ rootLogger.appenderRef.out.ref = out
 """
 
 
+# The broker's heap, fixed in size (the collector never resizes it), and its collector: ZGC,
+# whose pauses last under a millisecond. Under Kafka's own choice, G1 with a 20 ms pause goal,
+# the broker stopped for 10-50 ms about once a second at 2,000 requests/s on two cores, and
+# every hop the broker answers (a produce's acknowledgement, a fetch) has those stops as its
+# tail (docs/benchmarks.md, "The broker's collector").
+DEFAULT_HEAP = "768m"
+JVM_GC_OPTIONS = ("-XX:+UseZGC",)
+
+
+def jvm_heap_options(heap: str) -> list[str]:
+    return [f"-Xmx{heap}", f"-Xms{heap}"]
+
+
 def broker_settings(nodes: int) -> dict[str, str]:
     """What every node of an Ordo Kafka cluster of `nodes` nodes runs with, beyond its own
     addresses: Kafka's defaults, but internal topics sized for the cluster (one node cannot
@@ -204,13 +217,10 @@ class KafkaNode:
         log4j = os.path.join(self.cluster.data_dir, "log4j2.properties")
         with open(log4j, "w") as f:
             f.write(_LOG4J)
-        heap = os.environ.get("ORDO_KAFKA_HEAP", "768m")
         command = [
             java_binary(),
-            f"-Xmx{heap}",
-            "-Xms128m",
-            "-XX:+UseG1GC",
-            "-XX:MaxGCPauseMillis=20",
+            *jvm_heap_options(os.environ.get("ORDO_KAFKA_HEAP", DEFAULT_HEAP)),
+            *JVM_GC_OPTIONS,
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={log4j}",
             *self.cluster.jvm_options,

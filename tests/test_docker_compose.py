@@ -8,7 +8,14 @@ import tomllib
 import pytest
 import yaml
 
-from ordo.sequencer.kafka_broker import KAFKA_VERSION, KafkaCluster, broker_settings
+from ordo.sequencer.kafka_broker import (
+    DEFAULT_HEAP,
+    JVM_GC_OPTIONS,
+    KAFKA_VERSION,
+    KafkaCluster,
+    broker_settings,
+    jvm_heap_options,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -73,12 +80,16 @@ NODE_SETTINGS = {
 }
 
 
+# What the image's start script takes for the JVM, not for the server's properties.
+JVM_VARIABLES = {"KAFKA_HEAP_OPTS", "KAFKA_JVM_PERFORMANCE_OPTS"}
+
+
 def server_properties(kafka_env: dict[str, str]) -> dict[str, str]:
     """The server properties the apache/kafka image makes of KAFKA_* variables: the prefix
     dropped, lower case, `_` a dot, `__` an underscore, `___` a dash."""
     properties = {}
     for name, value in kafka_env.items():
-        if name.startswith("KAFKA_"):
+        if name.startswith("KAFKA_") and name not in JVM_VARIABLES:
             key = name[len("KAFKA_") :].lower().replace("___", "-").replace("__", "\0").replace("_", ".")
             properties[key.replace("\0", "_")] = value
     return properties
@@ -91,6 +102,12 @@ def test_kafka_is_the_version_ordo_broker_and_the_tests_run(compose):
 def test_kafka_settings_are_exactly_those_ordo_broker_and_the_tests_run(kafka_env):
     shared = {k: v for k, v in server_properties(kafka_env).items() if k not in NODE_SETTINGS}
     assert shared == broker_settings(1)
+
+
+def test_the_broker_jvm_is_the_one_ordo_broker_and_the_tests_run(kafka_env):
+    assert kafka_env["KAFKA_HEAP_OPTS"].split() == jvm_heap_options(DEFAULT_HEAP)
+    gc = [option for option in kafka_env["KAFKA_JVM_PERFORMANCE_OPTS"].split() if option.startswith("-XX:")]
+    assert gc == list(JVM_GC_OPTIONS)
 
 
 @pytest.mark.slow
