@@ -90,7 +90,8 @@ def note(owner: dict, stopped: bool = False) -> str:
 
 def _read_notes(consumer: Consumer, topic: str, partitions: list[int], timeout: float) -> dict[int, dict]:
     """The notes on `partitions`; none where the broker cannot say within `timeout` (a group
-    coordinator still loading): then fencing alone keeps the two from taking turns."""
+    coordinator still loading): then the log alone keeps the two from taking turns (the
+    superseded one stops once it reads the newer start record, sequencer/takeover.py)."""
     deadline = time.monotonic() + timeout
     while True:
         try:

@@ -673,7 +673,7 @@ class LogCursor:
             closed = lane is None and self.only is None
             if closed or (lane is not None and batch.generation < lane[0] and batch.epoch >= lane[1]):
                 self.stale_by_lane[batch.sequencer] = self.stale_by_lane.get(batch.sequencer, 0) + 1
-            return None  # a fenced sequencer's record, or a repeat
+            return None  # a superseded sequencer's batch, or a repeat
         if batch.epoch > lane[1]:
             raise LogError(
                 f"log gap: expected batch {lane[1]} of sequencer {batch.sequencer}, found batch {batch.epoch} "
