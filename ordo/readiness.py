@@ -1,8 +1,9 @@
 """When `ordo run` serves: a request sent from then on is answered without waiting on
 anything that came before it, neither a process coming up nor a backlog of the log.
 
-A new sequencer generation writes a start record to `<ns>.log` once it has fenced the
-previous one; it lands after every record the log held before the sequencer was started.
+A new sequencer generation writes a start record to `<ns>.log`, which takes its lane over
+from the previous one; it lands after every record the log held before the sequencer was
+started.
 Once every worker's log position has passed the log's end as it stood just before, every
 batch of that backlog has been read; the engine serves once every worker has also executed
 the newest of them (its outcomes are out). A new data directory, or one far behind, says

@@ -299,7 +299,7 @@ SEQUENCE_ERROR = "ordo sequence: "  # how the sequencer's closing error line beg
 
 class SequencerProcess:
     """A sequencer in a child process of its own (its own core, its own GIL), restarted
-    if it dies: a restart fences the old one and resumes from the log. One that keeps
+    if it dies: a restart takes the lane over and resumes from the log. One that keeps
     failing at start-up is given up: `failure` says why and `on_failure` is called. One
     that stops beating (SIGSTOP, a hang) is named, then killed and restarted. One that
     exits while the broker is away is started again once `broker` sees it answer."""

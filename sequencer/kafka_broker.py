@@ -68,7 +68,7 @@ def jvm_heap_options(heap: str) -> list[str]:
 def broker_settings(nodes: int) -> dict[str, str]:
     """What every node of an Ordo Kafka cluster of `nodes` nodes runs with, beyond its own
     addresses: Kafka's defaults, but internal topics sized for the cluster (one node cannot
-    hold three replicas, and without a transaction log the sequencer cannot commit), and with
+    hold three replicas, and without a transaction log `ordo upgrade` cannot commit), and with
     three or more nodes every write acknowledged by two replicas before it counts."""
     replicas = min(nodes, 3)
     in_sync = 2 if replicas >= 3 else 1

@@ -10,8 +10,8 @@ Two sources, the environment winning over the file:
   underscores, `ORDO_KAFKA_SECURITY_PROTOCOL=SASL_SSL` is `security.protocol`; a double
   underscore stands for an underscore of the name (`ORDO_KAFKA_LOG__LEVEL` is `log_level`).
 
-What Ordo sets for a client itself wins over both: the bootstrap servers, group and
-transactional ids, idempotence, isolation, the consumers' fetch timing. A setting
+What Ordo sets for a client itself wins over both: the bootstrap servers, group ids,
+transactional ids (`ordo upgrade`'s), idempotence, isolation, the consumers' fetch timing. A setting
 librdkafka does not know, or a value it refuses, is one error naming the setting and
 where it came from, before any client starts.
 

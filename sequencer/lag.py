@@ -1,8 +1,9 @@
 """How many requests wait on <ns>.requests, and records on the app's source topics
 (sequencer/sources.py), for the sequencer: the topics' end offsets
-minus the offsets the sequencer commits with each batch, when it starts and every few
-seconds while idle (its consumer group `<ns>.sequencer`), over every partition: offsets
-a killed sequencer did not get to commit are put right by its successor at once.
+minus the offsets the sequencer commits at most every 0.25 s while it appends batches, when
+it starts and every few seconds while idle (its consumer group `<ns>.sequencer`), over
+every partition: offsets a killed sequencer did not get to commit are put right by its
+successor at once.
 
 For display only (the progress line, the metrics): the sequencer itself resumes from the
 log, never from these offsets. On the local broker the end offset of a partition is the

@@ -1,18 +1,20 @@
 """Who sequences a namespace's request partitions now: one engine per namespace.
 
 A sequencer notes who it is (which `ordo run` or `ordo sequence`, pid, host) and when, in
-the metadata of the request positions it commits to its group `<ns>.sequencer`: with each
-batch, and every two seconds while idle (sequencer.WATCH_EVERY). A sequencer starting on
-partitions whose note still moves is refused before it fences anything, naming the live
-one: a second `ordo run` on a namespace (another data directory, by mistake) would
-otherwise displace the first one's sequencer, and be displaced in turn at its restart.
+the metadata of the request positions it commits to its group `<ns>.sequencer`: at most
+every 0.25 s while it appends batches (sequencer.NOTE_EVERY), and every two seconds while
+idle (sequencer.WATCH_EVERY). A sequencer starting on partitions whose note still moves is
+refused before it writes its start record, naming the live one: a second `ordo run` on a
+namespace (another data directory, by mistake) would otherwise take the first one's lane
+over, and have it taken back in turn at its restart.
 
 A note that does not move within STILL_FOR is a process gone (a crash, a kill): the start
 goes on, so a sequencer restarted after a crash waits at most that long, and one restarted
 by its own engine (the same owner) not at all. Notes are compared with each other, never
 with this machine's clock beyond the first look (a note older than FRESH_FOR is not watched).
-Two starts that both pass the look at once still never take turns: the one fenced by the
-other stops (`Superseded`) and is not restarted.
+Two starts that both pass the look at once still never take turns: the one whose lane the
+other's start record took over stops once it reads that record (sequencer/takeover.py,
+`Superseded`) and is not restarted.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from ordo.sequencer.kafka import kafka_config
 # sequencer it restarts takes its own engine's note for its own.
 OWNER_ENV = "ORDO_SEQUENCER_OWNER"
 # `ordo sequence`'s exit status when another engine's sequencer has its partitions (refused at
-# start, or fenced later): an engine that started it stops instead of restarting it.
+# start, or superseded later): an engine that started it stops instead of restarting it.
 EXIT_ANOTHER_ENGINE = 3
 # A note newer than this is watched to see whether it moves.
 FRESH_FOR = 10.0
@@ -44,7 +46,7 @@ class LaneTaken(RuntimeError):
 
 
 class Superseded(RuntimeError):
-    """Another sequencer of this lane started and fenced this one."""
+    """Another sequencer's start record took this one's lane over."""
 
 
 _process_owner: dict | None = None
@@ -88,7 +90,8 @@ def note(owner: dict, stopped: bool = False) -> str:
 
 def _read_notes(consumer: Consumer, topic: str, partitions: list[int], timeout: float) -> dict[int, dict]:
     """The notes on `partitions`; none where the broker cannot say within `timeout` (a group
-    coordinator still loading): then fencing alone keeps the two from taking turns."""
+    coordinator still loading): then the log alone keeps the two from taking turns (the
+    superseded one stops once it reads the newer start record, sequencer/takeover.py)."""
     deadline = time.monotonic() + timeout
     while True:
         try:

@@ -2,7 +2,7 @@
 
 One or more sequencers write it (`--sequencers S`): sequencer k of S consumes the request
 partitions p with p % S == k, cuts its own epochs and appends them, each with its own
-transactional producer. The broker interleaves their appends on the single log partition,
+idempotent producer. The broker interleaves their appends on the single log partition,
 and that interleaving, as the log holds it, is the merged order: every reader follows
 the same records in the same order, so it numbers the accepted batches 1, 2, 3, … alike.
 (Calvin merges per-sequencer logs round-robin by epoch, which needs every sequencer to
@@ -49,10 +49,10 @@ Record kinds:
     snapshot: [SNAPSHOT, cursor, accepted, time_ms, sequencer, sequencers]
         a sequencer's own state right after the record before it (a cursor as
         `LogCursor.to_dict` gives it, holding its own lane only, the number of entries it
-        accepted so far, the batch time), written in the same transaction as every
-        SNAPSHOT_EVERY-th batch and once after a sequencer's start-up: a restarting
-        sequencer reads the log from a recent snapshot of its lane, not from its head.
-        Every other reader skips it.
+        accepted so far, the batch time), appended after every SNAPSHOT_EVERY-th batch by
+        the same producer, in order (no record of its lane between), and once after a
+        sequencer's start-up: a restarting sequencer reads the log from a recent snapshot
+        of its lane, not from its head. Every other reader skips it.
     skip:   [SKIP, offset, log_id]
         written by `ordo log skip --offset N` (never by a sequencer): every reader passes
         over the record at `offset` of log `log_id` instead of stopping there. A reader
@@ -79,9 +79,12 @@ so no conflicting batch can exist.
 
 Every reader applies the same acceptance rule (`LogCursor.accept`), so the log means one
 thing to the sequencers, the engine and a replay, whatever the broker does: a batch is
-accepted only if it carries its lane's current generation and the lane's next epoch.
-Records of a fenced or aborted sequencer transaction, should a broker deliver them, are
-therefore either consistently accepted by every reader or consistently ignored.
+accepted only if it carries its lane's current generation and the lane's next epoch. The
+late batches of a superseded sequencer (appended before it read the start record that took
+its lane over), a repeat (a retried append, should a broker keep it twice), and the
+records of an aborted transaction in a log written by a release that appended in
+transactions, should a broker deliver them, are therefore either consistently accepted by
+every reader or consistently ignored.
 
 A log is recognised by its identity, kept in every batch and in every cursor (so in every
 applied marker and checkpoint): a reader refuses a genuine batch of another log of its
@@ -128,9 +131,10 @@ class SecretMismatch(LogError):
 
 
 # Batches of an older generation of a lane that continued its sequence after a newer start
-# record of that lane, with no batch of the newer generation yet: a fenced sequencer leaves
-# at most the one transaction it had in flight, so more than this means the start record
-# did not come from a sequencer that went on to write (a foreign or forged record).
+# record of that lane, with no batch of the newer generation yet: a superseded sequencer
+# stops at its next cut once it has read that start record (sequencer/takeover.py, a fetch
+# away), leaving at most the batch it was appending, so more than this means the start
+# record did not come from a sequencer that went on to write (a foreign or forged record).
 STALE_LIMIT = 4
 
 # Start tokens a cursor remembers (LogCursor.starts): a copy of any of the latest this many
@@ -669,7 +673,7 @@ class LogCursor:
             closed = lane is None and self.only is None
             if closed or (lane is not None and batch.generation < lane[0] and batch.epoch >= lane[1]):
                 self.stale_by_lane[batch.sequencer] = self.stale_by_lane.get(batch.sequencer, 0) + 1
-            return None  # a fenced sequencer's record, or a repeat
+            return None  # a superseded sequencer's batch, or a repeat
         if batch.epoch > lane[1]:
             raise LogError(
                 f"log gap: expected batch {lane[1]} of sequencer {batch.sequencer}, found batch {batch.epoch} "

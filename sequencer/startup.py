@@ -38,8 +38,9 @@ from ordo.sequencer.log import (
 )
 from ordo.sequencer.topics import Topics
 
-# Records read back per step: a little more than the distance between two snapshots
-# (each batch is followed by its transaction marker).
+# Records read back per step: a little more than the distance between two snapshots (in a
+# log written by a release that appended in transactions, each batch is followed by its
+# transaction marker).
 STEP = 2 * SNAPSHOT_EVERY + 16
 # Records read before each step too, so a snapshot at a step's first offset has the record
 # it follows at hand.

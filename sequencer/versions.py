@@ -46,8 +46,9 @@ from ordo.sequencer.startup import OVERLAP, STEP, in_place, records_between
 from ordo.sequencer.topics import Topics
 
 
-# A sequencer fenced by `ordo upgrade` exits with this: its engine goes on to the batch
-# where the log moves on, and stops there itself (a restart would only be refused).
+# A sequencer that read the upgrade record of `ordo upgrade` exits with this: its engine goes
+# on to the batch where the log moves on, and stops there itself (a restart would only be
+# refused).
 EXIT_UPGRADED = 4
 
 
@@ -187,10 +188,11 @@ class Upgraded:
 
 
 def upgrade(bootstrap: str, namespace: str, registry: Registry, timeout: float = 60.0) -> Upgraded | None:
-    """Move the namespace's log to `registry`'s procedure set: fence every sequencer of the
-    set before (each lane's transactional id), then append the upgrade record. None if the
-    log already runs this set. A log that names no set yet needs no upgrade (its first
-    sequencer names it)."""
+    """Move the namespace's log to `registry`'s procedure set: fence every sequencer of a
+    release that appended in transactions (each lane's transactional id), then append the
+    upgrade record in one transaction; the running sequencers stop once they read that
+    record (sequencer/takeover.py). None if the log already runs this set. A log that names
+    no set yet needs no upgrade (its first sequencer names it)."""
     from ordo.sequencer.sequencer import transactional_id
 
     topics = Topics(namespace)
@@ -211,7 +213,8 @@ def upgrade(bootstrap: str, namespace: str, registry: Registry, timeout: float =
         for k in range(max(current.sequencers, 1))
     ]
     try:
-        for producer in producers:  # each fences the running sequencer of its lane, ending its transaction
+        # Each fences its lane's sequencer of a release that appended in transactions.
+        for producer in producers:
             producer.init_transactions(timeout)
         writer = producers[0]
         written: list = []

@@ -206,9 +206,10 @@ def source_options(
     starting_offsets: str = "earliest",
 ) -> dict[str, str]:
     """Options of Spark's Kafka source over an engine output, `<ns>.changes` or `<ns>.results`:
-    every partition (new ones too) from the log start, committed records only (the engine writes
-    its outputs in Kafka transactions), data lost to retention failing the query; the user's
-    Kafka settings translated for the Java client, then `kafka` (Java client settings)."""
+    every partition (new ones too) from the log start, committed records only (no open or
+    aborted transaction's; the engine writes its outputs idempotently, not in transactions),
+    data lost to retention failing the query; the user's Kafka settings translated for the
+    Java client, then `kafka` (Java client settings)."""
     from ordo.spark_jobs.kafka_connector import kafka_options
 
     if topic not in ("changes", "results"):

@@ -17,7 +17,7 @@ one machine, so on one clock:
     send        scheduled time → request record's CreateTime  (the client falling behind)
     request     → the broker's acknowledgement of the request  (the producer's linger + its produce)
     sequencing  → the log record of its batch                  (the sequencer's fetch + the epoch's cut)
-    commit      → the batch readable in the log                (the sequencer's transaction + a reader's fetch)
+    commit      → the batch readable in the log                (the sequencer's append + a reader's fetch)
     execution   → the result record                            (the partition's execution + its outputs)
     delivery    → arrival at the client                        (the outputs' acknowledgement + the outcome's fetch)
 
