@@ -103,7 +103,7 @@ def _sequencer_options(p: argparse.ArgumentParser) -> None:
         type=EPOCH_MS,
         default=d.max_delay_ms,
         help="epoch length; 0: group commit, each batch cut as soon as the previous append is "
-        "acknowledged (default: group commit for an engine of one partition, 10 ms for several)",
+        "acknowledged (default: 2 ms for an engine of one partition, 10 ms for several)",
     )
     g.add_argument(
         "--max-txns", type=BATCH_TXNS, default=d.max_txns, help="requests per batch at most (default %(default)s)"
@@ -584,8 +584,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=EPOCH_MS,
         default=SequencerConfig().max_delay_ms,
         metavar="MS",
-        help="latency and scale: the sequencer's epoch length; 0: group commit (default: group commit "
-        "on one partition, 10 ms on several)",
+        help="latency and scale: the sequencer's epoch length; 0: group commit (default: 2 ms on one "
+        "partition, 10 ms on several)",
     )
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON here")
     p.add_argument("--baseline", action="store_true", help="also the PostgreSQL baseline (micro, sl and tpcc)")

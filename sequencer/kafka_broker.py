@@ -58,6 +58,9 @@ rootLogger.appenderRef.out.ref = out
 # every hop the broker answers (a produce's acknowledgement, a fetch) has those stops as its
 # tail (docs/benchmarks.md, "The broker's collector").
 DEFAULT_HEAP = "768m"
+HEAP_ENV = (
+    "ORDO_BROKER_HEAP"  # another heap size, as the JVM writes it (2g); not ORDO_KAFKA_*: those are client settings
+)
 JVM_GC_OPTIONS = ("-XX:+UseZGC",)
 
 
@@ -219,7 +222,7 @@ class KafkaNode:
             f.write(_LOG4J)
         command = [
             java_binary(),
-            *jvm_heap_options(os.environ.get("ORDO_KAFKA_HEAP", DEFAULT_HEAP)),
+            *jvm_heap_options(os.environ.get(HEAP_ENV, DEFAULT_HEAP)),
             *JVM_GC_OPTIONS,
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={log4j}",

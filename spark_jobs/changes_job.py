@@ -449,8 +449,8 @@ def add_arguments(p: argparse.ArgumentParser, kafka: bool = True) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="Kafka offsets per micro-batch at most (Spark's maxOffsetsPerTrigger: change records "
-        "plus the engine's transaction markers)",
+        help="Kafka offsets per micro-batch at most (Spark's maxOffsetsPerTrigger: change records, "
+        "and the transaction markers of a topic written in transactions)",
     )
     p.add_argument("--trigger-seconds", type=float, default=None, metavar="S", help="micro-batch interval")
     p.add_argument("--no-report", action="store_true", help="do not print the example analytical query")

@@ -170,7 +170,8 @@ def role_acls(ns: str) -> dict[str, list[tuple[str, str, str, str]]]:
             ("TOPIC", "LITERAL", f"{ns}.changes", "DESCRIBE"),
             ("GROUP", "PREFIXED", f"{ns}.sequencer", "READ"),  # its request offsets, and .catchup
             ("GROUP", "LITERAL", f"{ns}.log.startup", "READ"),  # a restart reads back to a snapshot
-            ("TRANSACTIONAL_ID", "PREFIXED", f"{ns}.sequencer", "WRITE"),  # one per --sequencers lane
+            # No transactional id: it appends with an idempotent producer (`ordo upgrade` alone
+            # fences the lanes' transactional ids, docs/operations.md).
         ],
         "engine": [
             ("TOPIC", "LITERAL", f"{ns}.log", "READ"),

@@ -41,8 +41,8 @@ def test_group_commit_cuts_as_soon_as_the_last_append_returns(sequencer_of):
     assert not sequencer._due(_Epoch(), appended_at)  # nothing to cut
 
 
-def test_by_default_one_partition_gets_group_commit_and_several_calvin_epochs():
-    assert SequencerConfig().epoch_ms == 0
+def test_by_default_one_partition_gets_short_epochs_and_several_calvin_epochs():
+    assert SequencerConfig().epoch_ms == 2
     assert SequencerConfig(partitions=2).epoch_ms == 10
     assert SequencerConfig(5, partitions=1).epoch_ms == 5
 

@@ -580,7 +580,7 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"{run['rate_rps']:>8,g} " + " ".join(f"{h:>20}" for h in hops))
     lines.append(
         "send: schedule → request record; request: → acknowledged by the broker; sequencing: → log "
-        "record (epoch cut); commit: → readable in the log (the sequencer's transaction); execution: → "
+        "record (epoch or group commit); commit: → readable in the log (the sequencer's append); execution: → "
         "result record; delivery: → client (outputs' acknowledgement + fetch)"
     )
     m = report["machine"]
