@@ -52,6 +52,11 @@ STALE_GRACE = 5.0  # how long the sequence may stall behind a start record befor
 # How long the broker may hold back records past a reader's position: three times Kafka's
 # default transaction timeout, after which Kafka itself aborts a transaction left open.
 HELD_LIMIT = 180.0
+# How long records past the reader's position may stay out of its reach before its consumer
+# is assigned its position again. After a broker restart that moved the log's leader epoch,
+# a read_committed consumer has been seen to fetch nothing more (records the broker
+# serves to any new reader); an assignment starts its fetching afresh.
+REFETCH_AFTER = 10.0
 # Records read from the log's head in search of its first start record before a log none
 # of whose records verify is called one written with another secret: a log's first start
 # record is its first record, unless a writer without the secret got in before it.
@@ -176,7 +181,8 @@ class LogReader:
         self._watched = 0.0
         self._stale_since: float | None = None
         self._missing_since: float | None = None  # since when the broker says the log does not exist
-        self._held_since: tuple[float, int] | None = None  # (since, position) while held back
+        # (since, position, fetched again) while held back
+        self._held_since: tuple[float, int, bool] | None = None
         # (offset, fingerprint) of the newest record read; resuming, the record before the
         # cursor, known only to exist
         self._last_read: tuple[int, bytes | None] | None = (
@@ -319,8 +325,18 @@ class LogReader:
             self._held_since = None
             return
         if self._held_since is None or self._held_since[1] != position:
-            self._held_since = (now, position)
+            self._held_since = (now, position, False)
             return
+        if now - self._held_since[0] >= REFETCH_AFTER and not self._held_since[2] and self._consumer is not None:
+            log.info(
+                "%s holds records up to offset %d, and none past offset %d came for %.0f s: fetching again from there",
+                self.topic,
+                end - 1,
+                position,
+                now - self._held_since[0],
+            )
+            self._consumer.assign([TopicPartition(self.topic, 0, position)])
+            self._held_since = (self._held_since[0], position, True)
         if now - self._held_since[0] >= HELD_LIMIT:
             raise LogError(
                 f"{self.topic} holds records up to offset {end - 1}, but for {now - self._held_since[0]:.0f} s the "
