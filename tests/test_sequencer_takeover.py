@@ -135,3 +135,71 @@ def test_a_sequencer_paused_through_a_takeover_appends_nothing_that_counts_and_s
     assert set(counts) == {r["id"] for r in requests}
     assert max(counts.values()) == 1
     assert cursor.stale <= STALE_LIMIT
+
+
+def test_a_log_the_previous_release_appended_in_transactions_is_continued(broker, namespace, tmp_path):
+    """A log as a release that appended in Kafka transactions left it: each record in a
+    transaction of the lane's transactional id (so commit markers between the records), and
+    a batch whose first append was aborted and then appended again (its aborted copy in the
+    log). `ordo run` continues it: its readers take the committed records only, its
+    sequencer resumes after the last batch, and every request has one outcome."""
+    from confluent_kafka import Producer
+
+    from ordo.procedures.fingerprint import describe, set_id
+    from ordo.sequencer.kafka import kafka_config
+    from ordo.sequencer.log import encode_batch, encode_entry, encode_snapshot, encode_start
+    from ordo.sequencer.sequencer import transactional_id
+    from tests.helpers import dump_state, read_results
+
+    ensure_topics(broker, namespace)
+    described = describe(load_registry(()))  # what `ordo run` sequences with by default
+    requests = [
+        {"id": f"d{i}", "proc": "sl_deposit", "args": {"account": i % 5, "asset": i % 3, "account_amount": i + 1, "asset_amount": 1}}
+        for i in range(8)
+    ]  # fmt: skip
+    with Client(broker, namespace) as client:
+        client.submit(requests[:4])
+    log_topic = Topics(namespace).log
+    producer = Producer(kafka_config(broker, {"transactional.id": transactional_id(namespace, 0)}))
+    producer.init_transactions(30)
+
+    def append(record: bytes, commit: bool = True) -> None:
+        producer.begin_transaction()
+        producer.produce(log_topic, record, partition=0)
+        producer.flush(30)
+        (producer.commit_transaction if commit else producer.abort_transaction)(30)
+
+    token = uuid.uuid4().hex
+    append(encode_start(namespace, None, token, described))
+    snapshot = {"next_batch": 1, "generation": 1, "next_offset": 1, "request_offsets": {}, "log_id": token}
+    append(encode_snapshot(namespace, {**snapshot, "lanes": {0: [0, 1]}}, 0, 0))
+
+    def batch(epoch: int, first: int, end: int) -> bytes:
+        entries = [encode_entry([r["id"], r["proc"], r["args"]]) for r in requests[first:end]]
+        return encode_batch(
+            epoch, 0, int(time.time() * 1000), {0: (first, end)}, entries, None, token, 0, None,
+            set_id(described), namespace=namespace,
+        )  # fmt: skip
+
+    append(batch(1, 0, 2))
+    append(batch(2, 2, 4), commit=False)  # an append that failed, then went again
+    append(batch(2, 2, 4))
+    producer.flush(10)
+    engine = ordo(
+        "run", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", str(tmp_path / "d"),
+        "--runtime", "local", "--quiet", stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        with Client(broker, namespace) as client:
+            client.submit(requests[4:])
+        records = read_results(broker, f"{namespace}.results", len(requests), timeout=120)
+    finally:
+        code = stop(engine)
+        said = engine.stderr.read()
+    assert code == 0, said
+    assert sorted(r["id"] for r in records) == sorted(r["id"] for r in requests)  # each once
+    assert all(r["status"] == "committed" for r in records), records
+    counts, _ = accepted_log(broker, namespace, {r["id"] for r in requests})
+    assert max(counts.values()) == 1
+    deposited = sum(r["args"]["account_amount"] for r in requests)
+    assert sum(v for (table, _), v in dump_state(str(tmp_path / "d")).items() if table == "account") == deposited

@@ -429,29 +429,18 @@ def test_a_log_from_before_places_is_read_up_to_its_first_record_sealed_in_place
     assert resumed.placed and resumed.accept(copy, 3) is None and resumed.dropped == 1
 
 
-def test_the_previous_release_s_own_encoder_writes_what_before_places_makes(tmp_path):
-    """The old-style records these tests build are those the release before versions wrote:
-    its sequencer/log.py, taken from the repository's history, encodes the same bytes, and
-    this version reads them."""
-    from ordo.sequencer.log import LogCursor, encode_batch, encode_entry, encode_start
-
+def with_an_earlier_log_module(tmp_path, commit: str, release: str, code: str) -> str:
+    """The standard output of `code` run against sequencer/log.py (and log_secret.py) of
+    `commit`, taken from the repository's history; skipped where the history lacks it."""
     old = tmp_path / "old" / "ordo" / "sequencer"
     old.mkdir(parents=True)
     for name in ("log.py", "log_secret.py"):
-        shown = subprocess.run(
-            ["git", "show", f"f13108cf1a1c85a495b22ad53641571c2c76af2e:sequencer/{name}"], cwd=ROOT, capture_output=True
-        )
+        shown = subprocess.run(["git", "show", f"{commit}:sequencer/{name}"], cwd=ROOT, capture_output=True)
         if shown.returncode != 0:
-            pytest.skip(f"the repository's history lacks the release before versions: {shown.stderr[:200]!r}")
+            pytest.skip(f"the repository's history lacks the release {release}: {shown.stderr[:200]!r}")
         (old / name).write_bytes(shown.stdout)
     for package in (old.parent, old):
         (package / "__init__.py").write_text("")
-    described = {"procedures": {"p": "1"}, "tables": {}}
-    code = (
-        "import sys; from ordo.sequencer.log import encode_start, encode_batch, encode_entry; "
-        f"print(encode_start('L', {described!r}).hex()); "
-        "print(encode_batch(1, 0, 5, {0: (0, 1)}, [encode_entry(['a', 'p', {}])], log_id='L').hex())"
-    )
     done = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
@@ -461,7 +450,23 @@ def test_the_previous_release_s_own_encoder_writes_what_before_places_makes(tmp_
         cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr
-    written = [bytes.fromhex(line) for line in done.stdout.split()]
+    return done.stdout
+
+
+def test_the_previous_release_s_own_encoder_writes_what_before_places_makes(tmp_path):
+    """The old-style records these tests build are those the release before versions wrote:
+    its sequencer/log.py, taken from the repository's history, encodes the same bytes, and
+    this version reads them."""
+    from ordo.sequencer.log import LogCursor, encode_batch, encode_entry, encode_start
+
+    described = {"procedures": {"p": "1"}, "tables": {}}
+    code = (
+        "import sys; from ordo.sequencer.log import encode_start, encode_batch, encode_entry; "
+        f"print(encode_start('L', {described!r}).hex()); "
+        "print(encode_batch(1, 0, 5, {0: (0, 1)}, [encode_entry(['a', 'p', {}])], log_id='L').hex())"
+    )
+    out = with_an_earlier_log_module(tmp_path, "f13108cf1a1c85a495b22ad53641571c2c76af2e", "before versions", code)
+    written = [bytes.fromhex(line) for line in out.split()]
     assert written == [
         before_places(encode_start("ns", None, "L", described)),
         before_places(encode_batch(1, 0, 5, {0: (0, 1)}, [encode_entry(["a", "p", {}])], log_id="L", namespace="ns")),
@@ -643,15 +648,6 @@ def test_a_log_and_a_checkpoint_of_the_main_before_sources_are_read_as_they_were
     checkpointed resumes here as a reader from the head would."""
     from ordo.sequencer.log import LogCursor, encode_batch, encode_entry, encode_start
 
-    old = tmp_path / "old" / "ordo" / "sequencer"
-    old.mkdir(parents=True)
-    for name in ("log.py", "log_secret.py"):
-        shown = subprocess.run(["git", "show", f"6774588:sequencer/{name}"], cwd=ROOT, capture_output=True)
-        if shown.returncode != 0:
-            pytest.skip(f"the repository's history lacks the release before sources: {shown.stderr[:200]!r}")
-        (old / name).write_bytes(shown.stdout)
-    for package in (old.parent, old):
-        (package / "__init__.py").write_text("")
     code = (
         "import json; from ordo.sequencer.log import LogCursor, encode_start, encode_batch, encode_entry; "
         "start = encode_start('ns', None, 'L', None); "
@@ -659,16 +655,8 @@ def test_a_log_and_a_checkpoint_of_the_main_before_sources_are_read_as_they_were
         "cursor = LogCursor(namespace='ns'); cursor.accept(start, 0); cursor.accept(batch, 1); "
         "print(start.hex()); print(batch.hex()); print(json.dumps(cursor.to_dict()))"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": str(old.parent.parent)},
-        cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stderr
-    start_hex, batch_hex, checkpoint = done.stdout.split("\n")[:3]
+    out = with_an_earlier_log_module(tmp_path, "6774588", "before sources", code)
+    start_hex, batch_hex, checkpoint = out.split("\n")[:3]
     start, batch = bytes.fromhex(start_hex), bytes.fromhex(batch_hex)
     assert start == encode_start("ns", None, "L", None)
     assert batch == encode_batch(1, 0, 5, {0: (0, 1)}, [encode_entry(["a", "p", {}])], log_id="L", namespace="ns")
