@@ -54,7 +54,7 @@ rootLogger.appenderRef.out.ref = out
 
 # The broker's heap, fixed in size (the collector never resizes it), and its collector: ZGC,
 # whose pauses last under a millisecond. Under Kafka's own choice, G1 with a 20 ms pause goal,
-# the broker stopped for 10-50 ms about once a second at 2,000 requests/s on two cores, and
+# the broker stopped for 7-50 ms about every 2 s at 2,000 requests/s on two cores, and
 # every hop the broker answers (a produce's acknowledgement, a fetch) has those stops as its
 # tail (docs/benchmarks.md, "The broker's collector").
 DEFAULT_HEAP = "768m"

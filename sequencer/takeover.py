@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 from ordo.sequencer.kafka import consumer_config
 from ordo.sequencer.log import LogCursor, LogError, is_batch_record
@@ -62,12 +62,11 @@ class TakeoverWatch:
     def _run(self) -> None:
         try:
             while not self._stop.is_set() and self.moved_at is None:
+                # Errors pass: the log's readers and the sequencer's watch report a broker's trouble.
                 for message in self._consumer.consume(1000, 0.2):
                     if message.error() is None and self._ends_generation(message.offset(), message.value()):
                         self.moved_at = message.offset()
                         return
-                    if message.error() is not None and message.error().code() != KafkaError._PARTITION_EOF:
-                        continue  # the log's readers and the sequencer's watch report a broker's trouble
         finally:
             self._consumer.close()
 
