@@ -35,7 +35,7 @@ from ordo.reading import (
 )
 from ordo.scheduler.stream_outputs import stream_topic
 from ordo.errors import BrokerUnavailable, NotSent, OrdoError, OutcomeTimeout, Timeout, TopicMissing
-from ordo.sequencer.kafka import REQUEST_BATCHING, consumer_config, kafka_config, watermarks
+from ordo.sequencer.kafka import REQUEST_BATCHING, arrived, consumer_config, kafka_config, watermarks
 from ordo.sequencer.log_probe import ABSENT_GRACE
 from ordo.sequencer.reachability import UNANSWERED
 from ordo.sequencer.topics import Topics
@@ -331,7 +331,7 @@ class Client:
         last = time.monotonic()
         try:
             while idle is None or time.monotonic() - last < idle:
-                for message in consumer.consume(10_000, 0.1):
+                for message in arrived(consumer, 0.1):
                     error = message.error()
                     if error is not None:
                         if error.code() == KafkaError._PARTITION_EOF or error.code() in UNANSWERED:

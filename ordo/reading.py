@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
 
 from ordo.errors import OrdoError
-from ordo.sequencer.kafka import consumer_config
+from ordo.sequencer.kafka import arrived, consumer_config
 
 BEGINNING, END = "beginning", "end"
 Position = str | int  # "beginning", "end", or a batch number
@@ -203,7 +203,7 @@ def read_topic(
         from_batch = start if type(start) is int else None
         last = time.monotonic()
         while idle is None or time.monotonic() - last < idle:
-            for message in consumer.consume(1000, 0.1):
+            for message in arrived(consumer, 0.1, 1000):
                 error = message.error()
                 if error is not None:
                     if error.code() == KafkaError._PARTITION_EOF:

@@ -77,6 +77,14 @@ TAIL_FETCH_WAIT_MS = 50  # see consumer_config
 REQUEST_BATCHING = {"linger.ms": 20, "batch.num.messages": 10_000, "batch.size": 1_000_000}
 
 
+def arrived(consumer, timeout: float, most: int = 10_000) -> list:
+    """The messages that arrive within `timeout` seconds: the first one, with whatever came
+    with it, at once. `consume(most, timeout)` alone sits out all of `timeout` unless `most`
+    messages came, which would add up to `timeout` to every hop that reads this way."""
+    first = consumer.poll(timeout)
+    return [] if first is None else [first, *consumer.consume(most - 1, 0)]
+
+
 def consumer_config(bootstrap: str, settings: dict[str, Any] | None = None) -> dict[str, Any]:
     """Consumer settings for a pipeline that waits on every hop. A fetch at the tail waits
     up to 50 ms for data: a broker answers it as soon as a record arrives, so the wait costs

@@ -26,7 +26,7 @@ from typing import Callable
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
-from ordo.sequencer.kafka import consumer_config, watermarks
+from ordo.sequencer.kafka import arrived, consumer_config, watermarks
 from ordo.sequencer.log import (
     SKIP,
     STALE_LIMIT,
@@ -364,13 +364,8 @@ class LogReader:
             except (KafkaException, TimeoutError):
                 return []  # no answer yet: asked again on the next poll, nothing read before
             self._secret_checked = True
-        # Wait for the first record only, then take what is already here: consume(n, t)
-        # alone would sit out all of t unless n records came.
-        first = self._consumer.poll(timeout)
-        if first is None:
-            return []
         out = []
-        for message in [first, *self._consumer.consume(max_records - 1, 0)]:
+        for message in arrived(self._consumer, timeout, max_records):
             error = message.error()
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
