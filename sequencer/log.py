@@ -132,9 +132,8 @@ class SecretMismatch(LogError):
 
 # Batches of an older generation of a lane that continued its sequence after a newer start
 # record of that lane, with no batch of the newer generation yet: a superseded sequencer
-# stops at its next cut once it has read that start record (sequencer/takeover.py, a fetch
-# away), leaving at most the batch it was appending, so more than this means the start
-# record did not come from a sequencer that went on to write (a foreign or forged record).
+# leaves at most STALE_APPENDS of them (sequencer/takeover.py), so more than this means the
+# start record did not come from a sequencer that went on to write (a foreign or forged record).
 STALE_LIMIT = 4
 
 # Start tokens a cursor remembers (LogCursor.starts): a copy of any of the latest this many

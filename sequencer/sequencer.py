@@ -34,7 +34,7 @@ from ordo.procedures.fingerprint import describe, set_id, short
 from ordo.procedures.registry import Registry
 from ordo.procedures.ollp import is_resequenced, request_identity
 from ordo.sequencer.dedupe import RecentIds
-from ordo.sequencer.kafka import consumer_config, kafka_config
+from ordo.sequencer.kafka import arrived, consumer_config, kafka_config
 from ordo.sequencer.lag import sequencer_group
 from ordo.sequencer.lane_owner import Superseded, note, own_owner, refuse_if_taken, who_took_over
 from ordo.sequencer.log_probe import LogWatch, fingerprint
@@ -235,6 +235,8 @@ class Sequencer:
         self._started_at = -1  # this sequencer's start record's offset: its generation
         self._log_end = 0  # the log's end offset after this sequencer's last append, as far as known
         self._last_appended: tuple[int, bytes] | None = None  # (offset, fingerprint)
+        self._latest_end = 0  # the log's end offset after this sequencer's latest append
+        self._confirm_through = 0  # and after the one before it, which the watch must have read before the next
         self._probe: LogWatch | None = None
         self._takeover: TakeoverWatch | None = None
         self._append_error: KafkaError | None = None  # the latest append's failure, from its delivery report
@@ -482,8 +484,7 @@ class Sequencer:
             else:
                 # An empty epoch opens at the first request: wait for it alone, take what came
                 # with it (with group commit, all that came during the last append).
-                first = self._consumer.poll(max(max_delay, IDLE_WAIT))
-                messages = [first, *self._consumer.consume(room - 1, 0)] if first is not None else []
+                messages = arrived(self._consumer, max(max_delay, IDLE_WAIT), room)
             if not messages and not epoch.entries:
                 self._watch()
             for message in messages:
@@ -650,7 +651,7 @@ class Sequencer:
 
     def _cut(self, epoch: _Epoch) -> _Epoch:
         self._check_cluster()  # the watches' latest answers: no request to the broker here
-        self._check_lane()
+        self._await_watch(self._confirm_through)  # never more than one append ahead of the watch
         self._last_cut_at = time.monotonic()
         self._last_time = max(self._last_time, int(time.time() * 1000))
         number = self.next_epoch
@@ -669,16 +670,17 @@ class Sequencer:
             namespace=self.topics.namespace,
         )
         positions = [self._topic_partition(p, span[1]) for p, span in epoch.offsets.items()]
-        records = [record]
         accepted = self._accepted + sum(placement is not None for placement in epoch.placements)
+        self._append([record], positions)
         if number % SNAPSHOT_EVERY == 0:
+            # Only of a batch every reader accepts: the watch has read up to it, the lane still ours.
+            self._await_watch(self._log_end)
             after = LogCursor.from_dict(self._own_cursor(), self.topics.namespace)
             after.next_batch += 1
             after.lanes[self.config.index][1] += 1
             for position, span in epoch.offsets.items():
                 after.consumed(position, span[1])
-            records.append(self._snapshot(after.to_dict(), accepted))
-        self._append(records, positions)
+            self._append([self._snapshot(after.to_dict(), accepted)], [])
         if log.isEnabledFor(logging.DEBUG):
             rejected = sum(placement is None for placement in epoch.placements)
             log.debug(
@@ -712,6 +714,7 @@ class Sequencer:
         waiting = producer.flush(timeout)
         if self._append_error is not None or waiting:
             raise BrokerLost(self._cannot_append(self._append_error))
+        self._confirm_through, self._latest_end = self._latest_end, self._log_end
         if positions:
             self._note_positions_soon(positions)
 
@@ -802,6 +805,18 @@ class Sequencer:
         lost_cluster = self._probe.lost_cluster() if self._probe is not None else None
         if lost_cluster is not None:
             raise BrokerLost(lost_cluster)
+
+    def _await_watch(self, end: int) -> None:
+        """Wait until the takeover watch has read the log up to offset `end`, then stop if
+        the lane moved on: what bounds a superseded sequencer's appends (sequencer/takeover.py)."""
+        watch = self._takeover
+        if watch is not None and not watch.read_through(end, APPEND_DEADLINE):
+            raise BrokerLost(
+                f"{self.topics.log} could not be read back up to offset {end} within {APPEND_DEADLINE:.0f} s, so "
+                f"this sequencer cannot tell whether another took its lane over: the broker does not serve the "
+                f"log; start it again (on its data directory, it keeps the log) and restart Ordo"
+            )
+        self._check_lane()
 
     def _check_lane(self) -> None:
         """Stop once the log has moved this lane on without this sequencer: its batches

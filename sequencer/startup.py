@@ -30,6 +30,7 @@ from ordo.sequencer.log import (
     SNAPSHOT,
     SNAPSHOT_EVERY,
     START,
+    UPGRADE,
     LogCursor,
     LogError,
     Snapshot,
@@ -116,7 +117,8 @@ def find_seed(
 def in_place(snapshot: Snapshot, earlier: list[list], namespace: str, log_id: str) -> bool:
     """Whether the newest record of the snapshot's lane before it (in `earlier`, in log
     order) is the one it follows: its lane's batch of the generation it names and the epoch
-    before the one it names, or that generation's start record."""
+    before the one it names, or that generation's start record; with no upgrade record or
+    start record of another sequencer count between, either of which closes every lane."""
     lane = snapshot.cursor.lanes.get(snapshot.sequencer)
     if lane is None:
         return False
@@ -132,6 +134,8 @@ def in_place(snapshot: Snapshot, earlier: list[list], namespace: str, log_id: st
             continue
         if kind == BATCH:
             return record.generation == generation and record.epoch == next_epoch - 1
+        if kind == UPGRADE or (kind == START and record.sequencers != snapshot.sequencers):
+            return False  # every lane closed between the batch and the snapshot: it describes none
         if kind == START and record.sequencer == snapshot.sequencer:
             return offset == generation
         if kind == SNAPSHOT and record.sequencer == snapshot.sequencer:

@@ -13,18 +13,34 @@ So each sequencer follows the log after its own start record in a thread of its 
 the same acceptance rule every reader applies to start, upgrade and skip records (a copy
 of a start record already met opens nothing), passing over batch records undecoded.
 The sequencer asks `moved_on()` before each append and while idle: the answer costs no
-request to the broker. A sequencer that took over is noticed within a fetch of its start
-record (milliseconds), so the superseded one leaves at most the batches it had in flight
-behind it, which readers drop as stale."""
+request to the broker.
+
+Without a transaction to fence it, a superseded sequencer's appends are bounded by the
+watch alone, so the sequencer never runs ahead of it by more than one append: before an
+append it waits until the watch has read through every append of its own but the latest
+(`read_through`). A record that ends its generation lies before all but at most two of its
+appends (one it had acknowledged, one in flight), and the third waits for the watch to
+pass it: a superseded sequencer leaves at most two stale appends behind, whatever the
+scheduling of its threads, which readers drop as stale. The watch normally reads an
+append a fetch after it was acknowledged, long before the next is due, so the wait costs
+nothing while all is well. A snapshot is appended only once the watch has read through
+the batch it follows with the lane still this sequencer's (`Sequencer._cut`): a snapshot
+always describes a batch every reader accepts."""
 
 from __future__ import annotations
 
 import threading
+import time
 
 from confluent_kafka import Consumer, TopicPartition
 
-from ordo.sequencer.kafka import consumer_config
+from ordo.sequencer.kafka import arrived, consumer_config
 from ordo.sequencer.log import LogCursor, LogError, is_batch_record
+from ordo.sequencer.reader import REFETCH_AFTER
+
+
+# The most appends a superseded sequencer makes after the record that ended its generation.
+STALE_APPENDS = 2
 
 
 class TakeoverWatch:
@@ -36,6 +52,9 @@ class TakeoverWatch:
         self.topic, self.lane, self.generation = topic, lane, generation
         self.moved_at: int | None = None  # the offset of the record that ended this lane's generation
         self.upgraded = False  # whether that record is an upgrade record
+        self._read_to = cursor.next_offset  # every record before this offset has been read
+        self._wanted = 0  # the offset the sequencer waits for the watch to reach
+        self._progress = threading.Condition()
         self._cursor = LogCursor.from_dict(cursor.to_dict(), cursor.namespace)
         self._cursor.only = None  # as the engines read it: a reconfiguration closes this lane too
         self._stop = threading.Event()
@@ -59,16 +78,45 @@ class TakeoverWatch:
         batches, once one was read; else None."""
         return self.moved_at
 
+    def read_through(self, end: int, timeout: float) -> bool:
+        """Wait until every record before offset `end` has been read, or the lane moved on;
+        False if neither happened within `timeout` seconds (the log cannot be read back)."""
+        with self._progress:
+            self._wanted = max(self._wanted, end)
+            self._progress.wait_for(
+                lambda: self._read_to >= end or self.moved_at is not None or not self._thread.is_alive(), timeout
+            )
+            return self._read_to >= end or self.moved_at is not None
+
     def _run(self) -> None:
+        moved = time.monotonic()  # when the watch last read a record, or began to wait for one
         try:
             while not self._stop.is_set() and self.moved_at is None:
                 # Errors pass: the log's readers and the sequencer's watch report a broker's trouble.
-                for message in self._consumer.consume(1000, 0.2):
-                    if message.error() is None and self._ends_generation(message.offset(), message.value()):
+                read_to = self._read_to
+                for message in arrived(self._consumer, 0.2, 1000):
+                    if message.error() is not None:
+                        continue
+                    if self._ends_generation(message.offset(), message.value()):
                         self.moved_at = message.offset()
-                        return
+                        break
+                    read_to = max(read_to, message.offset() + 1)
+                now = time.monotonic()
+                if read_to != self._read_to or self.moved_at is not None:
+                    moved = now
+                    with self._progress:
+                        self._read_to = read_to
+                        self._progress.notify_all()
+                elif self._wanted <= read_to:
+                    moved = now
+                elif now - moved >= REFETCH_AFTER:
+                    # Records the sequencer appended, and none came: fetch afresh (as LogReader does).
+                    self._consumer.assign([TopicPartition(self.topic, 0, read_to)])
+                    moved = now
         finally:
             self._consumer.close()
+            with self._progress:
+                self._progress.notify_all()
 
     def _ends_generation(self, offset: int, value: bytes | None) -> bool:
         if value is None or is_batch_record(value):

@@ -109,3 +109,28 @@ def test_a_sequencer_on_a_namespace_without_topics_says_so_and_exits(broker, nam
         timeout=60,
     )
     assert done.returncode == 2 and "do not exist" in done.stderr, done.stderr
+
+
+def test_a_snapshot_is_out_of_place_after_a_record_that_closed_its_lane():
+    """A snapshot describes the batch before it only while its lane is open: an upgrade
+    record or a start record of another sequencer count between the two closed every lane,
+    and a start record of its own lane began another generation."""
+    from ordo.sequencer.log import LogCursor, batch_head, decode, encode_batch, encode_entry, encode_snapshot
+    from ordo.sequencer.log import encode_start, encode_upgrade
+    from ordo.sequencer.startup import in_place
+
+    ns = "ns"
+    start = encode_start(ns, None, "L")  # the log's first record: its token names the log
+    batch = encode_batch(1, 0, 5, {0: (0, 1)}, [encode_entry(["a", "p", {}])], log_id="L", namespace=ns)
+    cursor = LogCursor(namespace=ns)
+    cursor.accept(start, 0)
+    cursor.accept(batch, 1)
+    _, snapshot = decode(encode_snapshot(ns, cursor.to_dict(), 1, 5), ns, "L")
+    earlier = [[0, start, None], [1, batch, batch_head(batch)]]
+    assert in_place(snapshot, earlier, ns, "L")
+    for closing in (
+        encode_upgrade(ns, {}, 2, "L"),
+        encode_start(ns, "L", "another count", None, 1, 2),
+        encode_start(ns, "L", "a newer generation"),
+    ):
+        assert not in_place(snapshot, [*earlier, [2, closing, None]], ns, "L")

@@ -20,9 +20,10 @@ from ordo.client import Client
 from ordo.procedures.loading import load_registry
 from ordo.procedures.workloads import sl
 from ordo.sequencer.lane_owner import Superseded
-from ordo.sequencer.log import STALE_LIMIT, LogCursor
+from ordo.sequencer.log import LogCursor
 from ordo.sequencer.reader import LogReader
 from ordo.sequencer.sequencer import Sequencer, SequencerConfig
+from ordo.sequencer.takeover import STALE_APPENDS, TakeoverWatch
 from ordo.sequencer.topics import Topics, ensure_topics
 from tests.helpers import ordo, stop
 
@@ -69,7 +70,19 @@ def accepted_log(broker: str, namespace: str, ids: set[str], timeout: float = 60
     return counts, most_stale
 
 
-def test_a_busy_sequencer_taken_over_stops_and_its_requests_enter_the_log_once(broker, namespace):
+@pytest.mark.parametrize("watch", ["prompt", "lagging"])
+def test_a_busy_sequencer_taken_over_stops_and_its_requests_enter_the_log_once(broker, namespace, watch, monkeypatch):
+    """`lagging`: every sequencer's takeover watch takes 30 ms over each record, as on a
+    machine too busy to schedule its thread: the superseded one still appends at most
+    STALE_APPENDS batches after the start record that took its lane over."""
+    if watch == "lagging":
+        ends_generation = TakeoverWatch._ends_generation
+
+        def slowly(self, offset, value):
+            time.sleep(0.03)
+            return ends_generation(self, offset, value)
+
+        monkeypatch.setattr(TakeoverWatch, "_ends_generation", slowly)
     ensure_topics(broker, namespace)
     requests = list(sl.generate(3000, seed=21))
     config = SequencerConfig(max_delay_ms=0, max_txns=40)  # group commit: an append every few ms
@@ -78,10 +91,10 @@ def test_a_busy_sequencer_taken_over_stops_and_its_requests_enter_the_log_once(b
     client = Client(broker, namespace)
     try:
 
-        def feed() -> None:
+        def feed() -> None:  # 500 a second for 6 s: the takeover comes while requests still do
             for start in range(0, len(requests), 30):
                 client.submit(requests[start : start + 30])
-                time.sleep(0.005)
+                time.sleep(0.06)
 
         feeder = threading.Thread(target=feed)
         feeder.start()
@@ -102,8 +115,8 @@ def test_a_busy_sequencer_taken_over_stops_and_its_requests_enter_the_log_once(b
     assert second.ended is None, second.ended
     assert set(counts) == {r["id"] for r in requests}
     assert max(counts.values()) == 1, [i for i, n in counts.items() if n > 1][:5]
-    # It stopped at its next cut: at most the batch it was appending lies after the takeover.
-    assert most_stale <= STALE_LIMIT
+    # Never more than one append ahead of its watch: at most two of its batches lie after the takeover.
+    assert most_stale <= STALE_APPENDS
 
 
 def test_a_sequencer_paused_through_a_takeover_appends_nothing_that_counts_and_stops(broker, namespace, tmp_path):
@@ -140,7 +153,7 @@ def test_a_sequencer_paused_through_a_takeover_appends_nothing_that_counts_and_s
     assert "Traceback" not in said and "fenced this one, which stops" in last, said
     assert set(counts) == {r["id"] for r in requests}
     assert max(counts.values()) == 1
-    assert most_stale <= STALE_LIMIT
+    assert most_stale <= STALE_APPENDS
 
 
 def test_a_log_the_previous_release_appended_in_transactions_is_continued(broker, namespace, tmp_path):
