@@ -92,6 +92,20 @@ def _finish(process: subprocess.Popen, timeout: float = 120) -> tuple[int, str]:
     return process.returncode, err
 
 
+def _answer(client: Client, request_id: str, engine: subprocess.Popen, timeout: float = 120) -> dict:
+    """The outcome of `request_id`; if none comes, what the engine said instead."""
+    found = client.wait([request_id], timeout)
+    if request_id not in found:
+        code = engine.poll()
+        if code is None:
+            engine.kill()
+        _, err = engine.communicate()
+        raise AssertionError(
+            f"no outcome for {request_id} within {timeout:.0f} s; the engine (exit {code}) said: {err}"
+        )
+    return found[request_id]
+
+
 def _log_end(broker: str, namespace: str) -> int:
     from confluent_kafka import Consumer, TopicPartition
 
@@ -378,7 +392,7 @@ def test_an_upgrade_under_load_stops_the_old_engine_at_its_batch_and_loses_nothi
             assert "Traceback" not in err, err
             engine = _run(tmp_path, broker, namespace, live, "bank:app")
             probe = client.submit("deposit", {"account": 10**6, "amount": 1}, request_id="probe")
-            assert client.wait_one(probe, timeout=120)["result"] == 2
+            assert _answer(client, probe, engine)["result"] == 2
             upgrade_s = time.monotonic() - started  # from `ordo upgrade` to the first answer of v2
             time.sleep(3)
         finally:
