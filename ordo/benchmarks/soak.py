@@ -133,8 +133,17 @@ class _Engine:
                 self.serving.set()
 
     def scrape(self) -> dict:
-        with urllib.request.urlopen(self.metrics_url, timeout=10) as response:
-            return parse_metrics(response.read().decode())
+        try:
+            with urllib.request.urlopen(self.metrics_url, timeout=10) as response:
+                return parse_metrics(response.read().decode())
+        except OSError as exc:  # URLError included: most often the engine is gone, and its last line says why
+            try:
+                code = self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(
+                    f"ordo run's metrics at {self.metrics_url} do not answer ({exc}): {self.last_line()}"
+                ) from None
+            raise RuntimeError(f"ordo run exited with {code}: {self.last_line()}") from None
 
     def last_line(self) -> str:
         return self.lines[-1] if self.lines else "no output"
@@ -203,9 +212,13 @@ class Bouncer:
                 )
                 return
             back = time.monotonic()
-            before = answered(self.engine.scrape())
-            while answered(self.engine.scrape()) <= before and not self._stop.is_set():
-                time.sleep(0.2)
+            try:
+                before = answered(self.engine.scrape())
+                while answered(self.engine.scrape()) <= before and not self._stop.is_set():
+                    time.sleep(0.2)
+            except RuntimeError as exc:
+                self.failure = f"after the {how} at {at - self._started:.0f} s: {exc}"
+                return
             event = {
                 "t": round(at - self._started, 1),
                 "how": how,
@@ -447,7 +460,8 @@ def _drive(
     samples.append(last)
     if last["answered"] < count:
         raise RuntimeError(
-            f"only {last['answered']:,} of {count:,} requests were answered within {DRAIN_S:.0f} s of the last send"
+            f"only {last['answered']:,} of {count:,} requests were answered within {DRAIN_S:.0f} s of the last "
+            f"send; the engine's last line: {engine.last_line()}"
         )
     return samples
 
