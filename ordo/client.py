@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 import time
 import uuid
 from collections import Counter
@@ -40,6 +41,10 @@ from ordo.sequencer.log_probe import ABSENT_GRACE
 from ordo.sequencer.reachability import UNANSWERED
 from ordo.sequencer.topics import Topics
 from ordo.sequencer.wire import fields_problem, id_problem
+
+# Outcome readers a client keeps between reads: enough for a few threads that read at once.
+IDLE_READERS = 2
+PARTITIONS_KEPT_FOR = 10.0  # seconds a kept reader trusts the partitions of <ns>.results last listed
 
 _Item = TypeVar("_Item")
 
@@ -86,6 +91,13 @@ class Client:
         self.settings = dict(settings or {})
         self._producer: Producer | None = None
         self._start: dict[int, int] | None = None  # results partition -> offset before our first request
+        # Outcome readers between reads: a new consumer costs about 55 ms (its connection and
+        # metadata) before its first fetch, which a call that waits for one outcome would pay each time.
+        self._idle_readers: list[Consumer] = []
+        self._readers_lock = threading.Lock()
+        # <ns>.results' partitions as last listed, and when: a kept reader asks for them again
+        # only after PARTITIONS_KEPT_FOR, as its metadata request waits behind its last fetch.
+        self._listed: tuple[float, list[int]] | None = None
 
     # -- submitting --------------------------------------------------------------------------
 
@@ -313,14 +325,34 @@ class Client:
         return _until_the_broker_answers(lambda bounded: self._bounded_reader(from_beginning, bounded), timeout)
 
     def _bounded_reader(self, from_beginning: bool, timeout: float) -> Consumer:
-        consumer = self._consumer()
-        start = {} if from_beginning else (self._start if self._start is not None else self._end_offsets(timeout))
-        partitions = self._partitions(consumer, min(timeout, 10.0))
+        with self._readers_lock:
+            consumer = self._idle_readers.pop() if self._idle_readers else None
+        listed = self._listed
+        if consumer is None or listed is None or time.monotonic() - listed[0] > PARTITIONS_KEPT_FOR:
+            listed = None
+        consumer = consumer or self._consumer()
+        try:
+            start = {} if from_beginning else (self._start if self._start is not None else self._end_offsets(timeout))
+            partitions = listed[1] if listed else self._partitions(consumer, min(timeout, 10.0))
+            if partitions and not listed:
+                self._listed = (time.monotonic(), partitions)
+        except BaseException:
+            consumer.close()
+            raise
         if not partitions:
             consumer.close()
             raise self._missing(self.topics.results)
         consumer.assign([TopicPartition(self.topics.results, p, start.get(p, OFFSET_BEGINNING)) for p in partitions])
         return consumer
+
+    def _release(self, consumer: Consumer) -> None:
+        """Keep an outcome reader for the next read (a few at most: one per thread reading at once)."""
+        consumer.unassign()
+        with self._readers_lock:
+            if len(self._idle_readers) < IDLE_READERS:
+                self._idle_readers.append(consumer)
+                return
+        consumer.close()
 
     def stream(self, from_beginning: bool = False, idle: float | None = None) -> Iterator[dict]:
         """Every outcome as it arrives, from every partition of <ns>.results: from where the
@@ -340,7 +372,7 @@ class Client:
                     last = time.monotonic()
                     yield _outcome(message.value())
         finally:
-            consumer.close()
+            self._release(consumer)
 
     def collect(
         self,
@@ -440,10 +472,15 @@ class Client:
         )
 
     def close(self) -> None:
-        """Wait (up to 10 s) until the broker has every request sent, and let go of the producer."""
+        """Wait (up to 10 s) until the broker has every request sent, and let go of the producer
+        and of the outcome readers."""
         if self._producer is not None:
             self._producer.flush(10)
             self._producer = None
+        with self._readers_lock:
+            idle, self._idle_readers = self._idle_readers, []
+        for consumer in idle:
+            consumer.close()
 
     def __enter__(self) -> "Client":
         return self

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -275,3 +276,26 @@ def test_client_submits_waits_and_streams_its_outcomes(broker, namespace, engine
         return outcome
 
     assert asyncio.run(use_async())["status"] == "committed"
+
+
+def test_waits_one_after_another_and_at_once_each_see_every_outcome_since_the_first_request(broker, namespace, engine):
+    """A client keeps its outcome readers between waits: each wait still reads from the
+    client's first request, so an outcome an earlier wait read past is found again, and
+    waits from several threads at once each get a reader of their own."""
+    with Client(broker, namespace) as client:
+        ids = [client.submit("sl_deposit", deposit(f"w{i}", i)["args"], request_id=f"w{i}") for i in range(8)]
+        assert client.wait_one(ids[-1], timeout=60)["id"] == ids[-1]
+        for request_id in ids[:4]:
+            assert client.wait_one(request_id, timeout=60)["id"] == request_id
+        found: dict[str, dict] = {}
+
+        def wait(request_id: str) -> None:
+            found[request_id] = client.wait_one(request_id, timeout=60)
+
+        threads = [threading.Thread(target=wait, args=(request_id,)) for request_id in ids[4:]]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(90)
+        assert {request_id: outcome["id"] for request_id, outcome in found.items()} == {i: i for i in ids[4:]}
+        assert [o["id"] for o in client.stream(idle=2)].count(ids[0]) == 1
