@@ -72,7 +72,17 @@ class BrokerWatch:
         self.bootstrap = bootstrap
         self._stream = stream if stream is not None else sys.stderr
         self._every, self._remind_every = every, remind_every
-        self._admin = AdminClient(kafka_config(bootstrap, {"socket.connection.setup.timeout.ms": int(TIMEOUT * 1000)}))
+        self._admin = AdminClient(
+            kafka_config(
+                bootstrap,
+                {
+                    "socket.connection.setup.timeout.ms": int(TIMEOUT * 1000),
+                    # After a long outage librdkafka waits up to 10 s between reconnections: a
+                    # look every WATCH_EVERY seconds would say the broker is back that much late.
+                    "reconnect.backoff.max.ms": int(WATCH_EVERY * 1000),
+                },
+            )
+        )
         self._lock = threading.Lock()
         self._back = threading.Event()
         self._back.set()
