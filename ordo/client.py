@@ -326,16 +326,16 @@ class Client:
 
     def _bounded_reader(self, from_beginning: bool, timeout: float) -> Consumer:
         with self._readers_lock:
-            consumer = self._idle_readers.pop() if self._idle_readers else None
-        listed = self._listed
-        if consumer is None or listed is None or time.monotonic() - listed[0] > PARTITIONS_KEPT_FOR:
-            listed = None
-        consumer = consumer or self._consumer()
+            kept = self._idle_readers.pop() if self._idle_readers else None
+        consumer = kept or self._consumer()
         try:
             start = {} if from_beginning else (self._start if self._start is not None else self._end_offsets(timeout))
-            partitions = listed[1] if listed else self._partitions(consumer, min(timeout, 10.0))
-            if partitions and not listed:
-                self._listed = (time.monotonic(), partitions)
+            listed = self._listed
+            if kept and listed and time.monotonic() - listed[0] <= PARTITIONS_KEPT_FOR:
+                partitions = listed[1]
+            else:
+                partitions = self._partitions(consumer, min(timeout, 10.0))
+                self._listed = (time.monotonic(), partitions) if partitions else None
         except BaseException:
             consumer.close()
             raise

@@ -235,8 +235,9 @@ class Sequencer:
         self._started_at = -1  # this sequencer's start record's offset: its generation
         self._log_end = 0  # the log's end offset after this sequencer's last append, as far as known
         self._last_appended: tuple[int, bytes] | None = None  # (offset, fingerprint)
-        self._latest_end = 0  # the log's end offset after this sequencer's latest append
-        self._confirm_through = 0  # and after the one before it, which the watch must have read before the next
+        # The log's end offset after the append before this sequencer's latest: the watch must
+        # have read up to it before the next append.
+        self._confirm_through = 0
         self._probe: LogWatch | None = None
         self._takeover: TakeoverWatch | None = None
         self._append_error: KafkaError | None = None  # the latest append's failure, from its delivery report
@@ -709,12 +710,13 @@ class Sequencer:
         APPEND_DEADLINE stops the sequencer in one line."""
         producer = self._producer
         self._append_error = None
+        before = self._log_end
         for record in records:
             producer.produce(self.topics.log, value=record, partition=0, on_delivery=self._delivered)
         waiting = producer.flush(timeout)
         if self._append_error is not None or waiting:
             raise BrokerLost(self._cannot_append(self._append_error))
-        self._confirm_through, self._latest_end = self._latest_end, self._log_end
+        self._confirm_through = before
         if positions:
             self._note_positions_soon(positions)
 
