@@ -27,13 +27,18 @@ that keeps the last record per key sees duplicates only, never different data.
 from __future__ import annotations
 
 import json
+import logging
+import threading
+import time
 from typing import Any, Iterable, Protocol
 
 from confluent_kafka import KafkaException, Producer
+from confluent_kafka.admin import AdminClient
 
 from ordo.procedures.ollp import RESTARTED, restart_request
 from ordo.procedures.streams import split_result
 from ordo.scheduler.batch import Outcome
+from ordo.scheduler.stalled_outputs import StallWatch, TailsUnread, written_since
 from ordo.scheduler.stream_outputs import StreamTopics, stream_records
 from ordo.sequencer.kafka import kafka_config
 from ordo.sequencer.kafka_settings import user_kafka_settings
@@ -121,6 +126,37 @@ def _change(table: str, key: Any, value: Any) -> dict:
     return {"table": table, "key": key, "value": value}
 
 
+# An idempotent producer has been seen to deliver nothing more after a broker restart while
+# the broker answered every other client (librdkafka 2.16, a node stopped and started under
+# load). librdkafka's own way out is a message timeout, which outputs do not have: they wait
+# for a broker that is away, however long. So a worker whose outputs have had no
+# acknowledgement while the broker answered for this long replaces its producer.
+OUTPUT_STALL_S = 30.0
+
+log = logging.getLogger(__name__)
+
+
+def _bytes(key: str | bytes) -> bytes:
+    return key if isinstance(key, bytes) else key.encode()
+
+
+def _discard(producer: Producer) -> threading.Thread:
+    """Drop what `producer` still holds and close it, in a thread of its own: a producer
+    that stopped delivering may not close promptly, and the worker must not wait long on it."""
+
+    def close() -> None:
+        try:
+            producer.purge()
+            producer.flush(0)
+            producer.close()
+        except (KafkaException, RuntimeError):
+            pass
+
+    thread = threading.Thread(target=close, name="discard output producer", daemon=True)
+    thread.start()
+    return thread
+
+
 # gzip at level 1: what every common Kafka client reads without a plugin (KafkaJS reads no
 # other codec without one, kafka-python none without a package of its own), and on Ordo's
 # outputs it stores 0.14-0.15 of the raw bytes (lz4: 0.21-0.22), with the broker's CPU
@@ -164,44 +200,51 @@ class OutputSink(Protocol):
 
 
 class KafkaOutputs:
-    def __init__(self, bootstrap: str, topics: Topics, extra: dict | None = None):
+    def __init__(self, bootstrap: str, topics: Topics, extra: dict | None = None, stall_after: float = OUTPUT_STALL_S):
         self.topics = topics
-        self._producer = Producer(
-            kafka_config(
-                bootstrap,
-                {
-                    "enable.idempotence": True,
-                    "linger.ms": OUTPUT_LINGER_MS,
-                    "batch.num.messages": 10_000,
-                    "queue.buffering.max.messages": 1_000_000,
-                    # Outputs wait for a broker that is away, however long: none expires unsent.
-                    "message.timeout.ms": 0,
-                    **output_compression(user_kafka_settings()),
-                    **(extra or {}),
-                },
-            )
-        )
+        self._bootstrap = bootstrap
+        self._settings = {
+            "enable.idempotence": True,
+            "linger.ms": OUTPUT_LINGER_MS,
+            "batch.num.messages": 10_000,
+            "queue.buffering.max.messages": 1_000_000,
+            # Outputs wait for a broker that is away, however long: none expires unsent.
+            "message.timeout.ms": 0,
+            **output_compression(user_kafka_settings()),
+            **(extra or {}),
+        }
+        self._producer = Producer(kafka_config(bootstrap, self._settings))
         # Unacknowledged messages per batch; batches enter in order, so the first key is
         # the oldest batch not yet fully acknowledged.
         self._outstanding: dict[int, int] = {}
+        # What each of those batches sent, and when (ms), in case its producer must be replaced.
+        self._sent: dict[int, tuple[int, list[tuple[str, bytes, bytes]]]] = {}
+        self._acknowledged = 0
+        self._stall = StallWatch(stall_after, self._broker_answers)
+        self._admin: AdminClient | None = None  # asks whether the broker answers, while outputs stall
+        self._generation = 0  # of the producer; a replaced one's late callbacks are ignored
         self._failure: str | None = None
         self._stream_topics = StreamTopics(bootstrap)
 
     def _acknowledger(self, batch_id: int):
-        outstanding = self._outstanding
+        outstanding, sent, generation = self._outstanding, self._sent, self._generation
 
         def acknowledged(error, message) -> None:
+            if generation != self._generation:
+                return
             if error is not None:
                 if self._failure is None:
                     self._failure = (
                         f"the broker refused an output of batch {batch_id} (topic {message.topic()}): {error.str()}"
                     )
                 return
+            self._acknowledged += 1
             left = outstanding[batch_id] - 1
             if left:
                 outstanding[batch_id] = left
             else:
                 del outstanding[batch_id]
+                del sent[batch_id]
 
         return acknowledged
 
@@ -220,7 +263,13 @@ class KafkaOutputs:
             records += tuples
         if not records:  # a partition that reports no transaction of the batch has nothing to send
             return
+        if not self._outstanding:  # a stall is counted from the first output waited for
+            self._stall.progress(self._acknowledged, time.monotonic())
         self._outstanding[batch_id] = self._outstanding.get(batch_id, 0) + len(records)
+        self._sent.setdefault(batch_id, (int(time.time() * 1000), []))[1].extend(records)
+        self._produce(batch_id, records)
+
+    def _produce(self, batch_id: int, records: list[tuple[str, bytes, bytes]]) -> None:
         acknowledged = self._acknowledger(batch_id)
         produce = self._producer.produce
         for topic, key, value in records:
@@ -249,6 +298,51 @@ class KafkaOutputs:
         # (the caller waits for acknowledgements, so nothing is gained by gathering more).
         self._producer.flush(timeout)
         self._check()
+        if self._outstanding and self._stall.stalled(self._acknowledged, time.monotonic()):
+            self._replace_producer()
+
+    def _broker_answers(self) -> bool:
+        if self._admin is None:
+            self._admin = AdminClient(kafka_config(self._bootstrap))
+        try:
+            self._admin.list_topics(self.topics.results, timeout=2)
+            return True
+        except KafkaException:
+            return False
+
+    def _replace_producer(self) -> None:
+        """A new producer for the outputs the current one does not get acknowledged: the
+        old one is closed, and the new one sends, in their order, those of its outputs that
+        did not reach the broker (scheduler/stalled_outputs.py)."""
+        fresh = Producer(kafka_config(self._bootstrap, self._settings))
+        stale, self._producer = self._producer, fresh
+        self._generation += 1
+        _discard(stale).join(10)  # closed, it sends nothing more while its topics are read back
+        oldest = min(at for at, _ in self._sent.values())
+        try:
+            arrived = written_since(self._bootstrap, {t for _, r in self._sent.values() for t, _, _ in r}, oldest, 60)
+        except TailsUnread as exc:
+            # Sent again whole: a consumer sees the same record twice, as after a replay.
+            log.warning("the outputs' topics could not be read back (%s): all unacknowledged outputs go again", exc)
+            arrived = set()
+        total = sum(len(records) for _, records in self._sent.values())
+        again = 0
+        for batch_id, (_, records) in list(self._sent.items()):
+            unsent = [r for r in records if (r[0], _bytes(r[1]), r[2]) not in arrived]
+            if unsent:
+                self._outstanding[batch_id] = len(unsent)
+                self._produce(batch_id, unsent)
+                again += len(unsent)
+            else:
+                del self._outstanding[batch_id]
+                del self._sent[batch_id]
+        log.warning(
+            "the outputs' producer had nothing acknowledged while the broker answered for %.0f s: replaced; "
+            "%d unacknowledged output(s) had reached the broker, %d go again",
+            self._stall.stall_after,
+            total - again,
+            again,
+        )
 
     def _check(self) -> None:
         if self._failure is not None:

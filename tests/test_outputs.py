@@ -1,8 +1,12 @@
 import json
+import logging
 import time
 
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+
 from ordo.scheduler.batch import Outcome
-from ordo.scheduler.outputs import KafkaOutputs, change_records, outcome_record
+from ordo.scheduler.outputs import KafkaOutputs, change_records, outcome_message, outcome_record
+from ordo.sequencer.kafka import consumer_config, kafka_config
 from ordo.sequencer.topics import ensure_topics
 
 
@@ -88,3 +92,73 @@ def test_a_partition_that_reports_nothing_of_a_batch_has_it_delivered_at_once(br
         assert outputs.delivered(1)
     finally:
         outputs.close()
+
+
+def _everything_on(broker: str, topic: str) -> list[tuple[bytes, bytes]]:
+    """(key, value) of every record of `topic`, in order, repeats included."""
+    consumer = Consumer(consumer_config(broker, {"group.id": f"{topic}-read", "enable.auto.commit": False}))
+    try:
+        _, end = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        records, position = [], 0
+        deadline = time.monotonic() + 30
+        while position < end and time.monotonic() < deadline:
+            for message in consumer.consume(1000, 0.5):
+                if message.error() is None:
+                    records.append((message.key(), message.value()))
+                    position = message.offset() + 1
+        return records
+    finally:
+        consumer.close()
+
+
+def test_a_producer_that_stopped_delivering_is_replaced_and_only_what_did_not_arrive_goes_again(
+    broker, namespace, caplog
+):
+    """Outputs wait for a broker that is away, however long; but a producer that has
+    delivered nothing for a while as the broker answers is replaced, and of its unacknowledged
+    outputs the new one sends those the broker does not hold, in their order: each output
+    once. The stalled producer here is one whose broker never answers; what it wrote without
+    an acknowledgement is the first outcome, written beside it."""
+    topics = ensure_topics(broker, namespace)
+    outputs = KafkaOutputs(broker, topics, stall_after=1.0)
+    outputs._producer.flush(5)
+    outputs._producer = Producer(kafka_config("127.0.0.1:9", {"enable.idempotence": True, "message.timeout.ms": 0}))
+    first = [Outcome(0, "r-1", "committed", None, None), Outcome(1, "r-2", "aborted", None, "no")]
+    second = [Outcome(0, "r-3", "committed", None, None)]
+    try:
+        outputs.publish(1, 2, first, [[0, "kv", 1, 2]], [])
+        outputs.publish(2, 1, second, [[0, "kv", 3, 4]], [])
+        _, key, value = outcome_message(first[0], 1, topics)
+        beside = Producer(kafka_config(broker))
+        beside.produce(topics.results, key=key, value=value)
+        assert beside.flush(30) == 0
+        deadline = time.monotonic() + 90
+        with caplog.at_level(logging.WARNING, logger="ordo.scheduler.outputs"):
+            while not outputs.delivered(2) and time.monotonic() < deadline:
+                outputs.wait(0.01)
+        assert outputs.delivered(2)
+        assert "1 unacknowledged output(s) had reached the broker, 5 go again" in caplog.text
+    finally:
+        outputs.close()
+    results = _everything_on(broker, topics.results)
+    assert [json.loads(v)["id"] for _, v in results] == ["r-1", "r-2", "r-3"]
+    assert [k for k, _ in _everything_on(broker, topics.changes)] == [b"1.0.0", b"1.1.0", b"2.0.0"]
+
+
+def test_outputs_wait_for_a_broker_that_is_away_without_replacing_their_producer(namespace, caplog):
+    """No acknowledgement because no broker answers is an outage, not a stalled producer:
+    the outputs keep waiting in it."""
+    from ordo.sequencer.topics import Topics
+
+    outputs = KafkaOutputs("127.0.0.1:9", Topics(namespace), stall_after=0.2)
+    try:
+        outputs.publish(1, 1, [Outcome(0, "r-1", "committed", None, None)], [], [])
+        with caplog.at_level(logging.WARNING, logger="ordo.scheduler.outputs"):
+            deadline = time.monotonic() + 3
+            while time.monotonic() < deadline:
+                outputs.wait(0.05)
+        assert not outputs.delivered(1)
+        assert "replaced" not in caplog.text
+    finally:
+        outputs._producer.purge()
