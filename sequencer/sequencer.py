@@ -34,6 +34,7 @@ from ordo.procedures.fingerprint import describe, set_id, short
 from ordo.procedures.registry import Registry
 from ordo.procedures.ollp import is_resequenced, request_identity
 from ordo.sequencer.dedupe import RecentIds
+from ordo.sequencer.fetch_stall import EndWatch, FetchStall
 from ordo.sequencer.kafka import arrived, consumer_config, kafka_config
 from ordo.sequencer.lag import sequencer_group
 from ordo.sequencer.lane_owner import Superseded, note, own_owner, refuse_if_taken, who_took_over
@@ -246,6 +247,9 @@ class Sequencer:
         self._accepted = 0  # entries accepted into the log so far (what the duplicate check remembers)
         self._watched = 0.0
         self._partitions_checked = time.monotonic()  # when the requests topic's partitions were last counted
+        self._ends: EndWatch | None = None
+        self._fetch_stall = FetchStall()
+        self._fetch_checked = time.monotonic()
         self._last_cut_at = 0.0  # monotonic time the newest batch began to be cut
         self._recent = RecentIds(config.dedupe_window)
         self._last_time = 0
@@ -315,6 +319,7 @@ class Sequencer:
         )
         self._note_consumed()
         self._probe = LogWatch(self.bootstrap, self.topics.log, f"{self._group}.probe", WATCH_EVERY)
+        self._ends = EndWatch(self.bootstrap, WATCH_EVERY)
         log.info(
             "sequencer %d of %d (generation at log offset %d) resumes at its batch %d",
             config.index,
@@ -478,6 +483,7 @@ class Sequencer:
     def _loop(self, epoch: _Epoch, max_delay: float) -> _Epoch:
         while not self._stop.is_set():
             self._take_new_partitions()
+            self._fetch_stuck_again()
             room = self.config.max_txns - len(epoch.entries)
             if epoch.entries:
                 # consume(n, t) returns early only once n came: the epoch's end is the bound.
@@ -543,6 +549,35 @@ class Sequencer:
             self.config.index,
             ", ".join(map(str, added)),
         )
+
+    def _fetch_stuck_again(self) -> None:
+        """A partition that holds requests past this sequencer's position, none of which
+        came for REFETCH_AFTER, is assigned again at that position (sequencer/fetch_stall.py)."""
+        now = time.monotonic()
+        if now - self._fetch_checked < WATCH_EVERY or self._ends is None:
+            return
+        self._fetch_checked = now
+        assignment = self._consumer.assignment()
+        self._ends.watch([(tp.topic, tp.partition) for tp in assignment])
+        positions = {(tp.topic, tp.partition): tp.offset for tp in self._consumer.position(assignment)}
+        ends = self._ends.ends
+        stuck = self._fetch_stall.stuck(positions, ends, now)
+        if not stuck:
+            return
+        for topic, partition in stuck:
+            log.warning(
+                "%s partition %d holds records up to offset %d, and none past offset %d came for %.0f s: fetching "
+                "again from there",
+                topic,
+                partition,
+                ends[(topic, partition)] - 1,
+                positions[(topic, partition)],
+                self._fetch_stall.after,
+            )
+        again = [TopicPartition(topic, partition, positions[(topic, partition)]) for topic, partition in stuck]
+        self._consumer.incremental_unassign(again)
+        self._consumer.incremental_assign(again)
+        self._consumer.resume(again)  # never paused by Ordo; a pause would outlive the new assignment
 
     def _take_new_source_partitions(self) -> None:
         added = self._sources.added(self._consumer)
@@ -836,4 +871,7 @@ class Sequencer:
         if self._takeover is not None:
             self._takeover.close()
             self._takeover = None
+        if self._ends is not None:
+            self._ends.close()
+            self._ends = None
         self._producer.flush(5)

@@ -1,0 +1,84 @@
+"""A consumer that fetches nothing more although its partitions hold records past its
+positions: seen after a broker restart under load (librdkafka 2.16, a `read_committed`
+consumer, a node stopped and started again), with every other client of the broker served.
+The remedy, as for the log's readers (sequencer/reader.py), is to assign the partition again
+at its position once REFETCH_AFTER has passed without progress.
+
+Where a partition ends is asked in a thread of its own, on a consumer of its own: a Kafka
+broker answers one connection's requests in order, so the question on the reading consumer
+would wait out its outstanding fetch (sequencer/log_probe.py)."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from ordo.sequencer.kafka import consumer_config
+from ordo.sequencer.reader import REFETCH_AFTER
+
+Partition = tuple[str, int]
+
+
+class EndWatch:
+    """The end offsets of the partitions last given to `watch`, asked every `every` seconds."""
+
+    def __init__(self, bootstrap: str, every: float):
+        self.every = every
+        self.ends: dict[Partition, int] = {}
+        self._partitions: list[Partition] = []
+        self._stop = threading.Event()
+        self._consumer = Consumer(
+            consumer_config(bootstrap, {"group.id": f"ordo-ends-{uuid.uuid4().hex}", "enable.auto.commit": False})
+        )
+        self._thread = threading.Thread(target=self._run, name="partition ends", daemon=True)
+        self._thread.start()
+
+    def watch(self, partitions: list[Partition]) -> None:
+        self._partitions = list(partitions)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(self.every):
+                ends = {}
+                for topic, partition in self._partitions:
+                    try:
+                        _, end = self._consumer.get_watermark_offsets(
+                            TopicPartition(topic, partition), timeout=self.every, cached=False
+                        )
+                    except KafkaException:
+                        continue  # a broker away says nothing of where a partition ends
+                    ends[(topic, partition)] = end
+                self.ends = ends
+        finally:
+            self._consumer.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+class FetchStall:
+    """Which partitions have held records past an unchanged position for `after` seconds.
+    A partition that ends one past the position is caught up (a transaction marker may
+    follow the last record)."""
+
+    def __init__(self, after: float = REFETCH_AFTER):
+        self.after = after
+        self._since: dict[Partition, tuple[float, int]] = {}  # partition -> (since when, at position)
+
+    def stuck(self, positions: dict[Partition, int], ends: dict[Partition, int], now: float) -> list[Partition]:
+        stuck = []
+        for where, position in positions.items():
+            end = ends.get(where)
+            if end is None or position < 0 or end <= position + 1:
+                self._since.pop(where, None)
+                continue
+            since = self._since.get(where)
+            if since is None or since[1] != position:
+                self._since[where] = (now, position)
+            elif now - since[0] >= self.after:
+                stuck.append(where)
+                self._since[where] = (now, position)  # looked at again after as long
+        return stuck

@@ -1,0 +1,81 @@
+"""A consumer that fetches nothing more although its partitions hold records past its
+position is assigned them again: the sequencer's requests consumer, after a broker restart
+under load, was seen to stop there for good."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+from confluent_kafka import TopicPartition
+
+from ordo.client import Client
+from ordo.procedures.workloads import sl
+from ordo.sequencer.fetch_stall import FetchStall
+from ordo.sequencer.sequencer import Sequencer, SequencerConfig
+from ordo.sequencer.topics import ensure_topics
+from tests.test_sequencer_takeover import Running, accepted_log
+
+P = ("t", 0)
+
+
+def test_a_partition_is_stuck_once_its_position_holds_still_for_the_whole_time_with_records_past_it():
+    stall = FetchStall(10.0)
+    assert stall.stuck({P: 5}, {P: 9}, 0.0) == []
+    assert stall.stuck({P: 5}, {P: 9}, 9.9) == []
+    assert stall.stuck({P: 5}, {P: 9}, 10.0) == [P]
+    assert stall.stuck({P: 5}, {P: 9}, 15.0) == []  # fetched again: as long again before the next time
+    assert stall.stuck({P: 5}, {P: 9}, 20.0) == [P]
+
+
+def test_progress_a_caught_up_partition_or_an_unknown_end_is_no_stall():
+    stall = FetchStall(10.0)
+    stall.stuck({P: 5}, {P: 9}, 0.0)
+    assert stall.stuck({P: 6}, {P: 9}, 10.0) == []  # it moved: counted from now
+    assert stall.stuck({P: 6}, {P: 9}, 19.0) == []
+    assert stall.stuck({P: 8}, {P: 9}, 30.0) == []  # one past: a transaction marker may follow
+    assert stall.stuck({P: 8}, {P: 9}, 45.0) == []
+    assert stall.stuck({P: 8}, {}, 60.0) == []  # the broker did not say where it ends
+    assert stall.stuck({P: -1001}, {P: 9}, 80.0) == []  # nothing fetched yet
+
+
+@pytest.mark.slow
+def test_a_sequencer_whose_requests_consumer_fetches_nothing_more_fetches_again_and_sequences_every_request(
+    broker, namespace, monkeypatch
+):
+    """Its requests partition paused (a consumer that fetches nothing, as after the broker
+    restart seen), requests submitted then are sequenced once it assigns the partition again.
+    The pause is made on the sequencer's own thread, between two reads."""
+    pause = threading.Event()
+    look = Sequencer._take_new_partitions
+
+    def pausing_first(self) -> None:
+        if pause.is_set():
+            pause.clear()
+            self._consumer.pause([TopicPartition(self.topics.requests, 0)])
+        look(self)
+
+    monkeypatch.setattr(Sequencer, "_take_new_partitions", pausing_first)
+    ensure_topics(broker, namespace)
+    requests = list(sl.generate(60, seed=31))
+    engine = uuid.uuid4().hex
+    running = Running(broker, namespace, SequencerConfig(), {"id": engine, "who": "the sequencer"})
+    client = Client(broker, namespace)
+    try:
+        client.submit(requests[:30])
+        counts, _ = accepted_log(broker, namespace, {r["id"] for r in requests[:30]})
+        assert set(counts) == {r["id"] for r in requests[:30]}
+        pause.set()
+        while pause.is_set():
+            time.sleep(0.01)
+        client.submit(requests[30:])
+        counts, _ = accepted_log(broker, namespace, {r["id"] for r in requests}, timeout=90)
+    finally:
+        client.close()
+        running.sequencer.stop()
+        running.thread.join(30)
+    assert running.ended is None, running.ended
+    assert set(counts) == {r["id"] for r in requests}
+    assert max(counts.values()) == 1
