@@ -451,7 +451,7 @@ def _drive(
         sender.join(every - (time.monotonic() - started) % every)
         if sender.is_alive():
             samples.append(sample())
-    producer.flush(60)
+    unsent = producer.flush(60)
     deadline = time.monotonic() + DRAIN_S
     last = sample()
     while last["answered"] < count and time.monotonic() < deadline:
@@ -459,9 +459,10 @@ def _drive(
         last = sample()
     samples.append(last)
     if last["answered"] < count:
+        held = f"; {unsent:,} were still in the benchmark's producer 60 s after the last send" if unsent else ""
         raise RuntimeError(
             f"only {last['answered']:,} of {count:,} requests were answered within {DRAIN_S:.0f} s of the last "
-            f"send; the engine's last line: {engine.last_line()}"
+            f"send{held}; the engine's last line: {engine.last_line()}"
         )
     return samples
 
