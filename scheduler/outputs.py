@@ -136,10 +136,6 @@ OUTPUT_STALL_S = 30.0
 log = logging.getLogger(__name__)
 
 
-def _bytes(key: str | bytes) -> bytes:
-    return key if isinstance(key, bytes) else key.encode()
-
-
 def _discard(producer: Producer) -> threading.Thread:
     """Drop what `producer` still holds and close it, in a thread of its own: a producer
     that stopped delivering may not close promptly, and the worker must not wait long on it."""
@@ -328,7 +324,7 @@ class KafkaOutputs:
         total = sum(len(records) for _, records in self._sent.values())
         again = 0
         for batch_id, (_, records) in list(self._sent.items()):
-            unsent = [r for r in records if (r[0], _bytes(r[1]), r[2]) not in arrived]
+            unsent = [record for record in records if record not in arrived]  # every key is bytes already
             if unsent:
                 self._outstanding[batch_id] = len(unsent)
                 self._produce(batch_id, unsent)

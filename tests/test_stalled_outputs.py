@@ -15,16 +15,21 @@ def _first_stall(watch: StallWatch, count_at, until: float, t: float = 0.0) -> f
     return None
 
 
+def _quiet(watch: StallWatch, t: float, until: float) -> float:
+    """No stall from `t` to `until`, nothing acknowledged; returns `until`."""
+    while t < until:
+        assert not watch.stalled(0, t)
+        t += 1
+    return t
+
+
 def test_a_stall_counts_only_while_the_broker_answers():
     """Away for 40 s, then answering: acknowledgements that stopped with the broker are an
     outage; the producer is stalled only once the broker has answered 30 s with nothing
     acknowledged."""
     answers = [False]
     watch = _watch(answers)
-    t = 0.0
-    while t < 40:
-        assert not watch.stalled(0, t)
-        t += 1
+    t = _quiet(watch, 0.0, 40)
     answers[0] = True
     stalled = _first_stall(watch, lambda _: 0, 200, t)
     assert stalled is not None and 40 + 30 <= stalled <= 40 + 30 + watch.look_every
@@ -40,18 +45,11 @@ def test_an_acknowledgement_starts_the_count_again():
 def test_a_broker_that_goes_away_in_between_starts_the_count_again():
     answers = [True]
     watch = _watch(answers)
-    t = 0.0
-    while t < 20:
-        assert not watch.stalled(0, t)
-        t += 1
+    t = _quiet(watch, 0.0, 20)
     answers[0] = False
-    while t < 30:
-        assert not watch.stalled(0, t)
-        t += 1
+    t = _quiet(watch, t, 30)
     answers[0] = True
-    while t < 55:
-        assert not watch.stalled(0, t)
-        t += 1
+    t = _quiet(watch, t, 55)
     while not watch.stalled(0, t):
         t += 1
     assert 60 <= t <= 60 + watch.look_every
