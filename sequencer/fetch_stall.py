@@ -1,8 +1,9 @@
 """A consumer that fetches nothing more although its partitions hold records past its
 positions: seen after a broker restart under load (librdkafka 2.16, a `read_committed`
 consumer, a node stopped and started again), with every other client of the broker served.
-The remedy, as for the log's readers (sequencer/reader.py), is to assign the partition again
-at its position once REFETCH_AFTER has passed without progress.
+The remedy, as for the log's readers (sequencer/reader.py), is a new consumer that reads on
+from the positions once REFETCH_AFTER has passed without progress: assigning the partition
+again has once left a log reader stalled as before.
 
 Where a partition ends is asked in a thread of its own, on a consumer of its own: a Kafka
 broker answers one connection's requests in order, so the question on the reading consumer

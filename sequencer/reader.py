@@ -21,7 +21,9 @@ record passed over."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
@@ -52,10 +54,10 @@ STALE_GRACE = 5.0  # how long the sequence may stall behind a start record befor
 # How long the broker may hold back records past a reader's position: three times Kafka's
 # default transaction timeout, after which Kafka itself aborts a transaction left open.
 HELD_LIMIT = 180.0
-# How long records past the reader's position may stay out of its reach before its consumer
-# is assigned its position again. After a broker restart that moved the log's leader epoch,
-# a read_committed consumer has been seen to fetch nothing more (records the broker
-# serves to any new reader); an assignment starts its fetching afresh.
+# How long records past the reader's position may stay out of its reach before it reads on
+# with a new consumer. After a broker restart that moved the log's leader epoch, a
+# read_committed consumer has been seen to fetch nothing more (records the broker serves
+# to any new reader), and once even after being assigned its position again.
 REFETCH_AFTER = 10.0
 # Records read from the log's head in search of its first start record before a log none
 # of whose records verify is called one written with another secret: a log's first start
@@ -154,6 +156,17 @@ def is_skip_for(value: bytes, offset: int, namespace: str, log_id: str | None) -
     return kind == SKIP and record.offset == offset and record.log_id == log_id
 
 
+@dataclass
+class HeldBack:
+    """Records past a reader's position that have not come since `since`."""
+
+    since: float
+    position: int
+    refetched: float  # when the reader last read on with a new consumer (at first: since)
+    consumers: int = 0  # how many new consumers it has tried
+    stable: int | None = None  # the last stable offset the newest one was told
+
+
 class LogReader:
     def __init__(
         self,
@@ -181,8 +194,7 @@ class LogReader:
         self._watched = 0.0
         self._stale_since: float | None = None
         self._missing_since: float | None = None  # since when the broker says the log does not exist
-        # (since, position, fetched again) while held back
-        self._held_since: tuple[float, int, bool] | None = None
+        self._held: HeldBack | None = None  # while records past the position do not come
         # (offset, fingerprint) of the newest record read; resuming, the record before the
         # cursor, known only to exist
         self._last_read: tuple[int, bytes | None] | None = (
@@ -317,34 +329,64 @@ class LogReader:
         return self._probe
 
     def _check_held_back(self, now: float, end: int | None) -> None:
-        """Records past this reader's position (more than one transaction marker) that the
-        broker keeps from committed readers, with no progress, for HELD_LIMIT: a transaction
-        on the log that never ends, which holds back everything after it."""
+        """Records past this reader's position (more than one transaction marker) that have
+        not reached it, with no progress, for HELD_LIMIT. Every REFETCH_AFTER of that, the
+        reader reads on with a new consumer, which also asks the broker for the last stable
+        offset: past the position, the broker releases records the old consumer never
+        fetched; at it, a transaction on the log that never ends holds back everything
+        after it."""
         position = self.position()
         if end is None or end <= position + 1:
-            self._held_since = None
+            self._held = None
             return
-        if self._held_since is None or self._held_since[1] != position:
-            self._held_since = (now, position, False)
+        if self._held is None or self._held.position != position:
+            self._held = HeldBack(now, position, refetched=now)
             return
-        if now - self._held_since[0] >= REFETCH_AFTER and not self._held_since[2] and self._consumer is not None:
-            log.info(
-                "%s holds records up to offset %d, and none past offset %d came for %.0f s: fetching again from there",
+        held = self._held
+        if now - held.refetched >= REFETCH_AFTER and self._consumer is not None:
+            held.refetched, held.consumers = now, held.consumers + 1
+            held.stable = self._read_with_new_consumer(position)
+            log.warning(
+                "%s holds records up to offset %d, %s, and none past offset %d came for %.0f s: "
+                "reading on from there with a new consumer",
                 self.topic,
                 end - 1,
+                "its last stable offset unknown"
+                if held.stable is None
+                else f"committed up to offset {held.stable - 1}",
                 position,
-                now - self._held_since[0],
+                now - held.since,
             )
-            self._consumer.assign([TopicPartition(self.topic, 0, position)])
-            self._held_since = (self._held_since[0], position, True)
-        if now - self._held_since[0] >= HELD_LIMIT:
+        if now - held.since < HELD_LIMIT:
+            return
+        if held.stable is not None and held.stable > position + 1:
             raise LogError(
-                f"{self.topic} holds records up to offset {end - 1}, but for {now - self._held_since[0]:.0f} s the "
-                f"broker has released none past offset {position} to committed readers: a transaction on the log "
-                f"never ended. Either a producer other than Ordo's sequencers writes to the log (end its "
-                f"transaction, keep it off the log) or the local broker lost track of one, which nothing "
-                f"ends (docs/local-broker.md, 'Transactions ending together'): start over on a new broker"
+                f"{self.topic} holds committed records up to offset {held.stable - 1}, but for "
+                f"{now - held.since:.0f} s none past offset {position} reached this reader, through "
+                f"{held.consumers} new consumer(s): the broker does not serve this reader's fetches; check the "
+                f"broker's log and its listeners, then start again (the engine resumes from its shards)"
             )
+        raise LogError(
+            f"{self.topic} holds records up to offset {end - 1}, but for {now - held.since:.0f} s the "
+            f"broker has released none past offset {position} to committed readers: a transaction on the log "
+            f"never ended. Either a producer other than Ordo's sequencers writes to the log (end its "
+            f"transaction, keep it off the log) or the local broker lost track of one, which nothing "
+            f"ends (docs/local-broker.md, 'Transactions ending together'): start over on a new broker"
+        )
+
+    def _read_with_new_consumer(self, position: int) -> int | None:
+        """Replaces the consumer with a new one at `position` and returns the log's last
+        stable offset as the new one is told it (None if the broker did not say). The old
+        one is closed in a thread of its own: a consumer whose fetching stalled may take
+        its time to close."""
+        old, self._consumer = self._consumer, log_consumer(self._bootstrap, self._group)
+        self._consumer.assign([TopicPartition(self.topic, 0, position)])
+        if old is not None:
+            threading.Thread(target=old.close, name="ordo-log-consumer-close", daemon=True).start()
+        try:
+            return self._consumer.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=2, cached=False)[1]
+        except KafkaException:
+            return None
 
     def position(self) -> int:
         """Where this reader stands in the log: every record before this offset has been

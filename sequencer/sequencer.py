@@ -60,7 +60,7 @@ from ordo.sequencer.routing import (
     routing_bytes,
 )
 from ordo.sequencer.reachability import UNANSWERED
-from ordo.sequencer.sources import SourceReading
+from ordo.sequencer.sources import SourceReading, position_key
 from ordo.sequencer.takeover import TakeoverWatch
 from ordo.sequencer.startup import find_seed
 from ordo.sequencer.topics import Topics, check_topics, request_partitions_for
@@ -298,20 +298,7 @@ class Sequencer:
             self._started_at,
             f"{self._group}.takeover",
         )
-        self._consumer = Consumer(
-            consumer_config(
-                self.bootstrap,
-                {
-                    "group.id": self._group,
-                    "enable.auto.commit": False,
-                    "isolation.level": "read_committed",
-                    "fetch.max.bytes": 64 * 1024 * 1024,
-                    # A position the requests topic no longer holds is an error (the broker lost it),
-                    # never a silent jump past the requests waiting there.
-                    "auto.offset.reset": "error",
-                },
-            )
-        )
+        self._consumer = self._requests_consumer()
         offsets = self._cursor.request_offsets
         self._consumer.assign(
             [TopicPartition(self.topics.requests, p, offsets.get(p, OFFSET_BEGINNING)) for p in self._owned]
@@ -518,6 +505,22 @@ class Sequencer:
                 epoch = self._consumed_without_batch(epoch)
         return epoch
 
+    def _requests_consumer(self) -> Consumer:
+        return Consumer(
+            consumer_config(
+                self.bootstrap,
+                {
+                    "group.id": self._group,
+                    "enable.auto.commit": False,
+                    "isolation.level": "read_committed",
+                    "fetch.max.bytes": 64 * 1024 * 1024,
+                    # A position the requests topic no longer holds is an error (the broker lost it),
+                    # never a silent jump past the requests waiting there.
+                    "auto.offset.reset": "error",
+                },
+            )
+        )
+
     def _take_new_partitions(self) -> None:
         """Partitions added to the requests topic while this sequencer runs (producers scaled
         out): the ones this sequencer owns are read from their beginning, like those it
@@ -552,7 +555,7 @@ class Sequencer:
 
     def _fetch_stuck_again(self) -> None:
         """A partition that holds requests past this sequencer's position, none of which
-        came for REFETCH_AFTER, is assigned again at that position (sequencer/fetch_stall.py)."""
+        came for REFETCH_AFTER, is read on from there by a new consumer (sequencer/fetch_stall.py)."""
         now = time.monotonic()
         if now - self._fetch_checked < WATCH_EVERY or self._ends is None:
             return
@@ -566,18 +569,36 @@ class Sequencer:
             return
         for topic, partition in stuck:
             log.warning(
-                "%s partition %d holds records up to offset %d, and none past offset %d came for %.0f s: fetching "
-                "again from there",
+                "%s partition %d holds records up to offset %d, and none past offset %d came for %.0f s: reading "
+                "on from there with a new consumer",
                 topic,
                 partition,
                 ends[(topic, partition)] - 1,
                 positions[(topic, partition)],
                 self._fetch_stall.after,
             )
-        again = [TopicPartition(topic, partition, positions[(topic, partition)]) for topic, partition in stuck]
-        self._consumer.incremental_unassign(again)
-        self._consumer.incremental_assign(again)
-        self._consumer.resume(again)  # never paused by Ordo; a pause would outlive the new assignment
+        self._read_with_new_consumer(assignment, positions)
+
+    def _read_with_new_consumer(self, assignment: list[TopicPartition], positions: dict) -> None:
+        """Every partition read on where the old consumer stood, by a new consumer: a stalled
+        one has fetched nothing more even when assigned its partition again. A partition it
+        had taken nothing from yet begins where the log says, as at the start. The old one
+        is closed in a thread of its own: one whose fetching stalled may take its time."""
+        offsets = self._cursor.request_offsets
+
+        def start(topic: str, partition: int) -> int:
+            position = positions.get((topic, partition), -1)
+            if position >= 0:
+                return position
+            if topic == self.topics.requests:
+                return offsets.get(partition, OFFSET_BEGINNING)
+            return self._sources.assignment(self._cursor, [position_key(topic, partition)])[0].offset
+
+        old, self._consumer = self._consumer, self._requests_consumer()
+        self._consumer.assign(
+            [TopicPartition(tp.topic, tp.partition, start(tp.topic, tp.partition)) for tp in assignment]
+        )
+        threading.Thread(target=old.close, name="ordo-requests-consumer-close", daemon=True).start()
 
     def _take_new_source_partitions(self) -> None:
         added = self._sources.added(self._consumer)

@@ -58,20 +58,25 @@ class TakeoverWatch:
         self._cursor = LogCursor.from_dict(cursor.to_dict(), cursor.namespace)
         self._cursor.only = None  # as the engines read it: a reconfiguration closes this lane too
         self._stop = threading.Event()
-        self._consumer = Consumer(
+        self._bootstrap, self._group = bootstrap, group
+        self._consumer = self._consumer_at(cursor.next_offset)
+        self._thread = threading.Thread(target=self._run, name=f"takeover watch {topic}", daemon=True)
+        self._thread.start()
+
+    def _consumer_at(self, offset: int) -> Consumer:
+        consumer = Consumer(
             consumer_config(
-                bootstrap,
+                self._bootstrap,
                 {
-                    "group.id": group,
+                    "group.id": self._group,
                     "enable.auto.commit": False,
                     "isolation.level": "read_committed",
                     "fetch.max.bytes": 64 * 1024 * 1024,
                 },
             )
         )
-        self._consumer.assign([TopicPartition(topic, 0, cursor.next_offset)])
-        self._thread = threading.Thread(target=self._run, name=f"takeover watch {topic}", daemon=True)
-        self._thread.start()
+        consumer.assign([TopicPartition(self.topic, 0, offset)])
+        return consumer
 
     def moved_on(self) -> int | None:
         """The offset of the record after which readers no longer take this sequencer's
@@ -110,8 +115,10 @@ class TakeoverWatch:
                 elif self._wanted <= read_to:
                     moved = now
                 elif now - moved >= REFETCH_AFTER:
-                    # Records the sequencer appended, and none came: fetch afresh (as LogReader does).
-                    self._consumer.assign([TopicPartition(self.topic, 0, read_to)])
+                    # Records the sequencer appended, and none came: read on with a new consumer
+                    # (as LogReader does); the old one may take its time to close.
+                    threading.Thread(target=self._consumer.close, daemon=True).start()
+                    self._consumer = self._consumer_at(read_to)
                     moved = now
         finally:
             self._consumer.close()

@@ -1,5 +1,5 @@
 """A consumer that fetches nothing more although its partitions hold records past its
-position is assigned them again: the sequencer's requests consumer, after a broker restart
+position is read on by a new consumer: the sequencer's requests consumer, after a broker restart
 under load, was seen to stop there for good."""
 
 from __future__ import annotations
@@ -42,19 +42,21 @@ def test_progress_a_caught_up_partition_or_an_unknown_end_is_no_stall():
 
 
 @pytest.mark.slow
-def test_a_sequencer_whose_requests_consumer_fetches_nothing_more_fetches_again_and_sequences_every_request(
+def test_a_sequencer_whose_requests_consumer_fetches_nothing_more_reads_on_with_a_new_one_and_sequences_every_request(
     broker, namespace, monkeypatch
 ):
     """Its requests partition paused (a consumer that fetches nothing, as after the broker
-    restart seen), requests submitted then are sequenced once it assigns the partition again.
-    The pause is made on the sequencer's own thread, between two reads."""
+    restart seen), requests submitted then are sequenced once a new consumer reads on from
+    its position. The pause is made on the sequencer's own thread, between two reads."""
     pause = threading.Event()
+    paused = []
     look = Sequencer._take_new_partitions
 
     def pausing_first(self) -> None:
         if pause.is_set():
             pause.clear()
             self._consumer.pause([TopicPartition(self.topics.requests, 0)])
+            paused.append(self._consumer)
         look(self)
 
     monkeypatch.setattr(Sequencer, "_take_new_partitions", pausing_first)
@@ -79,3 +81,4 @@ def test_a_sequencer_whose_requests_consumer_fetches_nothing_more_fetches_again_
     assert running.ended is None, running.ended
     assert set(counts) == {r["id"] for r in requests}
     assert max(counts.values()) == 1
+    assert paused and running.sequencer._consumer is not paused[0]

@@ -329,3 +329,48 @@ def test_a_transaction_on_the_log_that_never_ends_stops_a_reader_with_one_line(b
     finally:
         behind.close()
     del holder, late
+
+
+def test_a_reader_whose_fetching_stalls_reads_on_with_a_new_consumer(broker, namespace, monkeypatch, caplog):
+    """A consumer that stops fetching while the broker serves the log (seen after a broker
+    bounce, and once through a new assignment) is replaced; a paused partition, which
+    outlives a new assignment, stands in for it."""
+    from confluent_kafka import TopicPartition
+
+    from ordo.sequencer import reader as reader_module
+    from ordo.sequencer.log import LogCursor
+    from ordo.sequencer.reader import LogReader
+
+    monkeypatch.setattr(reader_module, "WATCH_EVERY", 0.2)
+    monkeypatch.setattr(reader_module, "REFETCH_AFTER", 1.0)
+    log_topic = f"{namespace}.log"
+    ensure_topics(broker, namespace)
+    writer = Producer(kafka_config(broker, {}))
+
+    def append(token: str) -> None:
+        writer.produce(log_topic, encode_start(namespace, None, token), partition=0)
+        writer.flush(10)
+
+    def read_up_to(reader: LogReader, offset: int, within: float) -> None:
+        deadline = time.monotonic() + within
+        while reader.cursor.next_offset < offset and time.monotonic() < deadline:
+            reader.poll(0.1)
+
+    append("first")
+    reader = LogReader(broker, log_topic, LogCursor(), f"{namespace}.stalled")
+    try:
+        read_up_to(reader, 1, 30)
+        assert reader.cursor.next_offset == 1
+        stalled = reader._consumer
+        assert stalled is not None
+        stalled.pause([TopicPartition(log_topic, 0)])
+        for i in range(3):
+            append(f"later {i}")
+        with caplog.at_level("INFO", logger="ordo.log"):
+            read_up_to(reader, 4, 20)
+        assert reader.cursor.next_offset == 4
+        assert reader._consumer is not stalled
+        assert "reading on from there with a new consumer" in caplog.text
+        assert "committed up to offset 3" in caplog.text
+    finally:
+        reader.close()
