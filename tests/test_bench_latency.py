@@ -25,6 +25,20 @@ def test_open_loop_keeps_its_schedule_when_a_send_stalls():
     assert sent == pytest.approx([100.0, 100.1, 100.2, 100.7, 100.7, 100.7, 100.7, 100.7])
 
 
+def test_open_loop_wakes_once_a_tick_and_sends_nothing_early():
+    now = [0.0]
+    sent, sleeps = [], []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        now[0] += seconds
+
+    scheduled = open_loop(lambda i: sent.append(now[0]), 10_000, 100, clock=lambda: now[0], sleep=sleep, tick=0.001)
+    assert len(sleeps) == 10  # 100 requests due over 10 ms: a wake-up a millisecond
+    assert all(s >= scheduled[i] - 1e-12 for i, s in enumerate(sent))
+    assert max(s - scheduled[i] for i, s in enumerate(sent)) <= 0.001 + 1e-9
+
+
 def test_hops_add_up_to_the_latency():
     row = hop_times(10.0, 10_002, 10.004, 10_009, 10.015, 10_030, 10.041)
     assert sum(row[h] for h in HOPS) == pytest.approx(row["latency"]) == pytest.approx(41)

@@ -64,22 +64,30 @@ def cadence(epoch_ms: float) -> str:
 # -- the client (a process of its own) -----------------------------------------------
 
 
+# The client wakes at most once a millisecond and sends every request due by then. Woken
+# for each request, at 10,000 requests/s it took a third of a core from the two the engine,
+# the sequencer and the broker share, and every hop's tail grew with it (docs/benchmarks.md).
+TICK_S = 0.001
+
+
 def open_loop(
     send: Callable[[int], None],
     rate: float,
     count: int,
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
+    tick: float = TICK_S,
 ) -> list[float]:
-    """Call send(i) for i in 0..count-1 at t0 + i/rate, never waiting on anything but the
-    schedule (a late send goes at once, and the ones after keep their own times); the
-    scheduled times, in `clock`'s seconds."""
+    """Call send(i) for i in 0..count-1 at t0 + i/rate, never before, never waiting on
+    anything but the schedule (a late send goes at once, and the ones after keep their own
+    times), sleeping at least `tick` at a time: a request may go up to a tick after its time,
+    and its latency counts from its time. The scheduled times, in `clock`'s seconds."""
     t0 = clock()
     scheduled = [t0 + i / rate for i in range(count)]
     for i, due in enumerate(scheduled):
         delay = due - clock()
         if delay > 0:
-            sleep(delay)
+            sleep(max(delay, tick))
         send(i)
     return scheduled
 
