@@ -191,6 +191,7 @@ class LogReader:
         start = cursor.next_offset if cursor.next_offset > 0 else OFFSET_BEGINNING
         self._consumer.assign([TopicPartition(topic, 0, start)])
         self._bootstrap, self._group = bootstrap, group
+        self._assigned_at = cursor.next_offset  # where the newest consumer began: read up to there
         self._watched = 0.0
         self._stale_since: float | None = None
         self._missing_since: float | None = None  # since when the broker says the log does not exist
@@ -381,6 +382,7 @@ class LogReader:
         its time to close."""
         old, self._consumer = self._consumer, log_consumer(self._bootstrap, self._group)
         self._consumer.assign([TopicPartition(self.topic, 0, position)])
+        self._assigned_at = position
         if old is not None:
             threading.Thread(target=old.close, name="ordo-log-consumer-close", daemon=True).start()
         try:
@@ -396,7 +398,7 @@ class LogReader:
         if self._consumer is None:  # closed
             return self.cursor.next_offset
         fetched = self._consumer.position([TopicPartition(self.topic, 0)])[0].offset
-        return max(self.cursor.next_offset, fetched)
+        return max(self.cursor.next_offset, fetched, self._assigned_at)
 
     def poll_raw(self, timeout: float, max_records: int = 500) -> list[tuple[int, bytes]]:
         """The next records as (offset, value), without acceptance."""

@@ -267,13 +267,15 @@ def test_shards_holding_state_are_not_wiped_for_a_log_that_cannot_rebuild_them(b
     assert dump_state(data) == before
 
 
-def test_a_transaction_on_the_log_that_never_ends_stops_a_reader_with_one_line(broker, namespace, monkeypatch):
+def test_a_transaction_on_the_log_that_never_ends_stops_a_reader_with_one_line(broker, namespace, monkeypatch, caplog):
     from ordo.sequencer import reader as reader_module
     from ordo.sequencer.log import LogCursor, LogError
     from ordo.sequencer.reader import LogReader
 
     monkeypatch.setattr(reader_module, "WATCH_EVERY", 0.2)
     monkeypatch.setattr(reader_module, "HELD_LIMIT", 2.0)
+    # New consumers on the way, each told the last stable offset: still the open transaction.
+    monkeypatch.setattr(reader_module, "REFETCH_AFTER", 0.5)
 
     def transactional(name: str) -> Producer:
         producer = Producer(kafka_config(broker, {"transactional.id": f"{namespace}.{name}"}))
@@ -316,6 +318,7 @@ def test_a_transaction_on_the_log_that_never_ends_stops_a_reader_with_one_line(b
         holder = hold_back(log_topic, "foreign")
         message = poll_until_stopped(reader)
         assert "\n" not in message and "never ended" in message and log_topic in message
+        assert "committed up to offset 1, and none past offset 2 came" in caplog.text  # a new consumer was told
         assert reader.cursor.next_offset == 1  # nothing past the open transaction was read
     finally:
         reader.close()
