@@ -7,11 +7,13 @@ again has once left a log reader stalled as before.
 
 Where a partition ends is asked in a thread of its own, on a consumer of its own: a Kafka
 broker answers one connection's requests in order, so the question on the reading consumer
-would wait out its outstanding fetch (sequencer/log_probe.py)."""
+would wait out its outstanding fetch (sequencer/log_probe.py). That consumer is replaced too
+once it has had no answer for REFETCH_AFTER."""
 
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
@@ -25,14 +27,22 @@ Partition = tuple[str, int]
 class EndWatch:
     """The end offsets of the partitions last given to `watch`, asked every `every` seconds."""
 
-    def __init__(self, bootstrap: str, every: float):
-        self.every = every
+    def __init__(self, bootstrap: str, every: float, renew_after: float = REFETCH_AFTER, consumer=None):
+        """`consumer()` makes the consumer that asks (by default one of its own); a new one
+        replaces it once `renew_after` seconds have passed without an answer, as the log's
+        readers do, since a consumer stuck after a broker restart would leave every stalled
+        fetch unnoticed."""
+        self.every, self.renew_after = every, renew_after
         self.ends: dict[Partition, int] = {}
+        self.renewed = 0  # how many times the asking consumer was replaced
         self._partitions: list[Partition] = []
         self._stop = threading.Event()
-        self._consumer = Consumer(
-            consumer_config(bootstrap, {"group.id": f"ordo-ends-{uuid.uuid4().hex}", "enable.auto.commit": False})
+        self._new_consumer = consumer or (
+            lambda: Consumer(
+                consumer_config(bootstrap, {"group.id": f"ordo-ends-{uuid.uuid4().hex}", "enable.auto.commit": False})
+            )
         )
+        self._consumer = self._new_consumer()
         self._thread = threading.Thread(target=self._run, name="partition ends", daemon=True)
         self._thread.start()
 
@@ -40,6 +50,7 @@ class EndWatch:
         self._partitions = list(partitions)
 
     def _run(self) -> None:
+        unanswered_since: float | None = None
         try:
             while not self._stop.wait(self.every):
                 ends = {}
@@ -52,6 +63,16 @@ class EndWatch:
                         continue  # a broker away says nothing of where a partition ends
                     ends[(topic, partition)] = end
                 self.ends = ends
+                if ends or not self._partitions:
+                    unanswered_since = None
+                    continue
+                now = time.monotonic()
+                unanswered_since = unanswered_since or now
+                if now - unanswered_since >= self.renew_after:
+                    old, self._consumer = self._consumer, self._new_consumer()
+                    threading.Thread(target=old.close, daemon=True).start()
+                    self.renewed += 1
+                    unanswered_since = now
         finally:
             self._consumer.close()
 

@@ -9,11 +9,12 @@ import time
 import uuid
 
 import pytest
-from confluent_kafka import TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from ordo.client import Client
 from ordo.procedures.workloads import sl
-from ordo.sequencer.fetch_stall import FetchStall
+from ordo.sequencer.fetch_stall import EndWatch, FetchStall
+from ordo.sequencer.kafka import consumer_config, kafka_config
 from ordo.sequencer.sequencer import Sequencer, SequencerConfig
 from ordo.sequencer.topics import ensure_topics
 from tests.test_sequencer_takeover import Running, accepted_log
@@ -39,6 +40,45 @@ def test_progress_a_caught_up_partition_or_an_unknown_end_is_no_stall():
     assert stall.stuck({P: 8}, {P: 9}, 45.0) == []
     assert stall.stuck({P: 8}, {}, 60.0) == []  # the broker did not say where it ends
     assert stall.stuck({P: -1001}, {P: 9}, 80.0) == []  # nothing fetched yet
+
+
+def test_the_end_watch_asks_with_a_new_consumer_once_its_own_has_answered_nothing_for_a_while(broker, namespace):
+    """A consumer stuck after a broker restart answers nothing, and the sequencer would then
+    never see a stalled fetch; the first consumer here stands in for it."""
+
+    class Stuck:
+        def get_watermark_offsets(self, *args, **kwargs):
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT))
+
+        def close(self) -> None:
+            pass
+
+    made = []
+
+    def consumer():
+        made.append(
+            Stuck()
+            if not made
+            else Consumer(consumer_config(broker, {"group.id": f"{namespace}.ends", "enable.auto.commit": False}))
+        )
+        return made[-1]
+
+    topic = f"{namespace}.requests"
+    ensure_topics(broker, namespace)
+    producer = Producer(kafka_config(broker, {}))
+    for i in range(3):
+        producer.produce(topic, value=b"r", partition=0)
+    assert producer.flush(10) == 0
+    watch = EndWatch(broker, 0.1, renew_after=0.5, consumer=consumer)
+    try:
+        watch.watch([(topic, 0)])
+        deadline = time.monotonic() + 20
+        while (topic, 0) not in watch.ends and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert watch.ends.get((topic, 0)) == 3
+        assert watch.renewed == 1 and len(made) == 2
+    finally:
+        watch.close()
 
 
 @pytest.mark.slow
