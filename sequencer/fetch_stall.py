@@ -18,7 +18,7 @@ import uuid
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from ordo.sequencer.kafka import consumer_config
+from ordo.sequencer.kafka import close_later, consumer_config
 from ordo.sequencer.reader import REFETCH_AFTER
 
 Partition = tuple[str, int]
@@ -70,7 +70,7 @@ class EndWatch:
                 unanswered_since = unanswered_since or now
                 if now - unanswered_since >= self.renew_after:
                     old, self._consumer = self._consumer, self._new_consumer()
-                    threading.Thread(target=old.close, daemon=True).start()
+                    close_later(old)
                     self.renewed += 1
                     unanswered_since = now
         finally:

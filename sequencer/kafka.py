@@ -77,6 +77,12 @@ TAIL_FETCH_WAIT_MS = 50  # see consumer_config
 REQUEST_BATCHING = {"linger.ms": 20, "batch.num.messages": 10_000, "batch.size": 1_000_000}
 
 
+def close_later(consumer) -> None:
+    """Close a consumer being replaced in a thread of its own: one whose fetching stalled
+    may take its time to close, and its replacement reads on meanwhile."""
+    threading.Thread(target=consumer.close, name="ordo-consumer-close", daemon=True).start()
+
+
 def arrived(consumer, timeout: float, most: int = 10_000) -> list:
     """The messages that arrive within `timeout` seconds: the first one, with whatever came
     with it, at once. `consume(most, timeout)` alone sits out all of `timeout` unless `most`

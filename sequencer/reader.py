@@ -21,14 +21,13 @@ record passed over."""
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
-from ordo.sequencer.kafka import arrived, consumer_config, watermarks
+from ordo.sequencer.kafka import arrived, close_later, consumer_config, watermarks
 from ordo.sequencer.log import (
     SKIP,
     STALE_LIMIT,
@@ -377,14 +376,12 @@ class LogReader:
 
     def _read_with_new_consumer(self, position: int) -> int | None:
         """Replaces the consumer with a new one at `position` and returns the log's last
-        stable offset as the new one is told it (None if the broker did not say). The old
-        one is closed in a thread of its own: a consumer whose fetching stalled may take
-        its time to close."""
+        stable offset as the new one is told it (None if the broker did not say)."""
         old, self._consumer = self._consumer, log_consumer(self._bootstrap, self._group)
         self._consumer.assign([TopicPartition(self.topic, 0, position)])
         self._assigned_at = position
         if old is not None:
-            threading.Thread(target=old.close, name="ordo-log-consumer-close", daemon=True).start()
+            close_later(old)
         try:
             return self._consumer.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=2, cached=False)[1]
         except KafkaException:

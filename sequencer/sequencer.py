@@ -35,7 +35,7 @@ from ordo.procedures.registry import Registry
 from ordo.procedures.ollp import is_resequenced, request_identity
 from ordo.sequencer.dedupe import RecentIds
 from ordo.sequencer.fetch_stall import EndWatch, FetchStall
-from ordo.sequencer.kafka import arrived, consumer_config, kafka_config
+from ordo.sequencer.kafka import arrived, close_later, consumer_config, kafka_config
 from ordo.sequencer.lag import sequencer_group
 from ordo.sequencer.lane_owner import Superseded, note, own_owner, refuse_if_taken, who_took_over
 from ordo.sequencer.log_probe import LogWatch, fingerprint
@@ -582,8 +582,7 @@ class Sequencer:
     def _read_with_new_consumer(self, assignment: list[TopicPartition], positions: dict) -> None:
         """Every partition read on where the old consumer stood, by a new consumer: a stalled
         one has fetched nothing more even when assigned its partition again. A partition it
-        had taken nothing from yet begins where the log says, as at the start. The old one
-        is closed in a thread of its own: one whose fetching stalled may take its time."""
+        had taken nothing from yet begins where the log says, as at the start."""
         offsets = self._cursor.request_offsets
 
         def start(topic: str, partition: int) -> int:
@@ -598,7 +597,7 @@ class Sequencer:
         self._consumer.assign(
             [TopicPartition(tp.topic, tp.partition, start(tp.topic, tp.partition)) for tp in assignment]
         )
-        threading.Thread(target=old.close, name="ordo-requests-consumer-close", daemon=True).start()
+        close_later(old)
 
     def _take_new_source_partitions(self) -> None:
         added = self._sources.added(self._consumer)

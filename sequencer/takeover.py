@@ -34,7 +34,7 @@ import time
 
 from confluent_kafka import Consumer, TopicPartition
 
-from ordo.sequencer.kafka import arrived, consumer_config
+from ordo.sequencer.kafka import arrived, close_later, consumer_config
 from ordo.sequencer.log import LogCursor, LogError, is_batch_record
 from ordo.sequencer.reader import REFETCH_AFTER
 
@@ -116,8 +116,8 @@ class TakeoverWatch:
                     moved = now
                 elif now - moved >= REFETCH_AFTER:
                     # Records the sequencer appended, and none came: read on with a new consumer
-                    # (as LogReader does); the old one may take its time to close.
-                    threading.Thread(target=self._consumer.close, daemon=True).start()
+                    # (as LogReader does).
+                    close_later(self._consumer)
                     self._consumer = self._consumer_at(read_to)
                     moved = now
         finally:
