@@ -248,7 +248,9 @@ class LogFollower:
         result = await self.worker.execute(batch, upcoming=self._ready[0][0] if self._ready else None)
         self.busy_s += time.perf_counter() - started
         self._observe_latency(time.time() - batch.time_ms / 1000)
-        self.sink.publish(batch.batch_id, len(batch), result.outcomes, result.changes, result.streamed)
+        self.sink.publish(
+            batch.batch_id, len(batch), result.outcomes, result.changes, result.streamed, time_ms=batch.time_ms
+        )
         counts = self.counts
         for outcome in result.outcomes:
             status = outcome.status

@@ -7,8 +7,9 @@
 A dependent transaction re-sequenced at its turn has no record there: its executor appends
 its next step to <ns>.requests instead, as part of the batch's outputs.
 <ns>.changes, key = "<batch>.<txn>.<part>", the change data of one transaction: its writes
-in key order, split into parts that each fit in one Kafka message:
-    {"batch": 17, "txn": 3, "txns": 50, "part": 0, "parts": 1, "changes": [
+in key order, split into parts that each fit in one Kafka message, with the batch's time in
+the log (ms since the epoch, the time `ctx.now()` reads):
+    {"batch": 17, "time": 1764241080123, "txn": 3, "txns": 50, "part": 0, "parts": 1, "changes": [
         {"table": "account", "key": 4, "value": null, "deleted": true},   # delete
         {"table": "account", "key": 9, "value": 120}]}                    # put
 Every transaction of a batch has at least one part (possibly with no changes), and `txns`
@@ -80,12 +81,17 @@ def change_key(batch_id: int, txn: int, part: int) -> bytes:
 
 
 def change_records(
-    batch_id: int, txns: int, reported: Iterable[int], changes: list[list], max_bytes: int = MAX_MESSAGE_BYTES
+    batch_id: int,
+    txns: int,
+    reported: Iterable[int],
+    changes: list[list],
+    max_bytes: int = MAX_MESSAGE_BYTES,
+    time_ms: int | None = None,
 ) -> list[tuple[bytes, bytes]]:
     """(key, value) messages carrying the change data of every transaction `reported` (the
     indexes whose outcomes this partition reports, out of the batch's `txns`), in txn
     order, each at most about `max_bytes`. `changes` holds every write of those
-    transactions, in txn order."""
+    transactions, in txn order; `time_ms`, the batch's time in the log, is in every record."""
     by_txn: dict[int, list[str]] = {index: [] for index in reported}
     for index, table, key, value in changes:
         items = by_txn.get(index)
@@ -93,7 +99,7 @@ def change_records(
             items = by_txn[index] = []
         items.append(_change_json(table, key, value))
     records = []
-    head = f'{{"batch":{batch_id},"txn":'
+    head = f'{{"batch":{batch_id},"txn":' if time_ms is None else f'{{"batch":{batch_id},"time":{int(time_ms)},"txn":'
     for index in sorted(by_txn):
         groups: list[list[str]] = [[]]
         size = 0
@@ -178,12 +184,19 @@ class OutputSink(Protocol):
     only once `delivered` says its outputs are durable."""
 
     def publish(
-        self, batch_id: int, txns: int, outcomes: list[Outcome], changes: list[list], streamed: list[list]
+        self,
+        batch_id: int,
+        txns: int,
+        outcomes: list[Outcome],
+        changes: list[list],
+        streamed: list[list],
+        time_ms: int | None = None,
     ) -> None:
         """Queue the outputs of one partition for one batch of `txns` transactions: the
         outcomes it reports, in txn order, every write of those transactions (wherever it
         is applied) as [txn index, table, key, value or None], in txn order, and the output
-        stream tuples applied here, as [txn index, table, key, tuples], in txn order."""
+        stream tuples applied here, as [txn index, table, key, tuples], in txn order.
+        `time_ms`: the batch's time in the log, carried by its change records."""
 
     def delivered(self, batch_id: int) -> bool:
         """Whether every output of `batch_id` and of the batches before it is acknowledged;
@@ -245,13 +258,19 @@ class KafkaOutputs:
         return acknowledged
 
     def publish(
-        self, batch_id: int, txns: int, outcomes: list[Outcome], changes: list[list], streamed: list[list]
+        self,
+        batch_id: int,
+        txns: int,
+        outcomes: list[Outcome],
+        changes: list[list],
+        streamed: list[list],
+        time_ms: int | None = None,
     ) -> None:
         topics = self.topics
         records = [outcome_message(outcome, batch_id, topics) for outcome in outcomes]
         records += [
             (topics.changes, key, value)
-            for key, value in change_records(batch_id, txns, (o.index for o in outcomes), changes)
+            for key, value in change_records(batch_id, txns, (o.index for o in outcomes), changes, time_ms=time_ms)
         ]
         tuples = stream_records(topics.namespace, batch_id, streamed)
         if tuples:
@@ -361,7 +380,13 @@ class CollectedOutputs:
         self._restarts: list[tuple] = []  # (batch, txn index, request message)
 
     def publish(
-        self, batch_id: int, txns: int, outcomes: list[Outcome], changes: list[list], streamed: list[list]
+        self,
+        batch_id: int,
+        txns: int,
+        outcomes: list[Outcome],
+        changes: list[list],
+        streamed: list[list],
+        time_ms: int | None = None,
     ) -> None:
         restarted = [o for o in outcomes if o.status == RESTARTED] if outcomes else ()
         if restarted:
