@@ -178,10 +178,12 @@ def _placement_options(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster instead of starting one")
     g.add_argument("--cores", type=_cores, metavar="LIST", help="cores to pin workers to, e.g. 0,1 (default: all)")
-    _procedure_options(g)
+    procedure_options(g)
 
 
-def _procedure_options(g) -> None:
+def procedure_options(g, all_by_default: bool = True) -> None:
+    """--app, --procedures, --workloads: the procedure set (procedure_specs). `all_by_default`:
+    naming none of them means every built-in workload (`ordo spark produce` has no set then)."""
     g.add_argument(
         "--app",
         action="append",
@@ -199,12 +201,12 @@ def _procedure_options(g) -> None:
     g.add_argument(
         "--workloads",
         metavar="LIST",
-        help="built-in workloads to register beside --app/--procedures, e.g. sl,micro or all "
-        "(without --app and --procedures: all of them)",
+        help="built-in workloads to register beside --app/--procedures, e.g. sl,micro or all"
+        + (" (without --app and --procedures: all of them)" if all_by_default else ""),
     )
 
 
-def _procedure_specs(args) -> tuple[str, ...]:
+def procedure_specs(args) -> tuple[str, ...]:
     """The procedure set named on the command line, checked here so that a mistake is one
     line before anything starts; the current directory goes on PYTHONPATH for the
     sequencer child and Ray workers, which import the same specs."""
@@ -281,7 +283,7 @@ def _placement(args) -> dict:
         "runtime": args.runtime,
         "ray_address": args.ray_address,
         "cores": args.cores,
-        "procedure_modules": _procedure_specs(args),
+        "procedure_modules": procedure_specs(args),
     }
 
 
@@ -370,7 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
         "what `ordo run --scheduler aria` asks for; docs/architecture.md); every engine follows the "
         "stamp whatever its --scheduler (default %(default)s)",
     )
-    _procedure_options(p)
+    procedure_options(p)
 
     p = sub.add_parser("execute", help="run only the engine (follows <ns>.log)")
     _kafka(p)
@@ -421,7 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _kafka(p)
     _log_secret(p)
-    _procedure_options(p)
+    procedure_options(p)
 
     p = sub.add_parser("log", help="operator commands on <ns>.log")
     log_commands = p.add_subparsers(dest="log_command", required=True, metavar="LOG_COMMAND")
@@ -623,7 +625,7 @@ def main(argv: list[str] | None = None) -> int:
     config.setup_logging(args)
     try:
         if hasattr(args, "app"):
-            _procedure_specs(args)  # a mistake in the user's own code first: finding it needs no broker
+            procedure_specs(args)  # a mistake in the user's own code first: finding it needs no broker
         if getattr(args, "bootstrap_servers", None):
             from ordo.sequencer.kafka_settings import FILE_ENV, user_kafka_settings
             from ordo.sequencer.reachability import check_reachable
@@ -700,7 +702,7 @@ def cmd_sequence(args) -> int:
     send_heartbeats()  # and the engine knows it is alive
     try:
         return serve_sequencer(
-            args.bootstrap_servers, args.namespace, _sequencer_config(args), _procedure_specs(args), args.quiet
+            args.bootstrap_servers, args.namespace, _sequencer_config(args), procedure_specs(args), args.quiet
         )
     except (LaneTaken, Superseded) as exc:
         print(f"ordo sequence: {exc}", file=sys.stderr, flush=True)
@@ -763,7 +765,7 @@ def cmd_upgrade(args) -> int:
     from ordo.sequencer.versions import upgrade
 
     started = time.monotonic()
-    done = upgrade(args.bootstrap_servers, args.namespace, load_registry(_procedure_specs(args)))
+    done = upgrade(args.bootstrap_servers, args.namespace, load_registry(procedure_specs(args)))
     if done is None:
         print(f"{args.namespace}.log already runs these procedures; nothing written", file=sys.stderr)
         return 0

@@ -57,4 +57,4 @@ def read_log(bootstrap: str, namespace: str, until_batch: int, timeout: float = 
         reader.close()
     if not batches or batches[-1].batch_id < until_batch:
         raise TimeoutError(f"log holds {len(batches)} batches, expected {until_batch}")
-    return batches
+    return [batch for batch in batches if batch.batch_id <= until_batch]

@@ -1,3 +1,3 @@
 """PySpark border jobs: datasets become transaction requests (producer_job), change data
-becomes Parquet tables (changes_job), over Spark's own Kafka connector (kafka_connector)
+lands in Delta Lake tables (changes_job, lake), over Spark's own Kafka connector (kafka_connector)
 with Ordo's record format in records. See docs/spark.md."""

@@ -4,9 +4,12 @@
 
 Starts the local broker, an in-process engine (serial scheduler) and local Spark; warms
 Spark up on a small dataset; then publishes an SL dataset of --rows requests with the
-producer job (batch, CSV), lets the engine commit it, and consumes the change data with the
-changes job (--once). Prints rows/s of the producer, txns/s of the engine, changes/s of the
-consumer (wall clock of the whole run, and inside the micro-batches).
+producer job (batch, CSV), lets the engine commit it, and lands the change data in the Delta
+lake with the changes job (--once, or micro-batches of at most --max-records-per-batch
+change records). Prints rows/s of the producer, txns/s and changes/s of the engine (first
+request produced to last batch applied), changes/s of the consumer (wall clock of the whole
+run, and inside the micro-batches), the seconds of each step, the files the lake holds, the
+machine's CPU model and its load average.
 """
 
 from __future__ import annotations
@@ -37,7 +40,21 @@ def _engine(bootstrap: str, namespace: str, data_dir: str, partitions: int):
     return coordinator, thread, sequencer
 
 
-def run_bench(rows: int, master: str, partitions: int) -> dict:
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        import platform
+
+        return platform.processor() or "unknown"
+
+
+def data_files(folder: str) -> int:
+    return sum(name.endswith(".parquet") for _, _, names in os.walk(folder) for name in names)
+
+
+def run_bench(rows: int, master: str, partitions: int, max_records_per_batch: int | None = None) -> dict:
     from ordo.client import Client
     from ordo.sequencer.broker import local_broker
     from ordo.spark_jobs import changes_job, producer_job
@@ -50,7 +67,7 @@ def run_bench(rows: int, master: str, partitions: int) -> dict:
     write_csv(dataset, requests)
     warmup = os.path.join(work, "warmup.csv")
     write_csv(warmup, sl_requests(200, seed=4))
-    results: dict = {"rows": rows, "master": master, "engine_partitions": partitions}
+    results: dict = {"rows": rows, "master": master, "engine_partitions": partitions, "cpu": cpu_model()}
     with local_broker() as broker:
         bootstrap = broker.bootstrap_servers
         spark = build_session("ordo-spark-bench", master, shuffle_partitions=2)
@@ -79,12 +96,24 @@ def run_bench(rows: int, master: str, partitions: int) -> dict:
             results["engine_txns"] = coordinator.stats.txns
             sequencer.stop(), coordinator.stop(), thread.join(30)
 
+            load_before = os.getloadavg()[0]
             consumer_started = time.monotonic()
             stats = changes_job.run_consumer(
-                spark, bootstrap, "bench", os.path.join(work, "out"), os.path.join(work, "ck"), once=True
+                spark,
+                bootstrap,
+                "bench",
+                os.path.join(work, "out"),
+                os.path.join(work, "ck"),
+                once=True,
+                max_records_per_batch=max_records_per_batch,
+                optimize_every=0,
             )
             consumer_seconds = time.monotonic() - consumer_started
             results["changes"] = stats.changes
+            results["engine_changes_per_s"] = round(stats.changes / engine_seconds)
+            results["micro_batches"] = stats.micro_batches
+            results["lake_files"] = data_files(os.path.join(work, "out"))
+            results["load_average"] = [round(load_before, 1), round(os.getloadavg()[0], 1)]
             results["consumer_seconds"] = round(consumer_seconds, 2)
             results["consumer_changes_per_s"] = round(stats.changes / consumer_seconds)
             results["consumer_changes_per_s_in_micro_batches"] = round(stats.changes_per_second)
@@ -99,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=20_000)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--partitions", type=int, default=2, help="engine partition workers (in-process)")
+    parser.add_argument("--max-records-per-batch", type=int, default=None, metavar="N")
     args = parser.parse_args(argv)
-    print(json.dumps(run_bench(args.rows, args.master, args.partitions), indent=2))
+    print(json.dumps(run_bench(args.rows, args.master, args.partitions, args.max_records_per_batch), indent=2))
     return 0
 
 

@@ -1,29 +1,21 @@
-"""The change-data consumer: `<ns>.changes` becomes Parquet, exactly once across restarts.
+"""The change-data consumer: `<ns>.changes` becomes a Delta Lake lake, exactly once.
 
     ordo spark changes --bootstrap-servers B --namespace NS --output DIR --checkpoint DIR [--once]
     spark-submit spark_jobs/changes_job.py --bootstrap-servers B --namespace NS --output DIR ...
 
-Output (under --output):
-  changelog/batch=B/txn-T-part-K.parquet
-                        every change, append-only, one file per change record (engine batch,
-                        transaction, part): part, seq, txn, table, key, value, deleted
-  tables/<table>/       the current state of each engine table: key, value (JSON texts) and
-                        the batch and txn that wrote it
-  _state/<version>/     internal: the merged state with its deletes (tombstones); the newest
-                        complete version wins
+Output (under --output, every one a Delta table; spark_jobs/lake.py says how each is kept):
+  changelog/        every change once, append-only: batch, batch_range, batch_time, txn, part,
+                    seq, table, key, value, deleted (partitioned by table and batch_range)
+  transactions/     every change record once: batch, batch_time, txn, part, parts, txns, changes
+  batches/          the engine batches applied to tables/, in order
+  tables/<table>/   each engine table as of the last batch in batches/: key, value, batch, txn
 
 Kafka is Spark's own connector (`spark.readStream.format("kafka")`, read_committed, every
-partition of the topic); each record is decoded by spark_jobs/records.py.
-
-Exactly once (docs/spark.md): Spark's checkpoint holds the source offsets, and every write is
-idempotent, so replaying a micro-batch, or a record the engine re-emitted after a crash,
-changes nothing:
-  - a change-log file is named by its (batch, txn, part) and replaced atomically by a
-    file made from the one record of that name, which is the same every time the engine
-    emits it (spark_jobs/changelog_files.py);
-  - the state is a max-register per (table, key): the change with the greatest (batch, txn)
-    wins, deletes included (kept as tombstones), and merging is idempotent, commutative and
-    associative; each micro-batch writes a new version, then publishes the touched tables.
+partition of the topic); each record is decoded by spark_jobs/records.py. Exactly once across
+kills and restarts of the job and the engine's re-publications (docs/spark.md): Spark's
+checkpoint holds the source offsets, a record the lake's tables hold already is passed over
+(spark_jobs/lake.py), and the state tables are MERGEd one complete engine batch range at a
+time.
 """
 
 from __future__ import annotations
@@ -33,168 +25,12 @@ import os
 import re
 import sys
 import time
-import uuid
-from dataclasses import dataclass, field
 
 if __package__ in (None, ""):  # spark-submit spark_jobs/changes_job.py
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-STATE_COLUMNS = ("table", "key", "value", "deleted", "batch", "txn")
-
-
-def changelog_path(output: str) -> str:
-    return _join(output, "changelog")
-
-
-def table_path(output: str, table: str) -> str:
-    return _join(output, "tables", re.sub(r"[^A-Za-z0-9_.-]", "_", table))
-
-
-def _join(*parts: str) -> str:
-    return "/".join(p.rstrip("/") for p in parts)
-
-
-class _Fs:
-    """The few Hadoop FileSystem calls the versioned state needs (any Hadoop path works)."""
-
-    def __init__(self, spark, path: str):
-        jvm = spark.sparkContext._jvm
-        self._Path = jvm.org.apache.hadoop.fs.Path
-        self._fs = self._Path(path).getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-
-    def children(self, path: str) -> list[str]:
-        p = self._Path(path)
-        if not self._fs.exists(p):
-            return []
-        return sorted(status.getPath().getName() for status in self._fs.listStatus(p) if status.isDirectory())
-
-    def exists(self, path: str) -> bool:
-        return self._fs.exists(self._Path(path))
-
-    def delete(self, path: str) -> None:
-        self._fs.delete(self._Path(path), True)
-
-
-def state_versions(spark, output: str) -> list[str]:
-    """Complete state versions (Spark wrote _SUCCESS), oldest first."""
-    fs = _Fs(spark, output)
-    base = _join(output, "_state")
-    return [
-        v
-        for v in fs.children(base)
-        if re.fullmatch(r"v\d{10}-[0-9a-f]{8}", v) and fs.exists(_join(base, v, "_SUCCESS"))
-    ]
-
-
-def _version_number(version: str) -> int:
-    return int(version[1:11])
-
-
-@dataclass
-class ConsumerStats:
-    micro_batches: int = 0
-    changes: int = 0
-    seconds: float = 0.0
-    tables: set = field(default_factory=set)
-    phases: dict = field(default_factory=dict)  # seconds per step, summed over micro-batches
-
-    def add(self, phase: str, since: float) -> float:
-        now = time.monotonic()
-        self.phases[phase] = self.phases.get(phase, 0.0) + now - since
-        return now
-
-    @property
-    def changes_per_second(self) -> float:
-        return self.changes / self.seconds if self.seconds > 0 else 0.0
-
-
-class ChangesWriter:
-    """The foreachBatch function: one micro-batch of change records into the outputs."""
-
-    def __init__(self, output: str, stats: ConsumerStats | None = None):
-        self.output = output
-        self.stats = stats or ConsumerStats()
-        self.busy = False
-
-    def __call__(self, df, epoch_id: int) -> None:
-        self.busy = True
-        try:
-            self._write(df, epoch_id)
-        finally:
-            self.busy = False
-
-    def _write(self, df, epoch_id: int) -> None:
-        from pyspark.sql import functions as F
-
-        from ordo.spark_jobs.changelog_files import write_records
-
-        started = time.monotonic()
-        spark = df.sparkSession
-        records = (
-            df.select("batch", "txn", "partition", "part", "changes")
-            .dropDuplicates(["batch", "txn", "partition", "part"])
-            .persist()
-        )
-        try:
-            # The change log: one file per record, written by the executors.
-            per_table: dict[str, int] = {}
-            for row in records.mapInArrow(
-                write_records(changelog_path(self.output)), "table string, changes long"
-            ).collect():
-                per_table[row["table"]] = per_table.get(row["table"], 0) + row["changes"]
-            step = self.stats.add("changelog", started)
-            if per_table:
-                changes = records.select("batch", "part", F.posexplode("changes").alias("seq", "change")).select(
-                    "batch", "part", "seq", "change.txn", "change.table", "change.key", "change.value", "change.deleted"
-                )
-                self._merge_state(spark, changes, sorted(per_table), step)
-        finally:
-            records.unpersist()
-        self.stats.micro_batches += 1
-        self.stats.changes += sum(per_table.values())
-        self.stats.tables.update(per_table)
-        self.stats.seconds += time.monotonic() - started
-
-    def _merge_state(self, spark, changes, tables: list[str], step: float) -> None:
-        from pyspark.sql import functions as F
-
-        base = _join(self.output, "_state")
-        versions = state_versions(spark, self.output)
-        new_rows = changes.select(*STATE_COLUMNS)
-        if versions:
-            new_rows = spark.read.parquet(_join(base, versions[-1])).select(*STATE_COLUMNS).unionByName(new_rows)
-        # Max-register per key: the greatest (batch, txn) wins; a replayed change ties with
-        # itself (same value), an older one loses.
-        merged = (
-            new_rows.groupBy("table", "key")
-            .agg(F.max(F.struct("batch", "txn", "deleted", "value")).alias("w"))
-            .select("table", "key", "w.value", "w.deleted", "w.batch", "w.txn")
-        )
-        number = _version_number(versions[-1]) + 1 if versions else 1
-        version = f"v{number:010d}-{uuid.uuid4().hex[:8]}"
-        merged.write.mode("overwrite").partitionBy("table").parquet(_join(base, version))
-        step = self.stats.add("state", step)
-        state = spark.read.parquet(_join(base, version))
-        for table in tables:
-            (
-                state.where((F.col("table") == table) & ~F.col("deleted"))
-                .select("key", "value", "batch", "txn")
-                .coalesce(1)
-                .write.mode("overwrite")
-                .parquet(table_path(self.output, table))
-            )
-        fs = _Fs(spark, self.output)
-        for old in fs.children(base):
-            if old != version and (old.startswith("v") and _version_number_safe(old) <= number):
-                fs.delete(_join(base, old))
-        self.stats.add("tables", step)
-
-
-def _version_number_safe(name: str) -> int:
-    try:
-        return _version_number(name)
-    except ValueError:
-        return -1
+from ordo.spark_jobs import lake  # noqa: E402
+from ordo.spark_jobs.lake import LakeStats, LakeWriter  # noqa: E402
 
 
 def source_options(
@@ -284,13 +120,20 @@ def start_consumer(
     once: bool = False,
     max_records_per_batch: int | None = None,
     trigger_seconds: float | None = None,
-    stats: ConsumerStats | None = None,
+    stats: LakeStats | None = None,
     source_options: dict | None = None,
     kafka: dict | None = None,
+    internal_tables: bool = True,
+    optimize_every: int = 0,
 ):
     """Start the streaming query; returns (query, stats). `source_options`: more options of
-    Spark's Kafka source; `kafka`: settings of its Java Kafka client."""
-    stats = stats or ConsumerStats()
+    Spark's Kafka source; `kafka`: settings of its Java Kafka client; `optimize_every`:
+    compact the lake's files after every that many micro-batches (0: never)."""
+    from ordo.spark_jobs.delta_lake import ensure_delta
+
+    ensure_delta(spark)
+    stats = stats or LakeStats()
+    lake.check_layout(spark, output)
     changes = read_outputs(
         spark,
         bootstrap,
@@ -300,9 +143,10 @@ def start_consumer(
         kafka=kafka,
         options=source_options,
     )
-    changes_writer = ChangesWriter(output, stats)
+    lake_writer = LakeWriter(output, stats, internal_tables=internal_tables)
+    write = lake_writer if not optimize_every else _compacting(lake_writer, optimize_every)
     writer = (
-        changes.writeStream.foreachBatch(changes_writer)
+        changes.writeStream.foreachBatch(write)
         .option("checkpointLocation", checkpoint)
         .queryName(f"ordo-changes-{namespace}")
     )
@@ -311,8 +155,25 @@ def start_consumer(
     elif trigger_seconds:
         writer = writer.trigger(processingTime=f"{trigger_seconds} seconds")
     query = writer.start()
-    query.ordo_writer = changes_writer
+    query.ordo_writer = lake_writer
     return query, stats
+
+
+def _compacting(lake_writer: LakeWriter, every: int):
+    def write(df, epoch_id: int) -> None:
+        lake_writer(df, epoch_id)
+        if lake_writer.stats.micro_batches % every == 0:
+            lake_writer.busy = True
+            try:
+                lake_writer.stats.step = "compacting (OPTIMIZE)"
+                started = time.monotonic()
+                lake.optimize(df.sparkSession, lake_writer.output, sorted(lake_writer.stats.tables))
+                lake_writer.stats.add("optimize", started)
+            finally:
+                lake_writer.busy = False
+                lake_writer.stats.step = ""
+
+    return write
 
 
 def stop_gracefully(query, wait: float = 120.0) -> None:
@@ -326,6 +187,19 @@ def stop_gracefully(query, wait: float = 120.0) -> None:
     query.stop()
 
 
+def describe(stats: LakeStats) -> str:
+    """The progress line's text: what is written, and what the writer is doing now."""
+    text = (
+        f"{stats.read:,} change records read, {stats.micro_batches} micro-batch(es) written, "
+        f"{stats.changes:,} changes in the change log, tables at batch {stats.applied_batch:,}"
+    )
+    if stats.waiting_batches:
+        text += f" ({stats.waiting_batches:,} batch(es) waiting for records)"
+    if stats.step:
+        text += f"; now {stats.step}"
+    return text
+
+
 def run_consumer(
     spark,
     bootstrap: str,
@@ -336,23 +210,14 @@ def run_consumer(
     timeout: float | None = None,
     progress: float = 0.0,
     **kwargs,
-) -> ConsumerStats:
+) -> LakeStats:
     """Run until done (--once: everything on the topic now), the timeout, or Ctrl-C.
     `progress`: print a progress line every that many seconds (0: none)."""
-    from ordo.spark_jobs.progress import Progress, StreamCounter
+    from ordo.spark_jobs.progress import Progress
 
     query, stats = start_consumer(spark, bootstrap, namespace, output, checkpoint, once=once, **kwargs)
-    counter = StreamCounter()
-
-    def describe() -> str:
-        counter.update(query)
-        return (
-            f"{counter.rows} change records read, {stats.micro_batches} micro-batch(es) written, "
-            f"{stats.changes} changes"
-        )
-
     try:
-        with Progress(spark, "ordo-changes", describe, progress):
+        with Progress(spark, "ordo-changes", lambda: describe(stats), progress):
             if timeout is not None and not once:
                 query.awaitTermination(timeout)
             else:
@@ -363,8 +228,13 @@ def run_consumer(
         if query.isActive:
             stop_gracefully(query)
     if query.exception() is not None:
-        raise RuntimeError(f"change-data stream stopped with an error: {query.exception()}")
+        raise RuntimeError(f"change-data stream stopped with an error: {_first_line(query.exception())}")
     return stats
+
+
+def _first_line(exception) -> str:
+    text = str(getattr(exception, "desc", None) or exception)
+    return text.strip().splitlines()[0] if text.strip() else type(exception).__name__
 
 
 # ---------------------------------------------------------------- reading the result
@@ -372,26 +242,33 @@ def run_consumer(
 
 def load_table(spark, output: str, table: str):
     """The current state of one engine table: key, value (JSON texts), batch, txn."""
-    return spark.read.parquet(table_path(output, table))
+    return lake.read_delta(spark, lake.table_path(output, table))
 
 
 def load_changelog(spark, output: str):
-    return spark.read.parquet(changelog_path(output))
+    return lake.read_delta(spark, lake.changelog_path(output))
 
 
-def current_tables(output: str) -> list[str]:
-    base = os.path.join(output, "tables")
-    return sorted(os.listdir(base)) if os.path.isdir(base) else []
+def current_tables(spark, output: str) -> list[str]:
+    """The engine tables with a state table in the lake (names as the engine has them)."""
+    return sorted(lake.state_tables(spark, output))
+
+
+def view_name(table: str) -> str:
+    """A temporary view's name for an engine table: one identifier part, whatever the
+    table's name (`stream.report` -> `ordo_stream_report`)."""
+    return "ordo_" + re.sub(r"[^A-Za-z0-9_]", "_", table)
 
 
 def example_report(spark, output: str, top: int = 5) -> dict:
-    """An analytical query over the result: rows per table, and for the SL workload the
-    top accounts by balance and the total of all assets (plain Spark SQL over Parquet)."""
-    report: dict = {"tables": {}}
-    tables = current_tables(output)
+    """An analytical query over the lake: rows per table and the batch the tables show, and
+    for the SL workload the top accounts by balance and the total of all assets (plain
+    Spark SQL over the Delta tables)."""
+    report: dict = {"tables": {}, "batch": lake.applied_batch(spark, output)}
+    tables = current_tables(spark, output)
     for table in tables:
         df = load_table(spark, output, table)
-        df.createOrReplaceTempView(f"ordo_{table}")
+        df.createOrReplaceTempView(view_name(table))
         report["tables"][table] = df.count()
     if "account" in tables:
         report["top_accounts"] = [
@@ -417,7 +294,10 @@ def example_report(spark, output: str, top: int = 5) -> dict:
 
 
 def format_report(report: dict) -> str:
-    lines = ["tables: " + (", ".join(f"{t} ({n} rows)" for t, n in report["tables"].items()) or "none yet")]
+    lines = [
+        f"tables as of batch {report.get('batch', 0):,}: "
+        + (", ".join(f"{t} ({n} rows)" for t, n in report["tables"].items()) or "none yet")
+    ]
     if "top_accounts" in report:
         lines.append("top accounts by balance: " + ", ".join(f"{a}: {b}" for a, b in report["top_accounts"]))
     if "total_assets" in report:
@@ -436,7 +316,7 @@ def add_arguments(p: argparse.ArgumentParser, kafka: bool = True) -> None:
         from ordo.spark_jobs.producer_job import add_kafka_arguments
 
         add_kafka_arguments(p)
-    p.add_argument("--output", required=True, metavar="DIR", help="where the Parquet change log and tables go")
+    p.add_argument("--output", required=True, metavar="DIR", help="the lake: where the Delta tables go")
     p.add_argument(
         "--checkpoint", required=True, metavar="DIR", help="Spark checkpoint (keep it to resume exactly once)"
     )
@@ -453,6 +333,23 @@ def add_arguments(p: argparse.ArgumentParser, kafka: bool = True) -> None:
         "and the transaction markers of a topic written in transactions)",
     )
     p.add_argument("--trigger-seconds", type=float, default=None, metavar="S", help="micro-batch interval")
+    p.add_argument(
+        "--optimize-every",
+        type=int,
+        default=100,
+        metavar="N",
+        help="compact the lake's small files (Delta OPTIMIZE) after every N micro-batches (default 100; 0: never)",
+    )
+    p.add_argument(
+        "--optimize",
+        action="store_true",
+        help="compact the lake's small files now (Delta OPTIMIZE) and exit; reads no topic",
+    )
+    p.add_argument(
+        "--no-internal-tables",
+        action="store_true",
+        help="no state tables for the engine's stream.* and window.* tables (the change log keeps their changes)",
+    )
     p.add_argument("--no-report", action="store_true", help="do not print the example analytical query")
     p.add_argument(
         "--progress-seconds",
@@ -465,12 +362,18 @@ def add_arguments(p: argparse.ArgumentParser, kafka: bool = True) -> None:
 
 def run(args, out=sys.stdout) -> int:
     """`ordo spark changes` and `spark-submit spark_jobs/changes_job.py`."""
+    from ordo.spark_jobs.producer_job import key_values
     from ordo.spark_jobs.session import build_session
 
-    from ordo.spark_jobs.producer_job import key_values
-
-    kafka = key_values(getattr(args, "kafka_option", []), "--kafka-option")
     spark = build_session("ordo-changes", args.master)
+    if args.optimize:
+        started = time.monotonic()
+        done = lake.optimize(spark, args.output, current_tables(spark, args.output))
+        print(
+            f"compacted {len(done)} Delta table(s) in {time.monotonic() - started:.1f}s under {args.output}", file=out
+        )
+        return 0
+    kafka = key_values(getattr(args, "kafka_option", []), "--kafka-option")
     started = time.monotonic()
     stats = run_consumer(
         spark,
@@ -484,17 +387,35 @@ def run(args, out=sys.stdout) -> int:
         trigger_seconds=args.trigger_seconds,
         kafka=kafka,
         progress=args.progress_seconds,
+        internal_tables=not args.no_internal_tables,
+        optimize_every=max(0, args.optimize_every),
     )
     seconds = time.monotonic() - started
-    print(
-        f"consumed {stats.changes} changes in {stats.micro_batches} micro-batch(es) in {seconds:.2f}s "
-        f"({stats.changes_per_second:,.0f} changes/s while writing) into {args.output}",
-        file=out,
-        flush=True,
-    )
+    print(summary(stats, seconds, args.output), file=out, flush=True)
     if not args.no_report:
-        print(format_report(example_report(spark, args.output)), file=out, flush=True)
+        try:
+            print(format_report(example_report(spark, args.output)), file=out, flush=True)
+        except Exception as exc:  # the report is for show: the lake is written whatever it says
+            print(f"(no example report: {_first_line(exc)})", file=out, flush=True)
     return 0
+
+
+def summary(stats: LakeStats, seconds: float, output: str) -> str:
+    line = (
+        f"consumed {stats.changes:,} changes ({stats.records:,} change records) in {stats.micro_batches} "
+        f"micro-batch(es) in {seconds:.2f}s ({stats.changes_per_second:,.0f} changes/s while writing) into "
+        f"{output}; tables as of batch {stats.applied_batch:,}"
+    )
+    if stats.waiting_batches:
+        line += f", {stats.waiting_batches:,} batch(es) waiting for the rest of their records"
+    if stats.repeated:
+        line += f"; {stats.repeated:,} record(s) the lake held already passed over"
+    if stats.passed_over:
+        line += (
+            f"; {stats.passed_over:,} record(s) of the per-partition format before per-transaction change data "
+            f"passed over"
+        )
+    return line
 
 
 def main(argv: list[str] | None = None) -> int:

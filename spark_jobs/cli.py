@@ -3,8 +3,13 @@
     ordo spark produce --bootstrap-servers B --namespace NS --input PATH --format csv|json|parquet
                        [--stream [--once | --timeout S] [--checkpoint DIR]] [--master M]
                        [--id-col C] [--proc-col C | --proc NAME] [--args-col C | --args-cols A,B|*]
+                       [--app MODULE:ATTR] [--workloads a,b] [--wait [--wait-timeout S]]
+    (--app/--workloads: cast each --args-cols cell to its procedure's argument type;
+     --wait: then count the requests' outcomes, committed, aborted and rejected)
     ordo spark changes --bootstrap-servers B --namespace NS --output DIR --checkpoint DIR
                        [--once | --timeout S] [--master M] [--max-records-per-batch N]
+                       [--optimize-every N | --optimize] [--no-internal-tables]
+    (the change data into a Delta Lake lake: change log, state tables, exactly once)
     ordo spark samples [--out DIR] [--count N]
 
 Importing this module does not import pyspark: `ordo --help` stays fast.
@@ -20,7 +25,7 @@ def add_spark_commands(subparsers) -> argparse.ArgumentParser:
     command carries its handler as `args.spark_handler`."""
     from ordo.spark_jobs import changes_job, producer_job
 
-    spark = subparsers.add_parser("spark", help="PySpark border jobs: datasets to requests, changes to Parquet")
+    spark = subparsers.add_parser("spark", help="PySpark border jobs: datasets to requests, changes to Delta Lake")
     sub = spark.add_subparsers(dest="spark_command", required=True, metavar="JOB")
 
     p = sub.add_parser(
@@ -34,7 +39,7 @@ def add_spark_commands(subparsers) -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "changes",
-        help="stream <ns>.changes into a Parquet change log and current-state tables",
+        help="land <ns>.changes in Delta Lake: a change log and current-state tables, exactly once",
         description=changes_job.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

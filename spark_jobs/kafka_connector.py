@@ -4,7 +4,7 @@ Maven Central (ordo/maven.py), and Ordo's Kafka settings as the connector's opti
     python -m spark_jobs.kafka_connector     # the jars, comma-separated (for spark-submit --jars)
 
 Version: the connector matching the installed PySpark (`pyspark.__version__`, Scala from
-PySpark's own spark-core jar). When Maven Central has no connector of that version (PyPI can
+PySpark's own spark-core jar), fetched by spark_jobs/jars.py. When Maven Central has no connector of that version (PyPI can
 publish a PySpark release before Central has its jars), the newest release tested with Ordo,
 `FALLBACK_VERSION`, is used if it has the same major version, with one line saying so.
 `ORDO_SPARK_KAFKA_VERSION` names a version to use instead.
@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from typing import Any, Mapping
 
-from ordo.maven import Artifacts, MissingTool, cache_dir, jars
+from ordo.maven import Artifacts
+from ordo.spark_jobs.jars import class_loadable, resolve, scala_version, spark_version
 
 VERSION_ENV = "ORDO_SPARK_KAFKA_VERSION"
 # The newest connector release on Maven Central that Ordo's tests have run with; used only
@@ -36,46 +36,11 @@ PROVIDER_CLASS = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
 # ---------------------------------------------------------------- the jars
 
 
-def spark_version() -> str:
-    import pyspark
-
-    return pyspark.__version__
-
-
-def spark_jars_dir() -> str | None:
-    """Where the running Spark's own jars are: $SPARK_HOME/jars, else PySpark's."""
-    home = os.environ.get("SPARK_HOME")
-    candidates = [os.path.join(home, "jars")] if home else []
-    try:
-        import pyspark
-
-        candidates.append(os.path.join(os.path.dirname(pyspark.__file__), "jars"))
-    except ImportError:
-        pass
-    return next((c for c in candidates if os.path.isdir(c)), None)
-
-
-def scala_version() -> str:
-    """Scala's binary version of the installed Spark (from its spark-core jar's name)."""
-    folder = spark_jars_dir()
-    if folder:
-        for name in os.listdir(folder):
-            match = re.fullmatch(r"spark-core_(\d+\.\d+)-.*\.jar", name)
-            if match:
-                return match.group(1)
-    return "2.13" if int(spark_version().split(".")[0]) >= 4 else "2.12"
-
-
 def connector(version: str, scala: str | None = None) -> Artifacts:
     """The Maven artifact set of Spark's Kafka connector of one Spark version."""
     return Artifacts(
         "spark-sql-kafka", (f"org.apache.spark:spark-sql-kafka-0-10_{scala or scala_version()}:{version}",)
     )
-
-
-def _fetched(artifacts: Artifacts) -> bool:
-    """Already in the cache (ordo/maven.py's layout): using it needs no Maven run."""
-    return os.path.exists(os.path.join(cache_dir(), "maven", artifacts.key, "complete"))
 
 
 def candidate_versions() -> list[str]:
@@ -89,48 +54,15 @@ def candidate_versions() -> list[str]:
     return versions
 
 
-def _artifact_name(jar: str) -> str:
-    """`kafka-clients-3.9.2.jar` -> `kafka-clients` (Maven names jars artifactId-version)."""
-    match = re.fullmatch(r"(.+?)-(\d+(?:\.\d+)*(?:[.-][A-Za-z0-9]+)*)\.jar", os.path.basename(jar))
-    return match.group(1) if match else os.path.basename(jar)
-
-
 _resolved: list[str] | None = None
 
 
 def connector_jars() -> list[str]:
-    """The connector's jars and its dependencies, less those Spark ships itself (Scala,
-    Hadoop, compression codecs, SLF4J: Spark's own versions stay the only ones on the class
-    path). Fetched once; later calls ask no network."""
+    """The connector's jars and its dependencies, less those Spark ships itself. Fetched
+    once; later calls ask no network."""
     global _resolved
-    if _resolved is not None:
-        return list(_resolved)
-    sets = [connector(v) for v in candidate_versions()]
-    cached = next((s for s in sets if _fetched(s)), None)
-    errors = []
-    for artifacts in [cached] if cached else sets:
-        try:
-            found = jars(artifacts)
-        except MissingTool:
-            raise MissingTool(
-                "Spark's Kafka connector is fetched once from Maven Central with Maven, and no `mvn` "
-                "is on PATH: install it (e.g. apt-get install maven)"
-            ) from None
-        except RuntimeError as exc:  # Maven ran and could not fetch this version
-            errors.append(str(exc))
-            continue
-        if artifacts is not sets[0] and cached is None:
-            print(
-                f"ordo: Maven Central has no {sets[0].coordinates[0]} (the installed PySpark's version); "
-                f"using {artifacts.coordinates[0]} instead (set {VERSION_ENV} to choose)",
-                file=sys.stderr,
-                flush=True,
-            )
-        break
-    else:
-        raise RuntimeError("could not fetch Spark's Kafka connector: " + " | ".join(errors))
-    shipped = {_artifact_name(name) for name in os.listdir(spark_jars_dir())} if spark_jars_dir() else set()
-    _resolved = [jar for jar in found if _artifact_name(jar) not in shipped]
+    if _resolved is None:
+        _resolved = resolve("Spark's Kafka connector", [connector(v) for v in candidate_versions()], VERSION_ENV)
     return list(_resolved)
 
 
@@ -150,13 +82,7 @@ def ensure_connector(spark) -> None:
 
 
 def connector_loaded(spark) -> bool:
-    jvm = spark.sparkContext._jvm
-    try:
-        loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
-        jvm.java.lang.Class.forName(PROVIDER_CLASS, False, loader)
-        return True
-    except Exception:
-        return False
+    return class_loadable(spark, PROVIDER_CLASS)
 
 
 # ---------------------------------------------------------------- settings

@@ -8,6 +8,10 @@ Column mapping (docs/spark.md): `--id-col` (default id), `--proc-col` (default p
 constant `--proc NAME`, and the arguments either from `--args-col` (default args: a JSON
 text, a struct or a map) or built from named columns with `--args-cols a,b,c` (`*`: every
 column but id and proc; null columns are left out of the object).
+`--app MODULE:ATTR` / `--workloads a,b` (as `ordo run` takes them) type those columns from
+the procedures' argument schemas: read as text, each cell cast to its argument's type (a
+cell that does not cast goes as its text, for the engine to reject that row alone).
+`--wait [--wait-timeout S]`: then count the outcomes (committed, aborted, rejected).
 Every row is published, bad ones too: the engine rejects them with a clear error on
 `<ns>.results`; the job itself fails only when Kafka does not acknowledge a request.
 Kafka is Spark's own connector (`df.write.format("kafka")`); each row is encoded by
@@ -21,12 +25,15 @@ import os
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any, Iterable
 
 if __package__ in (None, ""):  # spark-submit spark_jobs/producer_job.py
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 FORMATS = ("csv", "json", "parquet")
+SHOWN_REJECTIONS = 3  # --wait prints the errors of this many rejected rows; the rest are on <ns>.results
 
 
 @dataclass
@@ -39,11 +46,15 @@ class Mapping:
     args_col: str | None = "args"
     args_cols: list[str] | None = None  # build args from these columns ("*": all but id/proc)
     reader_options: dict[str, str] = field(default_factory=dict)
+    # {proc: {arg: records.ARGUMENT_TYPES name}} of an app (argument_types): args_cols are read
+    # as text and each cell is cast to its argument's type on the executors.
+    argument_types: dict[str, dict[str, str]] | None = None
 
     @property
-    def typed_args(self) -> bool:
-        """Args from named columns need real column types (numbers, not texts)."""
-        return self.args_cols is not None
+    def infers_types(self) -> bool:
+        """Args from named columns with no app to type them: Spark infers the column types
+        from the data (numbers, not texts)."""
+        return self.args_cols is not None and self.argument_types is None
 
 
 def _reader(spark, fmt: str, mapping: Mapping, stream: bool):
@@ -63,8 +74,9 @@ def input_schema(spark, path: str, fmt: str, mapping: Mapping, stream: bool):
 
     Default mapping: every column a string, so ids keep their spelling and an `args` object of
     a JSON file stays its raw JSON text (Spark keeps a non-string JSON value under a string
-    field as its text). Args from named columns: inferred types. A stream needs a schema up
-    front: it comes from the files already there, else from the mapping."""
+    field as its text), which an app's argument types cast (records.cast_args). Args from
+    named columns without an app: inferred types. A stream needs a schema up front: it comes
+    from the files already there, else from the mapping."""
     from pyspark.sql.types import StringType, StructField, StructType
 
     if fmt == "parquet":
@@ -74,7 +86,7 @@ def input_schema(spark, path: str, fmt: str, mapping: Mapping, stream: bool):
             raise ValueError(f"--stream over Parquet needs files in {path} to take the schema from, or --schema")
         return spark.read.parquet(path).schema
     have_files = _has_files(path)
-    if mapping.typed_args:
+    if mapping.infers_types:
         if not have_files:
             raise ValueError(f"--args-cols with --stream needs files in {path} to infer column types, or --schema")
         return _reader(spark, fmt, mapping, False).option("inferSchema", "true").load(path).schema
@@ -82,9 +94,13 @@ def input_schema(spark, path: str, fmt: str, mapping: Mapping, stream: bool):
         names = _reader(spark, fmt, mapping, False).load(path).schema.names
         names = [n for n in names if n != "_corrupt_record"]
     else:
+        if mapping.args_cols == ["*"]:
+            raise ValueError(
+                f"--args-cols '*' with --stream needs files in {path} to take the columns from, or --schema"
+            )
         names = []
-    for name in (mapping.id_col, mapping.proc_col, mapping.args_col):
-        if name and name not in names:
+    for name in (mapping.id_col, mapping.proc_col, mapping.args_col, *(mapping.args_cols or ())):
+        if name and name != "*" and name not in names:
             names.append(name)
     return StructType([StructField(name, StringType()) for name in names])
 
@@ -175,7 +191,7 @@ def read_input(
     reader = _reader(spark, fmt, mapping, stream)
     if schema is not None:
         reader = reader.schema(schema)
-    elif mapping.typed_args:
+    elif mapping.infers_types:
         reader = reader.option("inferSchema", "true")
     if stream and max_files_per_trigger:
         reader = reader.option("maxFilesPerTrigger", str(max_files_per_trigger))
@@ -186,6 +202,10 @@ def read_input(
 class ProduceStats:
     rows: int
     seconds: float
+    # With ids collected (produce's collect_ids): the ids the engine names the rows' outcomes by,
+    # one per row (a repeated id twice), and how many rows it answers by position instead.
+    ids: list[str] | None = None
+    by_position: int = 0
 
     @property
     def rows_per_second(self) -> float:
@@ -202,20 +222,76 @@ def produce(
     schema=None,
     kafka: dict | None = None,
     progress: float = 0.0,
+    collect_ids: bool = False,
 ) -> ProduceStats:
     """Batch mode: publish every row of the dataset; returns how many and how fast.
-    `progress`: print a progress line every that many seconds (0: none)."""
+    `progress`: print a progress line every that many seconds (0: none). `collect_ids`: also
+    the ids to wait for (outcome_ids), collected on the driver."""
+    from pyspark.sql import functions as F
+
     from ordo.spark_jobs.progress import Progress
     from ordo.spark_jobs.records import encode_requests
 
     mapping = mapping or Mapping()
     requests = to_requests(read_input(spark, path, fmt, mapping, schema=schema), mapping)
     # Counted up front: Spark's Kafka sink is a V1 write, which reports no observed metrics.
-    rows = requests.count()
+    ids, by_position = None, 0
+    if collect_ids:  # the count comes with the ids then
+        shapes = requests.select("id", F.col("proc").isNotNull(), F.col("args").isNotNull()).collect()
+        ids, by_position = outcome_ids(tuple(shape) for shape in shapes)
+        rows = len(shapes)
+    else:
+        rows = requests.count()
     started = time.monotonic()
     with Progress(spark, "ordo-produce", lambda: f"publishing {rows} requests to {namespace}.requests", progress):
-        encode_requests(requests).write.format("kafka").options(**sink_options(bootstrap, namespace, kafka)).save()
-    return ProduceStats(rows, time.monotonic() - started)
+        encoded = encode_requests(requests, mapping.argument_types)
+        encoded.write.format("kafka").options(**sink_options(bootstrap, namespace, kafka)).save()
+    return ProduceStats(rows, time.monotonic() - started, ids, by_position)
+
+
+def outcome_ids(shapes: Iterable[tuple[Any, bool, bool]]) -> tuple[list[str], int]:
+    """(the ids the engine names the outcomes of these rows by, how many rows it answers
+    under their position in <ns>.requests instead) from each row's (id, has proc, has args):
+    a message with no usable id, proc or args is not a whole request (sequencer/wire.py)."""
+    from ordo.sequencer.wire import id_problem
+
+    ids, by_position = [], 0
+    for request_id, has_proc, has_args in shapes:
+        if id_problem(request_id) is None and has_proc and has_args:
+            ids.append(request_id)
+        else:
+            by_position += 1
+    return ids, by_position
+
+
+def wait_for_outcomes(bootstrap: str, namespace: str, ids: list[str], timeout: float) -> dict[str, list[dict]]:
+    """The outcomes of `ids` on <ns>.results (one per time an id is listed), as many as came
+    within `timeout` seconds. Read from the topic's beginning: an id's first outcome there is
+    its outcome, and a copy sent again (a retried task, a rerun) is rejected as a duplicate
+    after it (docs/spark.md, "Delivery contract")."""
+    from ordo.client import Client
+
+    with Client(bootstrap, namespace) as client:
+        return client.collect(ids, timeout=timeout, from_beginning=True)
+
+
+def outcome_summary(ids: list[str], found: dict[str, list[dict]], by_position: int, timeout: float) -> list[str]:
+    """The lines `--wait` prints: how many rows were committed, aborted and rejected, what
+    was not waited for or did not come, and the first rejections' errors."""
+    counts = Counter(outcome.get("status") for outcomes in found.values() for outcome in outcomes)
+    parts = [f"{counts.pop(status, 0)} {status}" for status in ("committed", "aborted", "rejected")]
+    parts += [f"{n} {status}" for status, n in sorted(counts.items(), key=str)]  # anything else on <ns>.results
+    missing = len(ids) - sum(len(outcomes) for outcomes in found.values())
+    if missing:
+        parts.append(f"{missing} without an outcome after {timeout:g} s")
+    if by_position:
+        parts.append(f"{by_position} not waited for (no usable id, proc or args: answered by position)")
+    rejections = [o for outcomes in found.values() for o in outcomes if o.get("status") == "rejected"]
+    lines = ["outcomes: " + ", ".join(parts)]
+    lines += [f"rejected {o.get('id')}: {o.get('error')}" for o in rejections[:SHOWN_REJECTIONS]]
+    if len(rejections) > SHOWN_REJECTIONS:
+        lines.append(f"and {len(rejections) - SHOWN_REJECTIONS} more rejected")
+    return lines
 
 
 def produce_stream(
@@ -245,7 +321,7 @@ def produce_stream(
         mapping,
     )
     writer = (
-        encode_requests(requests)
+        encode_requests(requests, mapping.argument_types)
         .writeStream.format("kafka")
         .options(**sink_options(bootstrap, namespace, kafka))
         .option("checkpointLocation", checkpoint)
@@ -266,6 +342,8 @@ def streamed_rows(query) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser, kafka: bool = True) -> None:
+    from ordo.cli import WAIT_S, procedure_options
+
     if kafka:
         p.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT", help="Kafka bootstrap servers")
         add_kafka_arguments(p)
@@ -317,6 +395,20 @@ def add_arguments(p: argparse.ArgumentParser, kafka: bool = True) -> None:
         metavar="S",
         help="print a progress line to stderr every S seconds (default 5; 0: none)",
     )
+    p.add_argument(
+        "--wait", action="store_true", help="then wait for the requests' outcomes and count them (not with --stream)"
+    )
+    p.add_argument(
+        "--wait-timeout",
+        type=WAIT_S,
+        default=120.0,
+        metavar="S",
+        help="--wait: seconds to wait for the outcomes (default %(default)g)",
+    )
+    procedure_options(
+        p.add_argument_group("argument types for --args-cols (as `ordo run` takes the procedures)"),
+        all_by_default=False,
+    )
 
 
 def add_kafka_arguments(p: argparse.ArgumentParser) -> None:
@@ -355,11 +447,22 @@ def key_values(pairs: list[str], option: str) -> dict[str, str]:
 
 
 def mapping_from(args) -> Mapping:
+    """The column mapping the command line names; with --app/--procedures/--workloads, the
+    argument types of that procedure set, loaded as `ordo run` loads it."""
+    from ordo.cli import procedure_specs
+    from ordo.procedures.loading import load_registry
+
     options = key_values(args.option, "--option")
     args_cols = None
     if args.args_cols:
         args_cols = (
             ["*"] if args.args_cols.strip() == "*" else [c.strip() for c in args.args_cols.split(",") if c.strip()]
+        )
+    names_procedures = bool(args.app or args.procedures or args.workloads)
+    if names_procedures and not args_cols:
+        raise ValueError(
+            "--app/--procedures/--workloads type the columns of --args-cols; the arguments of "
+            "--args-col are JSON already (leave them out, or build the arguments with --args-cols)"
         )
     return Mapping(
         id_col=args.id_col,
@@ -368,7 +471,30 @@ def mapping_from(args) -> Mapping:
         args_col=None if args_cols else args.args_col,
         args_cols=args_cols,
         reader_options=options,
+        argument_types=argument_types(load_registry(procedure_specs(args))) if names_procedures else None,
     )
+
+
+def argument_types(registry) -> dict[str, dict[str, str]]:
+    """{proc: {arg: type name}} of every procedure in `registry`: plain data for the executors,
+    whose encoder casts each text argument to its type (records.cast_args) with no Ordo there."""
+    return {
+        name: {arg: argument_type(field) for arg, field in procedure.args.items()}
+        for name, procedure in registry.procedures.items()
+        if isinstance(procedure.args, dict)
+    }
+
+
+def argument_type(field) -> str:
+    """A field's name among records.ARGUMENT_TYPES. An Optional field is cast as its field
+    (an empty cell is left out, and the engine fills in the default); a field type of the
+    user's own is "infer": the text's number or boolean, as Spark would have inferred it."""
+    from ordo.procedures.args import Bool, Float, Int, List, Object, Optional, Str
+
+    if isinstance(field, Optional):
+        return argument_type(field.field)
+    names = {Int: "int", Float: "float", Str: "str", Bool: "bool", Object: "object", List: "list"}
+    return names.get(type(field), "infer")
 
 
 def run(args, out=sys.stdout) -> int:
@@ -377,6 +503,8 @@ def run(args, out=sys.stdout) -> int:
 
     from ordo.spark_jobs.progress import Progress, StreamCounter
 
+    if args.wait and args.stream:
+        raise ValueError("--wait counts the outcomes of a dataset published once, not of a --stream")
     mapping = mapping_from(args)
     kafka = key_values(getattr(args, "kafka_option", []), "--kafka-option")
     spark = build_session("ordo-produce", args.master)
@@ -392,6 +520,7 @@ def run(args, out=sys.stdout) -> int:
             schema,
             kafka=kafka,
             progress=args.progress_seconds,
+            collect_ids=args.wait,
         )
         print(
             f"published {stats.rows} requests to {args.namespace}.requests in {stats.seconds:.2f}s "
@@ -399,6 +528,16 @@ def run(args, out=sys.stdout) -> int:
             file=out,
             flush=True,
         )
+        if args.wait and stats.ids is not None:
+            print(
+                f"ordo-produce: waiting up to {args.wait_timeout:g} s for {len(stats.ids)} outcomes on "
+                f"{args.namespace}.results",
+                file=sys.stderr,
+                flush=True,
+            )
+            found = wait_for_outcomes(args.bootstrap_servers, args.namespace, stats.ids, args.wait_timeout)
+            for line in outcome_summary(stats.ids, found, stats.by_position, args.wait_timeout):
+                print(line, file=out, flush=True)
         return 0
     checkpoint = args.checkpoint or tempfile.mkdtemp(prefix="ordo-produce-checkpoint-")
     if not args.checkpoint:

@@ -8,10 +8,13 @@ Requests: one message per row, key = the request id (None for a null or empty id
 the compact JSON object {"id", "proc", "args"} with null fields left out; an `args` text that
 is JSON is embedded as its value, any other text as a JSON string, so the engine rejects a bad
 row with a clear error on `<ns>.results` (DESIGN.md invariant 2). The job never judges
-requests: the engine does.
+requests: the engine does. Given the argument types of an app's procedures (plain data,
+`{proc: {arg: type name}}`, see ARGUMENT_TYPES), each text argument of a row is cast to its
+argument's type (`cast_cell`); a text that does not cast goes as the text it is.
 
 Outputs (rows, one per Kafka record):
-  changes: batch BIGINT, txn INT, txns INT, partition INT, part INT, parts INT,
+  changes: batch BIGINT, time BIGINT (the batch's time in the log, ms; null in records of
+           engines before it), txn INT, txns INT, partition INT, part INT, parts INT,
            changes ARRAY<STRUCT<txn INT, table STRING, key STRING, value STRING, deleted BOOLEAN>>,
            kafka_partition INT, kafka_offset BIGINT
            (a record is one transaction's: `txn` of the batch's `txns`; `partition` is null,
@@ -32,12 +35,14 @@ import base64
 import datetime
 import decimal
 import json
+import math
+import re
 from collections.abc import Iterator
 from typing import Any
 
 REQUEST_COLUMNS = ("id", "proc", "args")
 CHANGES_SCHEMA = (
-    "batch bigint, txn int, txns int, partition int, part int, parts int, "
+    "batch bigint, time bigint, txn int, txns int, partition int, part int, parts int, "
     "changes array<struct<txn: int, table: string, key: string, value: string, deleted: boolean>>, "
     "kafka_partition int, kafka_offset bigint"
 )
@@ -77,12 +82,111 @@ def args_value(args: Any) -> Any:
     return _plain(args)
 
 
+# The types a text argument is cast to, by the names the driver gives an app's argument
+# fields (producer_job.argument_types): "infer" is a field type of the user's own, whose
+# values are taken as Spark would have inferred them from the text.
+ARGUMENT_TYPES = ("int", "float", "str", "bool", "object", "list", "infer")
+
+# Python's int() and float() also take "1_000", "nan", "infinity" and inner spaces: JSON's
+# number syntax (with a leading "+" allowed) is what a cell must spell.
+_INTEGER = re.compile(r"[-+]?[0-9]+")
+_NUMBER = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+
+
+def _as_int(text: str) -> int:
+    if not _INTEGER.fullmatch(text.strip()):
+        raise ValueError(text)
+    return int(text)  # beyond Python's 4300 digits a ValueError too; out of range: the engine says so
+
+
+def _as_number(text: str) -> int | float:
+    if _INTEGER.fullmatch(text.strip()):
+        return int(text)  # the engine takes it as its float, or says it has no exact one
+    if not _NUMBER.fullmatch(text.strip()):
+        raise ValueError(text)
+    value = float(text)
+    if not math.isfinite(value):  # 1e999: JSON has no infinity
+        raise ValueError(text)
+    return value
+
+
+def _as_bool(text: str) -> bool:
+    spelled = text.strip().lower()
+    if spelled not in ("true", "false"):
+        raise ValueError(text)
+    return spelled == "true"
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def _as_json(kind: type):
+    def cast(text: str):
+        value = json.loads(text, parse_constant=_refuse_constant)
+        if type(value) is not kind:
+            raise ValueError(text)
+        return value
+
+    return cast
+
+
+def _inferred(text: str) -> Any:
+    """A number or a boolean where the text spells one, as Spark's schema inference reads it."""
+    for cast in (_as_number, _as_bool):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+_CASTS = {
+    "int": _as_int,
+    "float": _as_number,
+    "str": str,
+    "bool": _as_bool,
+    "object": _as_json(dict),
+    "list": _as_json(list),
+    "infer": _inferred,
+}
+
+
+def cast_cell(text: str, type_name: str) -> Any:
+    """A cell's text as the JSON value an argument of `type_name` takes (ARGUMENT_TYPES),
+    or the text itself where it spells no such value: the engine then rejects that row
+    alone, naming the argument (`argument 'cart': expected integer, got string`)."""
+    cast = _CASTS.get(type_name)
+    if cast is None:
+        return text
+    try:
+        return cast(text)
+    except (ValueError, RecursionError):
+        return text
+
+
+def cast_args(proc: Any, args: Any, argument_types: dict[str, dict[str, str]]) -> Any:
+    """A row's arguments with each text cast to the type its procedure gives it. Anything
+    else goes as it is, for the engine to judge: a value that is not text (a Parquet
+    column's number), an argument the procedure does not declare, a procedure the types do
+    not name, arguments that are not an object."""
+    types = argument_types.get(proc) if isinstance(proc, str) else None
+    if types is None or not isinstance(args, dict):
+        return args
+    return {
+        name: cast_cell(value, types[name]) if isinstance(value, str) and name in types else value
+        for name, value in args.items()
+    }
+
+
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=str).encode
 
 
-def request_message(request_id: Any, proc: Any, args: Any) -> tuple[bytes | None, bytes]:
+def request_message(
+    request_id: Any, proc: Any, args: Any, argument_types: dict[str, dict[str, str]] | None = None
+) -> tuple[bytes | None, bytes]:
     """(Kafka key, message body) of one row. Null fields are left out of the body, so the
-    engine names what is missing."""
+    engine names what is missing. With `argument_types`, text arguments are cast (cast_args)."""
     body: dict[str, Any] = {}
     if request_id is not None:
         body["id"] = str(request_id)
@@ -90,28 +194,37 @@ def request_message(request_id: Any, proc: Any, args: Any) -> tuple[bytes | None
         body["proc"] = proc if isinstance(proc, str) else _plain(proc)
     if args is not None:
         body["args"] = args_value(args)
+        if argument_types is not None:
+            body["args"] = cast_args(proc, body["args"], argument_types)
     key = str(request_id).encode() if request_id is not None and str(request_id) else None
     return key, _dumps(body).encode()
 
 
-def _encode_batches(batches: Iterator) -> Iterator:
-    import pyarrow as pa
+def _request_encoder(argument_types: dict[str, dict[str, str]] | None):
+    """The mapInArrow function of encode_requests; it closes over plain data only, so it
+    pickles with this module alone."""
 
-    schema = pa.schema([("key", pa.binary()), ("value", pa.binary())])
-    for batch in batches:
-        columns = batch.to_pydict()
-        n = batch.num_rows
-        ids, procs, args = (columns.get(name, [None] * n) for name in REQUEST_COLUMNS)
-        keys, values = [], []
-        for i in range(n):
-            key, value = request_message(ids[i], procs[i], args[i])
-            keys.append(key)
-            values.append(value)
-        yield pa.RecordBatch.from_pydict({"key": keys, "value": values}, schema=schema)
+    def encode_batches(batches: Iterator) -> Iterator:
+        import pyarrow as pa
+
+        schema = pa.schema([("key", pa.binary()), ("value", pa.binary())])
+        for batch in batches:
+            columns = batch.to_pydict()
+            n = batch.num_rows
+            ids, procs, args = (columns.get(name, [None] * n) for name in REQUEST_COLUMNS)
+            keys, values = [], []
+            for i in range(n):
+                key, value = request_message(ids[i], procs[i], args[i], argument_types)
+                keys.append(key)
+                values.append(value)
+            yield pa.RecordBatch.from_pydict({"key": keys, "value": values}, schema=schema)
+
+    return encode_batches
 
 
-def encode_requests(df):
-    """(id, proc, args) rows -> (key, value) rows for Spark's Kafka sink."""
+def encode_requests(df, argument_types: dict[str, dict[str, str]] | None = None):
+    """(id, proc, args) rows -> (key, value) rows for Spark's Kafka sink. `argument_types`:
+    {proc: {arg: one of ARGUMENT_TYPES}}, to cast the text arguments of rows (cast_args)."""
     from pyspark.sql import functions as F
 
     names = set(df.columns)
@@ -123,7 +236,7 @@ def encode_requests(df):
     if unknown:
         raise ValueError(f"requests take the columns id, proc, args; unexpected: {', '.join(sorted(unknown))}")
     columns = [(F.col(c) if c in names else F.lit(None)).cast("string").alias(c) for c in REQUEST_COLUMNS]
-    return df.select(*columns).mapInArrow(_encode_batches, "key binary, value binary")
+    return df.select(*columns).mapInArrow(_request_encoder(argument_types), "key binary, value binary")
 
 
 # ---------------------------------------------------------------- outputs
@@ -133,6 +246,8 @@ def canonical(value: Any) -> str | None:
     """A JSON value as canonical text: one spelling per value."""
     if value is None:
         return None
+    if type(value) is int:  # most keys and values: json.dumps spells an int as str() does
+        return str(value)
     return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
 
 
@@ -151,6 +266,7 @@ def decode_change_record(value: bytes, partition: int, offset: int) -> dict:
     ]
     return {
         "batch": record["batch"],
+        "time": record.get("time"),
         "txn": txn,
         "txns": record["txns"] if txn is not None else None,
         "partition": record["partition"] if txn is None else None,
@@ -192,6 +308,7 @@ def _arrow_schema(kind: str):
         return pa.schema(
             [
                 ("batch", pa.int64()),
+                ("time", pa.int64()),
                 ("txn", pa.int32()),
                 ("txns", pa.int32()),
                 ("partition", pa.int32()),

@@ -1,10 +1,11 @@
 """The SparkSession of Ordo's border jobs.
 
 `local[*]` by default (or `--master`); on a local master the driver binds to 127.0.0.1
-only; no UI; quiet logs. Kafka is Spark's own connector (`spark-sql-kafka-0-10`), its jars
-from Maven Central (spark_jobs/kafka_connector.py) in `spark.jars`. The record codec and the
-change-log writer run in Python workers, pickled by value so that executors need pyarrow but
-not Ordo itself.
+only; no UI; quiet logs. Kafka is Spark's own connector (`spark-sql-kafka-0-10`), the lake is
+Delta Lake: their jars from Maven Central (spark_jobs/kafka_connector.py,
+spark_jobs/delta_lake.py) in `spark.jars`, Delta's extension and catalog set. The record
+codec runs in Python workers, pickled by value so that executors need pyarrow but not Ordo
+itself.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def build_session(
     already exists and its static settings (master, driver host) are those of spark-submit."""
     from pyspark.sql import SparkSession
 
+    from ordo.spark_jobs import delta_lake
     from ordo.spark_jobs.kafka_connector import connector_jars, ensure_connector
 
     master = master or os.environ.get("ORDO_SPARK_MASTER") or DEFAULT_MASTER
@@ -53,6 +55,7 @@ def build_session(
         "spark.sql.session.timeZone": "UTC",
         # Streaming queries of the border jobs are few and small: no extra state store churn.
         "spark.sql.streaming.numRecentProgressUpdates": "20",
+        **delta_lake.SETTINGS,
     }
     if is_local(master):
         settings.update(
@@ -63,8 +66,10 @@ def build_session(
             }
         )
     settings.update({k: str(v) for k, v in (conf or {}).items()})
-    # Spark's Kafka connector: jars from Maven Central (fetched once), not spark.jars.packages.
-    settings["spark.jars"] = ",".join([*filter(None, settings.get("spark.jars", "").split(",")), *connector_jars()])
+    # Spark's Kafka connector and Delta: jars from Maven Central (fetched once), not spark.jars.packages.
+    settings["spark.jars"] = ",".join(
+        [*filter(None, settings.get("spark.jars", "").split(",")), *connector_jars(), *delta_lake.delta_jars()]
+    )
     builder = SparkSession.builder.appName(app_name).master(master)
     for key, value in settings.items():
         builder = builder.config(key, value)
@@ -110,15 +115,13 @@ def _pass_on_errors(read_end: int) -> None:
 
 
 def register_executor_modules() -> None:
-    """The modules whose functions run on executors (the record codec, the change-log
-    writer) are pickled by value: executors need their third-party import (pyarrow) only,
-    not Ordo."""
+    """The module whose functions run on executors (the record codec) is pickled by value:
+    executors need its third-party import (pyarrow) only, not Ordo."""
     from pyspark import cloudpickle
 
-    from ordo.spark_jobs import changelog_files, records
+    from ordo.spark_jobs import records
 
-    for module in (records, changelog_files):
-        cloudpickle.register_pickle_by_value(module)
+    cloudpickle.register_pickle_by_value(records)
 
 
 def ensure_importable() -> None:

@@ -7,6 +7,7 @@ Coordinator with in-process partition workers and a SequencerThread)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -24,7 +25,7 @@ from ordo.state import records
 from ordo.scheduler.coordinator import Coordinator
 from ordo.sequencer.sequencer import SequencerConfig
 from ordo.sequencer.topics import ensure_topics
-from ordo.spark_jobs import changes_job, producer_job
+from ordo.spark_jobs import changes_job, lake, producer_job
 from ordo.spark_jobs import records as records_codec
 from ordo.spark_jobs.records import request_message
 from ordo.spark_jobs.samples import BAD_ROWS, SAMPLES_DIR
@@ -101,13 +102,19 @@ def engine_state(data_dir: str) -> dict:
     }
 
 
-def parquet_state(spark, output: str) -> dict:
+def lake_state(spark, output: str) -> dict:
+    """The lake's state tables read with Spark, checked against delta-rs reading them without."""
     state = {}
-    for table in changes_job.current_tables(output):
+    for table in changes_job.current_tables(spark, output):
         for row in changes_job.load_table(spark, output, table).collect():
             key = (table, row["key"])
             assert key not in state, f"two current rows for {key}"
             state[key] = json.loads(row["value"])
+        without_spark = {
+            (table, json.dumps(list(k) if isinstance(k, tuple) else k, separators=(",", ":"))): v
+            for k, v in lake.read_table(output, table).items()
+        }
+        assert without_spark == {k: v for k, v in state.items() if k[0] == table}
     return state
 
 
@@ -187,7 +194,7 @@ def test_sample_dataset_through_producer_engine_and_consumer_equals_ordo_dump(
     )
     engine.stop()
     expected = engine_state(engine.data_dir)
-    assert expected and parquet_state(spark, output) == expected
+    assert expected and lake_state(spark, output) == expected
     assert stats.tables == {"account", "asset"}
 
     report = changes_job.example_report(spark, output)
@@ -245,13 +252,13 @@ def test_consumer_stopped_mid_stream_and_restarted_loses_and_duplicates_nothing(
     changes_job.run_consumer(spark, broker, namespace, output, checkpoint, once=True)
     assert changelog_rows(spark, output) == expected_rows
     engine.stop()
-    assert parquet_state(spark, output) == engine_state(engine.data_dir)
+    assert lake_state(spark, output) == engine_state(engine.data_dir)
 
     # Consuming everything again from scratch into the same output changes nothing.
     shutil.rmtree(checkpoint)
     changes_job.run_consumer(spark, broker, namespace, output, checkpoint, once=True)
     assert changelog_rows(spark, output) == expected_rows
-    assert parquet_state(spark, output) == engine_state(engine.data_dir)
+    assert lake_state(spark, output) == engine_state(engine.data_dir)
 
 
 def test_bad_rows_are_published_and_rejected_with_clear_errors(spark, broker, namespace, engine):
@@ -619,18 +626,88 @@ def test_parts_deletes_and_late_re_emissions_merge_by_batch_and_txn(spark, broke
             )
         producer.flush()
 
-    send(*records)
+    # Batch 2 whole, batch 1 without one part: the tables wait for batch 1, whole.
+    send(*[key for key in records if key != "1.0.1"])
     output, checkpoint = str(tmp_path / "out"), str(tmp_path / "checkpoint")
-    changes_job.run_consumer(spark, broker, namespace, output, checkpoint, once=True)
+    stats = changes_job.run_consumer(spark, broker, namespace, output, checkpoint, once=True)
+    assert (stats.applied_batch, stats.waiting_batches) == (0, 2)
+    assert lake_state(spark, output) == {}
+    assert len(changelog_rows(spark, output)) == 5
+
+    send("1.0.1")
+    stats = changes_job.run_consumer(spark, broker, namespace, output, checkpoint, once=True)
+    assert (stats.applied_batch, stats.waiting_batches) == (2, 0)
     expected = {("account", "1"): 11, ("account", '"k"'): {"a": 1}, ("account", "3"): 30}
-    assert parquet_state(spark, output) == expected
+    assert lake_state(spark, output) == expected
     log = changelog_rows(spark, output)
     # (batch, part, seq, txn): the empty transaction 3 has no rows
     assert [r[:4] for r in log] == [(1, 0, 0, 0), (1, 0, 0, 1), (1, 0, 0, 2), (1, 1, 0, 0), (2, 0, 0, 0), (2, 0, 0, 1)]
     assert log[4][5:] == ("2", None, True)
 
     send("1.0.1", "1.0.0")  # re-emitted after batch 2: must neither resurrect key 2 nor add rows
-    changes_job.run_consumer(spark, broker, namespace, output, checkpoint, once=True)
+    stats = changes_job.run_consumer(spark, broker, namespace, output, checkpoint, once=True)
     producer.close()
-    assert parquet_state(spark, output) == expected
+    assert stats.repeated == 2 and stats.records == 0
+    assert lake_state(spark, output) == expected
     assert changelog_rows(spark, output) == log
+    # As of batch 1, from the change log (DuckDB over delta-rs): key 2 was there then.
+    assert lake.state_at(output, "account", 1) == {1: 11, 2: 20, "k": {"a": 1}}
+    assert lake.state_at(output, "account", 2) == {1: 11, 3: 30, "k": {"a": 1}}
+
+
+def test_every_table_name_lands_and_the_report_never_fails_the_job(spark, broker, namespace, tmp_path):
+    """Engine tables named like an app's output streams and windows (`stream.report`,
+    `window.recent`), with composite keys and odd characters, land in tables of their own;
+    the job's example report is for show and says so instead of failing."""
+    from kafka import KafkaProducer
+
+    ensure_topics(broker, namespace)
+    changes = [
+        {"table": "stream.report", "key": [1, "a"], "value": {"total": 3}},
+        {"table": "window.recent", "key": 7, "value": [1, 2]},
+        {"table": "odd name/é", "key": "x", "value": 1},
+    ]
+    producer = KafkaProducer(bootstrap_servers=broker)
+    record = {"batch": 1, "time": 1_764_241_080_123, "txn": 0, "txns": 1, "part": 0, "parts": 1, "changes": changes}
+    producer.send(f"{namespace}.changes", key=b"1.0.0", value=json.dumps(record).encode())
+    producer.flush()
+    producer.close()
+    output, checkpoint = str(tmp_path / "out"), str(tmp_path / "checkpoint")
+    args = producer_job_args(broker, namespace, output, checkpoint)
+    out = io.StringIO()
+    assert changes_job.run(args, out=out) == 0
+    assert "tables as of batch 1: odd name/é (1 rows), stream.report (1 rows), window.recent (1 rows)" in out.getvalue()
+    assert lake_state(spark, output) == {
+        ("stream.report", '[1,"a"]'): {"total": 3},
+        ("window.recent", "7"): [1, 2],
+        ("odd name/é", '"x"'): 1,
+    }
+    times = lake.delta_dataset(lake.batches_path(output)).to_table().to_pylist()
+    assert [(r["batch"], r["batch_time"].timestamp()) for r in times] == [(1, 1_764_241_080.123)]
+
+    hidden = str(tmp_path / "no-internal")
+    args = producer_job_args(broker, namespace, hidden, str(tmp_path / "ck2"), "--no-internal-tables")
+    assert changes_job.run(args, out=io.StringIO()) == 0
+    assert changes_job.current_tables(spark, hidden) == ["odd name/é"]
+
+
+def producer_job_args(broker, namespace, output, checkpoint, *extra):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    changes_job.add_arguments(parser)
+    return parser.parse_args(
+        ["--bootstrap-servers", broker, "--namespace", namespace, "--output", output, "--checkpoint", checkpoint]
+        + ["--once", "--master", "local[2]", "--progress-seconds", "0", *extra]
+    )
+
+
+def test_the_parquet_layout_before_delta_is_refused_in_one_line(spark, broker, namespace, tmp_path):
+    ensure_topics(broker, namespace)
+    old = tmp_path / "old"
+    (old / "changelog" / "batch=1").mkdir(parents=True)
+    (old / "_state").mkdir()
+    with pytest.raises(lake.OldLayout) as refused:
+        changes_job.run_consumer(spark, broker, namespace, str(old), str(tmp_path / "ck"), once=True)
+    assert "Parquet lake of Ordo's releases before Delta Lake" in str(refused.value)
+    assert "\n" not in str(refused.value)
