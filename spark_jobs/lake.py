@@ -29,10 +29,11 @@ The tables therefore always show the state as of one engine batch, the last in `
 never part of a batch, and a change older than that batch never reaches them again. A
 MERGE applies a range of batches idempotently (a row is replaced only by a change at the same
 or a later (batch, txn)), so a kill between step 3's MERGEs and its append changes nothing.
-Only records at or below the highest batch the lake holds are looked up (in steady state
-there are none), and the pending batches live on the driver, read back from the tables when
-the job starts. Delta's txnAppId/txnVersion would add a state reconstruction to every append
-(three Spark jobs, 1.2 s each on two cores, measured) and would not cover re-publications.
+Which records the lake holds is known on the driver (every record of an applied batch, and
+those of the pending batches), read back from the tables when the job starts; only after a
+restart are the records of the batches the change log may hold looked up there. Delta's
+txnAppId/txnVersion would add a state reconstruction to every append (three Spark jobs,
+1.2 s each on two cores, measured) and would not cover re-publications.
 """
 
 from __future__ import annotations
@@ -160,19 +161,22 @@ class PendingBatch:
     txns: int
     time: int | None = None
     changes: int = 0
-    parts: dict = field(default_factory=dict)  # txn -> (parts it has, parts held)
+    parts: dict = field(default_factory=dict)  # txn -> (parts it has, the parts held)
     epochs: set = field(default_factory=set)  # the micro-batches its records came in (-1: before this run)
 
     def add(self, place: Place, epoch: int) -> None:
         self.epochs.add(epoch)
-        need, held = self.parts.get(place.txn, (place.parts, 0))
-        self.parts[place.txn] = (need, held + 1)
+        need, held = self.parts.setdefault(place.txn, (place.parts, set()))
+        held.add(place.part)
         self.changes += place.changes
         self.time = place.time if place.time is not None else self.time
 
+    def holds(self, place: Place) -> bool:
+        return place.part in self.parts.get(place.txn, (0, ()))[1]
+
     @property
     def complete(self) -> bool:
-        return len(self.parts) >= self.txns and all(held >= need for need, held in self.parts.values())
+        return len(self.parts) >= self.txns and all(len(held) >= need for need, held in self.parts.values())
 
 
 def held_keys(spark, path: str, places: list[Place]) -> set:
@@ -209,14 +213,16 @@ def without(spark, records, keys: set):
 
 class Ledger:
     """What the lake holds, kept on the driver between micro-batches: the last batch applied
-    to tables/, the highest batch in `transactions`, and the batches after the applied one
-    that have records there. Read from the tables when the job starts, so it is the lake's
-    own account, never a second one."""
+    to tables/ (every record of it and of the batches before is in `transactions`), and the
+    records in `transactions` of the batches after it. Read from the tables when the job
+    starts, so it is the lake's own account, never a second one; so is `unlogged`, the
+    batches whose changes may be in `changelog` without their records in `transactions` (a
+    job killed between its two appends): from the applied batch to the highest the lake held
+    when the job started."""
 
-    def __init__(self, applied: int, highest: int, logged: int):
+    def __init__(self, applied: int, unlogged: tuple[int, int] = (0, 0)):
         self.applied = applied
-        self.highest = highest  # in transactions
-        self.logged = logged  # in changelog: above `highest` only after a kill between the two appends
+        self.unlogged = unlogged  # (after, up to)
         self.batches: dict[int, PendingBatch] = {}
 
     @classmethod
@@ -227,8 +233,8 @@ class Ledger:
         transactions = read_delta(spark, transactions_path(output))
         highest = transactions.agg(F.coalesce(F.max("batch"), F.lit(0))).first()[0]
         changelog = read_delta(spark, changelog_path(output))
-        logged = changelog.where(F.col("batch_range") >= highest // BATCH_RANGE).agg(F.max("batch")).first()[0]
-        ledger = cls(applied, highest, max(highest, logged or 0))
+        logged = changelog.where(F.col("batch_range") >= applied // BATCH_RANGE).agg(F.max("batch")).first()[0]
+        ledger = cls(applied, (applied, max(highest, logged or 0)))
         rows = (
             transactions.where(F.col("batch") > applied)
             .select("batch", "txn", "part", "parts", "txns", "changes", F.unix_millis("batch_time").alias("time"))
@@ -238,22 +244,24 @@ class Ledger:
         ledger.add([Place(**row) for row in rows])
         return ledger
 
+    def holds(self, place: Place) -> bool:
+        pending = self.batches.get(place.batch)
+        return place.batch <= self.applied or (pending is not None and pending.holds(place))
+
     def fresh(self, spark, output: str, places: list[Place]) -> tuple[list[Place], set, set]:
         """The places not in the lake yet (one each); the keys of this micro-batch's records
-        that it holds; and of the fresh ones, those whose changes the change log holds (a job
-        killed between its two appends). Only records at or below the highest batch held are
-        looked up: a replayed micro-batch, or the engine publishing again after a crash or a
-        rebuild."""
+        that it holds (a replayed micro-batch, the engine publishing again after a crash or a
+        rebuild); and of the fresh ones, those whose changes the change log holds already,
+        looked up only in the `unlogged` batches."""
         unique = list({p.key: p for p in places}.values())
-        held = held_keys(spark, transactions_path(output), [p for p in unique if p.batch <= self.highest])
+        held = {p.key for p in unique if self.holds(p)}
         fresh = [p for p in unique if p.key not in held]
-        logged = held_keys(spark, changelog_path(output), [p for p in fresh if p.batch <= self.logged])
+        after, upto = self.unlogged
+        logged = held_keys(spark, changelog_path(output), [p for p in fresh if after < p.batch <= upto])
         return fresh, held, logged
 
     def add(self, places: list[Place], epoch: int = -1) -> None:
         for place in places:
-            self.highest = max(self.highest, place.batch)
-            self.logged = max(self.logged, place.batch)
             if place.batch <= self.applied:
                 continue
             pending = self.batches.get(place.batch)
@@ -314,7 +322,7 @@ class LakeWriter:
         started = time.monotonic()
         if self._ledger is None:
             new = create_lake(spark, self.output)
-            self._ledger = Ledger(0, 0, 0) if new else Ledger.load(spark, self.output)
+            self._ledger = Ledger(0) if new else Ledger.load(spark, self.output)
             self.stats.applied_batch = self._ledger.applied
         ledger = self._ledger
         self.stats.step = "reading change records"
