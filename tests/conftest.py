@@ -64,7 +64,9 @@ def pytest_terminal_summary(terminalreporter):
 # The suite mostly waits (brokers starting, outages sat through), so it runs on several
 # xdist workers (addopts in pyproject.toml), which the scheduler below hands work in units:
 #  - the tests that stop, kill and restart brokers for minutes and time what follows are one
-#    unit, run one after another on one worker: never two outages at once;
+#    unit, run one after another on one worker: never two outages at once; the lake's test,
+#    the heaviest of all (Spark jobs started and killed, an engine rebuilt), is in that unit
+#    too, so that its load never lands on an outage being timed;
 #  - a file whose tests share a module-scoped fixture (a log sequenced once, a PostgreSQL
 #    server, a Spark session, a SASL broker) is one unit, so the fixture is set up once (a
 #    file left off the list is still right, its fixture set up on each worker that needs it);
@@ -73,6 +75,7 @@ def pytest_terminal_summary(terminalreporter):
 ONE_AT_A_TIME = (
     "tests/test_broker_faults.py",
     "tests/test_bench.py::test_bench_soak_bounces_the_broker_and_checks_every_request_once_against_a_serial_reading",
+    "tests/test_lake.py",
 )
 MODULE_FIXTURE_FILES = (
     "tests/benchmarks/test_hot_paths.py",
