@@ -93,10 +93,6 @@ def table_path(output: str, table: str) -> str:
     return _join(output, "tables", table_folder(table))
 
 
-def is_internal(table: str) -> bool:
-    return table.startswith(INTERNAL_PREFIXES)
-
-
 # ---------------------------------------------------------------- the writer
 
 
@@ -229,7 +225,7 @@ class Ledger:
     def load(cls, spark, output: str) -> Ledger:
         from pyspark.sql import functions as F
 
-        applied = read_delta(spark, batches_path(output)).agg(F.coalesce(F.max("batch"), F.lit(0))).first()[0]
+        applied = applied_batch(spark, output)
         transactions = read_delta(spark, transactions_path(output))
         highest = transactions.agg(F.coalesce(F.max("batch"), F.lit(0))).first()[0]
         changelog = read_delta(spark, changelog_path(output))
@@ -380,11 +376,10 @@ class LakeWriter:
             changes = changes_rows(records)
         else:
             changes = read_delta(spark, changelog_path(self.output)).where(F.col("batch_range") >= after // BATCH_RANGE)
-        latest = (
-            latest_changes(changes.where((F.col("batch") > after) & (F.col("batch") <= upto)))
-            .where(F.lit(True) if self.internal_tables else ~_internal_column())
-            .persist()
-        )
+        changes = changes.where((F.col("batch") > after) & (F.col("batch") <= upto))
+        if not self.internal_tables:
+            changes = changes.where(~_internal_column())
+        latest = latest_changes(changes).persist()
         try:
             tables = sorted(r["table"] for r in latest.select("table").distinct().collect())
             step = self.stats.add("last changes", step)
