@@ -35,7 +35,7 @@ import difflib
 import sys
 from typing import Any, Callable, Iterable, cast
 
-from ordo.procedures.args import FIELD_TYPES, List
+from ordo.procedures.args import FIELD_TYPES, List, key_field_problem
 from ordo.procedures.contract import Procedure, Table
 from ordo.procedures.registry import Registry, did_you_mean
 from ordo.procedures.streams import Nested, Stream, Window
@@ -391,6 +391,9 @@ def derived_analyze(where: str, schema: dict, keys: list | None, reads: list | N
                     )
                 if isinstance(schema[arg], List) and isinstance(path, tuple):
                     raise TypeError(f"{where}: {what}=: list argument '{arg}' cannot be part of a composite key")
+                problem = key_field_problem(schema[arg])
+                if problem is not None:
+                    raise TypeError(f"{where}: {what}= names argument '{arg}': {problem}")
             resolved.append((table, path))
         return resolved
 

@@ -186,6 +186,31 @@ Field = Int | Str | Float | Bool | Object | Optional | List
 FIELD_TYPES = (Int, Str, Float, Bool, Object, Optional, List)
 
 
+def key_field_problem(field: Field, item: bool = False) -> str | None:
+    """Why an argument of type `field` can be no key (docs/keys.md, "Which arguments are
+    keys"), or None. Keys are int64 integers and strings: `Int()` within 64 bits, `Str()`,
+    `Optional` of one of them with a default (a null then fails that request alone), and
+    as a whole path a `List` of them, each item a key."""
+    if isinstance(field, Str):
+        return None
+    if isinstance(field, Int):
+        if field.min < INT64_MIN or field.max > INT64_MAX:
+            return f"Int({field.min}, {field.max}) reaches past 64 bits, which a key cannot (keep max <= 2**63 - 1)"
+        return None
+    if isinstance(field, Optional):
+        if item:
+            return "an Optional list item can be null, which no key is"
+        if field.default is None:
+            return "Optional(...) without a default is null when left out, which no key is (give default=)"
+        return key_field_problem(field.field, item=True)
+    if isinstance(field, List):
+        if item:
+            return "a list inside a list is no key"
+        return key_field_problem(field.item, item=True)
+    names: dict[type, str] = {Float: "a Float", Bool: "a Bool", Object: "an Object"}
+    return f"{names.get(type(field), repr(field))} is no key (keys are integers and strings)"
+
+
 def check_args(schema: dict[str, Field], args: Any) -> dict[str, Any]:
     """Validate `args` against `schema`: every field present (an `Optional` one left out
     is filled in with its default), no unknown field. The arguments are brought to their

@@ -10,7 +10,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol
 
-from ordo.procedures.args import Field
+from ordo.procedures.args import Field, key_field_problem
 from ordo.storage.keys import KeyRange
 
 # A logical key: (table name, key). Keys are integers, strings, or tuples of them
@@ -136,6 +136,13 @@ class Procedure:
                 f"procedure '{self.name}': home must be a (table, argument name) pair or a "
                 f"function of the arguments returning (table, key), got {self.home!r}"
             )
+        if type(self.home) is tuple:
+            argument = self.home[1]
+            if argument not in self.args:
+                raise TypeError(f"procedure '{self.name}': home names argument '{argument}', which is not in args")
+            problem = key_field_problem(self.args[argument])
+            if problem is not None:
+                raise TypeError(f"procedure '{self.name}': home names argument '{argument}': {problem}")
 
 
 def home_key(procedure: Procedure, args: dict) -> Key:

@@ -11,7 +11,7 @@ from ordo.procedures.contract import Key, Procedure, Table, home_key
 from ordo.procedures.ollp import AssumptionError, assumed_values, found_sets, reconnaissance_keys, split_args
 from ordo.procedures.streams import TriggeredOnly
 from ordo.sequencer.log import ARIA
-from ordo.storage.keys import KeyRange, normal_key
+from ordo.storage.keys import KeyRange, key_problem, normal_key
 
 
 def did_you_mean(word: str, candidates: Iterable[str]) -> str:
@@ -22,6 +22,12 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str:
 
 class RequestError(ValueError):
     """A request that cannot run: unknown procedure, bad arguments, failed ANALYZE."""
+
+
+class UnusableKey(RequestError):
+    """A request whose keys name no table or cannot be keys (storage/keys.py `key_problem`).
+    A pure function of the request, so an engine that meets such an entry in the log
+    (a log sequenced before keys were checked) rejects it as the sequencer now would."""
 
 
 class Registry:
@@ -140,8 +146,11 @@ class Registry:
         tables, range_tables = self.tables, self.range_tables
         ranged = False
         for table, key in reads + writes:
-            if table not in tables:
-                raise RequestError(f"{procedure.name}: ANALYZE named unknown table '{table}'")
+            if type(table) is not str or table not in tables:
+                raise UnusableKey(f"{procedure.name}: ANALYZE named unknown table {_quoted(table)}")
+            problem = key_problem(key)
+            if problem is not None:
+                raise UnusableKey(f"{procedure.name}: key of table '{table}': {problem}")
             if table in range_tables or type(key) is KeyRange:
                 ranged = True
         if ranged:
@@ -243,6 +252,10 @@ class Registry:
             return _ordered_set(keys + tuple(reads)), _ordered_set(writes)
         except Exception as exc:
             raise RequestError(f"{procedure.name}: ANALYZE failed: {type(exc).__name__}: {exc}") from None
+
+
+def _quoted(table: Any) -> str:
+    return f"'{table}'" if type(table) is str else f"{table!r} (a table is named by a string)"
 
 
 def _callables(item: Any) -> list:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from ordo.procedures.fingerprint import refused_entry
-from ordo.procedures.registry import Registry, RequestError
+from ordo.procedures.registry import Registry, RequestError, UnusableKey
 from ordo.procedures.streams import OUTPUT_TABLE_PREFIX
 from ordo.scheduler.execution import COMMITTED, REJECTED, execute, txn_seed
 from ordo.sequencer.log import ARIA, Batch
@@ -137,6 +137,9 @@ def _prepare_slice(
             continue
         try:
             procedure, read_set, write_set = analyze(proc, args)
+        except UnusableKey as exc:
+            rejected.append(Outcome(index, request_id, REJECTED, None, str(exc)))
+            continue
         except RequestError as exc:
             raise refused_entry(batch.batch_id, index, request_id, str(exc)) from None
         reads = tuple(encode_key(table, key) for table, key in read_set)
@@ -169,6 +172,10 @@ def _prepare_all(
             continue
         try:
             procedure, read_set, write_set = registry.analyze(proc, args, ordering)
+        except UnusableKey as exc:
+            if reporter_of_rejected(index, partitions) == partition:
+                rejected.append(Outcome(index, request_id, REJECTED, None, str(exc)))
+            continue
         except RequestError as exc:
             raise refused_entry(batch.batch_id, index, request_id, str(exc)) from None
         if procedure.analyze is None and ordering == ARIA:

@@ -115,6 +115,46 @@ def _components(table: str, key: tuple) -> bytes:
     return b"".join(parts)
 
 
+def key_problem(key) -> str | None:
+    """Why `key` cannot be a key (docs/keys.md), or None: an int64, a string of Unicode
+    text, a non-empty tuple of them, or a range over such components. Checked where keys
+    arrive from user code, so a bad key is one request's rejection, never a failure of
+    the batch that holds it."""
+    kind = type(key)
+    if kind is int:
+        return None if -_BIAS <= key < _BIAS else "an integer key must fit in 64 bits"
+    if kind is str:
+        return None if key.isascii() or _is_text(key) else "a string key must be Unicode text (no lone surrogates)"
+    if kind is tuple or kind is KeyRange:
+        components = key if kind is tuple else key.components
+        if not components:
+            return "a composite key must have at least one component"
+        for component in components:
+            part = type(component)
+            if part is int:
+                if not -_BIAS <= component < _BIAS:
+                    return "an integer key component must fit in 64 bits"
+            elif part is str:
+                if not (component.isascii() or _is_text(component)):
+                    return "a string key component must be Unicode text (no lone surrogates)"
+            else:
+                return f"a composite key's components must be integers or strings, got {_kind(component)}"
+        return None
+    return f"a key must be an integer, a string or a tuple of them, got {_kind(key)}"
+
+
+def _is_text(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _kind(value) -> str:
+    return "null" if value is None else type(value).__name__
+
+
 def normal_key(key):
     """A key as `encode_key` takes it: a list (what msgpack and JSON carry a tuple as)
     becomes a tuple. Every boundary where keys come from outside RUN's Python values
