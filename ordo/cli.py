@@ -13,7 +13,7 @@ from confluent_kafka import KafkaException
 
 from ordo.errors import OrdoError
 from ordo.sequencer.log import ARIA
-from ordo.sequencer.sequencer import SequencerConfig
+from ordo.sequencer.sequencer import MAX_BATCH_BYTES, SequencerConfig
 
 # The built-in workloads (procedures/workloads), named here so that building the parser
 # imports none of them; a test keeps the two lists equal.
@@ -62,6 +62,7 @@ def _seconds(low: float, high: float, *, above: bool = False):
 PORT = _integer(0, 65535)
 COUNT = _integer(1)
 BATCH_TXNS = _integer(1, 1_000_000)
+BATCH_BYTES = _integer(1, MAX_BATCH_BYTES)  # a batch is one Kafka record
 EPOCH_MS = _seconds(0, 60_000)
 WAIT_S = _seconds(0, 86_400)
 
@@ -109,7 +110,10 @@ def _sequencer_options(p: argparse.ArgumentParser) -> None:
         "--max-txns", type=BATCH_TXNS, default=d.max_txns, help="requests per batch at most (default %(default)s)"
     )
     g.add_argument(
-        "--max-bytes", type=COUNT, default=d.max_bytes, help="bytes per batch record at most (default %(default)s)"
+        "--max-bytes",
+        type=BATCH_BYTES,
+        default=d.max_bytes,
+        help="bytes per batch record at most (default %(default)s); the log topic's max.message.bytes must allow it",
     )
     g.add_argument(
         "--max-request-bytes",

@@ -21,7 +21,7 @@ from ordo.scheduler.worker import check_layout
 from ordo.sequencer.lag import sequencer_group
 from ordo.sequencer.lane_owner import EXIT_ANOTHER_ENGINE, OWNER_ENV, own_owner, owner_env, refuse_if_taken
 from ordo.sequencer.reachability import BrokerWatch
-from ordo.sequencer.sequencer import Sequencer, SequencerConfig
+from ordo.sequencer.sequencer import RECORD_FRAMING, Sequencer, SequencerConfig
 from ordo.sequencer.sources import check_sources
 from ordo.sequencer.topics import Topics, ensure_topics, request_partitions_for
 from ordo.sequencer.versions import EXIT_UPGRADED, check_set, upgrade_command
@@ -527,7 +527,13 @@ def serve_all(
     started = time.monotonic()
     placement = placement or {}
     check_layout(data_dir, partitions, namespace)  # a data directory of another namespace: before its topics exist
-    ensure_topics(bootstrap, namespace, request_partitions, replication=log_replication)
+    ensure_topics(
+        bootstrap,
+        namespace,
+        request_partitions,
+        replication=log_replication,
+        record_bytes=config.max_bytes + RECORD_FRAMING,
+    )
     # Before Ray starts: a sequencer child would otherwise fail on it and be restarted forever.
     topics = Topics(namespace)
     partition_count = request_partitions_for(bootstrap, topics, config.sequencers)

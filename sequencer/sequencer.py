@@ -86,6 +86,13 @@ def _spans(offsets: dict) -> str:
 # broker away and back) before the sequencer gives up with a clear error instead of
 # waiting for ever.
 APPEND_DEADLINE = 60.0
+# What the producer may send beyond a batch record's value (key, headers, Kafka's record
+# framing), and the largest value a batch record may have within librdkafka's own limit
+# on `message.max.bytes`.
+RECORD_OVERHEAD = 64 * 1024
+MAX_BATCH_BYTES = 1_000_000_000 - RECORD_OVERHEAD
+# What a batch record takes on the log beyond its value: key, headers and Kafka's framing.
+RECORD_FRAMING = 1024
 # How often the consumed positions are committed to the sequencer's group while batches are
 # appended: they feed the lag display and the lane owner's note (lane_owner.py), not the
 # log, so one commit per batch would be work for the broker that buys nothing.
@@ -143,6 +150,12 @@ class SequencerConfig:
         return SINGLE_PARTITION_EPOCH_MS if self.partitions == 1 else PARTITIONED_EPOCH_MS
 
     def __post_init__(self) -> None:
+        if self.max_bytes > MAX_BATCH_BYTES:
+            raise ValueError(
+                f"--max-bytes {self.max_bytes:,} is more than a Kafka record can hold: at most {MAX_BATCH_BYTES:,} "
+                f"(Kafka clients take records up to 1,000,000,000 bytes); the default is "
+                f"{SequencerConfig.max_bytes:,}"
+            )
         if self.ordering not in (None, ARIA):
             raise ValueError(f"unknown batch ordering {self.ordering!r} (log order, or '{ARIA}')")
         if self.partitions < 1:
@@ -225,7 +238,7 @@ class Sequencer:
                     "enable.gapless.guarantee": True,
                     "message.timeout.ms": int(APPEND_DEADLINE * 1000),
                     "linger.ms": 0,
-                    "message.max.bytes": max(config.max_bytes + 64 * 1024, 1_000_000),
+                    "message.max.bytes": max(config.max_bytes + RECORD_OVERHEAD, 1_000_000),
                 },
             )
         )
@@ -266,7 +279,7 @@ class Sequencer:
         from ordo.sequencer.versions import check_set, upgrade_command
 
         config = self.config
-        check_topics(self.bootstrap, self.topics, timeout)
+        check_topics(self.bootstrap, self.topics, timeout, record_bytes=config.max_bytes + RECORD_FRAMING)
         self._sources.check(timeout)
         partitions = request_partitions_for(self.bootstrap, self.topics, config.sequencers)
         # Before fencing anyone: a sequencer of another procedure set must leave a running one alone.

@@ -57,6 +57,10 @@ SETTLE = 10.0
 LOG_SETTINGS = {"retention.ms": "-1", "retention.bytes": "-1", "cleanup.policy": "delete"}
 
 
+# Kafka's default `message.max.bytes`: the largest record a topic takes unless told otherwise.
+KAFKA_DEFAULT_RECORD_BYTES = 1_048_588
+
+
 def log_settings(replication: int) -> dict[str, str]:
     settings = dict(LOG_SETTINGS)
     if replication >= 3:  # an append is acknowledged once two replicas hold it
@@ -65,7 +69,12 @@ def log_settings(replication: int) -> dict[str, str]:
 
 
 def ensure_topics(
-    bootstrap: str, namespace: str, request_partitions: int = 1, timeout: float = 30.0, replication: int = 1
+    bootstrap: str,
+    namespace: str,
+    request_partitions: int = 1,
+    timeout: float = 30.0,
+    replication: int = 1,
+    record_bytes: int | None = None,
 ) -> Topics:
     """Create the namespace's topics that do not exist yet; existing ones are kept as they are,
     but an existing log must have the settings a source of truth needs (see check_log).
@@ -79,8 +88,11 @@ def ensure_topics(
         topics.results: 1,
         topics.changes: 1,
     }
+    log_config = log_settings(replication)
+    if record_bytes is not None and record_bytes > KAFKA_DEFAULT_RECORD_BYTES:
+        log_config["max.message.bytes"] = str(record_bytes)  # a new log takes the batches asked for
     new = [
-        NewTopic(name, partitions, replication, config=log_settings(replication) if name == topics.log else {})
+        NewTopic(name, partitions, replication, config=log_config if name == topics.log else {})
         for name, partitions in wanted.items()
         if name not in existing
     ]
@@ -99,7 +111,7 @@ def ensure_topics(
                         ) from None
                     raise
     wait_for_leaders(admin, [topic.topic for topic in new], timeout)
-    check_log(admin, topics, timeout)
+    check_log(admin, topics, timeout, record_bytes)
     return topics
 
 
@@ -139,7 +151,7 @@ def described(admin: AdminClient, names: list[str], settle: float, led: bool = F
         time.sleep(0.05)
 
 
-def check_topics(bootstrap: str, topics: Topics, timeout: float = 30.0) -> None:
+def check_topics(bootstrap: str, topics: Topics, timeout: float = 30.0, record_bytes: int | None = None) -> None:
     """The namespace's topics exist and the log has one partition; else a clear error
     (a producer would otherwise have the broker make them with its defaults)."""
     admin = AdminClient(kafka_config(bootstrap))
@@ -149,12 +161,13 @@ def check_topics(bootstrap: str, topics: Topics, timeout: float = 30.0) -> None:
         raise RuntimeError(
             f"topics {', '.join(missing)} do not exist: create the namespace's topics first (`ordo run` creates them)"
         )
-    check_log(admin, topics, timeout)
+    check_log(admin, topics, timeout, record_bytes)
 
 
-def check_log(admin: AdminClient, topics: Topics, timeout: float = 30.0) -> None:
+def check_log(admin: AdminClient, topics: Topics, timeout: float = 30.0, record_bytes: int | None = None) -> None:
     """The log has one partition and keeps every record: with a finite retention its head
-    would go, and with it the only way to rebuild state or restart the sequencer."""
+    would go, and with it the only way to rebuild state or restart the sequencer. With
+    `record_bytes`, it takes records that large: else the first full batch would fail."""
     log = described(admin, [topics.log], settle=timeout)[topics.log]
     log_partitions = len(log.partitions) if log is not None else 0
     if log_partitions != 1:
@@ -169,6 +182,14 @@ def check_log(admin: AdminClient, topics: Topics, timeout: float = 30.0) -> None
         for name, value in LOG_SETTINGS.items()
         if name in configs and configs[name].value != value
     ]
+    limit = configs.get("max.message.bytes")
+    if record_bytes is not None and limit is not None and limit.value and int(limit.value) < record_bytes:
+        raise RuntimeError(
+            f"topic {topics.log} takes records of at most {int(limit.value):,} bytes (max.message.bytes), less "
+            f"than a batch of --max-bytes can take ({record_bytes:,} with Kafka's framing): lower --max-bytes, "
+            f"or run `kafka-configs --bootstrap-server … --alter --entity-type topics --entity-name {topics.log} "
+            f"--add-config max.message.bytes={record_bytes}` (the brokers' replica.fetch.max.bytes must allow it too)"
+        )
     if wrong:
         fix = ",".join(f"{name}={value}" for name, value in LOG_SETTINGS.items())
         raise RuntimeError(

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 
 import pytest
 
+from ordo.client import Client
 from ordo.sequencer.topics import ensure_topics
 from tests.helpers import ROOT, ordo, stop
 
@@ -51,6 +52,7 @@ def _one_line(done: subprocess.CompletedProcess) -> str:
         ("ORDO_METRICS_PORT", "99999", "from 0 to 65,535"),
         ("ORDO_PARTITIONS", "0", "of 1 or more"),
         ("ORDO_WAIT_FOR_BROKER", "inf", "from 0 to 86,400"),
+        ("ORDO_MAX_BYTES", "2000000000", "from 1 to 999,934,464"),
     ],
 )
 def test_a_setting_out_of_range_is_refused_in_one_line(tmp_path, setting, value, accepted):
@@ -74,6 +76,36 @@ def test_a_kafka_settings_file_that_is_not_text_is_named(tmp_path):
     path.write_bytes(bytes(range(256)) * 4)
     line = _one_line(_ordo("submit", "--bootstrap-servers", "127.0.0.1:1", "--proc", "p", "--kafka-config", str(path)))
     assert str(path) in line and "not UTF-8" in line, line
+
+
+@pytest.mark.slow
+def test_a_batch_larger_than_the_log_takes_is_refused_before_anything_starts(broker, namespace, tmp_path):
+    """The log's max.message.bytes is checked against --max-bytes up front: a full batch would
+    otherwise fail the sequencer at every start. A log Ordo creates takes the size asked for."""
+    from confluent_kafka.admin import AdminClient, ConfigResource
+
+    ensure_topics(broker, namespace)  # a log with the broker's default record limit
+    common = ("--bootstrap-servers", broker, "--max-bytes", "2000000", "--quiet")
+    line = _one_line(_ordo("run", *common, "--namespace", namespace, "--data-dir", str(tmp_path / "a"), timeout=120))
+    assert f"topic {namespace}.log takes records of at most" in line and "max.message.bytes" in line, line
+    assert "--max-bytes" in line, line
+    fresh = f"{namespace}-big"
+    engine = ordo(
+        "run", *common, "--namespace", fresh, "--data-dir", str(tmp_path / "b"), "--procedures", "tests.key_procedures"
+    )
+    try:
+        admin = AdminClient({"bootstrap.servers": broker})
+        deadline = time.monotonic() + 120
+        while f"{fresh}.log" not in admin.list_topics(timeout=10).topics:
+            assert engine.poll() is None and time.monotonic() < deadline, "the engine did not create its log"
+            time.sleep(0.2)
+        (future,) = admin.describe_configs([ConfigResource("topic", f"{fresh}.log")]).values()
+        assert int(future.result(30)["max.message.bytes"].value) >= 2_000_000
+        with Client(broker, fresh) as client:  # and the engine runs with it
+            ids = client.submit([{"id": "one", "proc": "key_analyzed", "args": {"v": {"k": 1}}}])
+            assert client.collect(ids, timeout=120)["one"][0]["status"] == "committed"
+    finally:
+        assert stop(engine, 60) == 0
 
 
 @pytest.mark.slow
