@@ -33,7 +33,9 @@ Record kinds:
         active, …] (a multi-partition one, with the keys p needs for it);
         see `sequencer/routing.py`; a source topic's partition (sequencer/sources.py)
         is keyed in `offsets` by its name, "topic:partition", a string, where a request
-        partition is keyed by its number; `log_id` names the log the batch belongs to;
+        partition is keyed by its number, and its range is followed by the incarnation
+        of the topic it was read from, [start, end, n, topic id] (absent in logs written
+        before topic ids were kept); `log_id` names the log the batch belongs to;
         `ordering`, present only where the batch is not in log order, is a string (never
         a bin like the entries): ARIA for a batch whose serial order Aria's rule decides
         (scheduler/aria.py), which every engine and replay then runs with aria;
@@ -511,6 +513,9 @@ class LogCursor:
     # The tokens of the latest START_MEMORY start records accepted, oldest first: a start
     # record opens a generation once, so one whose token is among them is a copy.
     starts: list[str] = field(default_factory=list)
+    # "topic:partition" of a source topic -> [incarnation, topic id] its offsets belong to
+    # (sequencer/sources.py); none for a position from before topic ids were kept.
+    source_ids: dict[str, list] = field(default_factory=dict)
     # Not persisted: what the reader saw since it started.
     stale_by_lane: dict[int, int] = field(default_factory=dict, compare=False)  # see STALE_LIMIT
     started: Start | None = field(default=None, compare=False)  # the latest start record
@@ -683,19 +688,22 @@ class LogCursor:
         lane[1] += 1
         batch.batch_id = self.next_batch
         self.next_batch += 1
-        for position, (_, end) in batch.offsets.items():
-            self.consumed(position, end)
+        for position, span in batch.offsets.items():
+            self.consumed(position, span[1], span[2:4])
         if batch.time_ms < self.time_ms:
             batch.time_ms = self.time_ms
         self.time_ms = batch.time_ms
         batch.log_offset = offset
         return batch
 
-    def consumed(self, position: int | str, end: int) -> None:
+    def consumed(self, position: int | str, end: int, incarnation=()) -> None:
         """Everything before `end` of a request partition (its number) or of a source
-        topic's partition (its "topic:partition") is in the log."""
+        topic's partition (its "topic:partition", of `incarnation` [n, topic id] where
+        given) is in the log."""
         if type(position) is str:
             self.source_offsets[position] = end
+            if incarnation:
+                self.source_ids[position] = list(incarnation)
         else:
             self.request_offsets[int(position)] = end
 
@@ -706,6 +714,8 @@ class LogCursor:
     def to_dict(self) -> dict[str, Any]:
         # Only a log that reads source topics has source offsets: any other cursor is as before them.
         sources = {"source_offsets": dict(self.source_offsets)} if self.source_offsets else {}
+        if self.source_ids:
+            sources["source_ids"] = {key: list(value) for key, value in self.source_ids.items()}
         return {
             "next_batch": self.next_batch,
             "generation": self.generation,
@@ -737,4 +747,5 @@ class LogCursor:
             namespace=namespace,
             placed=data.get("placed", False),
             starts=list(data.get("starts", [])),
+            source_ids={key: list(value) for key, value in data.get("source_ids", {}).items()},
         )

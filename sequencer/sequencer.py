@@ -60,7 +60,7 @@ from ordo.sequencer.routing import (
     routing_bytes,
 )
 from ordo.sequencer.reachability import UNANSWERED
-from ordo.sequencer.sources import SourceReading, position_key
+from ordo.sequencer.sources import SourceReading, SourceRecreated, position_key
 from ordo.sequencer.takeover import TakeoverWatch
 from ordo.sequencer.startup import find_seed
 from ordo.sequencer.topics import Topics, check_topics, request_partitions_for
@@ -75,8 +75,8 @@ def _spans(offsets: dict) -> str:
     topic's as 'topic:p [first, end)')."""
     return (
         ", ".join(
-            f"{'' if type(p) is str else 'partition '}{p} [{first}, {end})"
-            for p, (first, end) in sorted(offsets.items(), key=lambda item: str(item[0]))
+            f"{'' if type(p) is str else 'partition '}{p} [{span[0]}, {span[1]})"
+            for p, span in sorted(offsets.items(), key=lambda item: str(item[0]))
         )
         or "nothing"
     )
@@ -302,6 +302,9 @@ class Sequencer:
             # Another sequencer began the log first, so this one's start record, made as
             # the log's first, belongs to no log: start again, in the log it began.
             log_id = self._cursor.log_id
+        # Each source partition read from the incarnation of its topic the log names, or the
+        # new one from its beginning (sequencer/sources.py); the log carries the binding.
+        self._sources.bind(self._cursor)
         self._append([self._snapshot(self._own_cursor(), self._accepted)], [])
         self._takeover = TakeoverWatch(
             self.bootstrap,
@@ -499,7 +502,8 @@ class Sequencer:
                 if error is not None:
                     if error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
                         if message.topic() != self.topics.requests:
-                            raise BrokerLost(self._sources.lost(message.topic(), message.partition()))
+                            position = self._cursor.consumed_to(self._position(message))
+                            raise BrokerLost(self._sources.lost(message.topic(), message.partition(), position))
                         raise BrokerLost(
                             f"{self.topics.requests} partition {message.partition()} does not reach "
                             f"the position this sequencer consumed up to: the broker lost the "
@@ -627,7 +631,7 @@ class Sequencer:
         they no longer wait: the next batch's positions begin after them, and the lag shows
         them taken now, not when a request next comes."""
         for position, span in epoch.offsets.items():
-            self._cursor.consumed(position, span[1])
+            self._cursor.consumed(position, span[1], span[2:4])
         self._note_positions([self._topic_partition(p, span[1]) for p, span in epoch.offsets.items()])
         return _Epoch()
 
@@ -700,6 +704,8 @@ class Sequencer:
         if span is None:
             start = self._cursor.consumed_to(position)
             epoch.offsets[position] = [offset if start is None else start, offset + 1]
+            if type(position) is str:  # of the incarnation of its topic it was read from
+                epoch.offsets[position] += self._cursor.source_ids.get(position, [])
         else:
             span[1] = offset + 1
         return epoch
@@ -719,6 +725,7 @@ class Sequencer:
         return bool(epoch.entries) and now >= epoch.opened + self.config.epoch_ms / 1000.0
 
     def _cut(self, epoch: _Epoch) -> _Epoch:
+        self._check_sources(epoch)
         self._check_cluster()  # the watches' latest answers: no request to the broker here
         self._await_watch(self._confirm_through)  # never more than one append ahead of the watch
         self._last_cut_at = time.monotonic()
@@ -748,7 +755,7 @@ class Sequencer:
             after.next_batch += 1
             after.lanes[self.config.index][1] += 1
             for position, span in epoch.offsets.items():
-                after.consumed(position, span[1])
+                after.consumed(position, span[1], span[2:4])
             self._append([self._snapshot(after.to_dict(), accepted)], [])
         if log.isEnabledFor(logging.DEBUG):
             rejected = sum(placement is None for placement in epoch.placements)
@@ -764,11 +771,24 @@ class Sequencer:
         self._cursor.lanes[self.config.index][1] += 1
         self._cursor.next_batch += 1
         for position, span in epoch.offsets.items():
-            self._cursor.consumed(position, span[1])
+            self._cursor.consumed(position, span[1], span[2:4])
         self._accepted = accepted
         self.stats.batches += 1
         self.stats.sequenced += len(epoch.entries)
         return _Epoch()
+
+    def _check_sources(self, epoch: _Epoch) -> None:
+        """The source topics this epoch read from still have the topic ids their partitions
+        are bound to, asked after every record of theirs in it was read: a consumer goes on
+        reading a topic deleted and created again at the offset it stood at, so records of
+        the new topic would otherwise enter the log as the old one's. Where one has another
+        id, the sequencer stops without appending the epoch, and its restart reads the new
+        topic from its beginning (sequencer/sources.py `bind`)."""
+        topics = {position.rpartition(":")[0] for position in epoch.offsets if type(position) is str}
+        if topics and self._cursor.source_ids:
+            reason = self._sources.recreated(topics, APPEND_DEADLINE)
+            if reason is not None:
+                raise SourceRecreated(reason)
 
     def _append(self, records: list[bytes], positions: list[TopicPartition], timeout: float = APPEND_DEADLINE) -> None:
         """Append records (a batch and perhaps a snapshot, or a snapshot or a start record

@@ -14,6 +14,14 @@ A message that is not a request (its id unreadable, or not the three fields) is 
 under its position in the topic, `@partition:offset`: never under an id it claims (in its
 body or its Kafka key), which may be another request's. No request id starts with '@', so
 a position cannot be a request's id either: the outcomes under an id answer requests that carry it.
+
+Ids the engine derives are kept out of a client's reach alike (`id_problem`): a request on
+`<ns>.requests` whose id has the form of a source record's default id
+(`topic:partition:offset`, `topic#n:partition:offset`, sequencer/sources.py) is not a
+request, and no id holds a NUL, which separates a re-sequenced OLLP step's restart count
+in the duplicate memory (procedures/ollp.py `request_identity`). A client therefore cannot
+take the id of a source record or of an engine's step before it and have it rejected as
+a duplicate.
 """
 
 from __future__ import annotations
@@ -73,6 +81,10 @@ def _safe(text: str) -> str:
 
 
 POSITION_MARK = "@"  # starts the id of an outcome named by position; no request id may
+INCARNATION_MARK = "#"  # a later incarnation of a source topic in its records' ids: orders#2:0:5
+STEP_SEPARATOR = "\x00"  # between an OLLP step's id and its restarts in the duplicate memory
+# A source record's default id (sequencer/sources.py `record_id`): the engine's, never a client's.
+_SOURCE_FORM = re.compile(r"[A-Za-z0-9._-]{1,249}(?:#[0-9]+)?:[0-9]+:[0-9]+")
 
 
 def position_id(partition: int, offset: int) -> str:
@@ -80,15 +92,30 @@ def position_id(partition: int, offset: int) -> str:
     return f"{POSITION_MARK}{partition}:{offset}"
 
 
-def id_problem(request_id) -> str | None:
-    """Why a body's 'id' cannot name a request, or None."""
+def source_id_problem(request_id) -> str | None:
+    """Why an id cannot name a request at all, or None: what a source's own `id` mapping
+    must meet (it may give any other id, the source form included: the app chose it)."""
     if type(request_id) is not str or not request_id:
         return "missing or invalid 'id' (non-empty string)"
     if len(request_id) > MAX_ID_LENGTH:
         return f"'id' longer than {MAX_ID_LENGTH} characters"
     if request_id.startswith(POSITION_MARK):
         return f"'id' must not start with '{POSITION_MARK}' (outcomes named by position use it)"
+    if STEP_SEPARATOR in request_id:
+        return "'id' must not hold a NUL character (the engine's OLLP steps use it)"
     return None
+
+
+def id_problem(request_id) -> str | None:
+    """Why a body's 'id' cannot name a client's request on `<ns>.requests`, or None: also
+    none of the ids the engine derives (a source record's default id)."""
+    problem = source_id_problem(request_id)
+    if problem is None and _SOURCE_FORM.fullmatch(request_id) is not None:
+        return (
+            "'id' has the form of a source record's id (topic:partition:offset), which only the "
+            "engine gives: use another id (docs/client.md, 'Request ids')"
+        )
+    return problem
 
 
 def fields_problem(body: dict) -> str | None:
@@ -122,10 +149,12 @@ def parse_request_sets(
     registry: Registry,
     max_bytes: int,
     ordering: str | None = None,
+    id_check=id_problem,
 ) -> tuple[list, tuple | None]:
     """`parse_request`, with the read and write sets ANALYZE gave an accepted request
     (None for a rejected one), so that placing it needs no second ANALYZE. The message's
-    Kafka key names nothing: only a readable body does."""
+    Kafka key names nothing: only a readable body does. `id_check`: what the id must meet
+    (a source record's, sequencer/sources.py, may have the form reserved to sources)."""
     if value is None:
         return [position_id(partition, offset), None, "empty message"], None
     if len(value) > max_bytes:
@@ -155,7 +184,7 @@ def parse_request_sets(
     if type(body) is not dict:
         return [position_id(partition, offset), None, "request must be a JSON object"], None
     request_id = body.get("id")
-    problem = id_problem(request_id) or fields_problem(body)
+    problem = id_check(request_id) or fields_problem(body)
     if problem is not None:
         return [position_id(partition, offset), None, problem], None
     try:
