@@ -26,6 +26,7 @@ from ordo.scheduler.liveness import CALL_TIMEOUT, Silence
 from ordo.scheduler.outputs import CollectedOutputs
 from ordo.scheduler.worker import check_layout
 from ordo.sequencer.log import LogCursor
+from ordo.sequencer.reader import UNVERIFIED_SHOWN
 from ordo.sequencer.log_secret import log_keys, secret_source
 from ordo.sequencer.topics import Topics
 
@@ -115,6 +116,8 @@ class Coordinator:
         self._statuses: list[dict] = []
         self._lag_consumer = None  # see log_end
         self._reported_offset = -1  # the newest passed-over log record reported
+        self._unsigned_in_row = 0  # records reported in a row as not signed with this engine's secret
+        self._unverified_said = 0  # the workers' notes of it said so far
         self._closed = False
 
     def _resume_cursor(self) -> LogCursor:
@@ -230,7 +233,16 @@ class Coordinator:
         for offset, why in ahead.get("dropped_records", ()):
             if offset > self._reported_offset:
                 self._reported_offset = offset
-                log.warning("passed over the record at offset %d of %s: %s", offset, self.topics.log, why)
+                unsigned = why.startswith("not signed")
+                self._unsigned_in_row = self._unsigned_in_row + 1 if unsigned else 0
+                if self._unsigned_in_row <= UNVERIFIED_SHOWN:  # then one line says why (LogReader)
+                    log.warning("passed over the record at offset %d of %s: %s", offset, self.topics.log, why)
+        if not ahead.get("unverified"):
+            self._unsigned_in_row = 0
+        note = ahead.get("unverified_note")
+        if note and note[0] > self._unverified_said:
+            self._unverified_said = note[0]
+            log.error("%s", note[1])
 
     def _list_checkpoints(self, statuses: list[dict]) -> None:
         """List the checkpoints every worker has taken since the last one listed."""

@@ -90,10 +90,12 @@ class LogFollower:
             f"{options.namespace}.engine-{self.partition}",
             self._check_procedures,
             self._dropped,
+            on_unverified=self._unverified,
         )
         # Log records passed over (forged, or named by a skip record): how many, the latest ones.
         self.dropped = 0
         self.dropped_records: deque[tuple[int, str]] = deque(maxlen=KEPT_DROPPED_REPORTS)
+        self.unverified_note: tuple[int, str] | None = None  # (how many so far, the latest) for the coordinator
         self._ready: deque[tuple[Batch, dict]] = deque()  # read, not yet executed
         self._unapplied: deque[tuple[int, dict, int]] = deque()  # executed: (batch id, cursor after it, outcomes)
         self.hold_at = options.hold_at  # execute no batch after this one until released
@@ -142,6 +144,8 @@ class LogFollower:
             "checkpointed": list(self.checkpointed),
             "dropped": self.dropped,
             "dropped_records": list(self.dropped_records),
+            "unverified": self.cursor.unverified,
+            "unverified_note": self.unverified_note,
             "running": self.running,
             "error": self.error,
             "memory": self.worker.memory(),
@@ -234,6 +238,10 @@ class LogFollower:
     def _dropped(self, offset: int, why: str) -> None:
         self.dropped += 1
         self.dropped_records.append((offset, why))
+
+    def _unverified(self, line: str) -> None:
+        said = self.unverified_note[0] if self.unverified_note else 0
+        self.unverified_note = (said + 1, line)
 
     def _read(self, timeout: float) -> int:
         try:

@@ -526,6 +526,8 @@ class LogCursor:
     # to report; `dropped` counts them all.
     dropped: int = field(default=0, compare=False)
     unreported: list[tuple[int, str]] = field(default_factory=list, compare=False)
+    # Records in a row, up to the newest, that verify under none of this process's secrets.
+    unverified: int = field(default=0, compare=False)
     # A restarting sequencer seeded from its own snapshot follows its own lane only.
     only: int | None = field(default=None, compare=False)
     # The namespace whose log this is: every record's tag is checked for it (record_context).
@@ -548,6 +550,7 @@ class LogCursor:
         except LogError as exc:
             self._foreign(offset, exc)
             return None
+        self.unverified = 0
         if kind in (SNAPSHOT, SKIP):  # a skip took effect when a reader met the record it names
             return None
         if kind == START:
@@ -576,6 +579,7 @@ class LogCursor:
                     return kind, record
                 unplaced = Unauthenticated(f"a batch of log {record.log_id}, not of log {self.log_id}")
         self._refuse_other_log(value, offset)
+        self.unverified += 1
         self._drop(offset, str(unplaced))
         return None, None
 

@@ -50,6 +50,11 @@ log = logging.getLogger("ordo.log")
 
 WATCH_EVERY = 2.0  # seconds between checks of the log's end offset
 STALE_GRACE = 5.0  # how long the sequence may stall behind a start record before it is an error
+# How long every record read may fail to verify before the reader says why that may be,
+# and how often it says so again while it lasts; per-record warnings stop after a few.
+UNVERIFIED_GRACE = 5.0
+UNVERIFIED_REPEAT = 60.0
+UNVERIFIED_SHOWN = 3
 # How long the broker may hold back records past a reader's position: three times Kafka's
 # default transaction timeout, after which Kafka itself aborts a transaction left open.
 HELD_LIMIT = 180.0
@@ -176,6 +181,7 @@ class LogReader:
         on_start: Callable[[Start], None] | None = None,
         on_dropped: Callable[[int, str], None] | None = None,
         check_secret: bool = True,
+        on_unverified: Callable[[str], None] | None = None,
     ):
         """`on_dropped(offset, why)` hears of each record passed over (default: a warning).
         `check_secret`: make sure of the log secret before the first read (`log_identity`),
@@ -186,6 +192,7 @@ class LogReader:
         self._secret_checked = not check_secret
         self._on_start = on_start
         self._on_dropped = on_dropped or self._warn
+        self._on_unverified = on_unverified or self._say
         self._consumer = log_consumer(bootstrap, group)
         start = cursor.next_offset if cursor.next_offset > 0 else OFFSET_BEGINNING
         self._consumer.assign([TopicPartition(topic, 0, start)])
@@ -201,6 +208,8 @@ class LogReader:
             (cursor.next_offset - 1, None) if cursor.next_offset > 0 else None
         )
         self._probe: LogWatch | None = None
+        self._unverified_since: float | None = None  # while every record read fails to verify
+        self._unverified_said = 0.0
 
     def poll(self, timeout: float, max_records: int = 500) -> list[tuple[Batch, dict]]:
         """Accepted batches among the next records (possibly none), each with the cursor
@@ -219,6 +228,8 @@ class LogReader:
         if records:
             offset, value = records[-1]
             self._last_read = (offset, fingerprint(value))
+        if cursor.unverified or self._unverified_since is not None:
+            self._check_unverified()
         if not records or cursor.stale > STALE_LIMIT:
             self._watch()
         return accepted
@@ -239,7 +250,35 @@ class LogReader:
         return batch
 
     def _warn(self, offset: int, why: str) -> None:
-        log.warning("passed over the record at offset %d of %s: %s", offset, self.topic, why)
+        if self.cursor.unverified <= UNVERIFIED_SHOWN or not why.startswith("not signed"):
+            log.warning("passed over the record at offset %d of %s: %s", offset, self.topic, why)
+
+    @staticmethod
+    def _say(line: str) -> None:
+        log.error("%s", line)
+
+    def _check_unverified(self) -> None:
+        """One line, not one per record, when for a while no record read verifies: what a
+        log secret rotated for the writers and not yet for this reader looks like."""
+        count = self.cursor.unverified
+        if count == 0:
+            self._unverified_since = None
+            return
+        now = time.monotonic()
+        if self._unverified_since is None:
+            self._unverified_since = now
+        lasted = now - self._unverified_since
+        if lasted < UNVERIFIED_GRACE or now - self._unverified_said < UNVERIFIED_REPEAT:
+            return
+        self._unverified_said = now
+        self._on_unverified(
+            f"for {lasted:.0f} s no record of {self.topic} has been signed with a log secret this process holds "
+            f"({count} in a row, up to offset {self.cursor.next_offset - 1}), so none of them runs: if the log "
+            f"secret was rotated, this process still has the old one; put the new secret where it reads it "
+            f"({secret_source()}) and keep the old one for reading ({PREVIOUS_ENV}; docs/operations.md, 'Rotating "
+            f"the log secret'); if not, a writer without the secret appends to the log. The records wait in the "
+            f"log: nothing is lost"
+        )
 
     def _skip_recorded(self, offset: int) -> bool:
         """Whether a skip record after `offset`, up to the log's end now, names it."""
