@@ -74,6 +74,7 @@ def serve_sequencer(
     )
     on_termination(sequencer.stop)
     sequencer.start()
+    say_when_settled(sequencer.settled)
     if not quiet and config.sequencers == 1:
         print(
             f"sequencer generation {sequencer.generation} resumes at batch {sequencer.next_batch}",
@@ -222,12 +223,18 @@ def die_with_parent() -> None:
         os._exit(1)  # the parent is already gone
 
 
+_beats_fd: int | None = None  # the heartbeat pipe's write end, in a child that has one
+SETTLED_BEAT = b"S"  # on the heartbeat pipe: this sequencer's lane is its own (Sequencer.settled)
+
+
 def send_heartbeats() -> None:
     """In a child started with HEARTBEAT_ENV: beat from a thread of its own for as long as
     the process runs; a process stopped (SIGSTOP) or frozen stops beating."""
+    global _beats_fd
     fd = os.environ.pop(HEARTBEAT_ENV, None)
     if fd is None:
         return
+    _beats_fd = int(fd)
 
     def beat() -> None:
         try:
@@ -238,6 +245,21 @@ def send_heartbeats() -> None:
             pass  # the parent is gone
 
     threading.Thread(target=beat, name="heartbeat", daemon=True).start()
+
+
+def say_when_settled(settled: threading.Event) -> None:
+    """Tell the engine that started this sequencer, once, when its lane is settled."""
+    if _beats_fd is None:
+        return
+
+    def wait() -> None:
+        settled.wait()
+        try:
+            os.write(_beats_fd, SETTLED_BEAT)
+        except OSError:
+            pass  # the parent is gone
+
+    threading.Thread(target=wait, name="settled", daemon=True).start()
 
 
 def sequencer_command(
@@ -326,6 +348,7 @@ class SequencerProcess:
         self._relaying: threading.Thread | None = None
         self._last_line = ""  # the child's last line on standard error: its reason, when it fails
         self._held_line = ""  # its closing error line, passed on once its exit status is known
+        self.settled = threading.Event()  # a child of it has said its lane is settled
         self.restarts = 0
         self.failure: str | None = None
 
@@ -394,8 +417,11 @@ class SequencerProcess:
         SEQUENCER_SILENT_LIMIT is killed."""
         while True:
             readable, _, _ = select.select([self._beats], [], [], HEARTBEAT_EVERY)
-            if readable and os.read(self._beats, 4096):
+            beats = os.read(self._beats, 4096) if readable else b""
+            if beats:
                 self._last_beat = time.monotonic()
+                if SETTLED_BEAT in beats:
+                    self.settled.set()
             elif readable:  # the pipe's other end closed: the child is gone, or going
                 return self._process.wait()
             code = self._process.poll()
@@ -495,6 +521,11 @@ class SequencerProcesses:
         return sum(process.restarts for process in self.processes)
 
     @property
+    def settled(self) -> bool:
+        """Whether every sequencer has said its lane is settled: its engine may serve."""
+        return all(process.settled.is_set() for process in self.processes)
+
+    @property
     def failure(self) -> str | None:
         """Why a sequencer was given up, if one was."""
         return next((process.failure for process in self.processes if process.failure), None)
@@ -587,7 +618,15 @@ def serve_all(
         sources=tuple(registry.sources),
     )
 
+    # Nothing is executed or published before the sequencers' lanes are settled: the loser
+    # of two `ordo run`s started at once stops without having served (Sequencer.settled).
+    held = [True]
+    coordinator.start(hold_at=coordinator.cursor.next_batch - 1)
+
     def observe(stats) -> None:
+        if held[0] and sequencer.settled:
+            coordinator.group.hold(None)
+            held[0] = False
         readiness.check(coordinator.statuses)
         if progress is not None:
             progress(stats)

@@ -103,6 +103,10 @@ SINGLE_PARTITION_EPOCH_MS = 2.0
 PARTITIONED_EPOCH_MS = 10.0
 # How often an idle sequencer checks that the broker still holds what it sequenced.
 WATCH_EVERY = 2.0
+# How long after its start a sequencer waits before it calls its lane its own (`settled`):
+# a sequencer that passed its look at the same moment appends its start record at once
+# after its look, so within this time, and the one it takes over from learns of it here.
+SETTLE_S = 1.0
 # How long an idle sequencer waits for a request at a time: the wait ends at the first
 # request, so it costs no latency; it bounds how soon the idle watch and a stop are seen.
 IDLE_WAIT = 0.05
@@ -254,6 +258,11 @@ class Sequencer:
         self._confirm_through = 0
         self._probe: LogWatch | None = None
         self._takeover: TakeoverWatch | None = None
+        # Set once this sequencer's lane has stayed its own for SETTLE_S after its start:
+        # its engine serves from then on (ordo/services.py), a loser of a start race never.
+        self.settled = threading.Event()
+        self._settle_at = float("inf")
+        self._settle_end: int | None = None
         self._append_error: KafkaError | None = None  # the latest append's failure, from its delivery report
         self._positions: dict[tuple[str, int], TopicPartition] = {}  # consumed positions not noted yet
         self._noted_at = 0.0
@@ -291,13 +300,14 @@ class Sequencer:
             timeout,
         )
         self._owned = owned_partitions(partitions, config.index, config.sequencers)
-        # Before fencing anything: a live sequencer of another engine keeps its partitions.
-        refuse_if_taken(
-            self.bootstrap, self.topics.namespace, self._group, self.topics.requests, self._owned, self.owner
-        )
         # The start record is bound to the log it continues (sequencer/log.py), and a log none
         # of whose records this secret can read is refused before anything is written.
         log_id = log_identity(self.bootstrap, self.topics.log, timeout)
+        # Before fencing anything: a live sequencer of another engine keeps its partitions.
+        # Right before the start record, so that a start racing this one lands within SETTLE_S.
+        refuse_if_taken(
+            self.bootstrap, self.topics.namespace, self._group, self.topics.requests, self._owned, self.owner
+        )
         while not self._take_over(log_id, timeout):
             # Another sequencer began the log first, so this one's start record, made as
             # the log's first, belongs to no log: start again, in the log it began.
@@ -321,6 +331,7 @@ class Sequencer:
             + self._sources.assignment(self._cursor)
         )
         self._note_consumed()
+        self._settle_at = time.monotonic() + SETTLE_S
         self._probe = LogWatch(self.bootstrap, self.topics.log, f"{self._group}.probe", WATCH_EVERY)
         self._ends = EndWatch(self.bootstrap, WATCH_EVERY)
         log.info(
@@ -485,6 +496,8 @@ class Sequencer:
 
     def _loop(self, epoch: _Epoch, max_delay: float) -> _Epoch:
         while not self._stop.is_set():
+            if not self.settled.is_set():
+                self._check_settled()
             self._take_new_partitions()
             self._fetch_stuck_again()
             room = self.config.max_txns - len(epoch.entries)
@@ -907,6 +920,22 @@ class Sequencer:
                 f"log; start it again (on its data directory, it keeps the log) and restart Ordo"
             )
         self._check_lane()
+
+    def _check_settled(self) -> None:
+        """Call the lane settled once the takeover watch has read the log, as far as it
+        reached SETTLE_S after this sequencer's start, and found the lane still its own."""
+        if time.monotonic() < self._settle_at:
+            return
+        if self._settle_end is None:
+            try:
+                _, self._settle_end = self._consumer.get_watermark_offsets(
+                    TopicPartition(self.topics.log, 0), timeout=5, cached=False
+                )
+            except KafkaException:  # the broker is between leaders: asked again on the next turn
+                return
+        watch = self._takeover
+        if watch is not None and watch.read_through(self._settle_end, 0) and watch.moved_on() is None:
+            self.settled.set()
 
     def _check_lane(self) -> None:
         """Stop once the log has moved this lane on without this sequencer: its batches

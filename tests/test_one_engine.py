@@ -150,3 +150,43 @@ def test_an_engine_killed_does_not_hold_the_namespace(broker, namespace, tmp_pat
         f"ordo run SIGKILLed, started again at once on its namespace: not refused, first outcome "
         f"{answered_in:.1f} s after the start"
     )
+
+
+def test_of_two_ordo_runs_started_at_once_the_loser_stops_before_it_serves(broker, namespace, tmp_path, fault_report):
+    """Both pass the look for a live sequencer at the same moment: the one whose lane the
+    other's start record takes over stops in one line, without ever serving, executing or
+    publishing anything; every request is answered once, by the other."""
+    from tests.helpers import read_results
+
+    engines = [_engine(broker, namespace, str(tmp_path / f"engine-{k}")) for k in range(2)]
+    try:
+        loser = None
+        deadline = time.monotonic() + 180
+        while loser is None and time.monotonic() < deadline:
+            loser = next((e for e in engines if e.poll() is not None), None)
+            time.sleep(0.2)
+        assert loser is not None, "neither ordo run stopped: two engines serve one namespace"
+        winner = engines[1 - engines.index(loser)]
+        with Client(broker, namespace) as client:
+            answered = [_deposit(client, account)["status"] for account in range(20)]
+        assert answered == ["committed"] * 20
+        assert winner.poll() is None, "the winner stopped"
+        outcomes = read_results(broker, f"{namespace}.results", 20, timeout=60)
+    finally:
+        for engine in engines:
+            stop(engine)
+    said = loser.stderr.read()
+    lines = _lines(said)
+    assert loser.returncode == 2, said
+    assert "Traceback" not in said and "ordo serving" not in said, said
+    assert (
+        lines[-1].startswith("ordo run: ")
+        and "one engine per namespace" in lines[-1]
+        or ("is sequencing namespace" in lines[-1])
+    ), lines[-1]
+    ids = [outcome["id"] for outcome in outcomes]
+    assert len(ids) == len(set(ids)) == 20, f"outcomes published twice: {len(ids)} for {len(set(ids))} requests"
+    fault_report(
+        "two ordo runs started at once on one namespace: the loser stopped in one line without serving; "
+        "20 requests each answered once by the other"
+    )
