@@ -12,6 +12,7 @@ once it has had no answer for REFETCH_AFTER."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -22,6 +23,7 @@ from ordo.sequencer.kafka import close_later, consumer_config
 from ordo.sequencer.reader import REFETCH_AFTER
 
 Partition = tuple[str, int]
+log = logging.getLogger("ordo.sequencer")
 
 
 class EndWatch:
@@ -73,6 +75,11 @@ class EndWatch:
                     close_later(old)
                     self.renewed += 1
                     unanswered_since = now
+                    log.warning(
+                        "no answer for %.0f s to where %s end: asking with a new consumer",
+                        self.renew_after,
+                        ", ".join(f"{topic} partition {partition}" for topic, partition in self._partitions),
+                    )
         finally:
             self._consumer.close()
 

@@ -27,6 +27,7 @@ from typing import Callable
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
+from ordo.sequencer.fetch_states import FetchStates
 from ordo.sequencer.kafka import arrived, close_later, consumer_config, watermarks
 from ordo.sequencer.log import (
     SKIP,
@@ -73,11 +74,12 @@ class LogLost(LogError):
     """The broker no longer holds the log this reader followed."""
 
 
-def log_consumer(bootstrap: str, group: str) -> Consumer:
+def log_consumer(bootstrap: str, group: str, states: FetchStates | None = None) -> Consumer:
     return Consumer(
         consumer_config(
             bootstrap,
             {
+                **(states.settings() if states is not None else {}),
                 "group.id": group,
                 "enable.auto.commit": False,
                 "isolation.level": "read_committed",
@@ -193,7 +195,8 @@ class LogReader:
         self._on_start = on_start
         self._on_dropped = on_dropped or self._warn
         self._on_unverified = on_unverified or self._say
-        self._consumer = log_consumer(bootstrap, group)
+        self._states = FetchStates()
+        self._consumer = log_consumer(bootstrap, group, self._states)
         start = cursor.next_offset if cursor.next_offset > 0 else OFFSET_BEGINNING
         self._consumer.assign([TopicPartition(topic, 0, start)])
         self._bootstrap, self._group = bootstrap, group
@@ -305,6 +308,7 @@ class LogReader:
         if now - self._watched < WATCH_EVERY:
             return
         self._watched = now
+        self._renew_if_not_fetching(now)
         watch = self._log_watch()
         if self._last_read is not None:
             watch.note(*self._last_read)
@@ -367,6 +371,23 @@ class LogReader:
             self._probe = LogWatch(self._bootstrap, self.topic, f"{self._group}.probe", WATCH_EVERY)
         return self._probe
 
+    def _renew_if_not_fetching(self, now: float) -> None:
+        """A consumer whose fetcher has stayed out of `active` for REFETCH_AFTER with its
+        broker up is replaced, whether or not records are known to wait (sequencer/fetch_states.py)."""
+        if self._consumer is None or not self._states.inactive(now, REFETCH_AFTER):
+            return
+        was = self._states.describe()
+        position = self.position()
+        self._read_with_new_consumer(position)
+        log.warning(
+            "the consumer of %s has not fetched for %.0f s with its broker up (%s): reading on from offset %d with "
+            "a new consumer",
+            self.topic,
+            REFETCH_AFTER,
+            was,
+            position,
+        )
+
     def _check_held_back(self, now: float, end: int | None) -> None:
         """Records past this reader's position (more than one transaction marker) that have
         not reached it, with no progress, for HELD_LIMIT. Every REFETCH_AFTER of that, the
@@ -384,10 +405,11 @@ class LogReader:
         held = self._held
         if now - held.refetched >= REFETCH_AFTER and self._consumer is not None:
             held.refetched, held.consumers = now, held.consumers + 1
+            was = self._states.describe()
             held.stable = self._read_with_new_consumer(position)
             log.warning(
                 "%s holds records up to offset %d, %s, and none past offset %d came for %.0f s: "
-                "reading on from there with a new consumer",
+                "reading on from there with a new consumer (the old one: %s)",
                 self.topic,
                 end - 1,
                 "its last stable offset unknown"
@@ -395,6 +417,7 @@ class LogReader:
                 else f"committed up to offset {held.stable - 1}",
                 position,
                 now - held.since,
+                was,
             )
         if now - held.since < HELD_LIMIT:
             return
@@ -416,7 +439,8 @@ class LogReader:
     def _read_with_new_consumer(self, position: int) -> int | None:
         """Replaces the consumer with a new one at `position` and returns the log's last
         stable offset as the new one is told it (None if the broker did not say)."""
-        old, self._consumer = self._consumer, log_consumer(self._bootstrap, self._group)
+        self._states = FetchStates()
+        old, self._consumer = self._consumer, log_consumer(self._bootstrap, self._group, self._states)
         self._consumer.assign([TopicPartition(self.topic, 0, position)])
         self._assigned_at = position
         if old is not None:

@@ -35,6 +35,7 @@ from ordo.procedures.registry import Registry
 from ordo.procedures.ollp import is_resequenced, request_identity
 from ordo.sequencer.dedupe import RecentIds
 from ordo.sequencer.fetch_stall import EndWatch, FetchStall
+from ordo.sequencer.fetch_states import FetchStates
 from ordo.sequencer.kafka import arrived, close_later, consumer_config, kafka_config
 from ordo.sequencer.lag import sequencer_group
 from ordo.sequencer.lane_owner import Superseded, note, own_owner, refuse_if_taken, who_took_over
@@ -50,7 +51,7 @@ from ordo.sequencer.log import (
     encode_snapshot,
     encode_start,
 )
-from ordo.sequencer.reader import LogReader, log_identity
+from ordo.sequencer.reader import REFETCH_AFTER, LogReader, log_identity
 from ordo.sequencer.routing import (
     SINGLE_ITEM_BYTES,
     build_routing,
@@ -247,6 +248,7 @@ class Sequencer:
             )
         )
         self._consumer: Consumer | None = None
+        self._states = FetchStates()  # the request consumer's fetcher, from its statistics
         self._owned: list[int] = []  # the request partitions this sequencer consumes
         self._sources = SourceReading(bootstrap, self.topics, registry, config.index, config.sequencers)
         self._cursor = LogCursor()
@@ -536,10 +538,12 @@ class Sequencer:
         return epoch
 
     def _requests_consumer(self) -> Consumer:
+        self._states = FetchStates()
         return Consumer(
             consumer_config(
                 self.bootstrap,
                 {
+                    **self._states.settings(),
                     "group.id": self._group,
                     "enable.auto.commit": False,
                     "isolation.level": "read_committed",
@@ -595,17 +599,28 @@ class Sequencer:
         positions = {(tp.topic, tp.partition): tp.offset for tp in self._consumer.position(assignment)}
         ends = self._ends.ends
         stuck = self._fetch_stall.stuck(positions, ends, now)
-        if not stuck:
+        idle = self._states.inactive(now, REFETCH_AFTER)
+        if not stuck and not idle:
             return
+        was = self._states.describe()
         for topic, partition in stuck:
             log.warning(
                 "%s partition %d holds records up to offset %d, and none past offset %d came for %.0f s: reading "
-                "on from there with a new consumer",
+                "on from there with a new consumer (the old one: %s)",
                 topic,
                 partition,
                 ends[(topic, partition)] - 1,
                 positions[(topic, partition)],
                 self._fetch_stall.after,
+                was,
+            )
+        if idle and not stuck:
+            log.warning(
+                "the request consumer has not fetched %s for %.0f s with its broker up (%s): reading on with a new "
+                "consumer",
+                ", ".join(f"{topic} partition {partition}" for topic, partition in idle),
+                REFETCH_AFTER,
+                was,
             )
         self._read_with_new_consumer(assignment, positions)
 

@@ -122,3 +122,51 @@ def test_a_sequencer_whose_requests_consumer_fetches_nothing_more_reads_on_with_
     assert set(counts) == {r["id"] for r in requests}
     assert max(counts.values()) == 1
     assert paused and running.sequencer._consumer is not paused[0]
+
+
+def test_fetch_states_come_from_a_real_consumers_statistics_and_name_a_fetcher_stuck_with_its_broker_up(
+    broker, namespace
+):
+    """The statistics of a consumer reading a real broker: its partition `active`, its broker
+    `UP`. The same statistics with the partition held in `validate-epoch-wait` (where a
+    fetcher was seen to stay after a broker restart) count as not fetching once that has
+    lasted the time asked, and never while a broker is down (then the broker is away)."""
+    import json
+
+    from ordo.sequencer.fetch_states import FetchStates
+
+    ensure_topics(broker, namespace)
+    topic = f"{namespace}.requests"
+    raw: list[str] = []
+    states = FetchStates()
+
+    def took(text: str) -> None:
+        raw.append(text)
+        states.took(text)
+
+    consumer = Consumer(
+        consumer_config(broker, {**states.settings(), "stats_cb": took, "group.id": f"states-{uuid.uuid4().hex}"})
+    )
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        deadline = time.monotonic() + 30
+        while "active" not in states.describe() and time.monotonic() < deadline:
+            consumer.poll(0.5)
+    finally:
+        consumer.close()
+    line = states.describe()
+    assert f"{topic}[0] active leader" in line and " UP" in line, line
+    assert states.inactive(time.monotonic() + 60, 10.0) == []
+
+    stats = json.loads(raw[-1])
+    stats["topics"][topic]["partitions"]["0"]["fetch_state"] = "validate-epoch-wait"
+    stuck = FetchStates()
+    stuck.took(json.dumps(stats))
+    now = time.monotonic()
+    assert stuck.inactive(now + 5, 10.0) == []
+    assert stuck.inactive(now + 11, 10.0) == [(topic, 0)]
+    assert "validate-epoch-wait" in stuck.describe()
+    for about in stats["brokers"].values():
+        about["state"] = "DOWN"
+    stuck.took(json.dumps(stats))
+    assert stuck.inactive(now + 60, 10.0) == []
