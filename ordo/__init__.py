@@ -54,7 +54,7 @@ if TYPE_CHECKING:  # what type checkers and editors see of the names loaded on f
     from ordo.errors import BrokerUnavailable, NotSent, OrdoError, OutcomeTimeout, Timeout, TopicMissing
     from ordo.procedures.args import Bool, Float, Int, List, Object, Optional, Str
     from ordo.reading import Change, Outcome, StreamTuple, UnreadableRecord
-    from ordo.sequencer.sources import Source, SourceRecord
+    from ordo.procedures.sources import Source, SourceRecord
     from ordo.testing import TestEngine, check_deterministic
 
 

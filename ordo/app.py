@@ -69,7 +69,7 @@ class App:
         for item in self._code:
             if not isinstance(item, str):
                 raise TypeError(f"App code= takes modules or import paths, got {item!r}")
-        from ordo.sequencer.sources import Source
+        from ordo.procedures.sources import Source
 
         self._sources = list(sources)
         for item in self._sources:

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
 
 from confluent_kafka import KafkaException
 
+from ordo.config import WAIT_S, integer_between as _integer, seconds_between as _seconds
 from ordo.errors import OrdoError
-from ordo.sequencer.log import ARIA
+from ordo.procedures.loading import procedure_options, procedure_specs
+from ordo.log.records import ARIA
 from ordo.sequencer.sequencer import MAX_BATCH_BYTES, SequencerConfig
 
 # The built-in workloads (procedures/workloads), named here so that building the parser
@@ -22,41 +23,6 @@ WORKLOAD_NAMES = ("micro", "sl", "gs", "ob", "tp", "alias", "tpcc", "voter", "yc
 SCHEDULER_CHOICES = ("serial", "locking", "vll", "opchain", "aria")
 
 
-def _integer(low: int, high: int | None = None):
-    """An argparse type: an integer from `low` to `high`; the error names the range, and
-    argparse (or ordo.config, for ORDO_* and the settings file) names the option."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < low or (high is not None and value > high):
-            within = f"of {low:,} or more" if high is None else f"from {low:,} to {high:,}"
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer {within}")
-        return value
-
-    return parse
-
-
-def _seconds(low: float, high: float, *, above: bool = False):
-    """An argparse type: a finite number from `low` (excluded with `above`) to `high`."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not (value > low if above else value >= low) or not value <= high:  # NaN fails both
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is not a number {'above' if above else 'from'} {low:g} "
-                f"{'and at most' if above else 'to'} {high:,g}"
-            )
-        return value
-
-    return parse
-
-
 # The ranges a setting may take. librdkafka consumes at most 1,000,000 messages a call; an
 # epoch longer than a minute, or a wait longer than a day, is a typing mistake.
 PORT = _integer(0, 65535)
@@ -64,7 +30,6 @@ COUNT = _integer(1)
 BATCH_TXNS = _integer(1, 1_000_000)
 BATCH_BYTES = _integer(1, MAX_BATCH_BYTES)  # a batch is one Kafka record
 EPOCH_MS = _seconds(0, 60_000)
-WAIT_S = _seconds(0, 86_400)
 
 
 def _kafka(p: argparse.ArgumentParser, namespace: bool = True) -> None:
@@ -183,59 +148,6 @@ def _placement_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster instead of starting one")
     g.add_argument("--cores", type=_cores, metavar="LIST", help="cores to pin workers to, e.g. 0,1 (default: all)")
     procedure_options(g)
-
-
-def procedure_options(g, all_by_default: bool = True) -> None:
-    """--app, --procedures, --workloads: the procedure set (procedure_specs). `all_by_default`:
-    naming none of them means every built-in workload (`ordo spark produce` has no set then)."""
-    g.add_argument(
-        "--app",
-        action="append",
-        default=[],
-        metavar="MODULE:APP",
-        help="an ordo.App to run, by import path relative to the current directory, e.g. bank:app (repeatable)",
-    )
-    g.add_argument(
-        "--procedures",
-        action="append",
-        default=[],
-        metavar="MODULE",
-        help="import path of a module with TABLES and PROCEDURES to register (repeatable)",
-    )
-    g.add_argument(
-        "--workloads",
-        metavar="LIST",
-        help="built-in workloads to register beside --app/--procedures, e.g. sl,micro or all"
-        + (" (without --app and --procedures: all of them)" if all_by_default else ""),
-    )
-
-
-def procedure_specs(args) -> tuple[str, ...]:
-    """The procedure set named on the command line, checked here so that a mistake is one
-    line before anything starts; the current directory goes on PYTHONPATH for the
-    sequencer child and Ray workers, which import the same specs."""
-    import os
-
-    from ordo.procedures.loading import load_registry, workload_specs
-
-    for app in args.app:
-        if ":" not in app:
-            raise ValueError(
-                f"--app takes MODULE:APP, e.g. bank:app (got {app!r}; a module with PROCEDURES goes to --procedures)"
-            )
-    specs = [*args.procedures, *args.app]
-    if args.workloads:
-        specs += workload_specs(args.workloads)
-    if args.app or args.procedures:
-        here = os.getcwd()
-        paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
-        if here not in paths:
-            os.environ["PYTHONPATH"] = os.pathsep.join([here, *filter(None, paths)])
-    from ordo.procedures.fingerprint import describe
-
-    registry = load_registry(specs)
-    describe(registry)  # the set every process must describe alike
-    return tuple(specs)
 
 
 def _checkpoint_options(p: argparse.ArgumentParser) -> None:
@@ -631,8 +543,8 @@ def main(argv: list[str] | None = None) -> int:
         if hasattr(args, "app"):
             procedure_specs(args)  # a mistake in the user's own code first: finding it needs no broker
         if getattr(args, "bootstrap_servers", None):
-            from ordo.sequencer.kafka_settings import FILE_ENV, user_kafka_settings
-            from ordo.sequencer.reachability import check_reachable
+            from ordo.broker.client_settings import FILE_ENV, user_kafka_settings
+            from ordo.broker.reachability import check_reachable
 
             if getattr(args, "kafka_config", None):
                 os.environ[FILE_ENV] = os.path.abspath(args.kafka_config)  # child processes read it too
@@ -663,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
 def _use_log_secret(path: str | None) -> None:
     """Find the log secret once, before anything starts; the processes this one starts
     read the same file."""
-    from ordo.sequencer.log_secret import SECRET_FILE_ENV, forget_key, log_key
+    from ordo.log.secret import SECRET_FILE_ENV, forget_key, log_key
 
     if path:
         os.environ[SECRET_FILE_ENV] = os.path.abspath(path)
@@ -672,7 +584,7 @@ def _use_log_secret(path: str | None) -> None:
 
 
 def cmd_broker(args) -> int:
-    from ordo.sequencer.broker import run_broker_foreground
+    from ordo.broker.local import run_broker_foreground
 
     data_dir = None if (args.engine or os.environ.get("ORDO_BROKER_ENGINE")) == "tansu" else args.data_dir
     return run_broker_foreground(args.port, args.engine, args.nodes, data_dir)
@@ -699,7 +611,7 @@ def cmd_run(args) -> int:
 
 def cmd_sequence(args) -> int:
     from ordo.sequencer.lane_owner import EXIT_ANOTHER_ENGINE, LaneTaken, Superseded
-    from ordo.sequencer.versions import EXIT_UPGRADED, UpgradedAway
+    from ordo.log.versions import EXIT_UPGRADED, UpgradedAway
     from ordo.services import die_with_parent, send_heartbeats, serve_sequencer
 
     die_with_parent()  # when an engine started this sequencer, it goes when the engine goes
@@ -766,7 +678,7 @@ def _version_specs(text: str) -> tuple[str, ...]:
 def cmd_upgrade(args) -> int:
     from ordo.procedures.fingerprint import short
     from ordo.procedures.loading import load_registry
-    from ordo.sequencer.versions import upgrade
+    from ordo.log.versions import upgrade
 
     started = time.monotonic()
     done = upgrade(args.bootstrap_servers, args.namespace, load_registry(procedure_specs(args)))
@@ -784,7 +696,7 @@ def cmd_upgrade(args) -> int:
 
 
 def cmd_log(args) -> int:
-    from ordo.sequencer.log_skip import skip_record
+    from ordo.log.skip import skip_record
 
     why, at = skip_record(args.bootstrap_servers, args.namespace, args.offset)
     print(

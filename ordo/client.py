@@ -36,10 +36,10 @@ from ordo.reading import (
 )
 from ordo.scheduler.stream_outputs import stream_topic
 from ordo.errors import BrokerUnavailable, NotSent, OrdoError, OutcomeTimeout, Timeout, TopicMissing
-from ordo.sequencer.kafka import REQUEST_BATCHING, arrived, consumer_config, kafka_config, watermarks
-from ordo.sequencer.log_probe import ABSENT_GRACE
-from ordo.sequencer.reachability import UNANSWERED
-from ordo.sequencer.topics import Topics
+from ordo.broker.clients import REQUEST_BATCHING, arrived, consumer_config, kafka_config, watermarks
+from ordo.log.probe import ABSENT_GRACE
+from ordo.broker.reachability import UNANSWERED
+from ordo.broker.topics import Topics
 from ordo.sequencer.wire import fields_problem, id_problem
 
 # Outcome readers a client keeps between reads: enough for a few threads that read at once.

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import math
 import os
 import tomllib
 from typing import Any, Iterator, Mapping
@@ -31,6 +32,45 @@ from typing import Any, Iterator, Mapping
 PREFIX = "ORDO_"
 SKIP = {"help", "config", "version"}
 TRUE, FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
+
+
+def integer_between(low: int, high: int | None = None):
+    """An argparse type: an integer from `low` to `high`; the error names the range, and
+    argparse (or ordo.config, for ORDO_* and the settings file) names the option."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low or (high is not None and value > high):
+            within = f"of {low:,} or more" if high is None else f"from {low:,} to {high:,}"
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer {within}")
+        return value
+
+    return parse
+
+
+def seconds_between(low: float, high: float, *, above: bool = False):
+    """An argparse type: a finite number from `low` (excluded with `above`) to `high`."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (value > low if above else value >= low) or not value <= high:  # NaN fails both
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a number {'above' if above else 'from'} {low:g} "
+                f"{'and at most' if above else 'to'} {high:,g}"
+            )
+        return value
+
+    return parse
+
+
+# A wait longer than a day is a typing mistake.
+WAIT_S = seconds_between(0, 86_400)
 
 
 class ConfigError(ValueError):

@@ -19,10 +19,10 @@ from ordo.procedures.registry import default_registry
 from ordo.procedures.workloads import ALL_WORKLOADS, summary
 from ordo.scheduler.coordinator import Coordinator
 from ordo.scheduler.reference import SerialInterpreter
-from ordo.sequencer.broker import local_broker
-from ordo.sequencer.log import ARIA
+from ordo.broker.local import local_broker
+from ordo.log.records import ARIA
 from ordo.sequencer.sequencer import SequencerConfig
-from ordo.sequencer.topics import ensure_topics
+from ordo.broker.topics import ensure_topics
 from ordo.storage.digest import to_hex
 
 BAD_REQUESTS = [

@@ -6,10 +6,10 @@ from __future__ import annotations
 import threading
 import time
 
-from ordo.sequencer.log import Batch, LogCursor
-from ordo.sequencer.reader import LogReader
+from ordo.log.records import Batch, LogCursor
+from ordo.log.reader import LogReader
 from ordo.sequencer.sequencer import Sequencer, SequencerConfig
-from ordo.sequencer.topics import Topics
+from ordo.broker.topics import Topics
 
 
 class SequencerThread:

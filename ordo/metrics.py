@@ -24,14 +24,14 @@ LAG_EVERY = 1.0  # seconds between broker queries for the lags, however often on
 
 class RequestsLag:
     """Requests produced to <ns>.requests, and records to the source topics `sources`,
-    that the sequencer has not yet put into the log (sequencer/lag.py), with one consumer
+    that the sequencer has not yet put into the log (broker/lag.py), with one consumer
     kept for the engine's life."""
 
     def __init__(self, bootstrap: str, namespace: str, sources: tuple[str, ...] = ()):
         from confluent_kafka import Consumer
 
-        from ordo.sequencer.kafka import kafka_config
-        from ordo.sequencer.lag import sequencer_group
+        from ordo.broker.clients import kafka_config
+        from ordo.broker.lag import sequencer_group
 
         self.namespace = namespace
         self.sources = sources
@@ -39,7 +39,7 @@ class RequestsLag:
         self._consumer = Consumer(kafka_config(bootstrap, {"group.id": self.group, "enable.auto.commit": False}))
 
     def __call__(self) -> int | None:
-        from ordo.sequencer.lag import requests_lag
+        from ordo.broker.lag import requests_lag
 
         return requests_lag(self._consumer, self.namespace, self.group, sources=self.sources)
 
@@ -234,7 +234,7 @@ def engine_observer(
     unread records the requests lag counts too."""
     import sys
 
-    from ordo.services import Progress
+    from ordo.progress import Progress
 
     if quiet and metrics_port is None:
         return None, lambda: None

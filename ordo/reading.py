@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
 
 from ordo.errors import OrdoError
-from ordo.sequencer.kafka import arrived, consumer_config
+from ordo.broker.clients import arrived, consumer_config
 
 BEGINNING, END = "beginning", "end"
 Position = str | int  # "beginning", "end", or a batch number

@@ -8,7 +8,7 @@ from __future__ import annotations
 import heapq
 from typing import Any, Iterator
 
-from ordo.scheduler.worker import layout_partitions, shard_path
+from ordo.storage.layout import layout_partitions, shard_path
 from ordo.storage.digest import combine
 from ordo.storage.keys import decode_key
 from ordo.storage.rocks import RocksShard, ShardCorrupt

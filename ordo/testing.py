@@ -22,12 +22,14 @@ import tempfile
 from typing import Any, Iterable, NamedTuple
 
 from ordo.procedures.fingerprint import describe
-from ordo.procedures.ollp import RESTARTED, request_identity, restart_request
+from ordo.procedures.ollp import RESTARTED, request_identity
+from ordo.log.steps import restart_request
 from ordo.procedures.registry import Registry
 from ordo.procedures.streams import split_result
 from ordo.scheduler.exchange import LocalExchange
-from ordo.scheduler.worker import PartitionWorker, check_layout
-from ordo.sequencer.log import ARIA, Batch
+from ordo.scheduler.worker import PartitionWorker
+from ordo.storage.layout import check_layout
+from ordo.log.records import ARIA, Batch
 from ordo.sequencer.sequencer import SequencerConfig
 from ordo.sequencer.wire import parse_request
 from ordo.storage.keys import decode_key, encode_key

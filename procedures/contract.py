@@ -19,6 +19,11 @@ Key = tuple[str, int | str | tuple]
 KeySets = tuple[Iterable[Key], Iterable[Key]]
 
 
+# A batch's ordering that the log stamps on it: Aria's deterministic reordering
+# (scheduler/aria.py), under which procedures without ANALYZE find their keys in the batch.
+ARIA = "aria"
+
+
 class Abort(Exception):
     """Raised by `ctx.abort(reason)`: the transaction rolls back deterministically."""
 

@@ -12,7 +12,7 @@ so the digest is the same in every process and on every Python version (docs/ope
 "Upgrading procedures").
 
 A sequencer records the described set in its start record and an upgrade in an upgrade
-record (sequencer/log.py), and stamps every batch with the set's identity; an engine runs
+record (log/records.py), and stamps every batch with the set's identity; an engine runs
 a batch only with the set it was sequenced with, because a request the sequencer accepted
 must mean the same thing to every engine that replays it."""
 

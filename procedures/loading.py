@@ -102,7 +102,7 @@ def load_spec(spec: str) -> tuple[list[Table], list[Procedure], list, list, list
     for item in code:
         if not (isinstance(item, str) or hasattr(item, "__name__") and type(item).__name__ == "module"):
             raise ValueError(f"{what}: CODE holds {item!r}, not a module or a module's name")
-    from ordo.sequencer.sources import Source
+    from ordo.procedures.sources import Source
 
     sources = list(getattr(holder, "SOURCES", ()))
     for item in sources:
@@ -128,3 +128,54 @@ def import_user_module(name: str):
         raise ValueError(f"cannot import '{name}': {exc}") from None
     except Exception as exc:
         raise ValueError(f"cannot import '{name}': {type(exc).__name__}: {exc}") from None
+
+
+def procedure_options(g, all_by_default: bool = True) -> None:
+    """--app, --procedures, --workloads: the procedure set (procedure_specs). `all_by_default`:
+    naming none of them means every built-in workload (`ordo spark produce` has no set then)."""
+    g.add_argument(
+        "--app",
+        action="append",
+        default=[],
+        metavar="MODULE:APP",
+        help="an ordo.App to run, by import path relative to the current directory, e.g. bank:app (repeatable)",
+    )
+    g.add_argument(
+        "--procedures",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import path of a module with TABLES and PROCEDURES to register (repeatable)",
+    )
+    g.add_argument(
+        "--workloads",
+        metavar="LIST",
+        help="built-in workloads to register beside --app/--procedures, e.g. sl,micro or all"
+        + (" (without --app and --procedures: all of them)" if all_by_default else ""),
+    )
+
+
+def procedure_specs(args) -> tuple[str, ...]:
+    """The procedure set named on the command line, checked here so that a mistake is one
+    line before anything starts; the current directory goes on PYTHONPATH for the
+    sequencer child and Ray workers, which import the same specs."""
+    import os
+
+    for app in args.app:
+        if ":" not in app:
+            raise ValueError(
+                f"--app takes MODULE:APP, e.g. bank:app (got {app!r}; a module with PROCEDURES goes to --procedures)"
+            )
+    specs = [*args.procedures, *args.app]
+    if args.workloads:
+        specs += workload_specs(args.workloads)
+    if args.app or args.procedures:
+        here = os.getcwd()
+        paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+        if here not in paths:
+            os.environ["PYTHONPATH"] = os.pathsep.join([here, *filter(None, paths)])
+    from ordo.procedures.fingerprint import describe
+
+    registry = load_registry(specs)
+    describe(registry)  # the set every process must describe alike
+    return tuple(specs)

@@ -24,7 +24,7 @@ times are its batches' times), so every scheduler and partition count decides th
 (docs/ollp.md).
 
 A step the engine re-sequences is signed: its record also holds "sig", an HMAC under the
-namespace's log secret (sequencer/log_secret.py) of its id, procedure and arguments. Only a
+namespace's log secret (log/secret.py) of its id, procedure and arguments. Only a
 signed step continues a request already in the log (its duplicate check remembers id and
 restart count). A record without "sig" is a client's own reconnaissance: a request like any
 other, whose id is its own and checked for duplicates as such; a "sig" that does not check
@@ -48,7 +48,6 @@ from typing import Any, Iterable
 from ordo.storage.keys import decode_key, encode_key, normal_key
 from ordo.storage.overlay import ABSENT
 from ordo.storage.values import encode_value
-from ordo.sequencer.log_secret import tag, verify
 
 OLLP_FIELD = "@ollp"
 SIGNATURE = "sig"  # in the OLLP record of a step the engine re-sequenced
@@ -236,54 +235,3 @@ def _next_step(
         restarts = late = 0
     step = {"restarts": restarts, **found, "at": now, "late": late}
     return RESTARTED, {"proc": procedure.name, "args": {**plain, OLLP_FIELD: step}}, None
-
-
-def restart_request(request_id: str, result: dict) -> bytes:
-    """The message a re-sequenced transaction's executor appends to <ns>.requests: signed."""
-    proc, args = result["proc"], result["args"]
-    record = {**args[OLLP_FIELD], SIGNATURE: step_signature(request_id, proc, args)}
-    return _dumps({"id": request_id, "proc": proc, "args": {**args, OLLP_FIELD: record}}).encode()
-
-
-def step_signature(request_id: str, proc: str, args: dict) -> str:
-    """The signature of a step: its id, procedure and arguments ("sig" aside) under the log
-    secret, over their canonical JSON, which a step's trip through JSON keeps."""
-    return tag(b"ollp-step", _step_body(request_id, proc, args)).hex()
-
-
-def _step_body(request_id: str, proc: str, args: dict) -> bytes:
-    record = {k: v for k, v in args[OLLP_FIELD].items() if k != SIGNATURE}
-    body = json.dumps(
-        [request_id, proc, {**args, OLLP_FIELD: record}],
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=False,
-        allow_nan=False,
-    )
-    return body.encode("utf-8", "surrogatepass")
-
-
-def step_problem(request_id: str, proc: str, args: Any) -> str | None:
-    """Why a request's OLLP record cannot be taken as the engine's step, or None: a "sig"
-    that is not the engine's. (Without "sig" it is a client's own reconnaissance.)"""
-    record = args.get(OLLP_FIELD) if type(args) is dict else None
-    if type(record) is not dict or SIGNATURE not in record:
-        return None
-    signature = record[SIGNATURE]
-    if type(signature) is not str or not _signed(signature, _step_body(request_id, proc, args)):
-        return (
-            f"'{OLLP_FIELD}.{SIGNATURE}' is not the engine's signature of this step: only the engine "
-            f"re-sequences a step; a client may send '{OLLP_FIELD}' without '{SIGNATURE}' (its own "
-            f"reconnaissance, a request like any other)"
-        )
-    return None
-
-
-def _signed(signature: str, body: bytes) -> bool:
-    """Whether `signature` is a step's tag under a key the engine accepts (while the log
-    secret is rotated, the earlier one too)."""
-    try:
-        expected = bytes.fromhex(signature)
-    except ValueError:
-        return False
-    return verify(b"ollp-step", body, expected)

@@ -7,10 +7,9 @@ import difflib
 from typing import Any, Iterable
 
 from ordo.procedures.args import ArgumentError, check_args
-from ordo.procedures.contract import Key, Procedure, Table, home_key
+from ordo.procedures.contract import ARIA, Key, Procedure, Table, home_key
 from ordo.procedures.ollp import AssumptionError, assumed_values, found_sets, reconnaissance_keys, split_args
 from ordo.procedures.streams import TriggeredOnly
-from ordo.sequencer.log import ARIA
 from ordo.storage.keys import KeyRange, key_problem, normal_key
 
 
@@ -123,7 +122,7 @@ class Registry:
         Sets keep first-seen order and drop repeats, so the same arguments always give
         the same sets. A procedure without analyze has the sets its runs found (its
         record, procedures/ollp.py), or before its first run its home key as its read set,
-        which places it; in a batch ordered by aria (`ordering`, sequencer/log.py) always
+        which places it; in a batch ordered by aria (`ordering`, log/records.py) always
         the home key: aria finds its keys by running it within the batch.
         """
         procedure = self.procedure(name)

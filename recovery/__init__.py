@@ -4,5 +4,4 @@ checkpoints  taking, listing (manifest), pruning and cleaning checkpoints
 restore      what an engine does with its shards on start: continue, restore, rebuild
 replay       `ordo recover`: replay the log to its head, with progress and rates
 checks       crash-consistency checks over a data directory
-measure      replay rate and recovery time (`python -m recovery.measure`)
 """

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 
 from ordo.scheduler.coordinator import Coordinator, EngineStats
-from ordo.scheduler.worker import LAYOUT_FILE, layout_partitions
+from ordo.storage.layout import LAYOUT_FILE, layout_partitions
 
 # Seconds a replay may go without a new batch applied before reaching the head it
 # measured: far longer than starting Ray workers on a loaded machine takes.

@@ -36,9 +36,9 @@ from typing import Any, Callable
 from confluent_kafka import TopicPartition
 
 from ordo.recovery.checkpoints import CheckpointError, CheckpointStore, copy_checkpoint, fsync_dir
-from ordo.scheduler.worker import shard_path
-from ordo.sequencer.log import LogCursor
-from ordo.sequencer.reader import log_consumer
+from ordo.storage.layout import shard_path
+from ordo.log.records import LogCursor
+from ordo.log.reader import log_consumer
 from ordo.storage.rocks import RocksShard, ShardCorrupt
 
 AUTO = "auto"  # continue if the shards agree, else restore (or rebuild)
@@ -322,9 +322,9 @@ def log_head_problem(bootstrap: str, topic: str, timeout: float = 10.0) -> str |
     """What keeps the log from rebuilding state from its beginning, or None: its first
     record must be a sequencer's start record at offset 0. Read, not inferred from
     watermarks."""
-    from ordo.sequencer.log import START, LogError, SecretMismatch, Unauthenticated, decode, decode_before_places
-    from ordo.sequencer.reader import log_identity
-    from ordo.sequencer.topics import Topics
+    from ordo.log.records import START, LogError, SecretMismatch, Unauthenticated, decode, decode_before_places
+    from ordo.log.reader import log_identity
+    from ordo.broker.topics import Topics
 
     consumer = log_consumer(bootstrap, f"{topic}.head-check")
     try:

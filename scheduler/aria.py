@@ -1,7 +1,7 @@
 """Aria (Lu et al., VLDB 2020) with deterministic reordering: batches whose serial order is
 decided by what their transactions touched, not by their log positions.
 
-A batch the sequencer stamped with the aria ordering (`sequencer.log.ARIA`) runs in three
+A batch the sequencer stamped with the aria ordering (`log.records.ARIA`) runs in three
 steps, on every engine whatever its --scheduler (scheduler/worker.py picks per batch):
 
 1. First pass. Every transaction runs RUN against the batch's starting state; the keys it
@@ -59,7 +59,7 @@ from ordo.scheduler.base import Scheduler, _by_txn, register
 from ordo.scheduler.batch import BatchExecution, Outcome, PreparedTxn, exchange_failed
 from ordo.scheduler.execution import ABORTED, ANY_KEY, COMMITTED, execute, txn_seed
 from ordo.scheduler.locking import LockingScheduler, _LockTable
-from ordo.sequencer.log import ARIA
+from ordo.log.records import ARIA
 from ordo.storage.keys import KeyRange, decode_key, encode_key, is_range_key
 from ordo.storage.overlay import ABSENT, RangeView
 from ordo.storage.partitioning import executor_of

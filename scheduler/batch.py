@@ -12,7 +12,7 @@ from ordo.procedures.fingerprint import refused_entry
 from ordo.procedures.registry import Registry, RequestError, UnusableKey
 from ordo.procedures.streams import OUTPUT_TABLE_PREFIX
 from ordo.scheduler.execution import COMMITTED, REJECTED, execute, txn_seed
-from ordo.sequencer.log import ARIA, Batch
+from ordo.log.records import ARIA, Batch
 from ordo.storage.keys import encode_key
 from ordo.storage.overlay import ABSENT, BatchOverlay
 from ordo.sequencer.routing import own_part, reporter_of_rejected, slice_of, writers

@@ -24,11 +24,11 @@ from ordo.scheduler.follower import FollowOptions
 from ordo.scheduler.group import LocalGroup, WorkerGroup
 from ordo.scheduler.liveness import CALL_TIMEOUT, Silence
 from ordo.scheduler.outputs import CollectedOutputs
-from ordo.scheduler.worker import check_layout
-from ordo.sequencer.log import LogCursor
-from ordo.sequencer.reader import UNVERIFIED_SHOWN
-from ordo.sequencer.log_secret import log_keys, secret_source
-from ordo.sequencer.topics import Topics
+from ordo.storage.layout import check_layout
+from ordo.log.records import LogCursor
+from ordo.log.reader import UNVERIFIED_SHOWN
+from ordo.log.secret import log_keys, secret_source
+from ordo.broker.topics import Topics
 
 log = logging.getLogger("ordo.engine")
 
@@ -316,7 +316,7 @@ class Coordinator:
         only after that fetch)."""
         from confluent_kafka import Consumer, TopicPartition
 
-        from ordo.sequencer.kafka import kafka_config
+        from ordo.broker.clients import kafka_config
 
         if self._lag_consumer is None:
             self._lag_consumer = Consumer(

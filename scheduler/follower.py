@@ -33,10 +33,10 @@ from ordo.recovery.checkpoints import shard_checkpoint_path
 from ordo.scheduler.execution import ABORTED, COMMITTED
 from ordo.scheduler.outputs import CollectedOutputs, KafkaOutputs, OutputSink
 from ordo.scheduler.worker import PartitionWorker
-from ordo.sequencer.log import Batch, LogCursor, LogError, Start
-from ordo.sequencer.log_secret import use_keys
-from ordo.sequencer.reader import LogReader
-from ordo.sequencer.topics import Topics
+from ordo.log.records import Batch, LogCursor, LogError, Start
+from ordo.log.secret import use_keys
+from ordo.log.reader import LogReader
+from ordo.broker.topics import Topics
 
 KEPT_CHECKPOINT_REPORTS = 16
 KEPT_DROPPED_REPORTS = 16  # passed-over log records a status names; the coordinator asks many times a second
@@ -60,7 +60,7 @@ class FollowOptions:
     idle_wait: float = 0.05  # how long one log poll may block when nothing is ready
     stop_after: int | None = None  # stop once this batch is applied
     hold_at: int | None = None  # execute nothing after this batch until released
-    log_keys: tuple[bytes, ...] | None = None  # the driver's log secrets (sequencer/log_secret.py), for workers
+    log_keys: tuple[bytes, ...] | None = None  # the driver's log secrets (log/secret.py), for workers
     log_secret_source: str = ""  # where the driver found them
 
 

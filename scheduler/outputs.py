@@ -36,14 +36,15 @@ from typing import Any, Iterable, Protocol
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
-from ordo.procedures.ollp import RESTARTED, restart_request
+from ordo.procedures.ollp import RESTARTED
+from ordo.log.steps import restart_request
 from ordo.procedures.streams import split_result
 from ordo.scheduler.batch import Outcome
 from ordo.scheduler.stalled_outputs import StallWatch, TailsUnread, written_since
 from ordo.scheduler.stream_outputs import StreamTopics, stream_records
-from ordo.sequencer.kafka import kafka_config
-from ordo.sequencer.kafka_settings import user_kafka_settings
-from ordo.sequencer.topics import Topics
+from ordo.broker.clients import kafka_config
+from ordo.broker.client_settings import user_kafka_settings
+from ordo.broker.topics import Topics
 from ordo.storage.keys import encode_key
 
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode

@@ -190,7 +190,7 @@ class RayGroup:
         options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1000}
         if address:
             # Workers on a cluster do not inherit this process's environment: the Kafka
-            # settings (sequencer/kafka_settings.py) travel with them.
+            # settings (broker/client_settings.py) travel with them.
             kafka_env = {k: v for k, v in os.environ.items() if k.startswith("ORDO_KAFKA_")}
             if kafka_env:
                 options["runtime_env"] = {"env_vars": kafka_env}

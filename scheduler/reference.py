@@ -16,7 +16,7 @@ from ordo.procedures.ollp import restarts_of
 from ordo.procedures.registry import Registry, RequestError
 from ordo.procedures.streams import split_result
 from ordo.scheduler.execution import ABORTED, ANY_KEY, COMMITTED, REJECTED, execute, txn_seed
-from ordo.sequencer.log import ARIA, Batch
+from ordo.log.records import ARIA, Batch
 from ordo.storage.digest import digest_pairs
 from ordo.storage.keys import KeyRange, decode_key, encode_key, is_range_key
 from ordo.storage.overlay import ABSENT, RangeView

@@ -20,7 +20,7 @@ from typing import Callable, Iterable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from ordo.sequencer.kafka import arrived, consumer_config, watermarks
+from ordo.broker.clients import arrived, consumer_config, watermarks
 
 # Producers stamp CreateTime from their own clock; the worker notes the time itself when it
 # publishes, so a record produced then is never stamped much before. The margin only reads

@@ -48,7 +48,7 @@ class StreamTopics:
             return
         from confluent_kafka.admin import AdminClient, NewTopic
 
-        from ordo.sequencer.kafka import kafka_config
+        from ordo.broker.clients import kafka_config
 
         admin = AdminClient(kafka_config(self._bootstrap, self._extra))
         existing = admin.list_topics(timeout=timeout).topics

@@ -4,7 +4,6 @@ in-process as well as wrapped as a Ray actor."""
 from __future__ import annotations
 
 import gc
-import json
 import os
 from collections import deque
 from dataclasses import dataclass, field
@@ -15,35 +14,11 @@ from ordo.procedures.loading import load_registry
 from ordo.procedures.registry import Registry
 from ordo.scheduler.base import Scheduler, make_scheduler
 from ordo.scheduler.batch import BatchExecution, Outcome, ReadExchange, prepare
-from ordo.sequencer.log import ARIA, Batch
+from ordo.log.records import ARIA, Batch
 from ordo.storage.overlay import BatchOverlay
 from ordo.storage.partitioning import Partitioner
+from ordo.storage.layout import LAYOUT_FILE, check_layout, layout_partitions, shard_path  # noqa: F401 (re-exported)
 from ordo.storage.rocks import RocksShard
-
-LAYOUT_FILE = "ordo.json"
-
-
-def shard_path(data_dir: str, partition: int) -> str:
-    return os.path.join(data_dir, f"shard-{partition}")
-
-
-class DataDirError(RuntimeError):
-    """A data directory that cannot be used: says which and why."""
-
-
-def prepare_data_dir(data_dir: str) -> None:
-    """Create the data directory if it is missing and make sure it can be written, so that
-    a path that is a file, a read-only disk or a full one is one line before anything starts."""
-    if os.path.exists(data_dir) and not os.path.isdir(data_dir):
-        raise DataDirError(f"data directory {data_dir} is a file, not a directory: name a directory")
-    probe = os.path.join(data_dir, ".ordo-write-check")
-    try:
-        os.makedirs(data_dir, exist_ok=True)
-        with open(probe, "w") as f:
-            f.write("ok")
-        os.remove(probe)
-    except OSError as exc:
-        raise DataDirError(f"data directory {data_dir} cannot be written: {exc.strerror or exc}") from None
 
 
 def resident_bytes() -> int:
@@ -53,43 +28,6 @@ def resident_bytes() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
-
-
-def check_layout(data_dir: str, partitions: int, namespace: str | None = None) -> None:
-    """A data directory holds one namespace's state, laid out for one partition count; say
-    so rather than mix. A layout written before namespaces were recorded adopts the first
-    one it runs with."""
-    prepare_data_dir(data_dir)
-    path = os.path.join(data_dir, LAYOUT_FILE)
-    layout = {}
-    if os.path.exists(path):
-        with open(path) as f:
-            layout = json.load(f)
-        existing = layout["partitions"]
-        if existing != partitions:
-            raise ValueError(
-                f"{data_dir} holds {existing} partition(s), not {partitions}: use --partitions {existing} "
-                "or a new data directory (the log rebuilds any layout from scratch)"
-            )
-        recorded = layout.get("namespace")
-        if namespace is None or recorded == namespace:
-            return
-        if recorded is not None:
-            raise ValueError(
-                f"{data_dir} holds the state of namespace '{recorded}', not '{namespace}': use "
-                f"--namespace {recorded} or a new data directory"
-            )
-    layout.update({"partitions": partitions, **({"namespace": namespace} if namespace is not None else {})})
-    with open(path, "w") as f:
-        json.dump(layout, f)
-
-
-def layout_partitions(data_dir: str) -> int:
-    path = os.path.join(data_dir, LAYOUT_FILE)
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{data_dir} is not an Ordo data directory (no {LAYOUT_FILE})")
-    with open(path) as f:
-        return json.load(f)["partitions"]
 
 
 def relax_garbage_collection() -> None:

@@ -27,7 +27,7 @@ import uuid
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from ordo.sequencer.kafka import kafka_config
+from ordo.broker.clients import kafka_config
 
 # Set by `ordo run` for the sequencers it starts: who they sequence for, so that a
 # sequencer it restarts takes its own engine's note for its own.

@@ -34,13 +34,13 @@ from ordo.procedures.fingerprint import describe, set_id, short
 from ordo.procedures.registry import Registry
 from ordo.procedures.ollp import is_resequenced, request_identity
 from ordo.sequencer.dedupe import RecentIds
-from ordo.sequencer.fetch_stall import EndWatch, FetchStall
-from ordo.sequencer.fetch_states import FetchStates
-from ordo.sequencer.kafka import arrived, close_later, consumer_config, kafka_config
-from ordo.sequencer.lag import sequencer_group
+from ordo.broker.fetch_stall import EndWatch, FetchStall
+from ordo.broker.fetch_states import FetchStates
+from ordo.broker.clients import arrived, close_later, consumer_config, kafka_config
+from ordo.broker.lag import sequencer_group
 from ordo.sequencer.lane_owner import Superseded, note, own_owner, refuse_if_taken, who_took_over
-from ordo.sequencer.log_probe import LogWatch, fingerprint
-from ordo.sequencer.log import (
+from ordo.log.probe import LogWatch, fingerprint
+from ordo.log.records import (
     ARIA,
     BATCH_OVERHEAD,
     SNAPSHOT_EVERY,
@@ -51,7 +51,8 @@ from ordo.sequencer.log import (
     encode_snapshot,
     encode_start,
 )
-from ordo.sequencer.reader import REFETCH_AFTER, LogReader, log_identity
+from ordo.broker.fetch_stall import REFETCH_AFTER
+from ordo.log.reader import LogReader, log_identity
 from ordo.sequencer.routing import (
     SINGLE_ITEM_BYTES,
     build_routing,
@@ -60,11 +61,11 @@ from ordo.sequencer.routing import (
     placement_of,
     routing_bytes,
 )
-from ordo.sequencer.reachability import UNANSWERED
+from ordo.broker.reachability import UNANSWERED
 from ordo.sequencer.sources import SourceReading, SourceRecreated, position_key
 from ordo.sequencer.takeover import TakeoverWatch
-from ordo.sequencer.startup import find_seed
-from ordo.sequencer.topics import Topics, check_topics, request_partitions_for
+from ordo.log.snapshots import find_seed
+from ordo.broker.topics import Topics, check_topics, request_partitions_for
 from ordo.sequencer.wire import parse_request_sets
 from ordo.storage.partitioning import Partitioner
 
@@ -138,7 +139,7 @@ class SequencerConfig:
     partitions: int = 1  # the engine's partition count, for routing each batch
     sequencers: int = 1  # S: how many sequencers share the request partitions
     index: int = 0  # k: this one takes the request partitions p with p % S == k
-    ordering: str | None = None  # every batch's ordering stamp (sequencer/log.py): None (log order) or ARIA
+    ordering: str | None = None  # every batch's ordering stamp (log/records.py): None (log order) or ARIA
 
     @property
     def epoch_ms(self) -> float:
@@ -195,12 +196,6 @@ class SequencerStats:
     sequenced: int = 0  # appended to the log
     rejected: int = 0
     startup_records: int = 0  # log records read at start-up
-
-
-def transactional_id(namespace: str, index: int) -> str:
-    """The transactional id sequencer k of a release that appended in Kafka transactions
-    used: `ordo upgrade` still fences it, so such a sequencer stops too."""
-    return f"{namespace}.sequencer" if index == 0 else f"{namespace}.sequencer.{index}"
 
 
 def owned_partitions(partitions: int, index: int, sequencers: int) -> list[int]:
@@ -287,7 +282,7 @@ class Sequencer:
         sequencing stands: from a recent snapshot of an earlier sequencer's state, reading
         forward to this sequencer's own start record. An earlier sequencer of the lane
         stops once it reads that start record (sequencer/takeover.py)."""
-        from ordo.sequencer.versions import check_set, upgrade_command
+        from ordo.log.versions import check_set, upgrade_command
 
         config = self.config
         check_topics(self.bootstrap, self.topics, timeout, record_bytes=config.max_bytes + RECORD_FRAMING)
@@ -302,7 +297,7 @@ class Sequencer:
             timeout,
         )
         self._owned = owned_partitions(partitions, config.index, config.sequencers)
-        # The start record is bound to the log it continues (sequencer/log.py), and a log none
+        # The start record is bound to the log it continues (log/records.py), and a log none
         # of whose records this secret can read is refused before anything is written.
         log_id = log_identity(self.bootstrap, self.topics.log, timeout)
         # Before fencing anything: a live sequencer of another engine keeps its partitions.
@@ -470,7 +465,7 @@ class Sequencer:
         try:
             yield
         except _MovedOn:
-            from ordo.sequencer.versions import UpgradedAway, current_set
+            from ordo.log.versions import UpgradedAway, current_set
 
             try:
                 current = current_set(self.bootstrap, self.topics.log, 10)
@@ -589,7 +584,7 @@ class Sequencer:
 
     def _fetch_stuck_again(self) -> None:
         """A partition that holds requests past this sequencer's position, none of which
-        came for REFETCH_AFTER, is read on from there by a new consumer (sequencer/fetch_stall.py)."""
+        came for REFETCH_AFTER, is read on from there by a new consumer (broker/fetch_stall.py)."""
         now = time.monotonic()
         if now - self._fetch_checked < WATCH_EVERY or self._ends is None:
             return
@@ -670,7 +665,7 @@ class Sequencer:
         return TopicPartition(self.topics.requests, position, offset)
 
     def _position(self, message) -> int | str:
-        """How the log names the partition `message` came from (sequencer/log.py)."""
+        """How the log names the partition `message` came from (log/records.py)."""
         if message.topic() == self.topics.requests:
             return message.partition()
         return self._sources.position(message)

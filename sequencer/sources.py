@@ -6,7 +6,7 @@ one of its procedures (docs/procedures.md, "Existing topics as sources").
     ])
 
 The sequencer reads a source topic as it reads `<ns>.requests`: the positions it consumed
-travel in each batch's offsets and in its snapshots (sequencer/log.py), keyed by
+travel in each batch's offsets and in its snapshots (log/records.py), keyed by
 `position_key`, so a restarted sequencer resumes where the log says, and a record becomes
 one request for ever. Its default request id names where it stands (`record_id`), so no
 replay can make it two.
@@ -28,72 +28,16 @@ mapping must be a function of the record alone. It is part of the procedure set'
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from typing import Any, Callable
 
 import logging
 
+from ordo.procedures.sources import Source, SourceRecord
 from ordo.sequencer.wire import POSITION_MARK, INCARNATION_MARK, parse_request_sets, source_id_problem
 
 SEPARATOR = ":"  # in a position key and a record's id; Kafka topic names never hold it
 NO_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"  # what a broker without topic ids answers
 
 log = logging.getLogger("ordo.sequencer")
-
-
-@dataclass(frozen=True)
-class SourceRecord:
-    """One record of a source topic, as the mapping sees it. `headers`: (name, value)
-    pairs in the record's order."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: tuple[tuple[str, bytes | None], ...] = ()
-    _parsed: list = field(default_factory=list, init=False, repr=False, compare=False)
-
-    def json(self) -> Any:
-        """The value parsed as JSON (once); ValueError naming what is wrong otherwise."""
-        if not self._parsed:
-            if self.value is None:
-                raise ValueError("the record has no value")
-            try:
-                self._parsed.append(json.loads(self.value))
-            except ValueError as exc:
-                raise ValueError(f"the value is not JSON: {exc}") from None
-        return self._parsed[0]
-
-    def header(self, name: str) -> bytes | None:
-        """The value of the last header called `name`, or None."""
-        found = [value for key, value in self.headers if key == name]
-        return found[-1] if found else None
-
-
-@dataclass(frozen=True)
-class Source:
-    """Records of the Kafka topic `topic` become requests of procedure `proc`. `args`: a
-    function of the `SourceRecord` giving the arguments (default: the value, a JSON
-    object, as they are); `id`: a function giving the request id (default: the record's
-    place, `topic:partition:offset`, so each record is one request for ever)."""
-
-    topic: str
-    proc: str
-    args: Callable[[SourceRecord], dict] | None = None
-    id: Callable[[SourceRecord], str] | None = None
-
-    def __post_init__(self) -> None:
-        from ordo.sequencer.topics import valid_topic
-
-        if not isinstance(self.topic, str) or not valid_topic(self.topic):
-            raise ValueError(f"Source: {self.topic!r} is no Kafka topic name (1-249 of A-Z a-z 0-9 . _ -)")
-        if not isinstance(self.proc, str) or not self.proc:
-            raise TypeError(f"Source('{self.topic}'): proc= names the procedure its records become requests of")
-        for part in ("args", "id"):
-            value = getattr(self, part)
-            if value is not None and not callable(value):
-                raise TypeError(f"Source('{self.topic}'): {part}= takes a function of the record, got {value!r}")
 
 
 def record_id(topic: str, partition: int, offset: int, incarnation: int = 1) -> str:
@@ -167,8 +111,8 @@ def check_sources(bootstrap: str, sources, namespace: str, timeout: float = 30.0
     """Every source topic exists and is none of the namespace's own; else one line that says so."""
     from confluent_kafka.admin import AdminClient
 
-    from ordo.sequencer.kafka import kafka_config
-    from ordo.sequencer.topics import SETTLE, Topics, described
+    from ordo.broker.clients import kafka_config
+    from ordo.broker.topics import SETTLE, Topics, described
 
     topics = Topics(namespace)
     own = {topics.requests, topics.log, topics.results, topics.changes}
@@ -235,7 +179,7 @@ class SourceReading:
         if self._admin is None:
             from confluent_kafka.admin import AdminClient
 
-            from ordo.sequencer.kafka import kafka_config
+            from ordo.broker.clients import kafka_config
 
             self._admin = AdminClient(kafka_config(self.bootstrap))
         return self._admin
@@ -243,7 +187,7 @@ class SourceReading:
     def check(self, timeout: float = 30.0) -> None:
         """Each source topic exists; then which of its partitions this sequencer reads, and
         each topic's id."""
-        from ordo.sequencer.topics import partition_count
+        from ordo.broker.topics import partition_count
 
         check_sources(self.bootstrap, self.sources.values(), self.topics.namespace, timeout)
         self.owned = [
@@ -367,7 +311,7 @@ class SourceReading:
         return found
 
     def noted(self, cursor) -> list:
-        """The positions to note for the lag (sequencer/lag.py): one never read at 0."""
+        """The positions to note for the lag (broker/lag.py): one never read at 0."""
         return [self.topic_partition(key, cursor.consumed_to(key) or 0) for key in self.owned]
 
     @staticmethod
@@ -430,7 +374,7 @@ class SourceReading:
     def admin_consumer_watermarks(self, topic: str, partition: int) -> tuple[int, int]:
         from confluent_kafka import Consumer, TopicPartition
 
-        from ordo.sequencer.kafka import consumer_config
+        from ordo.broker.clients import consumer_config
 
         consumer = Consumer(consumer_config(self.bootstrap, {"group.id": f"{self.topics.namespace}.watermarks"}))
         try:

@@ -34,9 +34,9 @@ import time
 
 from confluent_kafka import Consumer, TopicPartition
 
-from ordo.sequencer.kafka import arrived, close_later, consumer_config
-from ordo.sequencer.log import LogCursor, LogError, is_batch_record
-from ordo.sequencer.reader import REFETCH_AFTER
+from ordo.broker.clients import arrived, close_later, consumer_config
+from ordo.log.records import LogCursor, LogError, is_batch_record
+from ordo.broker.fetch_stall import REFETCH_AFTER
 
 
 # The most appends a superseded sequencer makes after the record that ended its generation.

@@ -32,7 +32,7 @@ import re
 from typing import Any
 
 from ordo.procedures.args import MAX_DEPTH, list_fields, text_problem, value_problem
-from ordo.procedures.ollp import step_problem
+from ordo.log.steps import step_problem
 from ordo.procedures.registry import Registry, RequestError
 
 MAX_ID_LENGTH = 256

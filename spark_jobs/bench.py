@@ -30,7 +30,7 @@ def _engine(bootstrap: str, namespace: str, data_dir: str, partitions: int):
     from ordo.embedded import SequencerThread
     from ordo.scheduler.coordinator import Coordinator
     from ordo.sequencer.sequencer import SequencerConfig
-    from ordo.sequencer.topics import ensure_topics
+    from ordo.broker.topics import ensure_topics
 
     ensure_topics(bootstrap, namespace, request_partitions=2)
     coordinator = Coordinator(bootstrap, namespace, data_dir, "serial", partitions, runtime="local")
@@ -56,7 +56,7 @@ def data_files(folder: str) -> int:
 
 def run_bench(rows: int, master: str, partitions: int, max_records_per_batch: int | None = None) -> dict:
     from ordo.client import Client
-    from ordo.sequencer.broker import local_broker
+    from ordo.broker.local import local_broker
     from ordo.spark_jobs import changes_job, producer_job
     from ordo.spark_jobs.samples import sl_requests, write_csv
     from ordo.spark_jobs.session import build_session

@@ -72,7 +72,7 @@ def check_topic(bootstrap: str, topic: str, timeout: float = 30.0) -> None:
     namespace, is an error, not a stream that waits forever."""
     from confluent_kafka.admin import AdminClient
 
-    from ordo.sequencer.kafka_settings import user_kafka_settings
+    from ordo.broker.client_settings import user_kafka_settings
 
     admin = AdminClient({**user_kafka_settings(), "bootstrap.servers": bootstrap})
     metadata = admin.list_topics(topic, timeout=timeout).topics.get(topic)

@@ -9,7 +9,7 @@ publish a PySpark release before Central has its jars), the newest release teste
 `FALLBACK_VERSION`, is used if it has the same major version, with one line saying so.
 `ORDO_SPARK_KAFKA_VERSION` names a version to use instead.
 
-Settings (docs/spark.md): the user's librdkafka settings (sequencer/kafka_settings.py) become
+Settings (docs/spark.md): the user's librdkafka settings (broker/client_settings.py) become
 `kafka.`-prefixed options of the Java client: a setting the Java client knows by the same name
 passes as it is, SASL user/password and Kerberos keytab settings become `sasl.jaas.config`,
 PEM files become PEM trust/key stores; settings only librdkafka knows are left out, named in
@@ -263,7 +263,7 @@ def kafka_options(
     user_kafka_settings()), then `extra` (Java client settings, `kafka.` prefix optional),
     then the bootstrap servers."""
     if user is None:
-        from ordo.sequencer.kafka_settings import user_kafka_settings
+        from ordo.broker.client_settings import user_kafka_settings
 
         user = user_kafka_settings()
     java, dropped = java_client_settings(user)

@@ -162,7 +162,7 @@ def sink_options(bootstrap: str, namespace: str, kafka: dict | None = None) -> d
     """Options of Spark's Kafka sink: the topic, the user's Kafka settings (translated for
     the Java client), then the producer settings of Ordo's request producers (idempotent,
     acks=all, REQUEST_BATCHING's linger and batch size), then `kafka` (Java client settings)."""
-    from ordo.sequencer.kafka import REQUEST_BATCHING
+    from ordo.broker.clients import REQUEST_BATCHING
     from ordo.spark_jobs.kafka_connector import kafka_options
 
     own = {
@@ -342,7 +342,8 @@ def streamed_rows(query) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser, kafka: bool = True) -> None:
-    from ordo.cli import WAIT_S, procedure_options
+    from ordo.config import WAIT_S
+    from ordo.procedures.loading import procedure_options
 
     if kafka:
         p.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT", help="Kafka bootstrap servers")
@@ -449,7 +450,7 @@ def key_values(pairs: list[str], option: str) -> dict[str, str]:
 def mapping_from(args) -> Mapping:
     """The column mapping the command line names; with --app/--procedures/--workloads, the
     argument types of that procedure set, loaded as `ordo run` loads it."""
-    from ordo.cli import procedure_specs
+    from ordo.procedures.loading import procedure_specs
     from ordo.procedures.loading import load_registry
 
     options = key_values(args.option, "--option")

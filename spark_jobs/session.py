@@ -140,7 +140,7 @@ def job_main(prog: str, doc: str | None, add_arguments, run, argv: list[str] | N
     args = parser.parse_args(argv)
     try:
         if getattr(args, "kafka_config", None):  # for the executors too: they inherit the environment
-            from ordo.sequencer.kafka_settings import FILE_ENV, user_kafka_settings
+            from ordo.broker.client_settings import FILE_ENV, user_kafka_settings
 
             os.environ[FILE_ENV] = os.path.abspath(args.kafka_config)
             user_kafka_settings()

@@ -24,7 +24,7 @@ _namespaces = itertools.count(1)
 @pytest.fixture(scope="session")
 def broker():
     """One real Kafka-protocol broker (the local launcher) for the whole session."""
-    from ordo.sequencer.broker import local_broker
+    from ordo.broker.local import local_broker
 
     with local_broker() as running:
         yield running.bootstrap_servers

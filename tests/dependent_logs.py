@@ -15,7 +15,7 @@ from ordo.procedures.registry import Registry
 from ordo.scheduler.exchange import LocalExchange
 from ordo.scheduler.outputs import CollectedOutputs
 from ordo.scheduler.worker import PartitionWorker
-from ordo.sequencer.log import Batch
+from ordo.log.records import Batch
 from ordo.sequencer.wire import parse_request
 from ordo.storage.digest import combine
 from ordo.storage.keys import decode_key
@@ -41,7 +41,7 @@ def run_dependent(
     """Execute `batches` of request dicts (then the restarts they cause, each batch's
     restarts opening the next batch) on `partitions` workers, batch k at log time
     k * `ms_per_batch`; return the outcomes, change data, restart messages, the final log,
-    digest and state. `ordering`: the stamp of every batch (sequencer/log.py), None for
+    digest and state. `ordering`: the stamp of every batch (log/records.py), None for
     log order."""
     pending = [list(b) for b in batches]
     with tempfile.TemporaryDirectory() as data_dir:

@@ -111,7 +111,7 @@ def sequence_requests(
     from ordo.client import Client
     from ordo.embedded import SequencerThread
     from ordo.sequencer.sequencer import SequencerConfig
-    from ordo.sequencer.topics import ensure_topics
+    from ordo.broker.topics import ensure_topics
 
     ensure_topics(bootstrap, namespace, request_partitions=request_partitions)
     client = Client(bootstrap, namespace)

@@ -14,7 +14,7 @@ from kafka import KafkaProducer
 from ordo.embedded import SequencerThread, read_log
 from ordo.procedures.ollp import OLLP_FIELD
 from ordo.sequencer.sequencer import SequencerConfig
-from ordo.sequencer.topics import ensure_topics
+from ordo.broker.topics import ensure_topics
 from tests.helpers import ordo, ordo_output, read_results, stop
 from tests.test_ollp import model
 

@@ -19,7 +19,7 @@ from ordo.procedures.contract import Table
 from ordo.procedures.loading import load_registry, workload_spec
 from ordo.procedures.registry import RequestError
 from ordo.scheduler.reference import SerialInterpreter
-from ordo.sequencer.log import Batch
+from ordo.log.records import Batch
 from tests.helpers import ROOT, read_results, stop
 
 BANK = textwrap.dedent("""

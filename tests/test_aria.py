@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from ordo.procedures.streams import split_result
 from ordo.scheduler.reference import SerialInterpreter
-from ordo.sequencer.log import ARIA, Batch
+from ordo.log.records import ARIA, Batch
 from ordo.storage.digest import digest_pairs
 from ordo.storage.keys import encode_key
 from ordo.storage.values import encode_value
@@ -164,7 +164,7 @@ def test_tpcc_in_aria_batches_keeps_the_consistency_conditions():
 def test_the_ordering_stamp_travels_in_the_batch_record_and_old_records_read_as_log_order():
     import pickle
 
-    from ordo.sequencer.log import BATCH, decode, encode_batch, encode_entry
+    from ordo.log.records import BATCH, decode, encode_batch, encode_entry
 
     entries = [encode_entry(["r1", "gs_read", {"keys": [1]}])]
     record = encode_batch(3, 0, 10, {0: (0, 1)}, entries, log_id="L", ordering=ARIA, namespace="n")

@@ -12,8 +12,8 @@ from ordo.embedded import read_log
 from ordo.procedures.registry import default_registry
 from ordo.procedures.workloads import micro, sl
 from ordo.scheduler.reference import SerialInterpreter
-from ordo.sequencer.log import ARIA, Batch
-from ordo.sequencer.topics import ensure_topics
+from ordo.log.records import ARIA, Batch
+from ordo.broker.topics import ensure_topics
 from tests.helpers import (
     assert_same_as_reference,
     dump_state,

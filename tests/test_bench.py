@@ -13,7 +13,7 @@ import pytest
 from ordo.benchmarks.baseline import BaselineUnavailable, PostgresServer, check_serial, run_baseline, serial_state
 from ordo.client import Client
 from ordo.procedures.workloads import micro, sl
-from ordo.sequencer.topics import ensure_topics
+from ordo.broker.topics import ensure_topics
 from tests.helpers import ordo_output
 
 
@@ -265,7 +265,7 @@ def test_bench_sequence_measures_every_sequencer_count_from_the_log(tmp_path):
 
 def test_sequencing_rate_counts_only_what_was_cut_while_every_sequencer_ran():
     from ordo.benchmarks.sequencing import sequencing_rate
-    from ordo.sequencer.log import Batch
+    from ordo.log.records import Batch
 
     def batch(sequencer, time_ms, size):
         return Batch(1, 0, time_ms, {}, [["r", "p", {}]] * size, sequencer=sequencer)

@@ -18,8 +18,8 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 from ordo.client import Client
 from ordo.embedded import read_log
 from ordo.procedures.workloads import sl
-from ordo.sequencer.kafka_broker import KafkaCluster
-from ordo.sequencer.log_probe import ABSENT_GRACE
+from ordo.broker.apache_kafka import KafkaCluster
+from ordo.log.probe import ABSENT_GRACE
 from tests.helpers import dump_state, interpret_log, ordo, read_results, reference_state, stop
 
 pytestmark = pytest.mark.slow
@@ -510,7 +510,7 @@ def test_ordo_execute_waits_for_a_broker_away_for_80_s_and_goes_on(tmp_path, fau
     to a serial reading of the log."""
     import subprocess
 
-    from ordo.sequencer.topics import ensure_topics
+    from ordo.broker.topics import ensure_topics
 
     kafka = KafkaCluster(data_dir=str(tmp_path / "kafka"))
     bootstrap = kafka.start()

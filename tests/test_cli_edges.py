@@ -170,7 +170,7 @@ def test_librdkafka_repeating_one_failure_is_one_line_per_cause_and_interval():
     code = """
 import logging, time
 from confluent_kafka import Consumer
-from ordo.sequencer.kafka import LIBRDKAFKA_LOGGER, kafka_config
+from ordo.broker.clients import LIBRDKAFKA_LOGGER, kafka_config
 logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
 LIBRDKAFKA_LOGGER.setLevel(logging.DEBUG)   # as --log-level info sets it
 consumer = Consumer(kafka_config("127.0.0.1:1", {"group.id": "g", "reconnect.backoff.ms": 10,

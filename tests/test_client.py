@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from ordo.client import AsyncClient, Client
-from ordo.sequencer.topics import ensure_topics
+from ordo.broker.topics import ensure_topics
 from tests.helpers import ROOT, ordo, stop, topic_reader
 
 pytestmark = pytest.mark.slow

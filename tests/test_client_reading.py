@@ -14,7 +14,7 @@ import pytest
 from ordo.client import AsyncClient, Client
 from ordo.errors import TopicMissing
 from ordo.reading import Change, Outcome, StreamTuple
-from ordo.sequencer.topics import ensure_topics
+from ordo.broker.topics import ensure_topics
 from tests.helpers import ROOT, stop
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,7 @@ import tomllib
 import pytest
 import yaml
 
-from ordo.sequencer.kafka_broker import (
+from ordo.broker.apache_kafka import (
     DEFAULT_HEAP,
     JVM_GC_OPTIONS,
     KAFKA_VERSION,

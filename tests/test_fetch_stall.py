@@ -13,10 +13,10 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from ordo.client import Client
 from ordo.procedures.workloads import sl
-from ordo.sequencer.fetch_stall import EndWatch, FetchStall
-from ordo.sequencer.kafka import consumer_config, kafka_config
+from ordo.broker.fetch_stall import EndWatch, FetchStall
+from ordo.broker.clients import consumer_config, kafka_config
 from ordo.sequencer.sequencer import Sequencer, SequencerConfig
-from ordo.sequencer.topics import ensure_topics
+from ordo.broker.topics import ensure_topics
 from tests.test_sequencer_takeover import Running, accepted_log
 
 P = ("t", 0)
@@ -133,7 +133,7 @@ def test_fetch_states_come_from_a_real_consumers_statistics_and_name_a_fetcher_s
     lasted the time asked, and never while a broker is down (then the broker is away)."""
     import json
 
-    from ordo.sequencer.fetch_states import FetchStates
+    from ordo.broker.fetch_states import FetchStates
 
     ensure_topics(broker, namespace)
     topic = f"{namespace}.requests"

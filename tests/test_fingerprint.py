@@ -19,7 +19,7 @@ from ordo.procedures.contract import Procedure
 from ordo.procedures.fingerprint import by_value, describe
 from ordo.procedures.registry import Registry
 from ordo.procedures.streams import BatchField, Stream, Window
-from ordo.sequencer.topics import ensure_topics
+from ordo.broker.topics import ensure_topics
 from tests.helpers import ROOT, ordo, read_results, stop
 
 MODULES = ("tests.every_kind_procedures", "tests.stream_procedures")

@@ -21,8 +21,8 @@ from ordo.embedded import read_log
 from ordo.procedures.contract import Abort
 from ordo.procedures.ollp import MAX_RESTARTS, OLLP_FIELD, request_identity
 from ordo.scheduler.reference import SerialInterpreter
-from ordo.sequencer.log import ARIA
-from ordo.sequencer.topics import ensure_topics
+from ordo.log.records import ARIA
+from ordo.broker.topics import ensure_topics
 from tests.found_keys_app import KEYS, app
 from tests.dependent_logs import _entry, assert_equals_serial_interpretation, assert_same_run, run_dependent
 from tests.helpers import dump_state, ordo as ordo_command, ordo_output, read_results, reference_state, stop

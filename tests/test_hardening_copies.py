@@ -10,12 +10,12 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from ordo.client import Client
 from ordo.embedded import SequencerThread
-from ordo.sequencer.log import SNAPSHOT_EVERY
-from ordo.sequencer.log_secret import forget_key
-from ordo.sequencer.reader import LogReader
-from ordo.sequencer.log import LogCursor
+from ordo.log.records import SNAPSHOT_EVERY
+from ordo.log.secret import forget_key
+from ordo.log.reader import LogReader
+from ordo.log.records import LogCursor
 from ordo.sequencer.sequencer import SequencerConfig
-from ordo.sequencer.topics import ensure_topics
+from ordo.broker.topics import ensure_topics
 from tests.helpers import read_results, stop
 from tests.test_hardening_forgery import deposit_state, expected_state, start_engine
 from tests.test_hardening_log import cli, deposits, ended, submit

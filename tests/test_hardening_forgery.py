@@ -13,8 +13,8 @@ import msgpack
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from ordo.sequencer.log import encode_batch, encode_entry
-from ordo.sequencer.topics import ensure_topics
+from ordo.log.records import encode_batch, encode_entry
+from ordo.broker.topics import ensure_topics
 from tests.helpers import dump_state, ordo, read_results, stop
 from tests.test_hardening_log import cli, deposits, ended, submit
 

@@ -13,8 +13,8 @@ import time
 import psutil
 import pytest
 
-from ordo.sequencer.kafka import TAIL_FETCH_WAIT_MS, consumer_config, kafka_config
-from ordo.sequencer.kafka_settings import (
+from ordo.broker.clients import TAIL_FETCH_WAIT_MS, consumer_config, kafka_config
+from ordo.broker.client_settings import (
     KafkaSettingsError,
     env_name_for,
     merge_kafka_settings,
@@ -23,7 +23,7 @@ from ordo.sequencer.kafka_settings import (
     settings_from_env,
     user_kafka_settings,
 )
-from ordo.sequencer.topics import ensure_topics
+from ordo.broker.topics import ensure_topics
 from tests.helpers import ROOT, stop
 
 

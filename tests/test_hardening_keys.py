@@ -17,8 +17,8 @@ import tests.key_procedures as keyed
 from ordo.client import Client
 from ordo.procedures.args import Bool, Float, Int, List, Object, Optional, Str
 from ordo.procedures.contract import Procedure
-from ordo.sequencer.log import Batch
-from ordo.sequencer.topics import ensure_topics
+from ordo.log.records import Batch
+from ordo.broker.topics import ensure_topics
 from ordo.storage.keys import key_problem
 from ordo.testing import START_MS, TestEngine, check_deterministic
 from tests.helpers import ordo as ordo_process

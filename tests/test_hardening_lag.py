@@ -1,4 +1,4 @@
-"""Requests waiting for the sequencer are visible: sequencer/lag.py counts them from the
+"""Requests waiting for the sequencer are visible: broker/lag.py counts them from the
 broker, and the engine's progress line shows them while they wait, then falls quiet."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pytest
 
 from ordo.client import Client
 from ordo.embedded import SequencerThread
-from ordo.sequencer.lag import lag, requests_lag
+from ordo.broker.lag import lag, requests_lag
 from ordo.sequencer.sequencer import SequencerConfig
-from ordo.sequencer.topics import ensure_topics
+from ordo.broker.topics import ensure_topics
 from tests.helpers import ROOT, stop
 
 
@@ -62,7 +62,8 @@ def _settled_lag(bootstrap: str, namespace: str, timeout: float = 30) -> int | N
 
 
 def test_steps_published_again_and_dropped_do_not_count_as_waiting(broker, namespace, fault_report):
-    from ordo.procedures.ollp import OLLP_FIELD, restart_request
+    from ordo.procedures.ollp import OLLP_FIELD
+    from ordo.log.steps import restart_request
 
     def step(restarts: int) -> tuple[str, bytes]:
         record = json.loads(

@@ -19,10 +19,10 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from ordo.client import Client
-from ordo.sequencer.broker import free_port, local_broker
-from ordo.sequencer.kafka import kafka_config
-from ordo.sequencer.lag import sequencer_group
-from ordo.sequencer.topics import Topics, ensure_topics
+from ordo.broker.local import free_port, local_broker
+from ordo.broker.clients import kafka_config
+from ordo.broker.lag import sequencer_group
+from ordo.broker.topics import Topics, ensure_topics
 from tests.helpers import ROOT, read_results, stop
 from tests.test_metrics import scrape, value
 from tests.test_recovery_crash import Feeder, check_against_serial_run, traffic

@@ -13,11 +13,11 @@ import time
 import pytest
 from confluent_kafka import Producer
 
-from ordo.sequencer.broker import free_port, local_broker
-from ordo.sequencer.kafka import kafka_config
-from ordo.sequencer.log import encode_start
-from ordo.sequencer.reader import log_identity
-from ordo.sequencer.topics import Topics, ensure_topics
+from ordo.broker.local import free_port, local_broker
+from ordo.broker.clients import kafka_config
+from ordo.log.records import encode_start
+from ordo.log.reader import log_identity
+from ordo.broker.topics import Topics, ensure_topics
 from tests.helpers import ROOT, dump_state, ordo, read_results, stop
 
 pytestmark = pytest.mark.slow
@@ -268,9 +268,9 @@ def test_shards_holding_state_are_not_wiped_for_a_log_that_cannot_rebuild_them(b
 
 
 def test_a_transaction_on_the_log_that_never_ends_stops_a_reader_with_one_line(broker, namespace, monkeypatch, caplog):
-    from ordo.sequencer import reader as reader_module
-    from ordo.sequencer.log import LogCursor, LogError
-    from ordo.sequencer.reader import LogReader
+    from ordo.log import reader as reader_module
+    from ordo.log.records import LogCursor, LogError
+    from ordo.log.reader import LogReader
 
     monkeypatch.setattr(reader_module, "WATCH_EVERY", 0.2)
     monkeypatch.setattr(reader_module, "HELD_LIMIT", 2.0)
@@ -340,9 +340,9 @@ def test_a_reader_whose_fetching_stalls_reads_on_with_a_new_consumer(broker, nam
     outlives a new assignment, stands in for it."""
     from confluent_kafka import TopicPartition
 
-    from ordo.sequencer import reader as reader_module
-    from ordo.sequencer.log import LogCursor
-    from ordo.sequencer.reader import LogReader
+    from ordo.log import reader as reader_module
+    from ordo.log.records import LogCursor
+    from ordo.log.reader import LogReader
 
     monkeypatch.setattr(reader_module, "WATCH_EVERY", 0.2)
     monkeypatch.setattr(reader_module, "REFETCH_AFTER", 1.0)

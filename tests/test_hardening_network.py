@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from ordo.client import Client
-from ordo.sequencer.topics import ensure_topics
+from ordo.broker.topics import ensure_topics
 from tests.helpers import ROOT, stop
 
 pytestmark = pytest.mark.slow

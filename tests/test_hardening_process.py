@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from ordo.sequencer.topics import ensure_topics
+from ordo.broker.topics import ensure_topics
 from tests.helpers import ordo, stop
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,7 @@ from ordo.procedures.registry import default_registry
 from ordo.scheduler.exchange import LocalExchange
 from ordo.scheduler.execution import ABORTED, COMMITTED
 from ordo.scheduler.worker import PartitionWorker
-from ordo.sequencer.log import Batch
+from ordo.log.records import Batch
 from ordo.storage.digest import combine
 from ordo.storage.keys import encode_key
 from ordo.storage.values import decode_value

@@ -14,9 +14,9 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from ordo.embedded import read_log
-from ordo.sequencer.log import LogCursor, encode_batch, encode_entry, encode_start
+from ordo.log.records import LogCursor, encode_batch, encode_entry, encode_start
 from ordo.sequencer.sources import record_id
-from ordo.sequencer.topics import ensure_topics, wait_for_leaders
+from ordo.broker.topics import ensure_topics, wait_for_leaders
 from ordo.sequencer.wire import encode_request, id_problem, source_id_problem
 from tests.helpers import dump_state, ordo as ordo_cli, read_results, stop
 

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import pytest
 
 from ordo.client import Client
-from ordo.sequencer.topics import ensure_topics
+from ordo.broker.topics import ensure_topics
 from tests.helpers import ROOT, ordo, stop
 
 

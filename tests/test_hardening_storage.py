@@ -9,7 +9,7 @@ import json
 import os
 import subprocess
 
-from ordo.scheduler.worker import check_layout, shard_path
+from ordo.storage.layout import check_layout, shard_path
 from ordo.storage.keys import encode_key
 from ordo.storage.rocks import RocksShard
 from ordo.storage.values import encode_value

@@ -11,7 +11,7 @@ import tests.edge_procedures as edge
 from ordo.client import Client
 from ordo.testing import check_deterministic
 from ordo.scheduler.execution import MAX_VALUE_BYTES, BadValue, stored_value
-from ordo.sequencer.topics import ensure_topics
+from ordo.broker.topics import ensure_topics
 from ordo.storage.partitioning import Partitioner, place
 from tests.helpers import ordo, stop
 

@@ -226,7 +226,7 @@ def test_hostile_messages_are_rejected_in_the_log_and_later_requests_sequenced(b
 
     from ordo.embedded import SequencerThread, read_log
     from ordo.sequencer.sequencer import SequencerConfig
-    from ordo.sequencer.topics import ensure_topics
+    from ordo.broker.topics import ensure_topics
 
     ensure_topics(broker, namespace, request_partitions=1)
     # The sequencer knows the built-in procedures only; every other check comes first.

@@ -129,7 +129,7 @@ def make_certificates(folder) -> dict[str, str]:
 
 def broker_security(certificates: dict[str, str]):
     """The node settings of the recipe, and its SASL_SSL listener."""
-    from ordo.sequencer.kafka_broker import Listener
+    from ordo.broker.apache_kafka import Listener
 
     settings = {
         # CONTROLLER is TLS with client certificates; PLAINTEXT is the launcher's own.
@@ -231,8 +231,8 @@ def kafka(tmp_path_factory):
         ScramMechanism,
     )
 
-    from ordo.sequencer.kafka_broker import KafkaCluster
-    from ordo.sequencer.topics import ensure_topics
+    from ordo.broker.apache_kafka import KafkaCluster
+    from ordo.broker.topics import ensure_topics
 
     folder = tmp_path_factory.mktemp("kafka-security")
     certificates = make_certificates(folder)

@@ -29,7 +29,7 @@ OWNER = textwrap.dedent("""
     from ordo.benchmarks.baseline import PostgresServer
     from ordo.client import Client
     from ordo.scheduler.ray_group import start_ray
-    from ordo.sequencer.broker import local_broker
+    from ordo.broker.local import local_broker
 
     broker = local_broker()
     broker.start()

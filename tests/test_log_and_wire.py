@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from ordo.procedures.registry import default_registry
 from ordo.sequencer.dedupe import RecentIds
-from ordo.sequencer.log import (
+from ordo.log.records import (
     BATCH,
     LogCursor,
     LogError,
@@ -18,7 +18,7 @@ from ordo.sequencer.log import (
     encode_start,
     record_context,
 )
-from ordo.sequencer.log_secret import seal, tag
+from ordo.log.secret import seal, tag
 from ordo.sequencer.wire import parse_request
 
 registry = default_registry()
@@ -152,7 +152,7 @@ def test_a_copy_of_a_start_record_already_met_is_passed_over_and_named():
 
 
 def test_a_cursor_remembers_the_latest_start_records_only():
-    from ordo.sequencer.log import START_MEMORY
+    from ordo.log.records import START_MEMORY
 
     cursor = LogCursor(namespace=NS)
     cursor.accept(first("s1"), 0)
@@ -334,7 +334,7 @@ def test_recent_ids_forget_the_oldest_beyond_capacity():
 
 @pytest.mark.parametrize("namespace", ["", "a b", "slθ", "x" * 201, ".hidden"])
 def test_namespaces_that_kafka_cannot_name_are_refused(namespace):
-    from ordo.sequencer.topics import Topics
+    from ordo.broker.topics import Topics
 
     with pytest.raises(ValueError, match="invalid namespace"):
         Topics(namespace)

@@ -124,7 +124,7 @@ def test_tansu_without_its_extra_says_how_to_install_it():
 @pytest.mark.slow
 def test_a_mistyped_namespace_is_answered_with_the_namespaces_the_broker_has(broker, namespace):
     from ordo.client import Client
-    from ordo.sequencer.topics import ensure_topics
+    from ordo.broker.topics import ensure_topics
 
     ensure_topics(broker, f"{namespace}-sensors")
     typo = f"{namespace}-sensrs"

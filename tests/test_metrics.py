@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ordo.client import Client
-from ordo.sequencer.topics import ensure_topics
+from ordo.broker.topics import ensure_topics
 from tests.helpers import ROOT, stop
 
 pytestmark = pytest.mark.slow
@@ -268,7 +268,7 @@ def test_the_progress_line_names_the_batch_its_outcomes_have_reached(broker, nam
     import io
 
     from ordo.scheduler.coordinator import Coordinator
-    from ordo.services import Progress
+    from ordo.progress import Progress
 
     ensure_topics(broker, namespace)
     coordinator = Coordinator(broker, namespace, str(tmp_path / "d"), "serial", 1)
@@ -308,7 +308,7 @@ def test_the_line_left_on_screen_shows_the_log_read_to_its_end(broker, namespace
     import io
 
     from ordo.scheduler.coordinator import Coordinator
-    from ordo.services import Progress
+    from ordo.progress import Progress
     from tests.helpers import sequence_requests
 
     requests = [{"id": f"d{i}", "proc": "micro_rmw", "args": {"keys": [i]}} for i in range(5)]

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from ordo.sequencer.topics import ensure_topics
+from ordo.broker.topics import ensure_topics
 from tests.helpers import ROOT, stop
 
 pytestmark = pytest.mark.slow

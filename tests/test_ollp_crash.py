@@ -13,7 +13,7 @@ from kafka import KafkaProducer
 
 from ordo.embedded import read_log
 from ordo.procedures.ollp import OLLP_FIELD, request_identity
-from ordo.sequencer.topics import ensure_topics
+from ordo.broker.topics import ensure_topics
 from tests.helpers import ordo, ordo_output, read_results, stop
 from tests.test_alias_pipeline import _requests
 from tests.test_ollp import model

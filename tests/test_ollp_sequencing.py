@@ -8,10 +8,11 @@ import json
 
 from ordo.client import Client
 from ordo.embedded import SequencerThread, read_log
-from ordo.procedures.ollp import OLLP_FIELD, restart_request
+from ordo.procedures.ollp import OLLP_FIELD
+from ordo.log.steps import restart_request
 from ordo.sequencer.dedupe import RecentIds
 from ordo.sequencer.sequencer import SequencerConfig
-from ordo.sequencer.topics import ensure_topics
+from ordo.broker.topics import ensure_topics
 
 
 def _step(restarts: int, assumed: list) -> dict:

@@ -11,7 +11,7 @@ import time
 
 from confluent_kafka import Producer
 
-from ordo.sequencer.topics import ensure_topics
+from ordo.broker.topics import ensure_topics
 from tests.helpers import ROOT
 
 WARNING = "where clients do not authenticate"

@@ -6,8 +6,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from ordo.scheduler.batch import Outcome
 from ordo.scheduler.outputs import KafkaOutputs, change_records, outcome_message, outcome_record
-from ordo.sequencer.kafka import consumer_config, kafka_config
-from ordo.sequencer.topics import ensure_topics
+from ordo.broker.clients import consumer_config, kafka_config
+from ordo.broker.topics import ensure_topics
 
 
 def test_outcome_record_is_the_documented_json():
@@ -149,7 +149,7 @@ def test_a_producer_that_stopped_delivering_is_replaced_and_only_what_did_not_ar
 def test_outputs_wait_for_a_broker_that_is_away_without_replacing_their_producer(namespace, caplog):
     """No acknowledgement because no broker answers is an outage, not a stalled producer:
     the outputs keep waiting in it."""
-    from ordo.sequencer.topics import Topics
+    from ordo.broker.topics import Topics
 
     outputs = KafkaOutputs("127.0.0.1:9", Topics(namespace), stall_after=0.2)
     try:

@@ -63,7 +63,7 @@ def test_ray_workers_give_the_serial_result(broker, shared_log, tmp_path, local_
 
 def test_each_ray_worker_runs_in_its_own_process_on_its_core(tmp_path, local_ray):
     from ordo.scheduler.ray_group import RayGroup
-    from ordo.scheduler.worker import check_layout
+    from ordo.storage.layout import check_layout
 
     cores = sorted(os.sched_getaffinity(0))
     check_layout(str(tmp_path), 3)

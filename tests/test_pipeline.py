@@ -9,7 +9,7 @@ import pytest
 from kafka import KafkaProducer
 
 from ordo.procedures.workloads import micro, sl
-from ordo.sequencer.topics import ensure_topics
+from ordo.broker.topics import ensure_topics
 from tests.helpers import dump_state, interpret_log, ordo, ordo_output, read_results, reference_state, stop
 
 pytestmark = pytest.mark.slow

@@ -15,7 +15,7 @@ def test_workers_on_two_nodes_give_the_serial_result(broker, tmp_path):
     from ray.cluster_utils import Cluster
 
     from ordo.scheduler.ray_group import RayGroup
-    from ordo.scheduler.worker import check_layout
+    from ordo.storage.layout import check_layout
 
     namespace = f"cluster-{os.getpid()}"
     requests = list(micro.generate(800, seed=31, partitions=2, keys=100, hot=3, mp=0.5))

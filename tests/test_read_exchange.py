@@ -96,7 +96,7 @@ def test_a_failed_exchange_fails_the_transaction_waiting_on_it():
     """What a scheduler sees: the batch's multi-partition transaction raises, naming the
     exchange, instead of waiting for ever."""
     from ordo.scheduler.batch import BatchExecution, prepare
-    from ordo.sequencer.log import Batch
+    from ordo.log.records import Batch
     from ordo.storage.overlay import BatchOverlay
     from ordo.storage.partitioning import Partitioner
     from ordo.procedures.registry import default_registry

@@ -19,9 +19,9 @@ from ordo.recovery.replay import recover
 from ordo.recovery.restore import RecoveryError
 from ordo.scheduler.coordinator import Coordinator
 from ordo.scheduler.outputs import CollectedOutputs
-from ordo.sequencer.kafka import kafka_config
-from ordo.sequencer.log import LogCursor, encode_batch, encode_entry, encode_start
-from ordo.sequencer.topics import ensure_topics
+from ordo.broker.clients import kafka_config
+from ordo.log.records import LogCursor, encode_batch, encode_entry, encode_start
+from ordo.broker.topics import ensure_topics
 from ordo.storage.rocks import RocksShard
 from tests.helpers import ROOT, assert_same_as_reference, mixed_log, ordo, run_engine, stop
 

@@ -22,7 +22,7 @@ from ordo.state import digest
 from ordo.procedures.workloads import micro, sl
 from ordo.recovery.checkpoints import CheckpointStore
 from ordo.recovery.checks import check_applied_once
-from ordo.sequencer.topics import ensure_topics
+from ordo.broker.topics import ensure_topics
 from ordo.storage.keys import encode_key
 from tests.helpers import ROOT, interpret_log, ordo, read_results, stop, topic_reader
 

@@ -10,7 +10,7 @@ import time
 from confluent_kafka.admin import AdminClient, NewPartitions
 
 from ordo.client import Client
-from ordo.sequencer.lag import requests_lag
+from ordo.broker.lag import requests_lag
 from tests.helpers import ordo, read_results, stop
 
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from ordo.procedures.registry import default_registry
 from ordo.procedures.workloads import ALL_WORKLOADS
 from ordo.scheduler.batch import prepare
-from ordo.sequencer.log import Batch
+from ordo.log.records import Batch
 from ordo.sequencer.routing import (
     CARRIED_KEYS_MAX,
     build_routing,

@@ -16,7 +16,7 @@ from ordo.scheduler.locking import _LockTable
 from ordo.scheduler.opchain import OpChainScheduler
 from ordo.scheduler.vll import _Counters
 from ordo.scheduler.worker import PartitionWorker
-from ordo.sequencer.log import Batch
+from ordo.log.records import Batch
 from ordo.storage.keys import decode_key, encode_key
 from ordo.storage.overlay import BatchOverlay
 from ordo.storage.partitioning import Partitioner

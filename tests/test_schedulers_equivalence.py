@@ -28,7 +28,7 @@ from ordo.scheduler.execution import COMMITTED, REJECTED, execute, txn_seed
 from ordo.scheduler.opchain import OpChainScheduler
 from ordo.scheduler.vll import VLLScheduler
 from ordo.scheduler.worker import PartitionWorker
-from ordo.sequencer.log import Batch
+from ordo.log.records import Batch
 from ordo.sequencer.routing import build_routing, placement_of, slice_of
 from ordo.storage.partitioning import Partitioner
 from ordo.storage.digest import combine, digest_pairs

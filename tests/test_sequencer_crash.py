@@ -11,7 +11,7 @@ import pytest
 from ordo.client import Client
 from ordo.embedded import read_log
 from ordo.procedures.workloads import sl
-from ordo.sequencer.topics import ensure_topics
+from ordo.broker.topics import ensure_topics
 from tests.helpers import dump_state, interpret_log, ordo, read_results, reference_state, stop
 
 pytestmark = pytest.mark.slow

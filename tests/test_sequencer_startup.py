@@ -14,10 +14,10 @@ from ordo.client import Client
 from ordo.embedded import SequencerThread, read_log
 from ordo.procedures.ollp import request_identity
 from ordo.procedures.registry import default_registry
-from ordo.sequencer.kafka import kafka_config
-from ordo.sequencer.log import SNAPSHOT_EVERY
+from ordo.broker.clients import kafka_config
+from ordo.log.records import SNAPSHOT_EVERY
 from ordo.sequencer.sequencer import Sequencer, SequencerConfig
-from ordo.sequencer.topics import Topics, check_topics, ensure_topics
+from ordo.broker.topics import Topics, check_topics, ensure_topics
 
 pytestmark = pytest.mark.slow
 
@@ -115,9 +115,9 @@ def test_a_snapshot_is_out_of_place_after_a_record_that_closed_its_lane():
     """A snapshot describes the batch before it only while its lane is open: an upgrade
     record or a start record of another sequencer count between the two closed every lane,
     and a start record of its own lane began another generation."""
-    from ordo.sequencer.log import LogCursor, batch_head, decode, encode_batch, encode_entry, encode_snapshot
-    from ordo.sequencer.log import encode_start, encode_upgrade
-    from ordo.sequencer.startup import in_place
+    from ordo.log.records import LogCursor, batch_head, decode, encode_batch, encode_entry, encode_snapshot
+    from ordo.log.records import encode_start, encode_upgrade
+    from ordo.log.snapshots import in_place
 
     ns = "ns"
     start = encode_start(ns, None, "L")  # the log's first record: its token names the log

@@ -20,11 +20,11 @@ from ordo.client import Client
 from ordo.procedures.loading import load_registry
 from ordo.procedures.workloads import sl
 from ordo.sequencer.lane_owner import Superseded
-from ordo.sequencer.log import LogCursor
-from ordo.sequencer.reader import LogReader
+from ordo.log.records import LogCursor
+from ordo.log.reader import LogReader
 from ordo.sequencer.sequencer import Sequencer, SequencerConfig
 from ordo.sequencer.takeover import STALE_APPENDS, TakeoverWatch
-from ordo.sequencer.topics import Topics, ensure_topics
+from ordo.broker.topics import Topics, ensure_topics
 from tests.helpers import ordo, stop
 
 pytestmark = pytest.mark.slow
@@ -165,9 +165,9 @@ def test_a_log_the_previous_release_appended_in_transactions_is_continued(broker
     from confluent_kafka import Producer
 
     from ordo.procedures.fingerprint import describe, set_id
-    from ordo.sequencer.kafka import kafka_config
-    from ordo.sequencer.log import encode_batch, encode_entry, encode_snapshot, encode_start
-    from ordo.sequencer.sequencer import transactional_id
+    from ordo.broker.clients import kafka_config
+    from ordo.log.records import encode_batch, encode_entry, encode_snapshot, encode_start
+    from ordo.log.versions import transactional_id
     from tests.helpers import dump_state, read_results
 
     ensure_topics(broker, namespace)

@@ -13,9 +13,9 @@ import pytest
 from ordo.client import Client
 from ordo.embedded import SequencerThread, read_log
 from ordo.procedures.workloads import micro, sl
-from ordo.sequencer.tansu_broker import TansuBroker
+from ordo.broker.tansu import TansuBroker
 from ordo.sequencer.sequencer import SequencerConfig
-from ordo.sequencer.topics import ensure_topics
+from ordo.broker.topics import ensure_topics
 from tests.helpers import (
     assert_same_as_reference,
     dump_state,

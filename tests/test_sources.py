@@ -21,9 +21,9 @@ from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 import ordo
 from ordo.embedded import read_log
 from ordo.procedures.fingerprint import changes, describe, set_id
-from ordo.sequencer.lag import requests_lag
+from ordo.broker.lag import requests_lag
 from ordo.sequencer.sources import record_id
-from ordo.sequencer.topics import ensure_topics, wait_for_leaders
+from ordo.broker.topics import ensure_topics, wait_for_leaders
 from tests.helpers import dump_state, ordo as ordo_cli, read_results, stop
 from tests.test_hardening_process import sequencer_child
 
@@ -203,7 +203,7 @@ def test_a_mapping_sees_the_whole_record_and_its_id_failures_are_answered_under_
     from confluent_kafka import Consumer
 
     from ordo.sequencer.sources import SourceReading
-    from ordo.sequencer.topics import Topics
+    from ordo.broker.topics import Topics
 
     topic = f"{namespace}-payments"
     _create(broker, topic, 1)
@@ -384,7 +384,7 @@ def test_sources_name_declared_procedures_and_topics_of_their_own():
 
 
 def test_a_batch_names_source_positions_by_topic_and_a_cursor_without_them_is_as_before():
-    from ordo.sequencer.log import LogCursor, encode_batch, encode_entry, encode_start
+    from ordo.log.records import LogCursor, encode_batch, encode_entry, encode_start
 
     cursor = LogCursor(namespace="shop")
     cursor.accept(encode_start("shop", None, "s1"), 0)

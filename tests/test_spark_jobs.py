@@ -24,7 +24,7 @@ from ordo.embedded import SequencerThread
 from ordo.state import records
 from ordo.scheduler.coordinator import Coordinator
 from ordo.sequencer.sequencer import SequencerConfig
-from ordo.sequencer.topics import ensure_topics
+from ordo.broker.topics import ensure_topics
 from ordo.spark_jobs import changes_job, lake, producer_job
 from ordo.spark_jobs import records as records_codec
 from ordo.spark_jobs.records import request_message
@@ -453,7 +453,7 @@ def test_kafka_settings_become_the_java_clients():
 @pytest.fixture(scope="module")
 def sasl_broker():
     """A Kafka node with a SASL_PLAINTEXT listener (PLAIN; user `spark`, password `s3cret`)."""
-    from ordo.sequencer.kafka_broker import KafkaCluster, Listener
+    from ordo.broker.apache_kafka import KafkaCluster, Listener
 
     listener = Listener(
         "SASL_PLAINTEXT",
@@ -472,7 +472,7 @@ def test_the_users_sasl_settings_reach_the_connector(spark, sasl_broker, namespa
     reads and writes authenticate; a wrong password fails the job."""
     from kafka import KafkaProducer
 
-    from ordo.sequencer.kafka_settings import FILE_ENV
+    from ordo.broker.client_settings import FILE_ENV
 
     plain = sasl_broker.bootstrap_servers
     secure = sasl_broker.listener_servers("SASL_PLAINTEXT")

@@ -473,7 +473,7 @@ def _stream_topic(bootstrap: str, topic: str) -> list[tuple[str, dict]]:
 def test_output_streams_are_published_in_log_order_and_a_replay_only_duplicates(broker, namespace, tmp_path):
     from kafka import KafkaProducer
 
-    from ordo.sequencer.topics import ensure_topics
+    from ordo.broker.topics import ensure_topics
     from tests.helpers import ordo, read_results, stop
 
     rng = random.Random(5)

@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from ordo.sequencer.tansu_broker import TansuBroker, broker_binary, free_port
+from ordo.broker.tansu import TansuBroker, broker_binary, free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT = 10
@@ -192,7 +192,7 @@ def test_free_port_is_bindable_on_loopback():
 
 
 def test_interpreter_exit_kills_an_unstopped_broker():
-    code = "from ordo.sequencer.tansu_broker import TansuBroker; b = TansuBroker(); b.start(); print(b._process.pid)"
+    code = "from ordo.broker.tansu import TansuBroker; b = TansuBroker(); b.start(); print(b._process.pid)"
     done = subprocess.run(
         [sys.executable, "-c", code],
         cwd=ROOT,
@@ -208,7 +208,7 @@ def test_interpreter_exit_kills_an_unstopped_broker():
 def test_foreground_broker_announces_itself_and_stops_on_sigint():
     port = free_port()
     code = (
-        "import sys; from ordo.sequencer.broker import run_broker_foreground; "
+        "import sys; from ordo.broker.local import run_broker_foreground; "
         f"sys.exit(run_broker_foreground({port}, 'tansu'))"
     )
     process = subprocess.Popen(

@@ -11,7 +11,7 @@ from kafka import KafkaProducer
 from ordo.procedures.registry import default_registry
 from ordo.procedures.workloads import tpcc
 from ordo.procedures.workloads.tpcc_consistency import violations
-from ordo.sequencer.topics import ensure_topics
+from ordo.broker.topics import ensure_topics
 from tests.dependent_logs import assert_equals_serial_interpretation, assert_same_run, run_dependent
 from tests.helpers import ordo, ordo_output, read_results, run_engine, stop
 

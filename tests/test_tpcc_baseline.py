@@ -8,7 +8,7 @@ from ordo.benchmarks.baseline import BaselineUnavailable, PostgresServer
 from ordo.benchmarks.tpcc_baseline import run_tpcc_baseline
 from ordo.client import Client
 from ordo.procedures.workloads import tpcc
-from ordo.sequencer.topics import ensure_topics
+from ordo.broker.topics import ensure_topics
 
 pytestmark = pytest.mark.slow
 

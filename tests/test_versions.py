@@ -1,6 +1,6 @@
 """Versioned procedures: a procedure set's identity covers its code, the log changes sets
 only through an upgrade record, every engine follows the set the log names, and replays
-run each batch with the code that first ran it (sequencer/versions.py, docs/operations.md,
+run each batch with the code that first ran it (log/versions.py, docs/operations.md,
 'Upgrading procedures')."""
 
 from __future__ import annotations
@@ -214,7 +214,7 @@ def test_versions_follow_one_another_and_copies_name_nothing():
     """The readers' rule (LogCursor): an upgrade names the next version only, so a byte copy
     of an earlier upgrade is passed over and counted; in a versioned log a start record of
     another set (a stray sequencer, or a copy) changes nothing."""
-    from ordo.sequencer.log import LogCursor, encode_start, encode_upgrade
+    from ordo.log.records import LogCursor, encode_start, encode_upgrade
 
     sets = [{"procedures": {"p": str(n)}, "tables": {}, "format": 2} for n in range(3)]
     cursor = LogCursor(namespace="ns")
@@ -421,14 +421,14 @@ def test_an_upgrade_under_load_stops_the_old_engine_at_its_batch_and_loses_nothi
 def before_places(record: bytes) -> bytes:
     """A record as Ordo sealed it before tags covered where a record belongs: the same
     body, its tag over the body alone."""
-    from ordo.sequencer.log_secret import TAG_BYTES, tag
+    from ordo.log.secret import TAG_BYTES, tag
 
     body = record[:-TAG_BYTES]
     return body + tag(b"log", body)
 
 
 def test_a_log_from_before_places_is_read_up_to_its_first_record_sealed_in_place():
-    from ordo.sequencer.log import LogCursor, encode_batch, encode_entry, encode_start
+    from ordo.log.records import LogCursor, encode_batch, encode_entry, encode_start
 
     old_start = before_places(encode_start("ns", None, "L"))
     old_batch = before_places(encode_batch(1, 0, 5, {}, [encode_entry(["a", "p", {}])], log_id="L", namespace="ns"))
@@ -444,7 +444,7 @@ def test_a_log_from_before_places_is_read_up_to_its_first_record_sealed_in_place
 
 
 def with_an_earlier_log_module(tmp_path, commit: str, release: str, code: str) -> str:
-    """The standard output of `code` run against sequencer/log.py (and log_secret.py) of
+    """The standard output of `code` run against log/records.py (and log_secret.py) of
     `commit`, taken from the repository's history; skipped where the history lacks it."""
     old = tmp_path / "old" / "ordo" / "sequencer"
     old.mkdir(parents=True)
@@ -469,13 +469,13 @@ def with_an_earlier_log_module(tmp_path, commit: str, release: str, code: str) -
 
 def test_the_previous_release_s_own_encoder_writes_what_before_places_makes(tmp_path):
     """The old-style records these tests build are those the release before versions wrote:
-    its sequencer/log.py, taken from the repository's history, encodes the same bytes, and
+    its log/records.py, taken from the repository's history, encodes the same bytes, and
     this version reads them."""
-    from ordo.sequencer.log import LogCursor, encode_batch, encode_entry, encode_start
+    from ordo.log.records import LogCursor, encode_batch, encode_entry, encode_start
 
     described = {"procedures": {"p": "1"}, "tables": {}}
     code = (
-        "import sys; from ordo.sequencer.log import encode_start, encode_batch, encode_entry; "
+        "import sys; from ordo.log.records import encode_start, encode_batch, encode_entry; "
         f"print(encode_start('L', {described!r}).hex()); "
         "print(encode_batch(1, 0, 5, {0: (0, 1)}, [encode_entry(['a', 'p', {}])], log_id='L').hex())"
     )
@@ -498,8 +498,8 @@ def test_a_namespace_another_app_broke_before_versions_has_a_way_back(broker, na
     upgrade` takes the namespace back, and every request is answered."""
     from confluent_kafka import Producer
 
-    from ordo.sequencer.log import encode_batch, encode_entry, encode_start
-    from ordo.sequencer.topics import ensure_topics
+    from ordo.log.records import encode_batch, encode_entry, encode_start
+    from ordo.broker.topics import ensure_topics
 
     _write(tmp_path, "bank", BANK.format(factor=1))
     _write(tmp_path, "sensors", SENSORS)
@@ -660,10 +660,10 @@ def test_a_log_and_a_checkpoint_of_the_main_before_sources_are_read_as_they_were
     """The release before source topics and remembered start tokens (6774588): its encoder
     writes the same bytes for a start record and a batch as this one, and a position it
     checkpointed resumes here as a reader from the head would."""
-    from ordo.sequencer.log import LogCursor, encode_batch, encode_entry, encode_start
+    from ordo.log.records import LogCursor, encode_batch, encode_entry, encode_start
 
     code = (
-        "import json; from ordo.sequencer.log import LogCursor, encode_start, encode_batch, encode_entry; "
+        "import json; from ordo.log.records import LogCursor, encode_start, encode_batch, encode_entry; "
         "start = encode_start('ns', None, 'L', None); "
         "batch = encode_batch(1, 0, 5, {0: (0, 1)}, [encode_entry(['a', 'p', {}])], log_id='L', namespace='ns'); "
         "cursor = LogCursor(namespace='ns'); cursor.accept(start, 0); cursor.accept(batch, 1); "

@@ -15,7 +15,7 @@ import pytest
 
 from ordo.testing import TestEngine
 from ordo.procedures.registry import default_registry
-from ordo.sequencer.topics import ensure_topics
+from ordo.broker.topics import ensure_topics
 from tests.helpers import dump_state, ordo, ordo_output, read_results, stop, topic_reader
 
 VOTER_TABLES = ("voter_count", "voter_phone", "voter_contestant", "voter_board")

@@ -80,7 +80,7 @@ def measure(
     """`down`: seconds the engine stays down after each kill before it is started again."""
     from ordo.client import Client
     from ordo.procedures.workloads import alias
-    from ordo.sequencer.topics import ensure_topics
+    from ordo.broker.topics import ensure_topics
 
     namespace = f"alias-kills-{uuid.uuid4().hex[:8]}"
     ensure_topics(bootstrap, namespace)

@@ -304,8 +304,8 @@ def requests_consumer(bootstrap: str, topic: str):
     requests the engine got."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-    from ordo.sequencer.kafka import kafka_config
-    from ordo.sequencer.topics import partition_count
+    from ordo.broker.clients import kafka_config
+    from ordo.broker.topics import partition_count
 
     consumer = Consumer(
         kafka_config(
@@ -359,7 +359,7 @@ def run_baseline(
     fsync on the path); True is PostgreSQL's default (an fsync per commit)."""
     import psycopg
 
-    from ordo.sequencer.topics import Topics
+    from ordo.broker.topics import Topics
 
     topic = Topics(namespace).requests
     conn = server.connect()
@@ -398,7 +398,7 @@ def serial_state(order: list[list], workload: str) -> dict[tuple[str, int], Any]
     """The state the plain serial interpretation reaches over `order`."""
     from ordo.procedures.registry import default_registry
     from ordo.scheduler.reference import SerialInterpreter
-    from ordo.sequencer.log import Batch
+    from ordo.log.records import Batch
     from ordo.storage.keys import decode_key
 
     interpreter = SerialInterpreter(default_registry()).apply([Batch(1, 0, 0, {}, [list(e) for e in order])])

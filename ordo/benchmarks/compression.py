@@ -113,7 +113,7 @@ def produce_once(
 def run_compression(
     workload: str, txns: int, seed: int, knobs: dict, rounds: int = 3, json_path: str | None = None, stream=sys.stdout
 ) -> list[dict]:
-    from ordo.sequencer.broker import local_broker
+    from ordo.broker.local import local_broker
 
     outputs = workload_outputs(workload, txns, seed, knobs)
     runs: dict[str, list[dict]] = {codec: [] for codec in CODECS}

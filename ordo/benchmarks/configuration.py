@@ -29,7 +29,7 @@ def run_bench(
 ) -> int:
     """`ordo bench WORKLOAD`: one configuration, everything measured in one run over the
     same `txns` requests (the engine and the replay over all of them, no time box)."""
-    from ordo.sequencer.broker import local_broker
+    from ordo.broker.local import local_broker
 
     requests = workload_requests(workload, txns, seed, knobs, partitions)
     root = tempfile.mkdtemp(prefix="ordo-bench-")

@@ -31,7 +31,7 @@ class Pipeline:
         from ordo.scheduler.coordinator import Coordinator
         from ordo.benchmarks.requests import ordering_of
         from ordo.sequencer.sequencer import SequencerConfig
-        from ordo.sequencer.topics import ensure_topics
+        from ordo.broker.topics import ensure_topics
 
         self.namespace = new_namespace(kind)
         ensure_topics(bootstrap, self.namespace, request_partitions=1)
@@ -104,7 +104,7 @@ def run_alias(
     """`rate`: requests/s the client sends at (None: all at once). Restarts depend on how
     many rebinds fall between a transaction's reconnaissance and its turn, so on how long
     that is: in a burst the reconnaissance result waits behind the whole backlog."""
-    from ordo.sequencer.broker import local_broker
+    from ordo.broker.local import local_broker
 
     requests = workload_requests("alias", txns, seed, knobs, partitions)
     root = tempfile.mkdtemp(prefix="ordo-alias-")

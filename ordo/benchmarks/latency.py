@@ -104,8 +104,8 @@ def latency_client_main(
 def _client(bootstrap: str, namespace: str, warmup: list, requests: list, rate: float, drain_s: float) -> dict:
     from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
-    from ordo.sequencer.kafka import consumer_config, kafka_config
-    from ordo.sequencer.topics import Topics, partition_count
+    from ordo.broker.clients import consumer_config, kafka_config
+    from ordo.broker.topics import Topics, partition_count
 
     topics = Topics(namespace)
     producer = Producer(
@@ -215,7 +215,7 @@ def _client(bootstrap: str, namespace: str, warmup: list, requests: list, rate: 
 
 def request_times(bootstrap: str, namespace: str, ids: set[str], timeout: float = 60.0) -> dict[str, int]:
     """CreateTime (ms) of each request record of `ids` on <ns>.requests."""
-    from ordo.sequencer.topics import Topics, partition_count
+    from ordo.broker.topics import Topics, partition_count
 
     topic = Topics(namespace).requests
     found: dict[str, int] = {}
@@ -231,8 +231,8 @@ def request_times(bootstrap: str, namespace: str, ids: set[str], timeout: float 
 
 def log_times(bootstrap: str, namespace: str, ids: set[str], timeout: float = 60.0) -> dict[str, tuple[int, int]]:
     """(CreateTime ms, offset) of the <ns>.log record holding the accepted batch of each request of `ids`."""
-    from ordo.sequencer.log import LogCursor
-    from ordo.sequencer.topics import Topics
+    from ordo.log.records import LogCursor
+    from ordo.broker.topics import Topics
 
     cursor = LogCursor(namespace=namespace)
     found: dict[str, tuple[int, int]] = {}
@@ -252,7 +252,7 @@ def log_times(bootstrap: str, namespace: str, ids: set[str], timeout: float = 60
 def _read_all(bootstrap: str, topic: str, partitions: int, take, done: Callable[[], bool], timeout: float) -> None:
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-    from ordo.sequencer.kafka import consumer_config
+    from ordo.broker.clients import consumer_config
 
     consumer = Consumer(
         consumer_config(
@@ -386,7 +386,7 @@ def measure_rate(
     from ordo.benchmarks.prefill import new_namespace
     from ordo.services import SequencerProcess
     from ordo.scheduler.coordinator import Coordinator
-    from ordo.sequencer.topics import ensure_topics
+    from ordo.broker.topics import ensure_topics
 
     namespace = new_namespace("latency")
     ensure_topics(bootstrap, namespace, request_partitions=1)
@@ -470,7 +470,7 @@ def run_latency(
     max_delay_ms: float | None = None,
 ) -> dict[str, Any]:
     from ordo.benchmarks.runners import shutdown_ray
-    from ordo.sequencer.broker import local_broker
+    from ordo.broker.local import local_broker
 
     if not rates or any(r <= 0 for r in rates):
         raise ValueError("--rate takes a comma-separated list of request rates > 0, e.g. 500,1000")

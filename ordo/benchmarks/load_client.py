@@ -36,8 +36,8 @@ def _client(
 ) -> dict:
     from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
-    from ordo.sequencer.kafka import kafka_config
-    from ordo.sequencer.topics import Topics, partition_count
+    from ordo.broker.clients import kafka_config
+    from ordo.broker.topics import Topics, partition_count
 
     topics = Topics(namespace)
     producer = Producer(

@@ -43,8 +43,8 @@ def machine() -> dict:
 
 def broker_description() -> str:
     """The broker every `ordo bench` starts here (ORDO_BROKER_ENGINE picks it)."""
-    from ordo.sequencer.broker import default_engine
-    from ordo.sequencer.kafka_broker import KAFKA_VERSION
+    from ordo.broker.local import default_engine
+    from ordo.broker.apache_kafka import KAFKA_VERSION
 
     return f"local Apache Kafka {KAFKA_VERSION}" if default_engine() == "kafka" else "local tansu (memory only)"
 

@@ -23,7 +23,7 @@ class Log:
     def batches(self) -> list[tuple[Any, dict]]:
         """The accepted batches, each with the cursor after it, decoded afresh (runs never
         share Batch objects)."""
-        from ordo.sequencer.log import LogCursor
+        from ordo.log.records import LogCursor
 
         cursor, out = LogCursor(namespace=self.namespace), []
         for offset, value in self.records:
@@ -59,10 +59,10 @@ def prefill_log(
     ordo/benchmarks/requests.py), with the procedures of `modules` (default: the built-in
     workloads), and the log's records read back."""
     from ordo.embedded import SequencerThread
-    from ordo.sequencer.log import LogCursor
-    from ordo.sequencer.reader import LogReader
+    from ordo.log.records import LogCursor
+    from ordo.log.reader import LogReader
     from ordo.sequencer.sequencer import SequencerConfig
-    from ordo.sequencer.topics import Topics, ensure_topics
+    from ordo.broker.topics import Topics, ensure_topics
 
     namespace = new_namespace(kind)
     ensure_topics(bootstrap, namespace, request_partitions=1)

@@ -40,8 +40,8 @@ def multi_partition_share(requests: list[dict], partitions: int) -> float:
 
 def ordering_of(scheduler: str) -> str | None:
     """The batches' ordering a benchmark of `scheduler` sequences its log with: aria's for
-    aria (sequencer/log.py), log order for the others."""
-    from ordo.sequencer.log import ARIA
+    aria (log/records.py), log order for the others."""
+    from ordo.log.records import ARIA
 
     return ARIA if scheduler == ARIA else None
 

@@ -176,7 +176,7 @@ def end_to_end(
 
     from ordo.services import SequencerProcess
     from ordo.scheduler.coordinator import Coordinator
-    from ordo.sequencer.topics import ensure_topics
+    from ordo.broker.topics import ensure_topics
 
     namespace = new_namespace("e2e")
     ensure_topics(bootstrap, namespace, request_partitions=1)

@@ -51,7 +51,7 @@ def run_scale(
     taking turns round by round, and each reports its median run: a shared machine's slow
     spells then fall on every configuration alike instead of on whichever ran during them.
     `mp_shares` (micro) measures several multi-partition shares in the same run."""
-    from ordo.sequencer.broker import local_broker
+    from ordo.broker.local import local_broker
 
     if not partition_counts or any(p < 1 for p in partition_counts):
         raise ValueError("--partitions takes a comma-separated list of counts >= 1, e.g. 1,2,4")

@@ -48,10 +48,10 @@ def sequence_once(
     timeout: float = 600.0,
 ) -> float:
     from ordo.services import SequencerProcesses
-    from ordo.sequencer.log import SNAPSHOT, LogCursor, LogError, decode, is_batch_record
-    from ordo.sequencer.reader import LogReader
+    from ordo.log.records import SNAPSHOT, LogCursor, LogError, decode, is_batch_record
+    from ordo.log.reader import LogReader
     from ordo.sequencer.sequencer import SequencerConfig
-    from ordo.sequencer.topics import Topics, ensure_topics
+    from ordo.broker.topics import Topics, ensure_topics
 
     namespace = new_namespace("sequence")
     ensure_topics(bootstrap, namespace, request_partitions=request_partitions)
@@ -99,7 +99,7 @@ def run_sequencing(
     json_path: str | None = None,
     rounds: int = 1,
 ) -> dict[str, Any]:
-    from ordo.sequencer.broker import local_broker
+    from ordo.broker.local import local_broker
 
     if not counts or any(s < 1 for s in counts):
         raise ValueError("--sequencers takes a comma-separated list of counts >= 1, e.g. 1,2")

@@ -240,8 +240,8 @@ def check_exactly_once(bootstrap: str, namespace: str, data_dir: str, count: int
     from ordo.embedded import read_log
     from ordo.procedures.registry import default_registry
     from ordo.scheduler.reference import SerialInterpreter
-    from ordo.sequencer.kafka import consumer_config
-    from ordo.sequencer.topics import Topics
+    from ordo.broker.clients import consumer_config
+    from ordo.broker.topics import Topics
     from ordo.state import digest
 
     topic = Topics(namespace).results
@@ -294,9 +294,9 @@ def run_soak(
 ) -> dict[str, Any]:
     from confluent_kafka import Producer
 
-    from ordo.sequencer.broker import local_broker
-    from ordo.sequencer.kafka import kafka_config
-    from ordo.sequencer.topics import Topics
+    from ordo.broker.local import local_broker
+    from ordo.broker.clients import kafka_config
+    from ordo.broker.topics import Topics
 
     count = int(rate * seconds)
     report: dict[str, Any] = {

@@ -93,7 +93,7 @@ def plan_suite(quick: bool) -> Plan:
 
 def run_suite(quick: bool = False, out_dir: str = "bench-results", schedulers: tuple[str, ...] = SCHEDULERS) -> int:
     """`ordo bench suite`: the grid of BENCHMARKS.md, a table, JSON and a plot."""
-    from ordo.sequencer.broker import local_broker
+    from ordo.broker.local import local_broker
 
     from ordo.extras import require
 

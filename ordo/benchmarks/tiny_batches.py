@@ -16,7 +16,7 @@ import uuid
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from ordo.sequencer.kafka import REQUEST_BATCHING, consumer_config, kafka_config
+from ordo.broker.clients import REQUEST_BATCHING, consumer_config, kafka_config
 
 VALUE = b'{"id":"r-000000","proc":"micro_rmw","args":{"keys":[1,2,3,4,5,6,7,8,9,10]}}'
 
@@ -87,7 +87,7 @@ def main() -> None:
     if args.bootstrap_servers:
         run(args.bootstrap_servers, args.count, args.timeout)
         return
-    from ordo.sequencer.broker import local_broker
+    from ordo.broker.local import local_broker
 
     with local_broker() as broker:
         run(broker.bootstrap_servers, args.count, args.timeout)

@@ -42,7 +42,7 @@ def run_tpcc(
     """`ordo bench tpcc` on a broker of its own. `baseline`: also the PostgreSQL baseline
     over the same requests (ordo/benchmarks/tpcc_baseline.py). `end_to_end`: also the
     whole pipeline, where lookups by last name make their reconnaissance pass through the log."""
-    from ordo.sequencer.broker import local_broker
+    from ordo.broker.local import local_broker
 
     try:
         with local_broker() as broker:

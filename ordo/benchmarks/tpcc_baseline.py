@@ -111,7 +111,7 @@ def kv_baseline_requests(conn, bootstrap: str, namespace: str, count: int) -> It
     import psycopg
 
     from ordo.benchmarks.baseline import each_request, requests_consumer
-    from ordo.sequencer.topics import Topics
+    from ordo.broker.topics import Topics
 
     with conn.transaction():
         conn.execute("DROP TABLE IF EXISTS kv")

@@ -40,7 +40,7 @@ def run_voter(
     from ordo.benchmarks.dependent import Pipeline
     from ordo.benchmarks.runners import shutdown_ray
     from ordo.procedures.workloads import voter
-    from ordo.sequencer.broker import local_broker
+    from ordo.broker.local import local_broker
 
     requests = list(voter.generate(votes, seed, **(knobs or {})))
     report: dict[str, Any] = {

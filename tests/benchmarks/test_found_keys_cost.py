@@ -13,11 +13,12 @@ import tempfile
 import pytest
 
 from ordo.procedures.loading import load_registry
-from ordo.procedures.ollp import RESTARTED, restart_request
+from ordo.procedures.ollp import RESTARTED
+from ordo.log.steps import restart_request
 from ordo.procedures.workloads import ycsbt
 from ordo.scheduler.execution import COMMITTED
 from ordo.scheduler.worker import PartitionWorker
-from ordo.sequencer.log import ARIA, Batch
+from ordo.log.records import ARIA, Batch
 from ordo.sequencer.wire import encode_request, parse_request
 
 BATCH = 200

@@ -17,7 +17,7 @@ from ordo.scheduler.base import available_schedulers, make_scheduler
 from ordo.scheduler.batch import BatchExecution, Outcome, prepare
 from ordo.scheduler.execution import COMMITTED
 from ordo.scheduler.outputs import change_records, outcome_record
-from ordo.sequencer.log import Batch
+from ordo.log.records import Batch
 from ordo.sequencer.wire import encode_request, parse_request
 from ordo.storage.overlay import BatchOverlay
 from ordo.storage.partitioning import Partitioner

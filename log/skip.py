@@ -1,6 +1,6 @@
 """`ordo log skip --offset N`: get a namespace past a record that stops every reader of its
 log (a gap in a lane's epochs, a batch of another log), by appending a signed skip record
-that names it (sequencer/log.py). Readers that reach record N look ahead for such a record
+that names it (log/records.py). Readers that reach record N look ahead for such a record
 and pass over N; a replay does the same, so every reader and every replay agrees.
 
 The command skips only a record that does stop the readers: it follows the log from its
@@ -13,10 +13,10 @@ import time
 
 from confluent_kafka import Producer, TopicPartition
 
-from ordo.sequencer.kafka import kafka_config
-from ordo.sequencer.log import LogCursor, LogError, encode_skip
-from ordo.sequencer.reader import LogReader, is_skip_for, log_consumer
-from ordo.sequencer.topics import Topics
+from ordo.broker.clients import kafka_config
+from ordo.log.records import LogCursor, LogError, encode_skip
+from ordo.log.reader import LogReader, is_skip_for, log_consumer
+from ordo.broker.topics import Topics
 
 
 def skip_record(bootstrap: str, namespace: str, offset: int, timeout: float = 60.0) -> tuple[str, int]:

@@ -1,13 +1,13 @@
 """A consumer that fetches nothing more although its partitions hold records past its
 positions: seen after a broker restart under load (librdkafka 2.16, a `read_committed`
 consumer, a node stopped and started again), with every other client of the broker served.
-The remedy, as for the log's readers (sequencer/reader.py), is a new consumer that reads on
+The remedy, as for the log's readers (log/reader.py), is a new consumer that reads on
 from the positions once REFETCH_AFTER has passed without progress: assigning the partition
 again has once left a log reader stalled as before.
 
 Where a partition ends is asked in a thread of its own, on a consumer of its own: a Kafka
 broker answers one connection's requests in order, so the question on the reading consumer
-would wait out its outstanding fetch (sequencer/log_probe.py). That consumer is replaced too
+would wait out its outstanding fetch (log/probe.py). That consumer is replaced too
 once it has had no answer for REFETCH_AFTER."""
 
 from __future__ import annotations
@@ -19,8 +19,13 @@ import uuid
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from ordo.sequencer.kafka import close_later, consumer_config
-from ordo.sequencer.reader import REFETCH_AFTER
+from ordo.broker.clients import close_later, consumer_config
+
+# How long records past the reader's position may stay out of its reach before it reads on
+# with a new consumer. After a broker restart that moved the log's leader epoch, a
+# read_committed consumer has been seen to fetch nothing more (records the broker serves
+# to any new reader), and once even after being assigned its position again.
+REFETCH_AFTER = 10.0
 
 Partition = tuple[str, int]
 log = logging.getLogger("ordo.sequencer")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-from ordo.sequencer.kafka import kafka_config
+from ordo.broker.clients import kafka_config
 
 
 _NAMESPACE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}")

@@ -24,8 +24,8 @@ import time
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from ordo.sequencer.kafka import consumer_config
-from ordo.sequencer.log import (
+from ordo.broker.clients import consumer_config
+from ordo.log.records import (
     BATCH,
     SNAPSHOT,
     SNAPSHOT_EVERY,
@@ -37,7 +37,7 @@ from ordo.sequencer.log import (
     batch_head,
     decode,
 )
-from ordo.sequencer.topics import Topics
+from ordo.broker.topics import Topics
 
 # Records read back per step: a little more than the distance between two snapshots (in a
 # log written by a release that appended in transactions, each batch is followed by its

@@ -12,7 +12,7 @@ import time
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
-from ordo.sequencer.kafka import kafka_config
+from ordo.broker.clients import kafka_config
 
 TIMEOUT = 5.0
 # Errors that mean no broker answered, rather than that one answered something unexpected.

@@ -2,7 +2,7 @@
 makes before it writes anything, and the upgrade record that moves a log to another set.
 
 A log runs one procedure set at a time. Its first start record names the first; an upgrade
-record (`ordo upgrade`, sequencer/log.py) names each later one, from the next batch on. A
+record (`ordo upgrade`, log/records.py) names each later one, from the next batch on. A
 sequencer whose set differs from the log's current one refuses to start before it fences
 anyone or appends anything, so a wrong app started on a namespace changes nothing, and an
 edited procedure never runs the log's old batches: every batch carries the identity of the
@@ -28,8 +28,8 @@ from ordo.procedures.fingerprint import (
     shown,
 )
 from ordo.procedures.registry import Registry
-from ordo.sequencer.kafka import kafka_config, watermarks
-from ordo.sequencer.log import (
+from ordo.broker.clients import kafka_config, watermarks
+from ordo.log.records import (
     SNAPSHOT,
     START,
     UPGRADE,
@@ -41,9 +41,9 @@ from ordo.sequencer.log import (
     decode_before_places,
     encode_upgrade,
 )
-from ordo.sequencer.reader import log_consumer, log_identity
-from ordo.sequencer.startup import OVERLAP, STEP, in_place, records_between
-from ordo.sequencer.topics import Topics
+from ordo.log.reader import log_consumer, log_identity
+from ordo.log.snapshots import OVERLAP, STEP, in_place, records_between
+from ordo.broker.topics import Topics
 
 
 # A sequencer that read the upgrade record of `ordo upgrade` exits with this: its engine goes
@@ -88,7 +88,7 @@ class Current:
 
 def current_set(bootstrap: str, topic: str, timeout: float = 30.0) -> Current | None:
     """The set the log runs now, or None for a log that names none yet (empty). Read back
-    from the end to the newest snapshot in its place (sequencer/startup.py: a byte copy of
+    from the end to the newest snapshot in its place (log/snapshots.py: a byte copy of
     an old one is not), then forward through the upgrade and start records after it by
     the readers' own rule (`LogCursor`: versions follow one another, and in a versioned log
     only an upgrade changes the set)."""
@@ -187,14 +187,18 @@ class Upgraded:
     offset: int  # the upgrade record's
 
 
+def transactional_id(namespace: str, index: int) -> str:
+    """The transactional id sequencer k of a release that appended in Kafka transactions
+    used: `ordo upgrade` still fences it, so such a sequencer stops too."""
+    return f"{namespace}.sequencer" if index == 0 else f"{namespace}.sequencer.{index}"
+
+
 def upgrade(bootstrap: str, namespace: str, registry: Registry, timeout: float = 60.0) -> Upgraded | None:
     """Move the namespace's log to `registry`'s procedure set: fence every sequencer of a
     release that appended in transactions (each lane's transactional id), then append the
     upgrade record in one transaction; the running sequencers stop once they read that
     record (sequencer/takeover.py). None if the log already runs this set. A log that names
     no set yet needs no upgrade (its first sequencer names it)."""
-    from ordo.sequencer.sequencer import transactional_id
-
     topics = Topics(namespace)
     current = current_set(bootstrap, topics.log, timeout)
     if current is None:

@@ -19,7 +19,7 @@ import time
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from ordo.sequencer.kafka import consumer_config
+from ordo.broker.clients import consumer_config
 
 ABSENT_GRACE = 60.0  # a durable broker loading its logs on a busy machine has answered "no such topic" for over 30 s
 

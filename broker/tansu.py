@@ -2,7 +2,7 @@
 
 For machines without Java, by choice only (`--engine tansu`, `ORDO_BROKER_ENGINE=tansu`): it
 forgets everything when it stops and has quirks (docs/local-broker.md,
-`python -m sequencer.broker_probe`). Ordo's correctness never depends on them.
+`python -m ordo.broker.probe`). Ordo's correctness never depends on them.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Replay rate and recovery time, measured on one log with the local broker:
 
-    python -m recovery.measure [--txns 20000] [--max-txns 50] [--distances 0,50,200] [--repeat 3]
+    python -m ordo.benchmarks.recovery_time [--txns 20000] [--max-txns 50] [--distances 0,50,200] [--repeat 3]
 
 - engine: a fresh engine executes the whole log (outputs to Kafka, checkpoints every
   100 batches, as `ordo execute` runs by default);
@@ -28,9 +28,9 @@ from ordo.embedded import SequencerThread
 from ordo.procedures.workloads import micro
 from ordo.recovery.replay import ReplayReport, recover
 from ordo.scheduler.coordinator import Coordinator
-from ordo.sequencer.broker import local_broker
+from ordo.broker.local import local_broker
 from ordo.sequencer.sequencer import SequencerConfig
-from ordo.sequencer.topics import ensure_topics
+from ordo.broker.topics import ensure_topics
 
 
 def _sequence(bootstrap: str, namespace: str, txns: int, max_txns: int) -> int:

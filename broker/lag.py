@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Hashable, Iterable, Mapping
 
-from ordo.sequencer.topics import Topics
+from ordo.broker.topics import Topics
 
 
 def sequencer_group(namespace: str) -> str:
@@ -37,7 +37,7 @@ def requests_lag(
     `<ns>.sequencer`) and which never subscribes, so it never joins that group."""
     from confluent_kafka import Consumer, TopicPartition
 
-    from ordo.sequencer.kafka import kafka_config
+    from ordo.broker.clients import kafka_config
 
     group = group or sequencer_group(namespace)
     own = isinstance(consumer_or_bootstrap, str)

@@ -1,8 +1,8 @@
 """Probe a Kafka-protocol broker for the behaviour an exactly-once sequencer cares about.
 
-    python -m sequencer.broker_probe [--bootstrap-servers HOST:PORT]
+    python -m ordo.broker.probe [--bootstrap-servers HOST:PORT]
 
-Without an address it starts a local broker (sequencer/broker.py). Each probe prints OK (behaves like Apache Kafka)
+Without an address it starts a local broker (broker/local.py). Each probe prints OK (behaves like Apache Kafka)
 or QUIRK, with one line of detail. Ordo does not rely on any of these behaviours; the report
 says what a reader of the log must defend against on this broker.
 """
@@ -307,13 +307,13 @@ def run(bootstrap: str, out=sys.stdout) -> dict[str, tuple[str, str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sequencer.broker_probe", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m ordo.broker.probe", description=__doc__.splitlines()[0])
     parser.add_argument("--bootstrap-servers", metavar="HOST:PORT", help="broker to probe (default: start a local one)")
     args = parser.parse_args(argv)
     if args.bootstrap_servers:
         run(args.bootstrap_servers)
         return 0
-    from ordo.sequencer.broker import local_broker
+    from ordo.broker.local import local_broker
 
     with local_broker() as broker:
         run(broker.bootstrap_servers)

@@ -1,7 +1,7 @@
 """The log secret: the key that sequencers and engines of a namespace share and no client
 holds. Every record a sequencer appends to `<ns>.log` (and every `ordo log skip` record)
 ends with an HMAC-SHA256 tag under it, and every reader drops a record whose tag does not
-check (sequencer/log.py); every dependent-transaction step the engine re-sequences carries
+check (log/records.py); every dependent-transaction step the engine re-sequences carries
 one in its `"@ollp"` record (procedures/ollp.py). The secret itself is never written to
 Kafka.
 
@@ -163,14 +163,14 @@ def verify(purpose: bytes, body: bytes | memoryview, expected: bytes) -> bool:
 
 def seal(body: bytes, context: bytes) -> bytes:
     """A log record: its body and the tag of the body in `context` (where it belongs,
-    sequencer/log.py's `record_context`)."""
+    log/records.py's `record_context`)."""
     return body + tag(b"log\0" + context, body)
 
 
 def unseal_before_places(value: bytes) -> memoryview | None:
     """The body of a log record sealed as logs were before tags covered where a record
     belongs (its body alone), or None. Readers take such records only at a log's start,
-    before its first record sealed in place (sequencer/log.py, `LogCursor.accept`)."""
+    before its first record sealed in place (log/records.py, `LogCursor.accept`)."""
     if len(value) <= TAG_BYTES:
         return None
     body = memoryview(value)[:-TAG_BYTES]

@@ -47,7 +47,7 @@ Record kinds:
         runs procedure set `procedures` (described as in a start record), its `version`-th.
         It closes every lane, as a change of S does: only sequencers started after it, with
         that set, are followed. A sequencer whose set is not the log's current one refuses
-        to start (sequencer/versions.py), so the set changes only here.
+        to start (log/versions.py), so the set changes only here.
     snapshot: [SNAPSHOT, cursor, accepted, time_ms, sequencer, sequencers]
         a sequencer's own state right after the record before it (a cursor as
         `LogCursor.to_dict` gives it, holding its own lane only, the number of entries it
@@ -62,7 +62,7 @@ Record kinds:
         writes one only for such a record, so no reader has gone past that record any
         other way: the skip changes nothing a reader already did, and every replay agrees.
 
-Every record ends with an HMAC tag under the namespace's log secret (sequencer/log_secret.py),
+Every record ends with an HMAC tag under the namespace's log secret (log/secret.py),
 which sequencers and engines share and clients do not. The tag covers where the record
 belongs as well as its body (`record_context`): the namespace and the log's identity (a
 log's first start record, which names it, is bound to the namespace and to "first"), and
@@ -75,7 +75,7 @@ one, nor bring a genuine record of another namespace or another log (a byte copy
 like a forgery). A copy of a record of this log is where the body's place decides: a
 batch out of place is a repeat or a stale batch, and a restarting sequencer seeds only
 from a snapshot that sits right after the record of its lane it describes
-(sequencer/startup.py). The same tag is what lets each sequencer trust that the batch of
+(log/snapshots.py). The same tag is what lets each sequencer trust that the batch of
 its lane at an epoch is its own: no other writer can make a record that a reader accepts,
 so no conflicting batch can exist.
 
@@ -103,14 +103,13 @@ from typing import Any
 
 import msgpack
 
-from ordo.sequencer.log_secret import TAG_BYTES, seal, unseal, unseal_before_places
+from ordo.log.secret import TAG_BYTES, seal, unseal, unseal_before_places
 
 START = 0
 BATCH = 1
 SNAPSHOT = 2
 SKIP = 3
 UPGRADE = 4
-ARIA = "aria"  # a batch's ordering: Aria's deterministic reordering (scheduler/aria.py)
 _ARRAY32 = struct.Struct(">BI")
 
 

@@ -1,5 +1,5 @@
-"""The broker Ordo starts on this machine: Apache Kafka (sequencer/kafka_broker.py) unless the
-memory-only fallback is asked for (sequencer/tansu_broker.py).
+"""The broker Ordo starts on this machine: Apache Kafka (broker/apache_kafka.py) unless the
+memory-only fallback is asked for (broker/tansu.py).
 
 Tests, `ordo demo`, `ordo bench` and `ordo broker` all start theirs here, so one setting,
 `ORDO_BROKER_ENGINE` (or `ordo broker --engine`), chooses for every one of them.
@@ -14,9 +14,9 @@ import threading
 import time
 
 from ordo.maven import MissingTool
-from ordo.sequencer.kafka_broker import KAFKA_VERSION, KafkaCluster, node_still_running
+from ordo.broker.apache_kafka import KAFKA_VERSION, KafkaCluster, node_still_running
 from ordo.extras import MissingExtra
-from ordo.sequencer.tansu_broker import TansuBroker, free_port
+from ordo.broker.tansu import TansuBroker, free_port
 
 ENGINES = ("kafka", "tansu")
 

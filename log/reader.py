@@ -27,9 +27,10 @@ from typing import Callable
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
-from ordo.sequencer.fetch_states import FetchStates
-from ordo.sequencer.kafka import arrived, close_later, consumer_config, watermarks
-from ordo.sequencer.log import (
+from ordo.broker.fetch_stall import REFETCH_AFTER
+from ordo.broker.fetch_states import FetchStates
+from ordo.broker.clients import arrived, close_later, consumer_config, watermarks
+from ordo.log.records import (
     SKIP,
     STALE_LIMIT,
     START,
@@ -43,9 +44,9 @@ from ordo.sequencer.log import (
     decode_before_places,
     is_batch_record,
 )
-from ordo.sequencer.log_probe import ABSENT_GRACE, GONE, LogWatch, fingerprint
-from ordo.sequencer.log_secret import PREVIOUS_ENV, SECRET_ENV, SECRET_FILE_ENV, secret_source
-from ordo.sequencer.topics import Topics
+from ordo.log.probe import ABSENT_GRACE, GONE, LogWatch, fingerprint
+from ordo.log.secret import PREVIOUS_ENV, SECRET_ENV, SECRET_FILE_ENV, secret_source
+from ordo.broker.topics import Topics
 
 log = logging.getLogger("ordo.log")
 
@@ -59,11 +60,7 @@ UNVERIFIED_SHOWN = 3
 # How long the broker may hold back records past a reader's position: three times Kafka's
 # default transaction timeout, after which Kafka itself aborts a transaction left open.
 HELD_LIMIT = 180.0
-# How long records past the reader's position may stay out of its reach before it reads on
-# with a new consumer. After a broker restart that moved the log's leader epoch, a
-# read_committed consumer has been seen to fetch nothing more (records the broker serves
-# to any new reader), and once even after being assigned its position again.
-REFETCH_AFTER = 10.0
+
 # Records read from the log's head in search of its first start record before a log none
 # of whose records verify is called one written with another secret: a log's first start
 # record is its first record, unless a writer without the secret got in before it.
@@ -366,14 +363,14 @@ class LogReader:
             )
 
     def _log_watch(self) -> LogWatch:
-        """Asks the broker about the log from a thread of its own (sequencer/log_probe.py)."""
+        """Asks the broker about the log from a thread of its own (log/probe.py)."""
         if self._probe is None:
             self._probe = LogWatch(self._bootstrap, self.topic, f"{self._group}.probe", WATCH_EVERY)
         return self._probe
 
     def _renew_if_not_fetching(self, now: float) -> None:
         """A consumer whose fetcher has stayed out of `active` for REFETCH_AFTER with its
-        broker up is replaced, whether or not records are known to wait (sequencer/fetch_states.py)."""
+        broker up is replaced, whether or not records are known to wait (broker/fetch_states.py)."""
         if self._consumer is None or not self._states.inactive(now, REFETCH_AFTER):
             return
         was = self._states.describe()

@@ -10,7 +10,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
-from ordo.sequencer.kafka_settings import user_kafka_settings
+from ordo.broker.client_settings import user_kafka_settings
 
 # librdkafka's own log lines (connection FAIL lines repeated while a broker is away) go
 # through Python logging under this name, shown only with --log-level info or debug: Ordo
@@ -56,7 +56,7 @@ LIBRDKAFKA_LOGGER.addFilter(OneLinePerCause())
 
 def kafka_config(bootstrap: str, settings: dict[str, Any] | None = None) -> dict[str, Any]:
     """librdkafka settings: quiet about connections a broker closes at shutdown (normal,
-    not an error), then the user's settings for every client (sequencer/kafka_settings.py),
+    not an error), then the user's settings for every client (broker/client_settings.py),
     then the caller's own, and the bootstrap servers."""
     return {
         "log.connection.close": False,
