@@ -104,6 +104,7 @@ from typing import Any
 import msgpack
 
 from ordo.log.secret import TAG_BYTES, seal, unseal, unseal_before_places
+from ordo.procedures.contract import ARIA as ARIA  # a batch ordering the log stamps; named where procedures need it
 
 START = 0
 BATCH = 1

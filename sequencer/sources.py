@@ -256,7 +256,8 @@ class SourceReading:
                         f"{timeout:.0f} s ({exc}): is it running?"
                     ) from None
                 time.sleep(0.2)
-        for key, (_, bound) in sorted(self.cursor.source_ids.items() if self.cursor is not None else ()):
+        bindings: list[tuple[str, list]] = sorted(self.cursor.source_ids.items()) if self.cursor is not None else []
+        for key, (_, bound) in bindings:
             topic, _ = split_key(key)
             now = current.get(topic)
             if topic in current and now is not None and now != bound and key in self.owned:
@@ -355,6 +356,8 @@ class SourceReading:
             "" if bound is not None else ", or the topic was made again before Ordo kept topic ids"
         )
         if position is not None:
+            low: int | None
+            high: int | None
             try:
                 low, high = self.admin_consumer_watermarks(topic, partition)
             except Exception:

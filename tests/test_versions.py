@@ -444,8 +444,9 @@ def test_a_log_from_before_places_is_read_up_to_its_first_record_sealed_in_place
 
 
 def with_an_earlier_log_module(tmp_path, commit: str, release: str, code: str) -> str:
-    """The standard output of `code` run against log/records.py (and log_secret.py) of
-    `commit`, taken from the repository's history; skipped where the history lacks it."""
+    """The standard output of `code` run against `ordo.sequencer.log` (and its log secret) of
+    `commit`, where the log's module lived then, taken from the repository's history;
+    skipped where the history lacks it."""
     old = tmp_path / "old" / "ordo" / "sequencer"
     old.mkdir(parents=True)
     for name in ("log.py", "log_secret.py"):
@@ -469,13 +470,13 @@ def with_an_earlier_log_module(tmp_path, commit: str, release: str, code: str) -
 
 def test_the_previous_release_s_own_encoder_writes_what_before_places_makes(tmp_path):
     """The old-style records these tests build are those the release before versions wrote:
-    its log/records.py, taken from the repository's history, encodes the same bytes, and
+    log module, taken from the repository's history, encodes the same bytes, and
     this version reads them."""
     from ordo.log.records import LogCursor, encode_batch, encode_entry, encode_start
 
     described = {"procedures": {"p": "1"}, "tables": {}}
     code = (
-        "import sys; from ordo.log.records import encode_start, encode_batch, encode_entry; "
+        "import sys; from ordo.sequencer.log import encode_start, encode_batch, encode_entry; "
         f"print(encode_start('L', {described!r}).hex()); "
         "print(encode_batch(1, 0, 5, {0: (0, 1)}, [encode_entry(['a', 'p', {}])], log_id='L').hex())"
     )
@@ -663,7 +664,7 @@ def test_a_log_and_a_checkpoint_of_the_main_before_sources_are_read_as_they_were
     from ordo.log.records import LogCursor, encode_batch, encode_entry, encode_start
 
     code = (
-        "import json; from ordo.log.records import LogCursor, encode_start, encode_batch, encode_entry; "
+        "import json; from ordo.sequencer.log import LogCursor, encode_start, encode_batch, encode_entry; "
         "start = encode_start('ns', None, 'L', None); "
         "batch = encode_batch(1, 0, 5, {0: (0, 1)}, [encode_entry(['a', 'p', {}])], log_id='L', namespace='ns'); "
         "cursor = LogCursor(namespace='ns'); cursor.accept(start, 0); cursor.accept(batch, 1); "

@@ -20,7 +20,7 @@ OUTPUT = os.path.join(ROOT, "docs", "api.md")
 SECTIONS = [
     ("Apps: tables and procedures", "ordo.app"),
     ("Argument types", "ordo.procedures.args"),
-    ("Existing topics as sources", "ordo.sequencer.sources"),
+    ("Existing topics as sources", "ordo.procedures.sources"),
     ("The client", "ordo.client"),
     ("What the client reads back", "ordo.reading"),
     ("Testing in-process", "ordo.testing"),
