@@ -688,6 +688,18 @@ class LogCursor:
                 f"at offset {offset}; to pass over that record: `ordo log skip --offset {offset}` "
                 f"(docs/operations.md, 'A record that stops the log')"
             )
+        named = self.procedures
+        if named is not None and named[3] and batch.procedures is not None and batch.procedures != named[1]:
+            # A sequencer that started as an upgrade landed: its lane opened after the upgrade,
+            # but its set is the one the log moved away from (it stops itself on reading that).
+            from ordo.procedures.fingerprint import short
+
+            self._drop(
+                offset,
+                f"a batch of procedure set {short(batch.procedures)}, after the log moved to v{named[0]} "
+                f"({short(named[1])}) at offset {named[2]}: a sequencer of the set before started as it moved",
+            )
+            return None
         self.stale_by_lane.pop(batch.sequencer, None)
         lane[1] += 1
         batch.batch_id = self.next_batch

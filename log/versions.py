@@ -86,12 +86,13 @@ class Current:
         return changes(self.described, describe(registry, code=False))
 
 
-def current_set(bootstrap: str, topic: str, timeout: float = 30.0) -> Current | None:
+def current_set(bootstrap: str, topic: str, timeout: float = 30.0, until: int | None = None) -> Current | None:
     """The set the log runs now, or None for a log that names none yet (empty). Read back
     from the end to the newest snapshot in its place (log/snapshots.py: a byte copy of
     an old one is not), then forward through the upgrade and start records after it by
     the readers' own rule (`LogCursor`: versions follow one another, and in a versioned log
-    only an upgrade changes the set)."""
+    only an upgrade changes the set). With `until`, the set as of the records before that
+    offset."""
     log_id = log_identity(bootstrap, topic, timeout)
     if log_id is None:
         return None
@@ -99,6 +100,8 @@ def current_set(bootstrap: str, topic: str, timeout: float = 30.0) -> Current | 
     consumer = log_consumer(bootstrap, f"{topic}.startup")  # the group the ACL recipe grants a sequencer
     try:
         low_water, end = watermarks(consumer, TopicPartition(topic, 0), timeout)
+        if until is not None:
+            end = min(end, until)
         named: list[tuple[int, Start | Upgrade]] = []  # after the anchor, newest first
         anchor, sequencers = None, None
         high = end
@@ -236,7 +239,25 @@ def upgrade(bootstrap: str, namespace: str, registry: Registry, timeout: float =
     finally:
         for producer in producers:
             producer.flush(5)
-    return Upgraded(current, current.version + 1, set_id(described), written[0][1].offset())
+    offset = written[0][1].offset()
+    # Readers take the first upgrade record after the set it moves from and pass over any
+    # other made from that set: success is only what they accepted.
+    accepted = current_set(bootstrap, topics.log, timeout, until=offset + 1)
+    if accepted is not None and accepted.offset == offset:
+        return Upgraded(current, accepted.version, accepted.identity, offset)
+    if accepted is not None and accepted.identity == set_id(described):
+        return Upgraded(current, accepted.version, accepted.identity, accepted.offset)  # the same move, made first
+    raise UpgradeRaced(
+        f"another `ordo upgrade` moved {topics.log} from {current.name} to procedure set "
+        f"{accepted.name if accepted is not None else 'unknown'} at offset "
+        f"{accepted.offset if accepted is not None else '?'}, before this one's record at offset {offset}, "
+        f"which every reader passes over: nothing changed by this command. The log runs that set now; to move "
+        f"it to these procedures, run `ordo upgrade` again (docs/operations.md, 'Upgrading procedures')"
+    )
+
+
+class UpgradeRaced(RuntimeError):
+    """Another upgrade of the same log was accepted first."""
 
 
 def upgrade_command(bootstrap: str, namespace: str, specs: tuple[str, ...]) -> str:

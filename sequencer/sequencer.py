@@ -309,6 +309,7 @@ class Sequencer:
             # Another sequencer began the log first, so this one's start record, made as
             # the log's first, belongs to no log: start again, in the log it began.
             log_id = self._cursor.log_id
+        self._check_still_current()
         # Each source partition read from the incarnation of its topic the log names, or the
         # new one from its beginning (sequencer/sources.py); the log carries the binding.
         self._sources.bind(self._cursor)
@@ -369,6 +370,21 @@ class Sequencer:
                 f"does not verify for that log: restart the sequencer"
             )
         return False
+
+    def _check_still_current(self) -> None:
+        """The set check at the start ran before this sequencer's start record: an upgrade
+        record that landed in between moved the log on, and its start record opens a lane of
+        a set the log no longer runs. Read up to that start record, the log says so."""
+        named = self._cursor.procedures
+        if named is None or not named[3] or named[1] == self._set_id:
+            return
+        from ordo.log.versions import UpgradedAway
+
+        raise UpgradedAway(
+            f"{self.topics.log} moved to procedure set v{named[0]} ({short(named[1])}) at offset {named[2]} "
+            f"(`ordo upgrade`) while this sequencer of {short(self._set_id)} started, and it stops before "
+            f"sequencing anything; start it with the procedures of that set"
+        )
 
     def _own_cursor(self) -> dict:
         """The cursor as a snapshot keeps it: this sequencer's lane only (what it knows of

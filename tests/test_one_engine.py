@@ -146,6 +146,9 @@ def test_an_engine_killed_does_not_hold_the_namespace(broker, namespace, tmp_pat
             stop(first)
     said = after.stderr.read()
     assert "one engine per namespace" not in said and "Traceback" not in said, said
+    # It says it serves only once its sequencer has resumed (and its lane is settled).
+    resumed, serving = said.find("resumes at batch"), said.find("ordo serving")
+    assert 0 <= resumed < serving, said
     fault_report(
         f"ordo run SIGKILLed, started again at once on its namespace: not refused, first outcome "
         f"{answered_in:.1f} s after the start"
