@@ -19,6 +19,7 @@ __version__ = "0.1.0"
 # without loading the Kafka client.
 _PUBLIC = {
     "App": "ordo.app",
+    "Context": "ordo.procedures.contract",  # what RUN receives as ctx
     "Client": "ordo.client",
     "AsyncClient": "ordo.client",
     "Submission": "ordo.client",
@@ -52,6 +53,7 @@ if TYPE_CHECKING:  # what type checkers and editors see of the names loaded on f
     from ordo.app import App
     from ordo.client import AsyncClient, Client, Submission, new_request
     from ordo.errors import BrokerUnavailable, NotSent, OrdoError, OutcomeTimeout, Timeout, TopicMissing
+    from ordo.procedures.contract import Context
     from ordo.procedures.args import Bool, Float, Int, List, Object, Optional, Str
     from ordo.reading import Change, Outcome, StreamTuple, UnreadableRecord
     from ordo.procedures.sources import Source, SourceRecord

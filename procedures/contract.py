@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable, NoReturn, Protocol, runtime_checkable
 
 from ordo.procedures.args import Field, key_field_problem
 from ordo.storage.keys import KeyRange
@@ -36,21 +36,78 @@ class UndeclaredAccess(Exception):
     """RUN touched a key that ANALYZE did not declare (Calvin's double-check)."""
 
 
-class TxnContext(Protocol):
-    """What RUN sees. `now` and `random` come from the batch, never from the machine."""
+@runtime_checkable
+class Context(Protocol):
+    """What RUN receives as `ctx`: `def run(ctx: ordo.Context, args)`. Reads and writes
+    go to the transaction's declared keys; its time and randomness come from its place in
+    the log, never from the machine, so every engine, scheduler and replay runs it alike.
+    A procedure of a dataflow (docs/streaming.md) has streams and windows too: `emit`,
+    `window_insert`, `window`; in a procedure that is no part of a dataflow they abort the
+    transaction (`undeclared access: …`). Ordo makes the contexts; a procedure only uses
+    the one it is given (docs/procedures.md, "RUN")."""
 
-    now: int  # sequencer time of the batch, milliseconds since the epoch
-    random: random.Random  # seeded by (batch id, txn index)
+    @property
+    def now(self) -> int:
+        """The batch's time in milliseconds since the Unix epoch: the sequencer's clock when
+        it cut the batch, the same for every transaction of the batch and in every replay,
+        and the change data's `time`. An attribute: `ctx.now`, not `ctx.now()`."""
+        ...
 
-    def read(self, table: str, key: int | str) -> Any: ...
+    @property
+    def random(self) -> random.Random:
+        """A `random.Random` seeded by the transaction's place in the log (its batch and
+        index): the same draws on every engine and in every replay."""
+        ...
 
-    def write(self, table: str, key: int | str, value: Any) -> None: ...
+    def read(self, table: str, key: int | str | tuple) -> Any:
+        """`table[key]` as this transaction sees it: its own latest write of the key, else
+        the value before the transaction, else the table's default. A composite key is a
+        tuple (a list is taken as one). The value is a copy: changing it changes nothing
+        until it is written. A key outside the declared read set aborts the transaction."""
+        ...
 
-    def delete(self, table: str, key: int | str) -> None: ...
+    def write(self, table: str, key: int | str | tuple, value: Any) -> None:
+        """Set `table[key]` to `value`, kept only if RUN returns (the transaction commits).
+        The key must be in the declared write set, the value one that storage holds
+        (docs/procedures.md, "Tables and keys"); otherwise the transaction aborts."""
+        ...
 
-    def abort(self, reason: str) -> None: ...
+    def delete(self, table: str, key: int | str | tuple) -> None:
+        """Make `table[key]` absent (it then reads as the table's default), kept only if RUN
+        returns; the key must be in the declared write set."""
+        ...
 
-    def scan(self, table: str, prefix: tuple) -> list[tuple[tuple, Any]]: ...
+    def scan(self, table: str, prefix: tuple) -> list[tuple[Any, Any]]:
+        """`[(key, value)]` of every present key of `table` whose leading components are
+        `prefix`, in key order, this transaction's own writes included. The range must be
+        declared in the read set (`Prefix(table, prefix)`, docs/keys.md)."""
+        ...
+
+    def abort(self, reason: str) -> NoReturn:
+        """Stop RUN: nothing it wrote is kept, and the outcome is `aborted` with `reason` as
+        its error. In a procedure triggered by a stream, only that procedure's writes and
+        emits (and its nested transaction's) are rolled back; the dataflow goes on."""
+        ...
+
+    def emit(self, stream: str, item: Any) -> None:
+        """Dataflows: append the tuple `item` (a list; a tuple is taken as one) to
+        `stream`, which must name this procedure as a producer. The stream's consumers fire
+        after this procedure with the tuples of this slot, its `on_insert` runs now, and an
+        output stream's tuples are published on `<ns>.stream.<name>` (docs/streaming.md)."""
+        ...
+
+    def window_insert(self, name: str, item: Any) -> bool:
+        """Dataflows: stage `item` in window `name`, which this procedure must own; True when
+        the window slid (its `on_slide` has then run), False while the tuple waits staged."""
+        ...
+
+    def window(self, name: str) -> list:
+        """Dataflows: the rows of window `name` of this dataflow, oldest first, without the
+        tuples staged until its next slide."""
+        ...
+
+
+TxnContext = Context  # the name this protocol had before it was public
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +175,7 @@ class Procedure:
     name: str
     args: dict[str, Field]
     analyze: Callable[[dict], KeySets] | None
-    run: Callable[[TxnContext, dict], Any]
+    run: Callable[[Context, dict], Any]
     operations: Callable[[dict], Any] | None = field(default=None)
     reconnoiter: Callable[[dict], Iterable[Key]] | None = field(default=None)
     dataflow: str | None = field(default=None)

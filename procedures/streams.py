@@ -26,7 +26,7 @@ back its own writes and emits only, so its subtree does not fire (unless fed oth
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, NoReturn
 
 from ordo.procedures.args import ArgumentError, _kind, check_args
 from ordo.procedures.contract import Abort, Key, Procedure, Table, UndeclaredAccess
@@ -207,7 +207,7 @@ class StreamContext:
     def scan(self, table, prefix):
         return self._ctx.scan(table, prefix)
 
-    def abort(self, reason: str) -> None:
+    def abort(self, reason: str) -> NoReturn:
         raise Abort(str(reason))
 
     def emit(self, stream: str, item: Any) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import random
-from typing import Any
+from typing import Any, NoReturn
 
 import msgpack
 
@@ -246,8 +246,24 @@ class TxnContext:
             raise UndeclaredAccess(f"delete of {table}[{key!r}] is not in the write set declared by ANALYZE")
         self.writes[encoded] = [table, key, ABSENT]
 
-    def abort(self, reason: str) -> None:
+    def abort(self, reason: str) -> NoReturn:
         raise Abort(str(reason))
+
+    # Streams and windows belong to dataflows (procedures/streams.py's StreamContext): a
+    # procedure that is no part of one has none, and says so rather than AttributeError.
+
+    def emit(self, stream: str, item: Any) -> None:
+        raise UndeclaredAccess(
+            f"emit to stream '{stream}': this procedure is no part of a dataflow (docs/streaming.md)"
+        )
+
+    def window_insert(self, name: str, item: Any) -> bool:
+        raise UndeclaredAccess(
+            f"insert into window '{name}': this procedure is no part of a dataflow (docs/streaming.md)"
+        )
+
+    def window(self, name: str) -> list:
+        raise UndeclaredAccess(f"read of window '{name}': this procedure is no part of a dataflow (docs/streaming.md)")
 
     # Declared ranges (docs/keys.md): looked for only when a key is not declared itself.
 

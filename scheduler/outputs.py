@@ -8,7 +8,7 @@ A dependent transaction re-sequenced at its turn has no record there: its execut
 its next step to <ns>.requests instead, as part of the batch's outputs.
 <ns>.changes, key = "<batch>.<txn>.<part>", the change data of one transaction: its writes
 in key order, split into parts that each fit in one Kafka message, with the batch's time in
-the log (ms since the epoch, the time `ctx.now()` reads):
+the log (ms since the epoch, the time `ctx.now` reads):
     {"batch": 17, "time": 1764241080123, "txn": 3, "txns": 50, "part": 0, "parts": 1, "changes": [
         {"table": "account", "key": 4, "value": null, "deleted": true},   # delete
         {"table": "account", "key": 9, "value": 120}]}                    # put

@@ -63,3 +63,55 @@ def test_the_public_modules_type_check(tmp_path):
         timeout=600,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+USER_MODULE = """
+import ordo
+from ordo import Int
+from ordo.procedures.streams import StreamContext
+from ordo.scheduler.execution import TxnContext
+
+app = ordo.App("typed")
+app.table("account", default=0)
+
+
+@app.procedure(args={"account": Int(0), "amount": Int(1)}, keys=[("account", "account")])
+def deposit(ctx: ordo.Context, args: dict) -> int:
+    balance: int = ctx.read("account", args["account"]) + args["amount"]
+    if balance > 10**9:
+        ctx.abort("too much")
+    ctx.write("account", args["account"], balance + ctx.random.randint(0, 0) + ctx.now * 0)
+    ctx.emit("deposits", [args["account"]])
+    slid: bool = ctx.window_insert("recent", [balance])
+    rows: list = ctx.window("recent")
+    return balance + len(rows) + slid
+
+
+def the_contexts_ordo_makes(plain: TxnContext, dataflow: StreamContext) -> list[ordo.Context]:
+    return [plain, dataflow]
+"""
+
+
+def test_procedures_annotated_with_ordo_context_type_check(tmp_path):
+    """A user's RUN annotated `ctx: ordo.Context` type-checks, plain or in a dataflow, and
+    both contexts the engine passes (scheduler/execution.py, procedures/streams.py) are one."""
+    if importlib.util.find_spec("mypy") is None:
+        pytest.fail("mypy is not installed: pip install -e '.[test]'")
+    tree = package_tree(str(tmp_path / "tree"))
+
+    def mypy(source: str) -> subprocess.CompletedProcess:
+        with open(os.path.join(tree, "user_app.py"), "w") as f:
+            f.write(source)
+        return subprocess.run(
+            [sys.executable, "-m", "mypy", "--config-file", os.path.join(ROOT, "pyproject.toml")]
+            + ["--cache-dir", str(tmp_path / ".mypy_cache"), "user_app.py"],
+            cwd=tree,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
+    done = mypy(USER_MODULE)
+    assert done.returncode == 0, done.stdout + done.stderr
+    wrong = mypy(USER_MODULE + "\n\ndef typo(ctx: ordo.Context) -> None:\n    ctx.wrte('account', 1, 2)\n")
+    assert wrong.returncode == 1 and '"Context" has no attribute "wrte"' in wrong.stdout, wrong.stdout

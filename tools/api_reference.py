@@ -19,6 +19,7 @@ OUTPUT = os.path.join(ROOT, "docs", "api.md")
 # The reference's sections, in order: each public name falls in the first whose module it is from.
 SECTIONS = [
     ("Apps: tables and procedures", "ordo.app"),
+    ("RUN's context", "ordo.procedures.contract"),
     ("Argument types", "ordo.procedures.args"),
     ("Existing topics as sources", "ordo.procedures.sources"),
     ("The client", "ordo.client"),
@@ -110,9 +111,12 @@ def generate() -> tuple[str, list[str]]:
             if inspect.isclass(obj):
                 doc = _own_doc(obj)
                 bases = [b.__name__ for b in obj.__bases__ if b is not object]
-                heading = f"class ordo.{name}" + (f"({', '.join(bases)})" if issubclass(obj, BaseException) else "")
+                protocol = getattr(obj, "_is_protocol", False)  # a type to annotate with, never made by users
+                heading = f"class ordo.{name}" + (
+                    f"({', '.join(bases)})" if issubclass(obj, BaseException) else "(Protocol)" if protocol else ""
+                )
                 out.append(f"### `{heading}`\n")
-                if not issubclass(obj, BaseException):
+                if not issubclass(obj, BaseException) and not protocol:
                     out.append(f"```python\nordo.{name}{_signature(obj)}\n```\n")
             else:
                 doc = _doc(obj)
