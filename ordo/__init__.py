@@ -69,4 +69,9 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+    """The public names, the module's dunders and the submodules loaded so far: not the
+    helpers of this file (`TYPE_CHECKING`, `_PUBLIC`)."""
+    import types
+
+    here = globals()
+    return sorted({*__all__, *(n for n in here if n.startswith("__") or isinstance(here[n], types.ModuleType))})

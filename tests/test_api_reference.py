@@ -49,3 +49,44 @@ def test_the_client_guide_gives_new_requests_real_signature():
     )
     with open(os.path.join(ROOT, "docs", "client.md")) as f:
         assert f"new_request({parameters})" in f.read()
+
+
+def test_dir_lists_no_helper_of_the_package():
+    names = set(dir(ordo))
+    assert "TYPE_CHECKING" not in names and "_PUBLIC" not in names
+    import types
+
+    extra = {n for n in names - set(ordo.__all__) if not n.startswith("__")}
+    assert all(isinstance(getattr(ordo, n), types.ModuleType) for n in extra), extra  # loaded submodules only
+
+
+def test_the_guides_links_to_files_and_sections_lead_somewhere():
+    """Every relative link of README.md and docs/*.md names a file there, and a `#section` of
+    a Markdown file one of its headings; the client guide sends readers of the wire format to
+    where it is written."""
+    import glob
+    import re
+
+    def anchors(path: str) -> set[str]:
+        text = re.sub(r"^```.*?^```", "", open(path).read(), flags=re.MULTILINE | re.DOTALL)
+        return {
+            re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+ (.*)$", text, re.MULTILINE)
+        }
+
+    broken = []
+    for page in [os.path.join(ROOT, "README.md"), *sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))]:
+        text = open(page).read()
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, section = target.partition("#")
+            full = os.path.normpath(os.path.join(os.path.dirname(page), path)) if path else page
+            if not os.path.exists(full):
+                broken.append(f"{os.path.relpath(page, ROOT)}: {target}")
+            elif section and full.endswith(".md") and section not in anchors(full):
+                broken.append(f"{os.path.relpath(page, ROOT)}: {target}")
+    assert not broken, broken
+    client = open(os.path.join(ROOT, "docs", "client.md")).read()
+    wire = re.search(r"the wire format is in (.*?)\), this one", client, re.DOTALL)
+    assert wire and "wire-format.schema.json" in wire.group(1) and "README.md#wire-format" in wire.group(1)
