@@ -155,6 +155,13 @@ class App:
             return lambda target: self._table_class(target, given)
         if not isinstance(name, str) or not name:
             raise TypeError(f"app '{self.name}': a table needs a name, e.g. app.table('account')")
+        from ordo.procedures.streams import is_internal_table
+
+        if is_internal_table(name):
+            raise ValueError(
+                f"app '{self.name}': table '{name}': names starting with 'stream.' or 'window.' are the "
+                "engine's own, for output streams and windows (app.stream, app.window)"
+            )
         try:
             table = Table(name, default, partitioner, partition_by, range_by)
         except ValueError as exc:

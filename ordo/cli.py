@@ -375,11 +375,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--list", action="store_true", help="describe every workload and its knobs")
 
-    p = sub.add_parser("dump", help="print stored records as sorted JSON lines (safe while running)")
+    p = sub.add_parser(
+        "dump",
+        help="print the app's stored records as sorted JSON lines (safe while running)",
+        description="Print stored records as sorted JSON lines {table, key, value}: the app's tables; "
+        "--internal adds the engine's own tables of output streams and windows (stream.*, window.*). "
+        "`ordo digest` always covers every table.",
+    )
     p.add_argument("--data-dir", required=True, metavar="DIR")
-    p.add_argument("--table", help="only this table")
+    p.add_argument("--table", help="only this table (an internal one too, named in full: window.NAME)")
+    p.add_argument(
+        "--internal",
+        action="store_true",
+        help="also print the engine's own tables of output streams and windows (stream.*, window.*)",
+    )
 
-    p = sub.add_parser("digest", help="print the order-independent state digest of a data directory")
+    p = sub.add_parser(
+        "digest",
+        help="print the order-independent state digest of a data directory",
+        description="Print the order-independent digest of every stored record, the engine's own "
+        "tables (stream.*, window.*) included: equal digests mean equal state, at any partition count.",
+    )
     p.add_argument("--data-dir", required=True, metavar="DIR")
 
     p = sub.add_parser("demo", help="embedded broker, engine and a workload, with a readable summary")
@@ -816,11 +832,15 @@ def parse_knobs(module, pairs: list[str]) -> dict:
 
 
 def cmd_dump(args) -> int:
+    from ordo.procedures.streams import is_internal_table
     from ordo.state import records, table_names
 
     out = sys.stdout
     written = 0
+    hidden = not args.internal and args.table is None  # the engine's own tables, unless asked for
     for record in records(args.data_dir, args.table):
+        if hidden and is_internal_table(record["table"]):
+            continue
         out.write(json.dumps(record, separators=(", ", ": ")) + "\n")
         written += 1
     if args.table is not None and not written:

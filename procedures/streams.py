@@ -36,7 +36,15 @@ WINDOW_TABLE_PREFIX = "window."
 # emitted to it; its change data carries every transaction's tuples, which the engine
 # publishes one by one on <ns>.stream.<name> (scheduler/stream_outputs.py).
 OUTPUT_TABLE_PREFIX = "stream."
+# The engine's own tables, beside an app's: `ordo dump` leaves them out unless asked
+# (`--internal`); the digest, checkpoints and replay treat them like any state.
+INTERNAL_TABLE_PREFIXES = (OUTPUT_TABLE_PREFIX, WINDOW_TABLE_PREFIX)
 MAX_BATCH = 1024
+
+
+def is_internal_table(name: str) -> bool:
+    """Whether `name` is one of the engine's tables of output streams and windows."""
+    return name.startswith(INTERNAL_TABLE_PREFIXES)
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,8 @@ def interpret_log(bootstrap: str, namespace: str, until_batch: int, registry=Non
 
 
 def dump_state(data_dir: str) -> dict:
-    lines = ordo_output("dump", "--data-dir", data_dir).splitlines()
+    """Every stored record, the engine's own tables (stream.*, window.*) included."""
+    lines = ordo_output("dump", "--data-dir", data_dir, "--internal").splitlines()
     return {(r["table"], r["key"]): r["value"] for r in map(json.loads, lines)}
 
 

@@ -98,7 +98,7 @@ def test_the_inventory_example_runs_end_to_end_through_ordo_run(broker, namespac
     assert [s["proc"] for s in outcomes["delivery-1"]["steps"]] == ["tally"]
 
     dumped = subprocess.run(
-        [sys.executable, "-m", "ordo.cli", "dump", "--data-dir", data_dir],
+        [sys.executable, "-m", "ordo.cli", "dump", "--data-dir", data_dir, "--internal"],
         cwd=ROOT,
         env=env,
         capture_output=True,
