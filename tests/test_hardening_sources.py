@@ -237,3 +237,108 @@ def test_records_deleted_before_they_were_read_are_named_as_deleted_not_as_a_rec
         f"(it now begins at offset 25: deleted by retention before they were read)" in errors
     ), errors
     assert "created again" not in errors, errors
+
+
+@pytest.mark.slow
+def test_a_compacted_source_topic_is_read_across_its_gaps(broker, namespace, tmp_path, monkeypatch):
+    """Compaction keeps the offsets of the records it leaves and removes the others: the
+    sequencer reads across the gaps, each remaining record one request under its own
+    offset, and records written after it as well."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    topic = f"{namespace}-orders"
+    monkeypatch.setenv("ORDO_TEST_ORDERS_TOPIC", topic)
+    admin = AdminClient({"bootstrap.servers": broker})
+    compacted = {
+        "cleanup.policy": "compact",
+        "segment.ms": "100",
+        "min.cleanable.dirty.ratio": "0.001",
+        "delete.retention.ms": "100",
+        "min.compaction.lag.ms": "0",
+    }
+    (future,) = admin.create_topics([NewTopic(topic, 1, 1, config=compacted)]).values()
+    future.result(30)
+    wait_for_leaders(admin, [topic])
+    producer = Producer({"bootstrap.servers": broker})
+
+    def order(key: str, sku: str, qty: int) -> None:
+        producer.produce(topic, key=key.encode(), value=json.dumps({"sku": sku, "qty": qty}).encode())
+
+    for i in range(10):  # kept: no later record has their key
+        order(f"u{i}", f"s{i % 5}", 1)
+    for i in range(90):  # of each key the newest one is kept
+        order(f"k{i % 5}", f"s{i % 5}", 1 + i % 3)
+    producer.flush(30)
+
+    def remaining() -> dict[int, dict]:
+        consumer = Consumer({"bootstrap.servers": broker, "group.id": f"look-{time.monotonic()}"})
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        found, quiet_until = {}, time.monotonic() + 3
+        while time.monotonic() < quiet_until:
+            message = consumer.poll(0.2)
+            if message is not None and message.error() is None:
+                found[message.offset()] = json.loads(message.value())
+        consumer.close()
+        return found
+
+    deadline = time.monotonic() + 120
+    left = remaining()
+    while len(left) >= 100:  # the log cleaner takes a rolled segment within about 15 s
+        assert time.monotonic() < deadline, "the broker did not compact the topic"
+        order("roll", "s9", 1)  # a record after segment.ms rolls the segment the cleaner may take
+        producer.flush(10)
+        time.sleep(2)
+        left = remaining()
+    assert max(left) - min(left) + 1 > len(left), "no gap to read across"
+    ensure_topics(broker, namespace)
+    data_dir = str(tmp_path / "d")
+    said = open(tmp_path / "run.err", "w")
+    engine = _run(broker, namespace, data_dir, said)
+    try:
+        read_results(broker, f"{namespace}.results", len(left), timeout=180)
+        for i in range(10):
+            order(f"new{i}", "s0", 1)
+        producer.flush(30)
+        records = read_results(broker, f"{namespace}.results", len(left) + 10, timeout=180)
+        assert engine.poll() is None, "ordo run stopped"
+    finally:
+        stop(engine)
+        said.close()
+    errors = (tmp_path / "run.err").read_text()
+    assert "Traceback" not in errors, errors
+    ids = Counter(record["id"] for record in records)
+    assert max(ids.values()) == 1, ids.most_common(2)
+    assert {record_id(topic, 0, offset) for offset in left} <= set(ids)
+    assert len(ids) == len(left) + 10
+    assert all(record["status"] == "committed" for record in records)
+
+
+@pytest.mark.slow
+def test_a_source_topic_deleted_while_ordo_runs_stops_nothing_else(broker, namespace, tmp_path, monkeypatch):
+    """Deleted and not made again: what the log holds of it stays, and the requests of
+    `<ns>.requests` go on being answered; started again, the app's missing source is one line."""
+    from ordo.client import Client
+
+    topic = f"{namespace}-orders"
+    monkeypatch.setenv("ORDO_TEST_ORDERS_TOPIC", topic)
+    _create(broker, topic, 1)
+    ensure_topics(broker, namespace)
+    placed = _orders(broker, topic, 20, 1, 0)
+    data_dir = str(tmp_path / "d")
+    said = open(tmp_path / "run.err", "w")
+    engine = _run(broker, namespace, data_dir, said)
+    try:
+        read_results(broker, f"{namespace}.results", len(placed), timeout=180)
+        _delete(broker, topic)
+        time.sleep(5)
+        with Client(broker, namespace) as client:
+            for k in range(5):
+                done = client.wait_one(client.submit("place_order", {"sku": f"c{k}", "qty": 1}), timeout=120)
+                assert done["status"] == "committed", done
+        assert engine.poll() is None, "ordo run stopped"
+    finally:
+        stop(engine)
+        said.close()
+    errors = (tmp_path / "run.err").read_text()
+    assert "Traceback" not in errors, errors
+    assert dump_state(data_dir)[("ordered", "c0")] == 1
