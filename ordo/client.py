@@ -568,13 +568,44 @@ _warned_unauthenticated = False
 _CLIENT_CERTIFICATE = ("ssl.certificate.location", "ssl.certificate.pem", "ssl.keystore.location")
 
 
+def on_loopback(bootstrap: str) -> bool:
+    """Whether every bootstrap server is this machine's loopback (127.0.0.0/8, ::1,
+    localhost): a broker only this machine's processes reach, such as the one `ordo
+    broker`, `ordo demo` and the tests start."""
+    import ipaddress
+
+    hosts = []
+    for server in str(bootstrap).split(","):
+        server = server.strip()
+        server = server.split("://", 1)[-1]  # PLAINTEXT://host:port
+        if server.startswith("["):  # [::1]:9092
+            host = server[1:].split("]", 1)[0]
+        elif server.count(":") > 1:  # ::1 without a port
+            host = server
+        else:
+            host = server.rsplit(":", 1)[0] if ":" in server else server
+        hosts.append(host.lower())
+    if not hosts or "" in hosts:
+        return False
+    for host in hosts:
+        if host == "localhost" or host.endswith(".localhost"):
+            continue
+        try:
+            if not ipaddress.ip_address(host).is_loopback:
+                return False
+        except ValueError:
+            return False
+    return True
+
+
 def warn_if_unauthenticated(settings: dict[str, Any], topic: str) -> None:
     """Once per process: outcomes read where clients do not authenticate can come from
-    any client, since only the broker's ACLs keep others from writing the results topic."""
+    any client, since only the broker's ACLs keep others from writing the results topic.
+    Never for a broker on the loopback (`on_loopback`): only this machine reaches it."""
     global _warned_unauthenticated
     protocol = str(settings.get("security.protocol", "plaintext")).lower()
     anonymous = protocol == "plaintext" or (protocol == "ssl" and not any(settings.get(k) for k in _CLIENT_CERTIFICATE))
-    if _warned_unauthenticated or not anonymous:
+    if _warned_unauthenticated or not anonymous or on_loopback(settings.get("bootstrap.servers", "")):
         return
     _warned_unauthenticated = True
     logging.getLogger("ordo.client").warning(

@@ -66,31 +66,48 @@ class _Interrupt:
             signal.signal(sig, handler)
 
 
+def demo_requests(module, count: int) -> list[dict]:
+    """The workload's requests for `--count N` (N of them; TPC-C's come after the ones that
+    fill its tables), then a second request under the first one's id."""
+    requests = list(module.generate(count, seed=7))
+    requests.append(dict(requests[0]))  # a duplicate id
+    return requests
+
+
+def intro(requests: list[dict], workload: str, scheduler: str, partitions: int) -> str:
+    """The demo's first count: every message it sends, as "What happened" counts them."""
+    generated = len(requests) - 1
+    return (
+        f"{generated + 1 + len(BAD_REQUESTS):,} requests — {generated:,} of workload {workload}, a second one "
+        f"under the first one's id and {len(BAD_REQUESTS)} malformed ones — run by the {scheduler} scheduler "
+        f"on {partitions} partition(s)."
+    )
+
+
 def run_demo(workload: str, count: int, scheduler: str, partitions: int, data_dir: str | None) -> int:
     module = ALL_WORKLOADS[workload]
     own_dir = data_dir is None
     data_dir = data_dir or tempfile.mkdtemp(prefix="ordo-demo-")
     namespace = "demo"
+    requests = demo_requests(module, count)
     say(f"Ordo demo — {summary(module)}")
-    say(f"{count:,} requests of workload {workload}, run by the {scheduler} scheduler on {partitions} partition(s).")
+    say(intro(requests, workload, scheduler, partitions))
     try:
         with local_broker() as broker:
-            return _run(module, workload, count, scheduler, partitions, data_dir, namespace, broker)
+            return _run(module, workload, requests, scheduler, partitions, data_dir, namespace, broker)
     finally:
         if own_dir:
             shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def _run(
-    module, workload: str, count: int, scheduler: str, partitions: int, data_dir: str, namespace: str, broker
+    module, workload: str, requests: list[dict], scheduler: str, partitions: int, data_dir: str, namespace: str, broker
 ) -> int:
     bootstrap = broker.bootstrap_servers
     say()
     say("What runs")
     say(f"  A Kafka broker on {bootstrap} keeps the log; the engine keeps its state in {data_dir}.")
-    say(
-        f"  A client sends the requests to {namespace}.requests, with a copy of the first one and three malformed ones."
-    )
+    say(f"  A client sends them to {namespace}.requests, the copy of the first and the malformed ones last.")
     say(
         f"  The sequencer cuts them into numbered batches on {namespace}.log; the engine executes every batch "
         f"and publishes each request's outcome on {namespace}.results."
@@ -105,8 +122,6 @@ def _run(
     client = Client(bootstrap, namespace)
     try:
         sequencer.start()
-        requests = list(module.generate(count, seed=7))
-        requests.append(dict(requests[0]))  # a duplicate id
         expected = len(requests) + len(BAD_REQUESTS)
 
         def stop_when_done(stats):
@@ -161,6 +176,9 @@ def _tell(
 ) -> int:
     """`bad_ids`: the ids the outcomes of BAD_REQUESTS carry (a message that is not a
     request is answered under its position)."""
+    ids = [r["id"] for r in requests[:-1]] + bad_ids
+    # Read before the summary is printed, so nothing the client logs lands inside it.
+    found = client.collect(ids + [requests[0]["id"]], timeout=60, from_beginning=True)
     say()
     say(
         f"What happened ({elapsed:.1f} s, {stats.txns / elapsed:,.0f} requests/s end to end, {stats.batches:,} batches)"
@@ -169,8 +187,6 @@ def _tell(
         f"  {stats.txns:,} of {expected:,} requests answered: {stats.committed:,} committed, {stats.aborted:,} "
         f"aborted, {stats.rejected:,} rejected."
     )
-    ids = [r["id"] for r in requests[:-1]] + bad_ids
-    found = client.collect(ids + [requests[0]["id"]], timeout=60, from_beginning=True)
     outcomes = [o for request_id in dict.fromkeys(ids) for o in found.get(request_id, [])]
     reasons = Counter(o["error"] for o in outcomes if o.get("status") == "aborted")
     if reasons:
