@@ -16,9 +16,13 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ordo.scheduler.coordinator import Coordinator, EngineStats
 from ordo.storage.layout import LAYOUT_FILE, layout_partitions
+
+if TYPE_CHECKING:
+    from ordo.procedures.fingerprint import VersionBoundary
 
 # Seconds a replay may go without a new batch applied before reaching the head it
 # measured: far longer than starting Ray workers on a loaded machine takes.
@@ -138,7 +142,7 @@ class ReplayProgress:
         replayed = stats.last_batch - self.start_batch
         line = (
             f"replay: batch {stats.last_batch} | {replayed} batches ({per_second(replayed, elapsed)}) | "
-            f"{stats.txns:,} txns ({per_second(stats.txns, elapsed)}) | log lag ~{self.coordinator.log_lag()}"
+            f"{stats.txns:,} txns ({per_second(stats.txns, elapsed)}) | log lag ~{self.coordinator.unapplied_lag()}"
         )
         if self.tty:
             print("\r" + line.ljust(100), end="", file=self.stream, flush=True)
@@ -161,6 +165,42 @@ def recover(
 ) -> ReplayReport:
     """Restore or rebuild the shards if they need it, replay the log to its head, stop.
     `engine_options` go to the Coordinator (placement, checkpoint_every, keep_checkpoints)."""
+    report, boundary = _replay(
+        bootstrap,
+        namespace,
+        data_dir,
+        scheduler,
+        partitions,
+        mode,
+        idle,
+        checkpoint_at_end,
+        quiet,
+        stream,
+        **engine_options,
+    )
+    if boundary is not None:
+        raise boundary
+    if not quiet:
+        print(_summary(report), file=stream, flush=True)
+    return report
+
+
+def _replay(
+    bootstrap: str,
+    namespace: str,
+    data_dir: str,
+    scheduler: str,
+    partitions: int | None,
+    mode: str,
+    idle: float,
+    checkpoint_at_end: bool,
+    quiet: bool,
+    stream,
+    **engine_options,
+) -> tuple[ReplayReport, VersionBoundary | None]:
+    """One stretch: (what it replayed, the VersionBoundary it stopped at, or None at the head)."""
+    from ordo.procedures.fingerprint import VersionBoundary
+
     if partitions is None:
         partitions = layout_partitions(data_dir) if os.path.exists(os.path.join(data_dir, LAYOUT_FILE)) else 1
     started = time.monotonic()
@@ -181,10 +221,14 @@ def recover(
     )
     from_batch = coordinator.stats.last_batch
     progress = ReplayProgress(coordinator, idle, checkpoint_at_end, stream, quiet, head=head)
-    stats = coordinator.run(progress=progress)
+    boundary: VersionBoundary | None = None
+    try:
+        stats = coordinator.run(progress=progress)
+    except VersionBoundary as exc:  # every batch before it is applied: the stretch ends here
+        boundary, stats = exc, coordinator.stats
     if progress.tty and not quiet:
         print(file=stream)
-    if progress.reached_at is None:
+    if boundary is None and progress.reached_at is None:
         raise ReplayShort(progress.shortfall("the replay ended before it"))
     replayed = stats.last_batch > from_batch
     report = ReplayReport(
@@ -199,13 +243,31 @@ def recover(
         first_at, first_txns = progress.first_new
         report.steady_txns = progress.last_txns - first_txns
         report.steady_s = progress.last_new - first_at
-    say(
-        f"recovered: {plan.action} + replay of {report.batches} batches, {report.txns:,} txns in "
+    return report, boundary
+
+
+def _summary(report: ReplayReport) -> str:
+    return (
+        f"recovered: {report.action} + replay of {report.batches:,} batches, {report.txns:,} txns in "
         f"{report.replay_s:.2f}s ({per_second(report.batches, report.replay_s, 'batches')}, "
         f"{per_second(report.txns, report.replay_s, 'txns')}; shards ready in {report.restore_s:.2f}s); "
         f"applied through batch {report.to_batch}"
     )
-    return report
+
+
+def _joined(first: ReplayReport, later: ReplayReport) -> ReplayReport:
+    """Two stretches of one replay as one: from where the first began to where the later
+    ended, their transactions and times added up."""
+    return ReplayReport(
+        first.action,
+        first.from_batch,
+        later.to_batch,
+        first.txns + later.txns,
+        first.restore_s + later.restore_s,
+        first.replay_s + later.replay_s,
+        first.steady_txns + later.steady_txns,
+        first.steady_s + later.steady_s,
+    )
 
 
 def recover_across_versions(
@@ -225,50 +287,53 @@ def recover_across_versions(
     """`recover` with the procedure sets in `versions` (the current one first, each a tuple of
     specs): each stretch of the log replays with the set it was sequenced with. A replay
     stops where the log moves to another set (scheduler/follower.py); it goes on with the
-    version whose identity that is, and refuses in one line when none is."""
-    from ordo.procedures.fingerprint import VersionBoundary, describe, set_id, short
+    version whose identity that is, and refuses in one line when none is. The report, and
+    the summary line, count every stretch."""
+    from ordo.procedures.fingerprint import describe, set_id, short
     from ordo.procedures.loading import load_registry
 
     identities = {set_id(describe(load_registry(specs))): specs for specs in versions}
     specs, seen = versions[0], set()
+    total: ReplayReport | None = None
     while True:
-        try:
-            return recover(
-                bootstrap,
-                namespace,
-                data_dir,
-                scheduler,
-                partitions,
-                mode,
-                idle,
-                checkpoint_at_end,
-                quiet,
-                stream,
-                procedure_modules=specs,
-                **engine_options,
-            )
-        except VersionBoundary as boundary:
-            found = identities.get(boundary.identity)
-            if found is None or (boundary.batch, boundary.identity) in seen:
-                given = ", ".join(
-                    f"{','.join(v) or 'the built-in workloads'} ({short(i)})" for i, v in identities.items()
-                )
-                version = f"v{boundary.version} " if boundary.version else ""
-                raise RuntimeError(
-                    f"the batches from {boundary.batch} on were sequenced with procedure set {version}"
-                    f"({short(boundary.identity)}), which none of the procedures given is ({given}): every batch "
-                    f"before {boundary.batch} is applied; give that version's code with --app-version MODULE:APP "
-                    f"and run `ordo recover` again (docs/operations.md, 'Upgrading procedures')"
-                ) from None
-            seen.add((boundary.batch, boundary.identity))
+        report, boundary = _replay(
+            bootstrap,
+            namespace,
+            data_dir,
+            scheduler,
+            partitions,
+            mode,
+            idle,
+            checkpoint_at_end,
+            quiet,
+            stream,
+            procedure_modules=specs,
+            **engine_options,
+        )
+        total = report if total is None else _joined(total, report)
+        if boundary is None:
             if not quiet:
-                print(
-                    f"from batch {boundary.batch}: procedure set {short(boundary.identity)} "
-                    f"({','.join(found) or 'the built-in workloads'})",
-                    file=stream,
-                    flush=True,
-                )
-            specs, mode = found, "auto"  # on from the shards as the boundary left them
+                print(_summary(total), file=stream, flush=True)
+            return total
+        found = identities.get(boundary.identity)
+        at = (boundary.batch, boundary.identity)
+        if found is None or at in seen:
+            given = ", ".join(f"{','.join(v) or 'the built-in workloads'} ({short(i)})" for i, v in identities.items())
+            version = f"v{boundary.version} " if boundary.version else ""
+            raise RuntimeError(
+                f"the batches from {at[0]} on were sequenced with procedure set {version}"
+                f"({short(at[1])}), which none of the procedures given is ({given}): every batch "
+                f"before {at[0]} is applied; give that version's code with --app-version MODULE:APP "
+                f"and run `ordo recover` again (docs/operations.md, 'Upgrading procedures')"
+            ) from None
+        seen.add(at)
+        if not quiet:
+            print(
+                f"from batch {at[0]}: procedure set {short(at[1])} ({','.join(found) or 'the built-in workloads'})",
+                file=stream,
+                flush=True,
+            )
+        specs, mode = found, "auto"  # on from the shards as the boundary left them
 
 
 MIN_TIMED_S = 0.1  # below this, a rate says more about the clock than about the replay

@@ -305,6 +305,17 @@ class Coordinator:
         except Exception:
             return "?"
 
+    def unapplied_lag(self) -> int | str:
+        """Log records past the last batch the slowest worker applied, up to the log's head
+        now: what a replay has left, however far its readers have read ahead; for display
+        only."""
+        if not self._statuses:
+            return "?"
+        try:
+            return max(0, self.log_end(timeout=0.5) - min(s["applied_offset"] for s in self._statuses))
+        except Exception:
+            return "?"
+
     def read_position(self) -> int:
         """The log offset every worker has read up to, as the last watch saw it."""
         return min(s["position"] for s in self._statuses)

@@ -104,6 +104,7 @@ class LogFollower:
         self.running = False
         self.error: str | None = None
         self.applied_at = 0.0  # time.monotonic() when the last batch was applied
+        self.applied_offset = self.cursor.next_offset  # the log offset after the last batch applied
         # Outcomes of the applied batches: `counts` grows as batches execute, which runs up to
         # a pipeline ahead of `applied`; a rate over applied batches needs this one.
         self.applied_txns = 0
@@ -127,6 +128,7 @@ class LogFollower:
             "executed": self.executed,
             "applied": self.applied,
             "applied_at": self.applied_at,
+            "applied_offset": self.applied_offset,
             "applied_txns": self.applied_txns,
             "unapplied": len(self._unapplied),
             "next_offset": self.cursor.next_offset,
@@ -309,6 +311,7 @@ class LogFollower:
                 "partition %d: batch %d applied to the shard (its outputs acknowledged)", self.partition, batch_id
             )
             self.applied_at = time.monotonic()
+            self.applied_offset = cursor["next_offset"]
             self.applied_txns += outcomes
             every = self.options.checkpoint_every
             if every and batch_id % every == 0 and self.options.checkpoint_root:

@@ -83,6 +83,7 @@ class PartitionActor:
             "executed": applied,
             "applied": applied,
             "applied_at": 0.0,
+            "applied_offset": next_offset,
             "applied_txns": 0,
             "unapplied": 0,
             "next_offset": next_offset,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -322,6 +323,16 @@ def test_an_edited_run_needs_an_upgrade_and_every_replay_runs_the_code_that_ran(
         )
         assert code == 0, err
         assert _digest(tmp_path, rebuilt) == live_digest, err
+        # The summary counts both stretches (from scratch: every batch, all 40 deposits), and
+        # while the first replays, the lag counts to the log's head, past the upgrade.
+        summary = re.search(
+            r"^recovered: .* replay of ([\d,]+) batches, ([\d,]+) txns .* through batch (\d+)$", err, re.M
+        )
+        assert summary, err
+        assert int(summary[1].replace(",", "")) == int(summary[3]) and summary[2] == "40", err
+        first_stretch = err.split(f"from batch {boundary}: procedure set", 1)[0]
+        lags = re.findall(r"^replay: batch \d+ .*\| log lag ~(\d+|\?)$", first_stretch, re.M)
+        assert all(lag != "0" for lag in lags), err
     fault_report(
         f"1 RUN edit refused (log unchanged at offset {end}), 1 upgrade at batch {boundary}, "
         f"40 deposits checked by version, 3 replays (without v1: refused; 1P serial, 2P locking: equal)"
@@ -651,6 +662,9 @@ def test_a_streaming_app_s_window_trigger_and_dependent_procedure_upgrade_and_re
         )
         assert code == 0, err
         assert _digest(tmp_path, rebuilt) == live_digest, err
+        # The summary counts both stretches: from scratch, every batch of the log.
+        summary = re.search(r"^recovered: .* replay of ([\d,]+) batches, .* through batch (\d+)$", err, re.M)
+        assert summary and int(summary[1].replace(",", "")) == int(summary[2]), err
     fault_report(
         f"a window, a trigger and a dependent procedure changed: plain restart refused, upgrade, "
         f"{len(first) + len(second)} requests by version, 2 rebuilds (1P serial, 2P vll) equal to the live state"
