@@ -74,3 +74,20 @@ def test_the_data_directories_of_the_readmes_commands_are_ignored_by_git():
     for path in paths:
         done = subprocess.run(["git", "check-ignore", "-q", path + "/"], cwd=ROOT)
         assert done.returncode == 0, f"{path}/ is not in .gitignore: `git status` lists it after the README's commands"
+
+
+def test_docs_that_show_pytest_functions_say_how_to_install_pytest():
+    """pytest is not in the core install (pyproject's dependencies), so a page whose examples
+    are test functions says how to get it, next to where `ordo.testing` is documented."""
+    import tomllib
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]
+    assert not any(d.startswith("pytest") for d in project["dependencies"])
+    showing = sorted({where for where, _, code in runnable_blocks() if re.search(r"^def test_", code, re.MULTILINE)})
+    assert "docs/procedures.md" in showing
+    for where in showing:
+        text = open(os.path.join(ROOT, where)).read()
+        assert "pip install pytest" in text, where
+    testing = open(os.path.join(ROOT, "docs", "procedures.md")).read().split("## Testing procedures without Kafka")[1]
+    assert "pip install pytest" in testing.split("```")[0]  # before its first example
