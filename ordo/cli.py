@@ -136,14 +136,20 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _placement_options(p: argparse.ArgumentParser) -> None:
+# `--runtime auto` for `ordo recover`: Ray only where the placement asks for it, since
+# starting Ray costs more than a replay of most logs on a few cores.
+RECOVER_AUTO = "auto: in this process, unless --ray-address or --cores place the workers (then Ray)"
+
+
+def _placement_options(
+    p: argparse.ArgumentParser, auto: str = "auto: Ray when there is more than one partition"
+) -> None:
     g = p.add_argument_group("placement")
     g.add_argument(
         "--runtime",
         choices=("auto", "local", "ray"),
         default="auto",
-        help="partition workers in this process (local) or as Ray actors (ray); "
-        "auto: Ray when there is more than one partition",
+        help=f"partition workers in this process (local) or as Ray actors (ray); {auto}",
     )
     g.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster instead of starting one")
     g.add_argument("--cores", type=_cores, metavar="LIST", help="cores to pin workers to, e.g. 0,1 (default: all)")
@@ -310,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="partition workers (default: as DIR is laid out, else 1)",
     )
-    _placement_options(p)
+    _placement_options(p, RECOVER_AUTO)
     p.add_argument("--quiet", action="store_true", help="no progress line")
     _checkpoint_options(p)
     p.add_argument(
@@ -666,6 +672,8 @@ def cmd_recover(args) -> int:
     options = _checkpointing(args)
     mode = options.pop("restore")
     placement = _placement(args)
+    if placement["runtime"] == "auto":  # RECOVER_AUTO
+        placement["runtime"] = "ray" if placement["ray_address"] or placement["cores"] else "local"
     versions = [placement.pop("procedure_modules"), *(_version_specs(text) for text in args.app_version)]
     recover_across_versions(
         versions,

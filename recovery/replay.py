@@ -215,9 +215,12 @@ def _replay(
         from ordo.scheduler.aria import LOG_ORDER_NOTE
 
         say(LOG_ORDER_NOTE)
+    from ordo.scheduler.group import LocalGroup
+
+    where = "in this process" if isinstance(coordinator.group, LocalGroup) else "as Ray actors"
     say(
         f"{plan.describe()}; replaying {namespace}.log from batch {coordinator.cursor.next_batch} to its end "
-        f"at offset {head}, then until no batch arrives for {idle:g}s"
+        f"at offset {head} ({partitions} partition worker(s) {where}), then until no batch arrives for {idle:g}s"
     )
     from_batch = coordinator.stats.last_batch
     progress = ReplayProgress(coordinator, idle, checkpoint_at_end, stream, quiet, head=head)
@@ -248,7 +251,7 @@ def _replay(
 
 def _summary(report: ReplayReport) -> str:
     return (
-        f"recovered: {report.action} + replay of {report.batches:,} batches, {report.txns:,} txns in "
+        f"recovered: {report.action} + replay of {report.batches} batches, {report.txns:,} txns in "
         f"{report.replay_s:.2f}s ({per_second(report.batches, report.replay_s, 'batches')}, "
         f"{per_second(report.txns, report.replay_s, 'txns')}; shards ready in {report.restore_s:.2f}s); "
         f"applied through batch {report.to_batch}"

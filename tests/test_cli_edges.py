@@ -287,3 +287,16 @@ def test_ctrl_c_at_the_terminal_stops_ordo_run_without_a_restart(broker, namespa
     assert engine.returncode == 0, rest
     assert "restarting" not in rest and "Traceback" not in rest, rest
     assert rest.strip().splitlines()[-1].startswith("stopped after batch "), rest
+
+
+def test_runtime_auto_is_ray_for_a_running_engine_and_this_process_for_recover():
+    """`ordo recover` starts Ray only when asked (--runtime ray) or placed (--ray-address,
+    --cores); `ordo run` and `ordo execute` keep Ray for more than one partition."""
+    for command, auto in (
+        ("run", "auto: Ray when there is more than one partition"),
+        ("execute", "auto: Ray when there is more than one partition"),
+        ("recover", "auto: in this process, unless --ray-address or --cores place the workers (then Ray)"),
+    ):
+        done = shell(f"COLUMNS=400 {ORDO} {command} --help")
+        assert done.returncode == 0, done.stderr
+        assert auto in " ".join(done.stdout.split()), (command, done.stdout)
