@@ -16,6 +16,7 @@ from ordo.embedded import read_log
 from ordo.services import SequencerProcess
 from ordo.state import digest, records
 from ordo.procedures.registry import default_registry
+from ordo.procedures.streams import is_internal_table
 from ordo.procedures.workloads import ALL_WORKLOADS, summary
 from ordo.scheduler.coordinator import Coordinator
 from ordo.scheduler.reference import SerialInterpreter
@@ -220,7 +221,8 @@ def _tell(
             f"(through batch {applied}): please report this."
         )
     say("  Three of its records:")
-    for _, record in zip(range(3), records(data_dir)):
+    own = (r for r in records(data_dir) if not is_internal_table(r["table"]))  # as `ordo dump` shows them
+    for _, record in zip(range(3), own):
         say(f"    {json.dumps(record)}")
     if workload == "voter":
         from ordo.benchmarks.voter import leaderboards

@@ -81,6 +81,7 @@ def test_demo_ends_with_every_outcome_and_a_confirmed_state(options):
         assert reasons and sum(int(n.replace(",", "")) for n in reasons) <= aborted
     assert "Executing the logged requests one by one, in log order, from an empty state gives exactly the state" in out
     assert out.count('\n    {"table": ') == 3
+    assert '{"table": "window.' not in out and '{"table": "stream.' not in out  # the app's records, as ordo dump
     assert "sequencer generation" not in out and "was rejected: True" not in out and "plain serial" not in out
     assert out.rstrip().splitlines()[-1].startswith("Next: ")
     if "voter" in options:
