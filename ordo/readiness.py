@@ -44,15 +44,27 @@ class Readiness:
     serves (after how many batches of backlog it catches up on first, if any); `since` is the
     seconds from `ordo run`'s start to that moment."""
 
-    def __init__(self, log_end_before_start: int, started: float, stream):
+    def __init__(self, log_end_before_start: int | None, started: float, stream, ask_log_end=None):
+        """`log_end_before_start` None: not known yet (the broker did not answer at the
+        start); `ask_log_end()` is asked for it at each check until it answers. The end
+        taken later lies further on, which only puts off the moment the engine says it
+        serves, never brings it forward."""
         self.log_end_before_start = log_end_before_start
         self.started = started
         self.stream = stream
         self.since: float | None = None
         self.backlog_end: int | None = None  # the newest batch read by the time the start record was
+        self._ask_log_end = ask_log_end
 
     def check(self, statuses: list[dict]) -> None:
-        if self.since is not None or not read_past(statuses, self.log_end_before_start):
+        if self.since is not None:
+            return
+        if self.log_end_before_start is None:
+            try:
+                self.log_end_before_start = self._ask_log_end()
+            except Exception:  # the broker between leaders or away: asked again at the next check
+                return
+        if not read_past(statuses, self.log_end_before_start):
             return
         executed = min(s["executed"] for s in statuses)
         if self.backlog_end is None:

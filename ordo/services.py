@@ -545,7 +545,11 @@ def serve_all(
     on_termination(coordinator.stop)
     on_checkpoint_signal(coordinator)
     announce_start(coordinator)
-    readiness = Readiness(log_end(coordinator), started, sys.stderr)
+    try:  # before the sequencer's start record; a broker away now is waited for, not fatal
+        end_before_start: int | None = log_end(coordinator, timeout=10.0)
+    except Exception:
+        end_before_start = None
+    readiness = Readiness(end_before_start, started, sys.stderr, lambda: coordinator.log_end(timeout=0.5))
     broker.start()
     sequencer.start()
     sequencers = f"{config.sequencers} sequencers, " if config.sequencers > 1 else ""
