@@ -699,3 +699,33 @@ def test_a_log_and_a_checkpoint_of_the_main_before_sources_are_read_as_they_were
     for offset, record in enumerate([start, batch, later]):
         fresh.accept(record, offset)
     assert fresh.next_batch == resumed.next_batch and fresh.request_offsets == resumed.request_offsets
+
+
+def test_a_log_and_a_checkpoint_of_the_main_before_topic_ids_are_read_as_they_were(tmp_path):
+    """The release before source positions carried their topic's id (13401d3): its batches
+    and a cursor it checkpointed are read here with the same positions, bound to no topic id
+    yet (the sequencer adopts the topic's current one at its first start, sequencer/sources.py)."""
+    from ordo.log.records import LogCursor, encode_batch, encode_entry, encode_start
+
+    code = (
+        "import json; from ordo.sequencer.log import LogCursor, encode_start, encode_batch, encode_entry; "
+        "start = encode_start('ns', None, 'L', None); "
+        "batch = encode_batch(1, 0, 5, {0: (0, 1), 'orders:0': (0, 7)}, [encode_entry(['orders:0:0', 'p', {}])], "
+        "log_id='L', namespace='ns'); "
+        "cursor = LogCursor(namespace='ns'); cursor.accept(start, 0); cursor.accept(batch, 1); "
+        "print(start.hex()); print(batch.hex()); print(json.dumps(cursor.to_dict()))"
+    )
+    out = with_an_earlier_log_module(tmp_path, "13401d3", "before topic ids", code)
+    start_hex, batch_hex, checkpoint = out.split("\n")[:3]
+    start, batch = bytes.fromhex(start_hex), bytes.fromhex(batch_hex)
+    assert start == encode_start("ns", None, "L", None)
+    assert batch == encode_batch(
+        1, 0, 5, {0: (0, 1), "orders:0": (0, 7)}, [encode_entry(["orders:0:0", "p", {}])], log_id="L", namespace="ns"
+    )
+    fresh = LogCursor(namespace="ns")
+    fresh.accept(start, 0)
+    assert fresh.accept(batch, 1).batch_id == 1
+    assert fresh.consumed_to("orders:0") == 7 and fresh.source_ids == {}
+    resumed = LogCursor.from_dict(json.loads(checkpoint), "ns")
+    assert resumed.consumed_to("orders:0") == 7 and resumed.request_offsets == fresh.request_offsets
+    assert resumed.next_batch == fresh.next_batch == 2
