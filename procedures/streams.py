@@ -85,8 +85,8 @@ class Window:
         return WINDOW_TABLE_PREFIX + self.name
 
     @property
-    def keys(self) -> tuple[Key, Key]:
-        return (self.table, 0), (self.table, 1)
+    def keys(self) -> tuple[Key, ...]:
+        return tuple((self.table, part) for part in range(4))
 
 
 @dataclass(frozen=True)
@@ -118,11 +118,16 @@ class BatchField:
         return value
 
 
-# --- window state, in two keys of the window's table, so a tuple staged between slides
-# rewrites only the short staged list: key 0 {"rows": [...], "edge": next slide time or
-# None}, key 1 the staged tuples ([time, tuple] pairs for a time-based window) ---
+# --- window state, in four keys of the window's table, so that staging a tuple between
+# slides costs the same however many tuples wait: key 0 {"rows": [...]}, key 1 the newest
+# staged tuples (at most _CHUNK), key 2 the older staged tuples in sealed chunks (rewritten
+# once per _CHUNK tuples), key 3 the mark: the next slide's time for a time-based window,
+# the number of staged tuples for a tuple-based one. Time-based tuples are [time, tuple]. A
+# state written by the two-key layout ("edge" in key 0, every staged tuple in key 1) reads
+# the same. ---
 
-_ROWS, _STAGED = 0, 1
+_ROWS, _HEAD, _SEALED, _MARK = 0, 1, 2, 3
+_CHUNK = 128
 
 
 def window_rows(ctx, window: Window) -> list:
@@ -130,32 +135,62 @@ def window_rows(ctx, window: Window) -> list:
     return [row for _, row in rows] if window.range_ms else rows
 
 
+def _stage(ctx, table: str, staged: Any) -> int:
+    """Append one tuple to the staged ones: the number now in the head."""
+    head = ctx.read(table, _HEAD) or []
+    head.append(staged)
+    if len(head) >= _CHUNK:
+        sealed = ctx.read(table, _SEALED) or []
+        sealed.append(head)
+        ctx.write(table, _SEALED, sealed)
+        head = []
+    ctx.write(table, _HEAD, head)
+    return len(head)
+
+
+def _take_staged(ctx, table: str) -> list:
+    """Every staged tuple, oldest first, leaving none staged."""
+    sealed = ctx.read(table, _SEALED) or []
+    head = ctx.read(table, _HEAD) or []
+    if sealed:
+        ctx.write(table, _SEALED, [])
+    if head:
+        ctx.write(table, _HEAD, [])
+    return [item for chunk in sealed for item in chunk] + head
+
+
 def window_insert(ctx, window: Window, item: Any) -> bool:
     """Stage `item`; slide when the slide is full (rows) or its time has come (range):
     True when the window slid, after its on_slide trigger ran."""
-    staged = ctx.read(window.table, _STAGED) or []
+    table = window.table
     slid = False
     if window.rows is not None:
-        staged.append(item)
-        if len(staged) >= window.slide:
-            state = ctx.read(window.table, _ROWS) or {"rows": [], "edge": None}
-            state["rows"] = (state["rows"] + staged)[-window.rows :]
-            ctx.write(window.table, _ROWS, state)
-            staged, slid = [], True
+        staged = ctx.read(table, _MARK)
+        if staged is None:  # nothing staged yet, or the two-key layout: all in the head
+            staged = len(ctx.read(table, _HEAD) or [])
+        if staged + 1 >= window.slide:
+            rows = (ctx.read(table, _ROWS) or {"rows": []})["rows"]
+            ctx.write(table, _ROWS, {"rows": (rows + _take_staged(ctx, table) + [item])[-window.rows :]})
+            ctx.write(table, _MARK, 0)
+            slid = True
+        else:
+            _stage(ctx, table, item)
+            ctx.write(table, _MARK, staged + 1)
     else:
         now = ctx.now
-        state = ctx.read(window.table, _ROWS) or {"rows": [], "edge": None}
-        if state["edge"] is None:
-            state["edge"] = now - now % window.slide_ms + window.slide_ms
-            ctx.write(window.table, _ROWS, state)
-        if now >= state["edge"]:  # the staged tuples (all older than the edge) enter the window
+        edge = ctx.read(table, _MARK)
+        if edge is None:
+            edge = (ctx.read(table, _ROWS) or {}).get("edge")
+            if edge is None:
+                edge = now - now % window.slide_ms + window.slide_ms
+                ctx.write(table, _MARK, edge)
+        if now >= edge:  # the staged tuples (all older than the edge) enter the window
             edge = now - now % window.slide_ms
-            state["rows"] = [row for row in state["rows"] + staged if row[0] > edge - window.range_ms]
-            state["edge"] = edge + window.slide_ms
-            ctx.write(window.table, _ROWS, state)
-            staged, slid = [], True
-        staged.append([now, item])
-    ctx.write(window.table, _STAGED, staged)
+            rows = (ctx.read(table, _ROWS) or {"rows": []})["rows"] + _take_staged(ctx, table)
+            ctx.write(table, _ROWS, {"rows": [row for row in rows if row[0] > edge - window.range_ms]})
+            ctx.write(table, _MARK, edge + window.slide_ms)
+            slid = True
+        _stage(ctx, table, [now, item])
     if slid and window.on_slide is not None:
         window.on_slide(ctx, window_rows(ctx, window))
     return slid

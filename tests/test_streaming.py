@@ -585,3 +585,122 @@ def test_a_procedure_with_only_an_output_stream_emits_to_it():
                 ("shipped", 7, 2),
                 ("stream.shipments", 0, [{"item": 7, "qty": 2}]),
             ]
+
+
+# --- windows with many tuples between slides -----------------------------------------------
+
+
+def _long_staging_registry():
+    def keys(args):
+        return [("slides", "rows"), ("slides", "time")], [("slides", "rows"), ("slides", "time")]
+
+    def put(ctx, batch):
+        for v in batch:
+            ctx.window_insert("by_rows", v["v"])
+            ctx.window_insert("by_time", v["v"])
+        return len(batch)
+
+    def slid(name):
+        def on_slide(ctx, rows):
+            ctx.write("slides", name, ctx.read("slides", name) + [[len(rows), sum(rows)]])
+
+        return on_slide
+
+    registry = Registry()
+    registry.add_workload(
+        [Table("slides", default=[])],
+        [Procedure("put", {"v": Int(0, 1000)}, keys, put)],
+        [
+            Stream("arrivals", consumers=["put"]),
+            Window("by_rows", owner="put", rows=700, slide=290, on_slide=slid("rows")),
+            Window("by_time", owner="put", range_ms=50, slide_ms=20, on_slide=slid("time")),
+        ],
+    )
+    return registry
+
+
+def _long_staging_model(requests, batch_size, first_batch=1, rows=(), staged=(), timed=(), timed_staged=(), edge=None):
+    """The windows' semantics written out plainly: every slide's (row count, sum)."""
+    slides = {"rows": [], "time": []}
+    rows, staged, timed, timed_staged = list(rows), list(staged), list(timed), list(timed_staged)
+    for position, request in enumerate(requests):
+        now = START_MS + 10 * (position // batch_size + first_batch)
+        for v in (t["v"] for t in request["args"]["batch"]):
+            staged.append(v)
+            if len(staged) == 290:
+                rows, staged = (rows + staged)[-700:], []
+                slides["rows"].append([len(rows), sum(rows)])
+            if edge is None:
+                edge = now - now % 20 + 20
+            slid = now >= edge
+            if slid:
+                boundary = now - now % 20
+                timed = [r for r in timed + timed_staged if r[0] > boundary - 50]
+                timed_staged, edge = [], boundary + 20
+            timed_staged.append([now, v])
+            if slid:
+                slides["time"].append([len(timed), sum(v for _, v in timed)])
+    return slides
+
+
+def _arrivals(batches):
+    return [{"id": f"w{i}", "proc": "put", "args": {"batch": [{"v": v} for v in vs]}} for i, vs in enumerate(batches)]
+
+
+# at least 4 tuples a request and 20 requests a batch: a time-based slide (2 batches) stages
+# at least 160 tuples, more than a chunk; 150 requests make at least 5 batches
+_BATCHES = st.lists(st.lists(st.integers(0, 1000), min_size=4, max_size=8), min_size=150, max_size=300)
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_BATCHES, st.integers(20, 30))
+def test_windows_with_hundreds_of_staged_tuples_slide_as_the_plain_model(batches, batch_size):
+    requests = _arrivals(batches)
+    registry = _long_staging_registry()
+    check_deterministic(registry, requests, batch_size, schedulers=("serial", "vll", "opchain"))
+    with TestEngine(registry, "serial", 1) as engine:
+        engine.run(requests, batch_size)
+        state = engine.state()
+    model = _long_staging_model(requests, batch_size)
+    assert len(model["rows"]) >= 2 and len(model["time"]) >= 2
+    assert state.get(("slides", "rows"), []) == model["rows"]
+    assert state.get(("slides", "time"), []) == model["time"]
+
+
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_BATCHES, st.integers(20, 30))
+def test_a_window_state_in_the_two_key_layout_reads_the_same(batches, batch_size):
+    """A data directory written before the staged tuples were chunked: key 0 carried the
+    next slide's time, key 1 every staged tuple."""
+    from ordo.storage.keys import encode_key
+    from ordo.storage.values import encode_value
+
+    registry = _long_staging_registry()
+    start = START_MS + 10  # batch 1's clock
+    old = {
+        ("window.by_rows", 0): {"rows": [5, 6], "edge": None},
+        ("window.by_rows", 1): list(range(289)),
+        ("window.by_time", 0): {"rows": [[start - 50, 7]], "edge": start + 10},
+        ("window.by_time", 1): [[start - 5, 1], [start, 2]],
+    }
+    with TestEngine(registry, "serial", 1) as engine:
+        engine.run(_arrivals([[1]]), 1)  # batch 1, so the shard holds an applied batch
+        shard = engine.workers[0].shard
+        writes = {encode_key(table, part): None for table in ("window.by_rows", "window.by_time") for part in range(4)}
+        writes.update({encode_key(*key): encode_value(value) for key, value in old.items()})
+        shard.apply_batch(writes, shard.applied())
+        requests = [{**r, "id": "later-" + r["id"]} for r in _arrivals(batches)]
+        engine.run(requests, batch_size)
+        state = engine.state()
+    model = _long_staging_model(
+        requests,
+        batch_size,
+        first_batch=2,
+        rows=[5, 6],
+        staged=range(289),
+        timed=[[start - 50, 7]],
+        timed_staged=[[start - 5, 1], [start, 2]],
+        edge=start + 10,
+    )
+    assert state.get(("slides", "rows"), []) == model["rows"]
+    assert state.get(("slides", "time"), []) == model["time"]
