@@ -22,6 +22,8 @@ from ordo.procedures.fingerprint import (
     ProcedureSetChanged,
     changes,
     describe,
+    describe_as,
+    identities,
     is_versioned,
     set_id,
     short,
@@ -74,16 +76,16 @@ class Current:
     def matches(self, registry: Registry) -> bool:
         """Whether `registry` is this set: by identity; a set logged before versions were
         kept (arguments only) by that older description."""
-        if is_versioned(self.described) or self.described is None:
-            return set_id(describe(registry)) == self.identity
+        if self.described is None:
+            return self.identity in identities(registry)
+        if is_versioned(self.described):
+            return set_id(describe_as(registry, self.described)) == self.identity
         return describe(registry, code=False) == self.described
 
     def changes(self, registry: Registry) -> list[str]:
         if self.described is None:
             return ["the log's set is not readable here"]
-        if is_versioned(self.described):
-            return changes(self.described, describe(registry))
-        return changes(self.described, describe(registry, code=False))
+        return changes(self.described, describe_as(registry, self.described))
 
 
 def current_set(bootstrap: str, topic: str, timeout: float = 30.0, until: int | None = None) -> Current | None:

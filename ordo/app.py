@@ -53,9 +53,10 @@ class App:
     topics whose records become requests (`ordo.Source`)."""
 
     def __init__(self, name: str, *, code: Iterable[Any] = (), sources: Iterable[Any] = ()):
-        """`code`: modules (or their import paths) whose source is part of this app's
-        procedures beside the app's own module, e.g. a module of helpers that RUN calls:
-        an edit there then needs an upgrade too (docs/operations.md, "Upgrading procedures").
+        """`code`: modules (or their import paths) that are part of this app's procedures
+        but cannot be found from their code (the project's modules they import are found),
+        e.g. one loaded by name at run time or an installed package of your own: an edit
+        there then needs an upgrade too (docs/operations.md, "Upgrading procedures").
         `sources`: `ordo.Source`s, topics the app does not own whose records become
         requests of its procedures (docs/procedures.md, "Existing topics as sources")."""
         if not isinstance(name, str) or not name:

@@ -2,14 +2,13 @@
 name with a digest of its argument specification and of its code, and every table's
 settings; and the set's identity, one number that every batch carries.
 
-A procedure's code is the source of the modules that decide its effects: the module of
-every function it is made of (ANALYZE, RUN, reconnaissance, operations, home) and of every
-procedure, stream, window, trigger and nested transaction registered with it (an app's
-module, a workload module), plus any module the app names in `code=` (ordo.App) or
-`CODE` (a procedures module). Ordo's own modules are not covered (except the built-in
-workloads): an upgrade of Ordo itself never changes an identity. Sources are read as text,
-so the digest is the same in every process and on every Python version (docs/operations.md,
-"Upgrading procedures").
+A procedure's code is what its functions reach (procedures/reach.py): the statements of
+their modules they name and every module of the user's project those import, found without
+the user naming them, plus any module the app names in `code=` (ordo.App) or `CODE` (a
+procedures module). Libraries and Ordo's own modules are not covered (except the built-in
+workloads): an upgrade of Ordo itself never changes an identity. Source is compared as its
+syntax tree, so the digest is the same in every process (docs/operations.md, "Upgrading
+procedures"). A log keeps the form its set was described in (FORMATS).
 
 A sequencer records the described set in its start record and an upgrade in an upgrade
 record (log/records.py), and stamps every batch with the set's identity; an engine runs
@@ -26,7 +25,8 @@ import sys
 import sysconfig
 from typing import Any, Iterable
 
-from ordo.procedures.registry import Registry
+from ordo.procedures.reach import reached
+from ordo.procedures.registry import Registry, callables_of
 
 _SCALARS = (int, str, float, bool, bytes, type(None))
 
@@ -61,14 +61,19 @@ def by_value(value: Any) -> str:
 
 
 KINDS = ("procedures", "tables", "sources")  # what a described set names, each by name
-FORMAT = 2  # a described set whose digests cover code; a set without "format" covers arguments only
+# How a described set's digests cover code: 3, the code each procedure reaches
+# (procedures/reach.py); 2, the whole source of the modules it is declared in. A set without
+# "format" covers arguments only. A log keeps the form it was started or last upgraded in.
+FORMAT = 3
+FORMATS = (2, 3)
 
 
-def describe(registry: Registry, code: bool = True) -> dict:
+def describe(registry: Registry, code: bool = True, form: int = FORMAT) -> dict:
     """Every procedure's argument schema (and the dataflow composed into it, whether its
     sets are declared or found by running it, and its code) and every table's settings,
     each as a digest of its description by value. `code=False`: the arguments-only form
-    that logs written before procedure sets were versioned hold."""
+    that logs written before procedure sets were versioned hold; `form`: how code is
+    covered (FORMATS)."""
     procedures = {}
     for name, procedure in sorted(registry.procedures.items()):
         try:
@@ -85,7 +90,11 @@ def describe(registry: Registry, code: bool = True) -> dict:
             ) from None
         text += "" if procedure.analyze is not None else " home"
         if code:
-            text += " code " + code_digest(registry.code.get(name, ()))
+            text += " code " + (
+                code_digest(registry.code.get(name, ()))
+                if form == 2
+                else reach_digest(registry.roots.get(name, ()), registry.named_code.get(name, ()))
+            )
         procedures[name] = _digest(text)
     described = {
         "procedures": procedures,
@@ -93,26 +102,50 @@ def describe(registry: Registry, code: bool = True) -> dict:
     }
     if registry.sources:  # a set without sources is described as before them
         described["sources"] = {
-            topic: _source_digest(source, registry.source_code.get(topic, ()), code)
-            for topic, source in sorted(registry.sources.items())
+            topic: _source_digest(registry, topic, code, form) for topic, source in sorted(registry.sources.items())
         }
     if code:
-        described["format"] = FORMAT
+        described["format"] = form
     return described
 
 
-def _source_digest(source, modules: Iterable[str], code: bool) -> str:
+def describe_as(registry: Registry, logged: dict | None) -> dict:
+    """`registry` described in the form of a logged set (the newest form for none)."""
+    if logged is not None and not is_versioned(logged):
+        return describe(registry, code=False)
+    return describe(registry, form=FORMAT if logged is None else logged["format"])
+
+
+def identities(registry: Registry) -> set[int]:
+    """The set's identity in every form that covers code: a batch stamped with any of them
+    was sequenced with this code."""
+    return {set_id(describe(registry, form=form)) for form in FORMATS}
+
+
+def _source_digest(registry: Registry, topic: str, code: bool, form: int) -> str:
     """A source's topic, procedure and mapping: its functions by name (without their
-    module's, covered by source) and, with `code`, the source of their modules."""
+    module's, covered by source) and, with `code`, the code of their modules."""
+    source, modules = registry.sources[topic], registry.source_code.get(topic, ())
     text = by_value(source)
     if code:
-        text = _without_modules(text, modules) + " code " + code_digest(modules)
+        text = _without_modules(text, modules) + " code "
+        if form == 2:
+            text += code_digest(modules)
+        else:
+            named = registry.source_named_code.get(topic, ())
+            text += reach_digest(callables_of(source), named)
     return _digest(text)
+
+
+def reach_digest(roots: Iterable[Any], named_modules: Iterable[str] = ()) -> str:
+    """By what the code reaches, not by the modules' names: an earlier version kept as
+    another module (bank_v1.py beside bank.py) is still that version."""
+    return _digest(" ".join(sorted(reached(roots, named_modules).values())))
 
 
 def is_versioned(described: dict | None) -> bool:
     """Whether a logged set covers code (written by a versioning sequencer)."""
-    return bool(described) and described.get("format") == FORMAT
+    return bool(described) and described.get("format") in FORMATS
 
 
 def set_id(described: dict) -> int:

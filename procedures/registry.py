@@ -36,9 +36,14 @@ class Registry:
         self.range_tables: dict[str, tuple[int, int]] = {}  # table -> (range_by, partition_by)
         # procedure -> the modules whose source is its code (procedures/fingerprint.py)
         self.code: dict[str, tuple[str, ...]] = {}
+        # procedure -> the functions its code is found from, and the modules named in code=
+        # (procedures/reach.py)
+        self.roots: dict[str, tuple[Any, ...]] = {}
+        self.named_code: dict[str, tuple[str, ...]] = {}
         # source topic -> its Source (sequencer/sources.py), and the modules of its mapping's code
         self.sources: dict[str, Any] = {}
         self.source_code: dict[str, tuple[str, ...]] = {}
+        self.source_named_code: dict[str, tuple[str, ...]] = {}
 
     def add_table(self, table: Table) -> None:
         existing = self.tables.get(table.name)
@@ -55,7 +60,9 @@ class Registry:
         if procedure.name not in self.code:
             from ordo.procedures.fingerprint import modules_of
 
-            self.code[procedure.name] = tuple(sorted(modules_of(_callables(procedure))))
+            self.code[procedure.name] = tuple(sorted(modules_of(callables_of(procedure))))
+        if procedure.name not in self.roots:
+            self.roots[procedure.name] = tuple(callables_of(procedure))
 
     def add_workload(
         self,
@@ -75,10 +82,14 @@ class Registry:
         procedures = list(procedures)
         streams = list(streams)
         sources = list(sources)
-        modules = modules_of(c for item in [*procedures, *streams, *sources] for c in _callables(item))
-        modules.update(m if isinstance(m, str) else m.__name__ for m in code)
+        modules = modules_of(c for item in [*procedures, *streams, *sources] for c in callables_of(item))
+        # the modules named beside those the declarations are in (found from the functions)
+        named = tuple(sorted({m if isinstance(m, str) else m.__name__ for m in code} - modules))
+        modules.update(named)
         for procedure in procedures:
             self.code[procedure.name] = tuple(sorted(modules))
+            self.roots[procedure.name] = tuple(callables_of(procedure))
+            self.named_code[procedure.name] = named
         for table in tables:
             self.add_table(table)
         for procedure in procedures:
@@ -91,8 +102,12 @@ class Registry:
                 self.add_table(table)
             self.procedures.update(composed)
             self.code.update((name, tuple(sorted(modules))) for name in composed)
+            # a dataflow runs triggered procedures, triggers and slides: all of the workload's
+            every = tuple(c for item in [*procedures, *streams] for c in callables_of(item))
+            self.roots.update((name, every) for name in composed)
         for source in sources:
             self.add_source(source, modules)
+            self.source_named_code[source.topic] = named
 
     def add_source(self, source: Any, modules: Iterable[str] = ()) -> None:
         """Records of `source.topic` become requests of `source.proc`, which must be registered."""
@@ -257,7 +272,7 @@ def _quoted(table: Any) -> str:
     return f"'{table}'" if type(table) is str else f"{table!r} (a table is named by a string)"
 
 
-def _callables(item: Any) -> list:
+def callables_of(item: Any) -> list:
     """The functions a procedure or a streaming declaration is made of."""
     import dataclasses
 

@@ -293,9 +293,12 @@ def recover_across_versions(
     version whose identity that is, and refuses in one line when none is. The report, and
     the summary line, count every stretch."""
     from ordo.procedures.fingerprint import describe, set_id, short
+    from ordo.procedures.fingerprint import identities as all_forms
     from ordo.procedures.loading import load_registry
 
-    identities = {set_id(describe(load_registry(specs))): specs for specs in versions}
+    registries = [(specs, load_registry(specs)) for specs in versions]
+    identities = {identity: specs for specs, registry in registries for identity in all_forms(registry)}
+    newest = {set_id(describe(registry)): specs for specs, registry in registries}  # how messages name them
     specs, seen = versions[0], set()
     total: ReplayReport | None = None
     while True:
@@ -321,7 +324,7 @@ def recover_across_versions(
         found = identities.get(boundary.identity)
         at = (boundary.batch, boundary.identity)
         if found is None or at in seen:
-            given = ", ".join(f"{','.join(v) or 'the built-in workloads'} ({short(i)})" for i, v in identities.items())
+            given = ", ".join(f"{','.join(v) or 'the built-in workloads'} ({short(i)})" for i, v in newest.items())
             version = f"v{boundary.version} " if boundary.version else ""
             raise RuntimeError(
                 f"the batches from {at[0]} on were sequenced with procedure set {version}"

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ordo.procedures.ollp import RECONNOITRED, RESTARTED, first_pass
-from ordo.procedures.fingerprint import describe, differences, is_versioned, refused_start, set_id
+from ordo.procedures.fingerprint import describe, differences, identities, is_versioned, refused_start, set_id
 from ordo.recovery.checkpoints import shard_checkpoint_path
 from ordo.scheduler.execution import ABORTED, COMMITTED
 from ordo.scheduler.outputs import CollectedOutputs, KafkaOutputs, OutputSink
@@ -77,7 +77,9 @@ class LogFollower:
             use_keys(options.log_keys, options.log_secret_source)
         marker = worker.applied()
         self.cursor = LogCursor.from_dict(marker["cursor"], options.namespace) if marker else LogCursor()
-        self.procedure_set = set_id(describe(worker.registry))  # the only set this worker runs batches with
+        self.procedure_set = set_id(describe(worker.registry))
+        # the only set this worker runs batches with, in every form a log may name it
+        self.procedure_sets = identities(worker.registry)
         # Generations (start record offsets) of a log from before versions whose start record
         # names procedures this worker lacks: one of their batches that needs them stops it.
         self._foreign_generations: dict[int, list[str]] = {}
@@ -220,7 +222,7 @@ class LogFollower:
             if self.cursor.upgraded is None or named is None:
                 return False
             identity, at = named[1], self.cursor.next_batch
-        if identity == self.procedure_set:
+        if identity in self.procedure_sets:
             return False
         version = self.cursor.versions.get(identity)
         self.boundary = {"batch": at, "procedures": identity, "version": version}

@@ -30,7 +30,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from ordo.procedures.fingerprint import describe, set_id, short
+from ordo.procedures.fingerprint import describe, describe_as, is_versioned, set_id, short
 from ordo.procedures.registry import Registry
 from ordo.procedures.ollp import is_resequenced, request_identity
 from ordo.sequencer.dedupe import RecentIds
@@ -289,13 +289,16 @@ class Sequencer:
         self._sources.check(timeout)
         partitions = request_partitions_for(self.bootstrap, self.topics, config.sequencers)
         # Before fencing anyone: a sequencer of another procedure set must leave a running one alone.
-        check_set(
+        current = check_set(
             self.bootstrap,
             self.topics.namespace,
             self.registry,
             upgrade_command(self.bootstrap, self.topics.namespace, self._procedure_specs),
             timeout,
         )
+        if current is not None and is_versioned(current.described):  # the log keeps its form
+            self._described = describe_as(self.registry, current.described)
+            self._set_id = set_id(self._described)
         self._owned = owned_partitions(partitions, config.index, config.sequencers)
         # The start record is bound to the log it continues (log/records.py), and a log none
         # of whose records this secret can read is refused before anything is written.
