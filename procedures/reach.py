@@ -34,6 +34,7 @@ def _digest(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=8).hexdigest()
 
 
+@functools.lru_cache(maxsize=None)
 def is_project_module(name: str) -> bool:
     if name.startswith("ordo.procedures.workloads."):
         return True
@@ -96,15 +97,31 @@ class _Module:
         self.statements = tree.body
         self.binders: dict[str, list[int]] = {}  # name -> the statements that bind it
         self.loose: list[int] = []  # statements that bind nothing (calls, mutations)
-        self.forms = [normal_form(s) for s in self.statements]
-        self.named = [_names_used(s) for s in self.statements]
-        self.imports = [_imported(name, s) for s in self.statements]
+        self._forms: dict[int, str] = {}
+        self._named: dict[int, set[str]] = {}
+        self._imports: dict[int, set[str]] = {}
         for index, statement in enumerate(self.statements):
             bound = _names_bound(statement)
             if not bound and not _is_main_guard(statement):
                 self.loose.append(index)
             for bound_name in bound:
                 self.binders.setdefault(bound_name, []).append(index)
+
+    # each worked out for the statements a procedure reaches only, once
+    def form(self, index: int) -> str:
+        if index not in self._forms:
+            self._forms[index] = normal_form(self.statements[index])
+        return self._forms[index]
+
+    def named(self, index: int) -> set[str]:
+        if index not in self._named:
+            self._named[index] = _names_used(self.statements[index])
+        return self._named[index]
+
+    def imports(self, index: int) -> set[str]:
+        if index not in self._imports:
+            self._imports[index] = _imported(self.name, self.statements[index])
+        return self._imports[index]
 
     def statement_at(self, line: int) -> int | None:
         for index, statement in enumerate(self.statements):
@@ -248,10 +265,10 @@ class Reach:
             done.add(index)
             self._add_loose(module)
         done.add(index)
-        for imported in module.imports[index]:
+        for imported in module.imports(index):
             if imported != module.name and is_project_module(imported):
                 self.add_module(imported)
-        for name in module.named[index]:
+        for name in module.named(index):
             for bound in module.binders.get(name, ()):
                 self._add_statement(module, bound)
 
@@ -263,7 +280,7 @@ class Reach:
         module, _ = _module(name)
         if module is not None:
             for index in range(len(module.statements)):
-                for imported in module.imports[index]:
+                for imported in module.imports(index):
                     if imported != name:
                         self.add_module(imported)
 
@@ -277,7 +294,7 @@ class Reach:
                 continue
             assert module is not None
             indexes = range(len(module.statements)) if name in self.whole else sorted(self.statements.get(name, ()))
-            text = "\n".join(module.forms[i] for i in indexes)
+            text = "\n".join(module.form(i) for i in indexes)
             text += "\n" + "\n".join(sorted(self.pieces.get(name, ())))
             out[name] = _digest(text.encode())
         return out
