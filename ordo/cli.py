@@ -667,7 +667,7 @@ def cmd_execute(args) -> int:
 
 
 def cmd_recover(args) -> int:
-    from ordo.recovery.replay import recover_across_versions
+    from ordo.recover import recover_across_versions
 
     options = _checkpointing(args)
     mode = options.pop("restore")

@@ -1,7 +1,10 @@
-"""Recovery: checkpoints of the shards and deterministic replay of the log (docs/recovery.md).
+"""Recovery: checkpoints of the shards, and what an engine does with them on start
+(docs/recovery.md). The engine (scheduler/) takes and restores checkpoints through it;
+`ordo recover`, which drives the engine over the log, is ordo/recover.py.
 
 checkpoints  taking, listing (manifest), pruning and cleaning checkpoints
 restore      what an engine does with its shards on start: continue, restore, rebuild
-replay       `ordo recover`: replay the log to its head, with progress and rates
 checks       crash-consistency checks over a data directory
+
+Imports: storage, broker, procedures, log and sequencer; never the scheduler.
 """

@@ -17,9 +17,8 @@ LAYERS = [
     "procedures",
     "log",
     "sequencer",
-    "shards",
-    "scheduler",
     "recovery",
+    "scheduler",
     "api",
     "spark_jobs",
     "app",
@@ -36,14 +35,9 @@ ORDO_MODULES = {
     "reading": "api",
     "embedded": "api",
 }
-# The engine takes checkpoints and restores its shards at start through these; replay, which
-# drives the engine, is recovery's upper half.
-SPLIT = {"ordo.recovery.checkpoints": "shards", "ordo.recovery.restore": "shards"}
 
 
 def layer_of(module: str) -> str:
-    if module in SPLIT:
-        return SPLIT[module]
     parts = module.split(".")
     if len(parts) > 1 and parts[1] in FOLDERS:
         return parts[1]

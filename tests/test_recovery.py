@@ -15,7 +15,7 @@ from confluent_kafka import Producer
 from ordo.state import digest
 from ordo.recovery.checkpoints import MANIFEST, CheckpointStore, checkpoint_name
 from ordo.recovery.checks import applied_markers, check_applied_once
-from ordo.recovery.replay import recover
+from ordo.recover import recover
 from ordo.recovery.restore import RecoveryError
 from ordo.scheduler.coordinator import Coordinator
 from ordo.scheduler.outputs import CollectedOutputs
@@ -310,7 +310,7 @@ def ordo_run(*args, timeout=120):
 def test_a_replay_applied_before_its_first_look_shows_no_made_up_rate(broker, namespace, tmp_path):
     import io
 
-    from ordo.recovery.replay import ReplayProgress, per_second
+    from ordo.recover import ReplayProgress, per_second
     from ordo.scheduler.coordinator import EngineStats
 
     ensure_topics(broker, namespace)

@@ -9,7 +9,7 @@ What each figure is (docs/benchmarks.md says more):
 - storage limit: the same writes straight into RocksDB, one WriteBatch per batch;
 - engine: transactions/s of the partition workers following a pre-filled log from the
   first batch applied to the last (no client, no sequencer);
-- replay: a log replayed into a fresh data directory by `recovery.replay.recover`;
+- replay: a log replayed into a fresh data directory by `ordo.recover.recover`;
 - end to end: requests/s from the first request produced until the client has read every
   outcome from <ns>.results (the client is a separate process);
 - latency: produce → outcome read by the client, at half of the end-to-end throughput;

@@ -26,7 +26,7 @@ import time
 from ordo.client import Client
 from ordo.embedded import SequencerThread
 from ordo.procedures.workloads import micro
-from ordo.recovery.replay import ReplayReport, recover
+from ordo.recover import ReplayReport, recover
 from ordo.scheduler.coordinator import Coordinator
 from ordo.broker.local import local_broker
 from ordo.sequencer.sequencer import SequencerConfig

@@ -132,11 +132,11 @@ def _wait_until_applied(coordinator, batch_id: int, timeout: float = 300) -> Non
 def replay_throughput(
     bootstrap: str, log: Log, scheduler: str, partitions: int, directory: str, modules: tuple[str, ...] = ()
 ) -> tuple[float, float]:
-    """`recovery.replay.recover` rebuilding a fresh data directory from the whole log (as
+    """`ordo.recover.recover` rebuilding a fresh data directory from the whole log (as
     `ordo recover --from-scratch` does): (transactions/s from the first replayed batch to
     the last, transactions/s as recovery reports it, which also counts starting the
     workers, connecting and the first fetch)."""
-    from ordo.recovery.replay import recover
+    from ordo.recover import recover
 
     report = recover(
         bootstrap,
