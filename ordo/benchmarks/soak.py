@@ -254,6 +254,7 @@ def check_exactly_once(bootstrap: str, namespace: str, data_dir: str, count: int
     partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
     outcomes: dict[str, int] = {}
+    seen: dict[str, list] = {}  # every outcome of an id, to name a request answered twice
     last_batch = 0
     deadline = time.monotonic() + DRAIN_S
     try:
@@ -265,6 +266,8 @@ def check_exactly_once(bootstrap: str, namespace: str, data_dir: str, count: int
                 if message.error() is None:
                     record = json.loads(message.value())
                     outcomes[record["id"]] = outcomes.get(record["id"], 0) + 1
+                    answer = [record.get("status"), record.get("error"), record.get("batch"), record.get("txn")]
+                    seen.setdefault(record["id"], []).append(answer)
                     last_batch = max(last_batch, record.get("batch", 0))
     finally:
         consumer.close()
@@ -273,6 +276,8 @@ def check_exactly_once(bootstrap: str, namespace: str, data_dir: str, count: int
     return {
         "answered": len(outcomes),
         "answered_twice": sum(1 for n in outcomes.values() if n > 1),
+        # which, and how: [status, error, batch, txn] of each outcome (at most 5 ids)
+        "twice": {i: seen[i] for i in sorted(i for i, n in outcomes.items() if n > 1)[:5]},
         "last_batch": last_batch,
         "applied_batch": applied,
         "state_equals_serial_reading": state == reference.digest(),
