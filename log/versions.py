@@ -14,6 +14,7 @@ after each start), an upgrade or a start record."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from confluent_kafka import Producer, TopicPartition
@@ -101,9 +102,7 @@ def current_set(bootstrap: str, topic: str, timeout: float = 30.0, until: int | 
     namespace = Topics.namespace_of_log(topic)
     consumer = log_consumer(bootstrap, f"{topic}.startup")  # the group the ACL recipe grants a sequencer
     try:
-        low_water, end = watermarks(consumer, TopicPartition(topic, 0), timeout)
-        if until is not None:
-            end = min(end, until)
+        low_water, end = _stable_end(consumer, TopicPartition(topic, 0), until, timeout)
         named: list[tuple[int, Start | Upgrade]] = []  # after the anchor, newest first
         anchor, sequencers = None, None
         high = end
@@ -154,6 +153,26 @@ def current_set(bootstrap: str, topic: str, timeout: float = 30.0, until: int | 
         return Current(version, identity, offset, described[offset], sequencers or 1, log_id)
     finally:
         consumer.close()
+
+
+def _stable_end(consumer, partition: TopicPartition, until: int | None, timeout: float) -> tuple[int, int]:
+    """The log's (low, end) as a read_committed reader sees it, with `end` capped at `until`.
+    A transaction's commit returns before the broker writes its marker to the log, and until
+    then the records before `until` are not all readable: wait for them, so a set read "as
+    of `until`" never silently leaves out a record just committed (an upgrade's own)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        low_water, end = watermarks(consumer, partition, timeout)
+        if until is None:
+            return low_water, end
+        if end >= until:
+            return low_water, until
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"{partition.topic} offers readers its records up to offset {end} only, {timeout:.0f} s after "
+                f"a transaction committed a record at offset {until - 1}"
+            )
+        time.sleep(0.05)
 
 
 def _decode(value: bytes, namespace: str, log_id: str):

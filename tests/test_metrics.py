@@ -386,9 +386,12 @@ def test_a_new_data_directory_serves_once_the_backlog_is_executed(broker, namesp
     threading.Thread(target=lambda: [lines.put(line) for line in engine.stderr], daemon=True).start()
     try:
         said, port = [], None
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + 360  # Ray's start and the backlog, on a busy 2-core machine
         while not said or not said[-1].startswith("ordo serving: "):
-            said.append(lines.get(timeout=max(0.1, deadline - time.monotonic())))
+            try:
+                said.append(lines.get(timeout=max(0.1, deadline - time.monotonic())))
+            except queue.Empty:
+                raise AssertionError(f"no `ordo serving` within 360 s; ordo run said: {said}") from None
             if said[-1].startswith("metrics on http://127.0.0.1:"):
                 port = int(said[-1].split(":")[2].split("/")[0])
         families = scrape(port)
@@ -403,4 +406,4 @@ def test_a_new_data_directory_serves_once_the_backlog_is_executed(broker, namesp
             assert f"(up to batch {last_batch})" in line, line
         print(f"\n{last_batch} batches of backlog: {catching_up} then {said[-1].strip()}")
     finally:
-        assert stop(engine) == 0
+        assert stop(engine, timeout=60) == 0
