@@ -15,16 +15,17 @@ from dataclasses import replace
 from typing import Callable
 
 from ordo.procedures.loading import load_registry
+from ordo.procedures.registry import Registry
 from ordo.scheduler.coordinator import Coordinator
 from ordo.scheduler.liveness import SILENT_AFTER, Silence
 from ordo.storage.layout import check_layout
 from ordo.broker.lag import sequencer_group
 from ordo.sequencer.lane_owner import EXIT_ANOTHER_ENGINE, OWNER_ENV, own_owner, owner_env, refuse_if_taken
 from ordo.broker.reachability import BrokerWatch
-from ordo.sequencer.sequencer import RECORD_FRAMING, Sequencer, SequencerConfig
+from ordo.sequencer.sequencer import RECORD_FRAMING, Handover, Sequencer, SequencerConfig
 from ordo.sequencer.sources import check_sources
 from ordo.broker.topics import Topics, ensure_topics, request_partitions_for
-from ordo.log.versions import EXIT_UPGRADED, check_set, upgrade_command
+from ordo.log.versions import EXIT_UPGRADED, Current, UpgradedAway, check_set, current_set, upgrade_command
 
 
 def on_termination(stop: Callable[[], None]) -> None:
@@ -69,26 +70,74 @@ def serve_sequencer(
     procedure_modules: tuple[str, ...] = (),
     quiet: bool = False,
 ) -> int:
-    sequencer = Sequencer(
-        bootstrap, namespace, load_registry(procedure_modules), config, procedure_specs=procedure_modules
-    )
-    on_termination(sequencer.stop)
-    sequencer.start()
-    say_when_settled(sequencer.settled)
-    if not quiet and config.sequencers == 1:
-        print(
-            f"sequencer generation {sequencer.generation} resumes at batch {sequencer.next_batch}",
-            file=sys.stderr,
-            flush=True,
-        )
-    elif not quiet:
-        print(
-            f"sequencer {config.index} of {config.sequencers} resumes at its batch {sequencer.next_epoch}",
-            file=sys.stderr,
-            flush=True,
-        )
-    sequencer.run()
+    """Sequence until stopped. When `ordo upgrade` moves the log to the set the app's files
+    on disk now define, go on with it in this process (a new generation of the lane, as a
+    restart would start); otherwise stop (UpgradedAway)."""
+    registry = load_registry(procedure_modules)
+    stopping = threading.Event()
+    current: list[Sequencer] = []
+
+    def stop() -> None:
+        stopping.set()
+        if current:
+            current[0].stop()
+
+    on_termination(stop)
+    checked: Current | None = None
+    handover: Handover | None = None
+    while not stopping.is_set():
+        sequencer = Sequencer(bootstrap, namespace, registry, config, procedure_specs=procedure_modules)
+        current[:] = [sequencer]
+        try:
+            sequencer.start(checked=checked, handover=handover)
+            if stopping.is_set():
+                sequencer.stop()
+            say_when_settled(sequencer.settled)
+            if not quiet and config.sequencers == 1:
+                print(
+                    f"sequencer generation {sequencer.generation} resumes at batch {sequencer.next_batch}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            elif not quiet:
+                print(
+                    f"sequencer {config.index} of {config.sequencers} resumes at its batch {sequencer.next_epoch}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            sequencer.run()
+            return 0
+        except UpgradedAway:
+            handover = sequencer.handed_over
+            sequencer.close()
+            following = upgraded_in_place(bootstrap, namespace, procedure_modules, registry)
+            if following is None:
+                raise
+            registry, checked = following
     return 0
+
+
+def upgraded_in_place(
+    bootstrap: str, namespace: str, specs: tuple[str, ...], registry: Registry
+) -> tuple[Registry, Current] | None:
+    """The set the log moved to (and the log's set as read), when the app's files on disk
+    define it now; else None."""
+    from ordo.procedures.fingerprint import short
+    from ordo.procedures.reload import registry_for
+
+    now = current_set(bootstrap, Topics(namespace).log, 30)
+    if now is None:
+        return None
+    following, how = registry_for(now.identity, specs, registry)
+    if following is None or not now.matches(following):
+        return None
+    print(
+        f"sequencer: {Topics(namespace).log} moved to procedure set v{now.version} ({short(now.identity)}), "
+        f"the app's code {how}: going on with it",
+        file=sys.stderr,
+        flush=True,
+    )
+    return following, now
 
 
 def serve_engine(
@@ -487,6 +536,20 @@ class SequencerProcesses:
             process.stop(timeout)
 
 
+def say_switches(statuses: list[dict], said: list[int]) -> None:
+    """One line per upgrade in place, once every partition has made it."""
+    from ordo.procedures.fingerprint import short
+
+    made = min((len(status.get("switches") or ()) for status in statuses), default=0)
+    for batch, identity in (statuses[0]["switches"] if made else [])[said[0] : made]:
+        print(
+            f"ordo run: procedures upgraded in place: set {short(identity)} from batch {batch} on",
+            file=sys.stderr,
+            flush=True,
+        )
+    said[0] = max(said[0], made)
+
+
 def serve_all(
     bootstrap: str,
     namespace: str,
@@ -576,10 +639,13 @@ def serve_all(
     held = [True]
     coordinator.start(hold_at=coordinator.cursor.next_batch - 1)
 
+    said_switches = [0]
+
     def observe(stats) -> None:
         if held[0] and sequencer.settled:
             coordinator.group.hold(None)
             held[0] = False
+        say_switches(coordinator.statuses, said_switches)
         readiness.check(coordinator.statuses)
         if progress is not None:
             progress(stats)

@@ -18,7 +18,7 @@ must mean the same thing to every engine that replays it."""
 from __future__ import annotations
 
 import dataclasses
-import functools
+import copy
 import hashlib
 import importlib.util
 import sys
@@ -73,7 +73,19 @@ def describe(registry: Registry, code: bool = True, form: int = FORMAT) -> dict:
     sets are declared or found by running it, and its code) and every table's settings,
     each as a digest of its description by value. `code=False`: the arguments-only form
     that logs written before procedure sets were versioned hold; `form`: how code is
-    covered (FORMATS)."""
+    covered (FORMATS).
+
+    Worked out once per registry: the code a registry runs is what was imported when it
+    was loaded, so its files edited on disk since (before an upgrade in place) must not
+    change what it is said to be."""
+    shape = (code, form, tuple(registry.procedures), tuple(registry.tables), tuple(registry.sources))
+    memo = registry.__dict__.setdefault("_described", {})
+    if shape not in memo:
+        memo[shape] = _describe(registry, code, form)
+    return copy.deepcopy(memo[shape])
+
+
+def _describe(registry: Registry, code: bool, form: int) -> dict:
     procedures = {}
     for name, procedure in sorted(registry.procedures.items()):
         try:
@@ -191,7 +203,6 @@ def _without_modules(text: str, modules: Iterable[str]) -> str:
     return text
 
 
-@functools.lru_cache(maxsize=None)
 def module_source_digest(name: str) -> str:
     """A digest of a module's source text (line endings normalised); a module without
     source (compiled, built in) is named by its name alone."""

@@ -184,7 +184,8 @@ class Coordinator:
             if latest is None or latest["batch"] != marker["batch"]:
                 self.checkpoints.take(self.group, marker)
                 self.stats.checkpoints += 1
-        raise version_boundary(self.topics.log, boundary, self._statuses[0].get("procedure_set"))
+        why = next((s["switch_refused"] for s in self._statuses if s.get("switch_refused")), None)
+        raise version_boundary(self.topics.log, boundary, self._statuses[0].get("procedure_set"), why)
 
     def watch(self, seconds: float) -> list[dict]:
         """Let the workers run for up to `seconds`, then take their status (progress,
@@ -365,13 +366,14 @@ class Coordinator:
             self._lock.release()
 
 
-def version_boundary(log: str, boundary: dict, ours: int | None) -> VersionBoundary:
+def version_boundary(log: str, boundary: dict, ours: int | None, why: str | None = None) -> VersionBoundary:
     from ordo.procedures.fingerprint import short
 
     batch, identity, version = boundary["batch"], boundary["procedures"], boundary["version"]
     name = f"v{version} ({short(identity)})" if version else short(identity)
+    because = f" ({why})" if why else ""
     return VersionBoundary(
-        f"{log} runs procedure set {name} from batch {batch}, and this engine runs {short(ours)}: every batch "
+        f"{log} runs procedure set {name} from batch {batch}, and this engine runs {short(ours)}{because}: every batch "
         f"before {batch} is applied; to go on, start the engine with the procedures of {name} (after "
         f"`ordo upgrade`, the new --app); to replay across versions, give `ordo recover` each version's app "
         f"(--app-version) (docs/operations.md, 'Upgrading procedures')",

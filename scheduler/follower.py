@@ -29,6 +29,7 @@ from typing import Any
 
 from ordo.procedures.ollp import RECONNOITRED, RESTARTED, first_pass
 from ordo.procedures.fingerprint import describe, differences, identities, is_versioned, refused_start, set_id
+from ordo.procedures.reload import registry_for
 from ordo.recovery.checkpoints import shard_checkpoint_path
 from ordo.scheduler.execution import ABORTED, COMMITTED
 from ordo.scheduler.outputs import CollectedOutputs, KafkaOutputs, OutputSink
@@ -60,6 +61,7 @@ class FollowOptions:
     idle_wait: float = 0.05  # how long one log poll may block when nothing is ready
     stop_after: int | None = None  # stop once this batch is applied
     hold_at: int | None = None  # execute nothing after this batch until released
+    in_place: bool = True  # at a procedure set's boundary, go on with its code where it is at hand
     log_keys: tuple[bytes, ...] | None = None  # the driver's log secrets (log/secret.py), for workers
     log_secret_source: str = ""  # where the driver found them
 
@@ -84,6 +86,8 @@ class LogFollower:
         # names procedures this worker lacks: one of their batches that needs them stops it.
         self._foreign_generations: dict[int, list[str]] = {}
         self.boundary: dict | None = None  # where the log moved to another procedure set
+        self.switches: list[tuple[int, int]] = []  # (batch, set) where this worker upgraded in place
+        self.switch_refused: str | None = None  # why it could not, at the boundary
         self.applied = self.executed = self.cursor.next_batch - 1
         self._reader = LogReader(
             options.bootstrap,
@@ -155,6 +159,8 @@ class LogFollower:
             "memory": self.worker.memory(),
             "aria": self.worker.aria_counts(),
             "boundary": self.boundary,
+            "switches": list(self.switches),
+            "switch_refused": self.switch_refused,
             "procedure_set": self.procedure_set,
         }
 
@@ -222,10 +228,25 @@ class LogFollower:
             if self.cursor.upgraded is None or named is None:
                 return False
             identity, at = named[1], self.cursor.next_batch
-        if identity in self.procedure_sets:
+        if identity in self.procedure_sets or self._switch(identity, at):
             return False
         version = self.cursor.versions.get(identity)
         self.boundary = {"batch": at, "procedures": identity, "version": version}
+        return True
+
+    def _switch(self, identity: int, at: int) -> bool:
+        """An upgrade in place: go on with the set `identity` names from batch `at` when this
+        process ran it before or its app's files on disk are it now (procedures/reload.py)."""
+        if not self.options.in_place:
+            return False
+        registry, how = registry_for(identity, self.worker.procedure_modules, self.worker.registry)
+        if registry is None:
+            self.switch_refused = how
+            return False
+        self.worker.use(registry)
+        self.procedure_set = set_id(describe(registry))
+        self.procedure_sets = identities(registry)
+        self.switches.append((at, identity))
         return True
 
     def _check_procedures(self, start: Start) -> None:

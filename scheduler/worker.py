@@ -73,10 +73,10 @@ class PartitionWorker:
     ):
         relax_garbage_collection()
         self.partition = partition
-        self.registry = registry or load_registry(procedure_modules)
-        tables = self.registry.tables.values()
-        self.partitioner = Partitioner.for_tables(partitions, {t.name: t.partitioner for t in tables})
-        self.defaults = {t.name: t.default for t in tables}
+        self.procedure_modules = tuple(procedure_modules)
+        self._partitions = partitions
+        self.use(registry or load_registry(procedure_modules))
+        self._prepared_ahead: tuple[int, tuple] | None = None  # (batch id, what prepare returned)
         self.scheduler = make_scheduler(scheduler)
         self._aria: Scheduler | None = None  # for aria-stamped batches under another scheduler
         self.exchange = exchange
@@ -85,7 +85,14 @@ class PartitionWorker:
         # newest unapplied value of each key they wrote: key -> (batch id, value).
         self._unapplied: deque[tuple[int, dict[bytes, bytes | None]]] = deque()
         self._unapplied_values: dict[bytes, tuple[int, Any]] = {}
-        self._prepared_ahead: tuple[int, tuple] | None = None  # (batch id, what prepare returned)
+
+    def use(self, registry: Registry) -> None:
+        """Run the batches from here on with `registry`'s procedures (an upgrade in place)."""
+        self.registry = registry
+        tables = registry.tables.values()
+        self.partitioner = Partitioner.for_tables(self._partitions, {t.name: t.partitioner for t in tables})
+        self.defaults = {t.name: t.default for t in tables}
+        self._prepared_ahead = None  # prepared with the procedures before
 
     def applied(self) -> dict[str, Any] | None:
         return self.shard.applied()

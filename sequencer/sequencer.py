@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -179,6 +180,25 @@ class SequencerConfig:
             raise ValueError("max_request_bytes must leave room in max_bytes for one request")
 
 
+@dataclass(frozen=True, slots=True)
+class Handover:
+    """A sequencer's state as of its newest batch every reader accepts, for the sequencer
+    that goes on with its lane in the same process after an upgrade: what a new one would
+    otherwise rebuild by reading the log back (its duplicate memory reaches a million
+    entries back)."""
+
+    cursor: dict
+    next_offset: int  # the log offset after that batch
+    accepted: int
+    last_time: int
+    recent: RecentIds
+
+
+# The newest states a sequencer keeps to hand over: more than its appends after the record
+# that ends its generation can be (takeover.STALE_APPENDS).
+KEPT_STATES = 8
+
+
 @dataclass(slots=True)
 class _Epoch:
     entries: list[bytes] = field(default_factory=list)
@@ -271,17 +291,22 @@ class Sequencer:
         self._fetch_checked = time.monotonic()
         self._last_cut_at = 0.0  # monotonic time the newest batch began to be cut
         self._recent = RecentIds(config.dedupe_window)
+        self._kept: deque[tuple[int, dict, int, int, tuple[int, int]]] = deque(maxlen=KEPT_STATES)
+        self.handed_over: Handover | None = None  # for the sequencer after an upgrade (`_hand_over`)
         self._last_time = 0
         tables = registry.tables.values()
         self._partitioner = Partitioner.for_tables(config.partitions, {t.name: t.partitioner for t in tables})
 
     # -- start-up ---------------------------------------------------------------------
 
-    def start(self, timeout: float = 60.0) -> None:
+    def start(self, timeout: float = 60.0, checked=None, handover: Handover | None = None) -> None:
         """Mark the takeover of this lane in the log, and learn from the log where
         sequencing stands: from a recent snapshot of an earlier sequencer's state, reading
         forward to this sequencer's own start record. An earlier sequencer of the lane
-        stops once it reads that start record (sequencer/takeover.py)."""
+        stops once it reads that start record (sequencer/takeover.py). `checked`: the set
+        the log runs, read and matched against these procedures a moment ago; `handover`:
+        the state of the sequencer this one follows in the same process, instead of the
+        log's."""
         from ordo.log.versions import check_set, upgrade_command
 
         config = self.config
@@ -289,7 +314,8 @@ class Sequencer:
         self._sources.check(timeout)
         partitions = request_partitions_for(self.bootstrap, self.topics, config.sequencers)
         # Before fencing anyone: a sequencer of another procedure set must leave a running one alone.
-        current = check_set(
+        # (`checked`: the log's set as the caller has just read and matched it, after an upgrade.)
+        current = checked or check_set(
             self.bootstrap,
             self.topics.namespace,
             self.registry,
@@ -308,7 +334,7 @@ class Sequencer:
         refuse_if_taken(
             self.bootstrap, self.topics.namespace, self._group, self.topics.requests, self._owned, self.owner
         )
-        while not self._take_over(log_id, timeout):
+        while not self._take_over(log_id, timeout, handover):
             # Another sequencer began the log first, so this one's start record, made as
             # the log's first, belongs to no log: start again, in the log it began.
             log_id = self._cursor.log_id
@@ -317,6 +343,7 @@ class Sequencer:
         # new one from its beginning (sequencer/sources.py); the log carries the binding.
         self._sources.bind(self._cursor)
         self._append([self._snapshot(self._own_cursor(), self._accepted)], [])
+        self._keep(self._log_end - 1)
         self._takeover = TakeoverWatch(
             self.bootstrap,
             self.topics.log,
@@ -343,7 +370,7 @@ class Sequencer:
             self.next_epoch,
         )
 
-    def _take_over(self, log_id: str | None, timeout: float) -> bool:
+    def _take_over(self, log_id: str | None, timeout: float, handover: Handover | None = None) -> bool:
         """Append this sequencer's start record to log `log_id` (None: as the log's first)
         and read the log up to it; False if the log had begun without it meanwhile."""
         config = self.config
@@ -351,6 +378,11 @@ class Sequencer:
         start = encode_start(self.topics.namespace, log_id, token, self._described, config.index, config.sequencers)
         self._append([start], [], timeout)
         self._started_at = self._log_end - 1
+        if handover is not None:  # read on from where the sequencer before stood
+            self._cursor = LogCursor.from_dict(handover.cursor, self.topics.namespace)
+            self._cursor.next_offset, self._cursor.only = handover.next_offset, config.index
+            self._accepted, self._last_time, self._recent = handover.accepted, handover.last_time, handover.recent
+            return self._catch_up(token, timeout)
         self._cursor, self._accepted, self._last_time = LogCursor(), 0, 0
         self._recent = RecentIds(config.dedupe_window)
         seed = find_seed(
@@ -388,6 +420,27 @@ class Sequencer:
             f"(`ordo upgrade`) while this sequencer of {short(self._set_id)} started, and it stops before "
             f"sequencing anything; start it with the procedures of that set"
         )
+
+    def _keep(self, offset: int) -> None:
+        """Keep the state as of the record at `offset` (this sequencer's newest), to hand over."""
+        self._kept.append((offset, self._cursor.to_dict(), self._accepted, self._last_time, self._recent.mark()))
+
+    def _hand_over(self) -> Handover | None:
+        """After an upgrade record ended this sequencer's generation: its state as of its
+        newest batch before that record (readers pass over the ones after it, and the
+        requests they held are read again), for the sequencer that goes on in this process;
+        None where it cannot say."""
+        moved = self._takeover.moved_on() if self._takeover is not None else None
+        if moved is None or not self._takeover.upgraded:
+            return None
+        before = [kept for kept in self._kept if kept[0] < moved]
+        if not before:
+            return None
+        offset, cursor, accepted, last_time, mark = before[-1]
+        if not self._recent.rollback(mark):
+            return None
+        self._kept.clear()
+        return Handover(cursor, offset + 1, accepted, last_time, self._recent)
 
     def _own_cursor(self) -> dict:
         """The cursor as a snapshot keeps it: this sequencer's lane only (what it knows of
@@ -491,6 +544,7 @@ class Sequencer:
             except Exception:
                 current = None
             if current is not None and current.identity != self._set_id:
+                self.handed_over = self._hand_over()
                 raise UpgradedAway(
                     f"{self.topics.log} moved to procedure set {current.name} (`ordo upgrade`), and "
                     f"this sequencer of {short(self._set_id)} stops; its engine stops where the log "
@@ -790,6 +844,7 @@ class Sequencer:
         positions = [self._topic_partition(p, span[1]) for p, span in epoch.offsets.items()]
         accepted = self._accepted + sum(placement is not None for placement in epoch.placements)
         self._append([record], positions)
+        at = self._log_end - 1
         if number % SNAPSHOT_EVERY == 0:
             # Only of a batch every reader accepts: the watch has read up to it, the lane still ours.
             self._await_watch(self._log_end)
@@ -815,6 +870,7 @@ class Sequencer:
         for position, span in epoch.offsets.items():
             self._cursor.consumed(position, span[1], span[2:4])
         self._accepted = accepted
+        self._keep(at)
         self.stats.batches += 1
         self.stats.sequenced += len(epoch.entries)
         return _Epoch()

@@ -236,7 +236,7 @@ def _previous_mains_description(tmp_path) -> dict:
 
 def test_a_set_the_previous_main_described_is_matched_by_the_same_code_and_refused_when_edited(tmp_path):
     from ordo.log.versions import Current
-    from ordo.procedures.fingerprint import describe_as, module_source_digest
+    from ordo.procedures.fingerprint import describe_as
 
     app = tmp_path / "app"
     app.mkdir()
@@ -261,7 +261,6 @@ def test_a_set_the_previous_main_described_is_matched_by_the_same_code_and_refus
         _project(app, fee=2)
         for name in MODULES:
             sys.modules.pop(name, None)
-        module_source_digest.cache_clear()  # read once a process: this one reads it again
         assert not current.matches(load_registry(["shop:app"]))
     finally:
         sys.path.remove(str(app))

@@ -332,6 +332,42 @@ def test_recent_ids_forget_the_oldest_beyond_capacity():
     assert "a" not in recent and {"c", "d", "e"} <= {i for i in "cde" if i in recent}
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    capacity=st.integers(1, 6),
+    before=st.lists(st.integers(0, 30), max_size=20, unique=True),
+    after=st.lists(st.integers(31, 60), max_size=20, unique=True),
+)
+def test_recent_ids_rolled_back_to_a_mark_are_the_memory_as_it_was_then(capacity, before, after):
+    """A sequencer handing its lane over takes back the ids of its unaccepted batches: the
+    memory is then exactly what it was at the mark, including what those ids pushed out."""
+    recent, reference = RecentIds(capacity), RecentIds(capacity)
+    for n in before:
+        recent.add(str(n))
+        reference.add(str(n))
+    mark = recent.mark()
+    for n in after:
+        recent.add(str(n))
+    assert recent.rollback(mark)
+    assert list(recent._order) == list(reference._order) and recent._ids == reference._ids
+    recent.add("61")
+    reference.add("61")
+    assert list(recent._order) == list(reference._order)
+
+
+def test_recent_ids_refuse_a_rollback_beyond_what_they_can_take_back(monkeypatch):
+    import ordo.sequencer.dedupe as dedupe
+
+    monkeypatch.setattr(dedupe, "ROLLBACK_LIMIT", 1)  # it remembers one id it pushed out
+    recent = dedupe.RecentIds(2)
+    recent.add("x")
+    recent.add("y")
+    mark = recent.mark()
+    for n in "abc":  # push out x, y and a: three to take back
+        recent.add(n)
+    assert not recent.rollback(mark) and list(recent._order) == ["b", "c"]
+
+
 @pytest.mark.parametrize("namespace", ["", "a b", "slθ", "x" * 201, ".hidden"])
 def test_namespaces_that_kafka_cannot_name_are_refused(namespace):
     from ordo.broker.topics import Topics

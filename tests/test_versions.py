@@ -185,9 +185,6 @@ def test_a_helper_module_named_in_code_is_covered(tmp_path):
     _write(tmp_path, "helper", "RATE = 1\n")
     before = set_id(describe(_registry(tmp_path, "bank_h:app")))
     _write(tmp_path, "helper", "RATE = 2\n")
-    from ordo.procedures.fingerprint import module_source_digest
-
-    module_source_digest.cache_clear()
     assert set_id(describe(_registry(tmp_path, "bank_h:app"))) != before
 
 
@@ -363,7 +360,7 @@ def test_another_app_on_a_running_namespace_is_refused_and_changes_nothing(broke
 
 
 @pytest.mark.slow
-def test_an_upgrade_under_load_stops_the_old_engine_at_its_batch_and_loses_nothing(
+def test_an_upgrade_to_code_the_engine_does_not_have_stops_it_at_its_batch_and_loses_nothing(
     broker, namespace, tmp_path, fault_report
 ):
     _write(tmp_path, "bank", BANK.format(factor=1))
@@ -389,10 +386,12 @@ def test_an_upgrade_under_load_stops_the_old_engine_at_its_batch_and_loses_nothi
         feeder.start()
         try:
             time.sleep(4)
-            _write(tmp_path, "bank", BANK.format(factor=2))
+            _write(tmp_path, "bank_v2", BANK.format(factor=2))  # bank.py, the engine's, stays v1
             started = time.monotonic()
             code, err = _finish(
-                _ordo(tmp_path, "upgrade", "--bootstrap-servers", broker, "--namespace", namespace, "--app", "bank:app")
+                _ordo(
+                    tmp_path, "upgrade", "--bootstrap-servers", broker, "--namespace", namespace, "--app", "bank_v2:app"
+                )
             )
             assert code == 0, err
             appended_s = float(err.split(" in ")[1].split(" s")[0])  # the command's own figure
@@ -400,8 +399,9 @@ def test_an_upgrade_under_load_stops_the_old_engine_at_its_batch_and_loses_nothi
             stopped_s = time.monotonic() - started
             ordo_lines = [line for line in err.splitlines() if line.startswith("ordo run:")]
             assert code == 2 and len(ordo_lines) == 1 and "from batch" in ordo_lines[0], err
+            assert "(the code of bank:app on disk is another set)" in ordo_lines[0], err
             assert "Traceback" not in err, err
-            engine = _run(tmp_path, broker, namespace, live, "bank:app")
+            engine = _run(tmp_path, broker, namespace, live, "bank_v2:app")
             probe = client.submit("deposit", {"account": 10**6, "amount": 1}, request_id="probe")
             assert _answer(client, probe, engine)["result"] == 2
             upgrade_s = time.monotonic() - started  # from `ordo upgrade` to the first answer of v2
@@ -426,6 +426,104 @@ def test_an_upgrade_under_load_stops_the_old_engine_at_its_batch_and_loses_nothi
         f"1 upgrade under 500 req/s at batch {boundary}: {len(sent)} requests answered once "
         f"({by_version[1]} by v1, {by_version[2]} by v2); the upgrade record appended in {appended_s:.2f} s, "
         f"the v1 engine stopped {stopped_s:.1f} s and v2 answered {upgrade_s:.1f} s after the upgrade began"
+    )
+
+
+def _published_at(broker: str, topic: str, count: int, timeout: float = 120) -> dict[str, tuple[int, int]]:
+    """Each outcome's id -> (its result, the time the engine published it, ms)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer(
+        {"bootstrap.servers": broker, "group.id": f"{topic}-times", "isolation.level": "read_committed"}
+    )
+    found: dict[str, tuple[int, int]] = {}
+    try:
+        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        deadline = time.monotonic() + timeout
+        while len(found) < count and time.monotonic() < deadline:
+            for message in consumer.consume(1000, 1.0):
+                if message.error() is None:
+                    record = json.loads(message.value())
+                    found.setdefault(record["id"], (record.get("result"), message.timestamp()[1]))
+    finally:
+        consumer.close()
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("partitions", [1, 2])
+def test_upgrades_in_place_v1_v2_v1_under_load_keep_the_engine_running_and_each_version_answers_its_batches(
+    broker, namespace, tmp_path, fault_report, partitions
+):
+    """`ordo upgrade` to the code the running engine's app now has on disk: the same `ordo
+    run` process goes on with it (sequencer, and every worker, Ray's too), v1 -> v2 -> v1
+    under 300 requests/s; each request is answered once, by the version of its batch."""
+    _write(tmp_path, "bank", BANK.format(factor=1))
+    live = tmp_path / "live"
+    extra = ("--partitions", "2", "--runtime", "ray") if partitions == 2 else ()
+    engine = _run(tmp_path, broker, namespace, live, "bank:app", *extra)
+    sent: list[str] = []
+    upgrades: list[float] = []
+    with Client(broker, namespace) as client:
+        client.wait_for_topics()
+        _deposits(client, "warm", range(100_000, 100_005), timeout=240)
+        done = threading.Event()
+
+        def load() -> None:  # 300 requests a second, each to an account of its own
+            n = 0
+            started = time.monotonic()
+            while not done.is_set():
+                delay = started + n / 300 - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                sent.append(client.submit("deposit", {"account": n, "amount": 1}, request_id=f"load-{n}"))
+                n += 1
+
+        feeder = threading.Thread(target=load)
+        feeder.start()
+        try:
+            time.sleep(3)
+            for factor in (2, 1):
+                time.sleep(1.1)  # a new mtime for the edited file, as any deploy gives it
+                _write(tmp_path, "bank", BANK.format(factor=factor))
+                code, err = _finish(
+                    _ordo(
+                        tmp_path,
+                        "upgrade",
+                        "--bootstrap-servers",
+                        broker,
+                        "--namespace",
+                        namespace,
+                        "--app",
+                        "bank:app",
+                    )
+                )
+                assert code == 0, err
+                upgrades.append(time.time() * 1000)
+                time.sleep(4)
+        finally:
+            done.set()
+            feeder.join()
+        outcomes = client.wait(sent, timeout=180)
+        assert engine.poll() is None, _finish(engine)  # the same process throughout
+    if len(outcomes) < len(sent):
+        engine.terminate()
+        code, err = _finish(engine)
+        raise AssertionError(f"{len(sent) - len(outcomes)} of {len(sent)} unanswered; ordo run (exit {code}): {err}")
+    assert stop(engine) == 0
+    timed = _published_at(broker, f"{namespace}.results", len(sent) + 5)
+    assert len(timed) == len(sent) + 5
+    ordered = sorted(outcomes.values(), key=lambda o: (o["batch"], o["txn"]))
+    assert all(o["status"] == "committed" for o in ordered)
+    runs = [ordered[0]["result"]] + [b["result"] for a, b in zip(ordered, ordered[1:]) if a["result"] != b["result"]]
+    assert runs == [1, 2, 1], runs  # v1, then v2 from one batch on, then v1 again
+    times = sorted(timed[i][1] for i in sent)
+    gap_ms = max(b - a for a, b in zip(times, times[1:]))
+    fault_report(
+        f"in-place upgrades v1 -> v2 -> v1 at {partitions} partition(s) under 300 req/s: {len(sent)} requests "
+        f"answered once by their batch's version, the same ordo run process; longest gap between two "
+        f"outcomes {gap_ms} ms"
     )
 
 
