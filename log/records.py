@@ -160,9 +160,12 @@ def encode_start(
     procedures: dict | None = None,
     sequencer: int = 0,
     sequencers: int = 1,
+    code: bytes | None = None,
 ) -> bytes:
-    """`log_id` None: the log's first start record, whose token becomes the log's identity."""
-    return seal(msgpack.packb([START, token, procedures, sequencer, sequencers]), record_context(namespace, log_id))
+    """`log_id` None: the log's first start record, whose token becomes the log's identity.
+    `code`: the set's code, packed (procedures/kept.py)."""
+    body = [START, token, procedures, sequencer, sequencers] + ([code] if code else [])
+    return seal(msgpack.packb(body), record_context(namespace, log_id))
 
 
 SNAPSHOT_EVERY = 100
@@ -181,8 +184,9 @@ def encode_skip(namespace: str, offset: int, log_id: str | None) -> bytes:
     return seal(msgpack.packb([SKIP, offset, log_id]), record_context(namespace, log_id))
 
 
-def encode_upgrade(namespace: str, procedures: dict, version: int, log_id: str) -> bytes:
-    return seal(msgpack.packb([UPGRADE, procedures, version, log_id]), record_context(namespace, log_id))
+def encode_upgrade(namespace: str, procedures: dict, version: int, log_id: str, code: bytes | None = None) -> bytes:
+    body = [UPGRADE, procedures, version, log_id] + ([code] if code else [])
+    return seal(msgpack.packb(body), record_context(namespace, log_id))
 
 
 def is_batch_record(value: bytes) -> bool:
@@ -357,6 +361,7 @@ class Start:
     procedures: dict | None
     sequencer: int = 0
     sequencers: int = 1
+    code: bytes | None = None  # the set's code, packed (procedures/kept.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,6 +384,7 @@ class Upgrade:
     procedures: dict
     version: int
     log_id: str | None
+    code: bytes | None = None
 
 
 def _unpack(raw: bytes) -> list:
@@ -414,7 +420,8 @@ def _parse(body, namespace: str) -> tuple[int, Any]:
             sequencer, sequencers = record[3:5] if len(record) >= 5 else (0, 1)
             if not (type(sequencer) is int and type(sequencers) is int and 0 <= sequencer < sequencers):
                 raise ValueError("a start record's sequencer must be k of S, 0 <= k < S")
-            return START, Start(record[1], record[2] if len(record) > 2 else None, sequencer, sequencers)
+            code = record[5] if len(record) > 5 and type(record[5]) is bytes else None
+            return START, Start(record[1], record[2] if len(record) > 2 else None, sequencer, sequencers, code)
         if kind == SNAPSHOT:
             return SNAPSHOT, Snapshot(
                 LogCursor.from_dict(record[1], namespace),
@@ -452,7 +459,8 @@ def _parse(body, namespace: str) -> tuple[int, Any]:
         if kind == UPGRADE:
             if type(record[1]) is not dict or type(record[2]) is not int or record[2] < 1:
                 raise ValueError("an upgrade record holds a procedure set and its version number")
-            return UPGRADE, Upgrade(record[1], record[2], record[3])
+            code = record[4] if len(record) > 4 and type(record[4]) is bytes else None
+            return UPGRADE, Upgrade(record[1], record[2], record[3], code)
     except Exception as exc:
         raise LogError(f"unreadable log record: {exc}") from exc
     raise LogError(f"unknown log record kind {kind!r}")
@@ -521,6 +529,8 @@ class LogCursor:
     started: Start | None = field(default=None, compare=False)  # the latest start record
     upgraded: Upgrade | None = field(default=None, compare=False)  # the latest upgrade record
     versions: dict[int, int] = field(default_factory=dict, compare=False)  # procedure set -> version, as read
+    # procedure set -> the offset of the newest record that named it, as read (its code is kept there)
+    named_at: dict[int, int] = field(default_factory=dict, compare=False)
     foreign: int = field(default=0, compare=False)  # unreadable records skipped
     # Records dropped or skipped since the reader started, as (offset, why), for the reader
     # to report; `dropped` counts them all.
@@ -670,6 +680,7 @@ class LogCursor:
         elif current[1] != identity and (version is not None or not (versioned and current[3])):
             self.procedures = [version or current[0] + 1, identity, offset, versioned]
         self.versions.setdefault(identity, self.procedures[0])
+        self.named_at[identity] = offset
 
     def _batch(self, batch: Batch, offset: int) -> Batch | None:
         lane = self.lanes.get(batch.sequencer)

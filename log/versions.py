@@ -30,6 +30,7 @@ from ordo.procedures.fingerprint import (
     short,
     shown,
 )
+from ordo.procedures.kept import changed_files, pack
 from ordo.procedures.registry import Registry
 from ordo.broker.clients import kafka_config, watermarks
 from ordo.log.records import (
@@ -187,20 +188,50 @@ def _decode(value: bytes, namespace: str, log_id: str):
 
 
 def check_set(
-    bootstrap: str, namespace: str, registry: Registry, upgrade_hint: str, timeout: float = 30.0
+    bootstrap: str,
+    namespace: str,
+    registry: Registry,
+    upgrade_hint: str,
+    timeout: float = 30.0,
+    specs: tuple[str, ...] = (),
 ) -> Current | None:
     """Refuse, in one line and before anything is written, a procedure set other than the
-    one the namespace's log runs; the log's current set (None: the log names none yet)."""
+    one the namespace's log runs; the log's current set (None: the log names none yet).
+    The line names the procedures that differ and, where the log keeps the set's code, the
+    files of `specs`' project that do."""
     topics = Topics(namespace)
     current = current_set(bootstrap, topics.log, timeout)
     if current is None or current.matches(registry):
         return current
+    files = _changed_files(bootstrap, topics.log, current, registry, specs, timeout)
     raise ProcedureSetChanged(
         f"{topics.log} runs procedure set {current.name}, and these procedures differ from it "
-        f"({shown(current.changes(registry))}); nothing was written to the log. To move the log to them: "
+        f"({shown(current.changes(registry))}{'; ' + shown(files) if files else ''}); nothing was written to "
+        f"the log. To move the log to them: "
         f"{upgrade_hint} (docs/operations.md, 'Upgrading procedures'); to go on as before, start the code "
         f"of {current.name}"
     )
+
+
+def _changed_files(
+    bootstrap: str, topic: str, current: Current, registry: Registry, specs: tuple[str, ...], timeout: float
+) -> list[str]:
+    """The project's files that differ from the code the record naming the log's set keeps
+    (empty where it keeps none, or they cannot be compared)."""
+    if not specs:
+        return []
+    consumer = log_consumer(bootstrap, f"{topic}.startup")
+    try:
+        found = records_between(consumer, topic, current.offset, current.offset + 1, timeout)
+        if not found or found[0][1] is None:
+            return []
+        _, record = _decode(found[0][1], Topics.namespace_of_log(topic), current.log_id or "")
+        code = getattr(record, "code", None)
+        return changed_files(code, registry, specs) if code else []
+    except Exception:
+        return []  # the procedures' names say enough
+    finally:
+        consumer.close()
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,7 +248,9 @@ def transactional_id(namespace: str, index: int) -> str:
     return f"{namespace}.sequencer" if index == 0 else f"{namespace}.sequencer.{index}"
 
 
-def upgrade(bootstrap: str, namespace: str, registry: Registry, timeout: float = 60.0) -> Upgraded | None:
+def upgrade(
+    bootstrap: str, namespace: str, registry: Registry, timeout: float = 60.0, specs: tuple[str, ...] = ()
+) -> Upgraded | None:
     """Move the namespace's log to `registry`'s procedure set: fence every sequencer of a
     release that appended in transactions (each lane's transactional id), then append the
     upgrade record in one transaction; the running sequencers stop once they read that
@@ -247,7 +280,7 @@ def upgrade(bootstrap: str, namespace: str, registry: Registry, timeout: float =
         writer = producers[0]
         written: list = []
         writer.begin_transaction()
-        record = encode_upgrade(namespace, described, current.version + 1, current.log_id)
+        record = encode_upgrade(namespace, described, current.version + 1, current.log_id, pack(registry, specs))
         writer.produce(
             topics.log, record, partition=0, on_delivery=lambda error, message: written.append((error, message))
         )
@@ -275,6 +308,38 @@ def upgrade(bootstrap: str, namespace: str, registry: Registry, timeout: float =
         f"which every reader passes over: nothing changed by this command. The log runs that set now; to move "
         f"it to these procedures, run `ordo upgrade` again (docs/operations.md, 'Upgrading procedures')"
     )
+
+
+def kept_code(
+    bootstrap: str, namespace: str, identity: int, timeout: float = 60.0, at: int | None = None
+) -> bytes | None:
+    """The code of procedure set `identity` as the log keeps it (procedures/kept.py): from
+    a start or upgrade record that names that set (`at`: the one at that offset, else any);
+    None if none holds it."""
+    topic = Topics(namespace).log
+    log_id = log_identity(bootstrap, topic, timeout)
+    if log_id is None:
+        return None
+    consumer = log_consumer(bootstrap, f"{topic}.startup")
+    try:
+        low_water, end = watermarks(consumer, TopicPartition(topic, 0), timeout)
+        if at is not None:
+            low_water, end = max(low_water, at), min(end, at + 1)
+        if end <= low_water:
+            return None
+        for offset, value, head in reversed(records_between(consumer, topic, low_water, end, timeout)):
+            if head is not None or value is None:
+                continue
+            try:
+                kind, record = _decode(value, namespace, log_id)
+            except LogError:
+                continue
+            if kind in (START, UPGRADE) and record.code and record.procedures:
+                if set_id(record.procedures) == identity:
+                    return record.code
+        return None
+    finally:
+        consumer.close()
 
 
 class UpgradeRaced(RuntimeError):

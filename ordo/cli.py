@@ -337,6 +337,12 @@ def build_parser() -> argparse.ArgumentParser:
         "comma-separated list of MODULE:APP and modules), matched by its procedure-set identity "
         "(repeatable; docs/operations.md, 'Upgrading procedures')",
     )
+    p.add_argument(
+        "--no-kept-code",
+        dest="kept_code",
+        action="store_false",
+        help="run only the code given (--app, --app-version), never the code the log keeps of a version",
+    )
 
     p = sub.add_parser(
         "upgrade",
@@ -686,6 +692,7 @@ def cmd_recover(args) -> int:
         args.idle,
         args.checkpoint,
         args.quiet,
+        kept_code=args.kept_code,
         **options,
         **placement,
     )
@@ -705,7 +712,8 @@ def cmd_upgrade(args) -> int:
     from ordo.log.versions import upgrade
 
     started = time.monotonic()
-    done = upgrade(args.bootstrap_servers, args.namespace, load_registry(procedure_specs(args)))
+    specs = procedure_specs(args)
+    done = upgrade(args.bootstrap_servers, args.namespace, load_registry(specs), specs=specs)
     if done is None:
         print(f"{args.namespace}.log already runs these procedures; nothing written", file=sys.stderr)
         return 0

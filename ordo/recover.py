@@ -18,6 +18,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ordo.log.versions import kept_code
+from ordo.procedures.fingerprint import describe, set_id, short
+from ordo.procedures.fingerprint import identities as all_forms
+from ordo.procedures.kept import materialize
+from ordo.procedures.loading import KEPT_AT, load_registry
 from ordo.scheduler.coordinator import Coordinator, EngineStats
 from ordo.storage.layout import LAYOUT_FILE, layout_partitions
 
@@ -285,21 +290,60 @@ def recover_across_versions(
     checkpoint_at_end: bool = False,
     quiet: bool = False,
     stream=sys.stderr,
+    kept_code: bool = True,
     **engine_options,
 ) -> ReplayReport:
     """`recover` with the procedure sets in `versions` (the current one first, each a tuple of
     specs): each stretch of the log replays with the set it was sequenced with. A replay
     stops where the log moves to another set (scheduler/follower.py); it goes on with the
-    version whose identity that is, and refuses in one line when none is. The report, and
-    the summary line, count every stretch."""
-    from ordo.procedures.fingerprint import describe, set_id, short
-    from ordo.procedures.fingerprint import identities as all_forms
-    from ordo.procedures.loading import load_registry
+    version whose identity that is, given or (`kept_code`) kept by the log, and refuses in
+    one line when none is. The report, and the summary line, count every stretch."""
+    import shutil
+    import tempfile
 
+    # The code given comes first: the workers stop at each set they do not run, and this loop
+    # picks its code, given or kept by the log.
+    engine_options = {**engine_options, "kept_code": False}
     registries = [(specs, load_registry(specs)) for specs in versions]
     identities = {identity: specs for specs, registry in registries for identity in all_forms(registry)}
     newest = {set_id(describe(registry)): specs for specs, registry in registries}  # how messages name them
-    specs, seen = versions[0], set()
+    folder = tempfile.mkdtemp(prefix="ordo-kept-code-")  # the code the log keeps, for this replay
+    try:
+        return _recover_stretches(
+            versions[0], identities, newest, folder if kept_code else None, bootstrap, namespace, data_dir,
+            scheduler, partitions, mode, idle, checkpoint_at_end, quiet, stream, engine_options,
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _from_the_log(bootstrap: str, namespace: str, identity: int, folder: str) -> tuple[str, ...] | None:
+    """The specs of set `identity` as the log keeps its code, written under `folder`, once
+    the code is checked to be that set; None if the log keeps none."""
+    packed = kept_code(bootstrap, namespace, identity)
+    if packed is None:
+        return None
+    specs = materialize(packed, folder)
+    try:
+        registry = load_registry(specs)
+    except ValueError as exc:
+        raise RuntimeError(
+            f"the code {namespace}.log keeps for procedure set {short(identity)} does not load here ({exc}): "
+            f"give that version's code with --app-version MODULE:APP"
+        ) from None
+    if identity not in all_forms(registry):
+        raise RuntimeError(
+            f"the code {namespace}.log keeps for procedure set {short(identity)} is not that set here (a library "
+            f"it imports differs?): give that version's code with --app-version MODULE:APP"
+        )
+    return specs
+
+
+def _recover_stretches(
+    specs, identities, newest, folder, bootstrap, namespace, data_dir, scheduler, partitions, mode, idle,
+    checkpoint_at_end, quiet, stream, engine_options,
+) -> ReplayReport:  # fmt: skip
+    seen: set = set()
     total: ReplayReport | None = None
     while True:
         report, boundary = _replay(
@@ -323,19 +367,27 @@ def recover_across_versions(
             return total
         found = identities.get(boundary.identity)
         at = (boundary.batch, boundary.identity)
+        kept = ""
+        if found is None and folder is not None:
+            found = _from_the_log(bootstrap, namespace, boundary.identity, folder)
+            if found is not None:
+                identities[boundary.identity] = found
+                kept = "the code the log keeps: "
         if found is None or at in seen:
             given = ", ".join(f"{','.join(v) or 'the built-in workloads'} ({short(i)})" for i, v in newest.items())
             version = f"v{boundary.version} " if boundary.version else ""
+            unkept = ", and the log keeps no code of it" if folder is not None else ""
             raise RuntimeError(
                 f"the batches from {at[0]} on were sequenced with procedure set {version}"
-                f"({short(at[1])}), which none of the procedures given is ({given}): every batch "
+                f"({short(at[1])}), which none of the procedures given is ({given}){unkept}: every batch "
                 f"before {at[0]} is applied; give that version's code with --app-version MODULE:APP "
                 f"and run `ordo recover` again (docs/operations.md, 'Upgrading procedures')"
             ) from None
         seen.add(at)
         if not quiet:
             print(
-                f"from batch {at[0]}: procedure set {short(at[1])} ({','.join(found) or 'the built-in workloads'})",
+                f"from batch {at[0]}: procedure set {short(at[1])} "
+                f"({kept}{','.join(spec.partition(KEPT_AT)[0] for spec in found) or 'the built-in workloads'})",
                 file=stream,
                 flush=True,
             )

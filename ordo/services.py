@@ -583,7 +583,7 @@ def serve_all(
     specs = placement.get("procedure_modules", ())
     registry = load_registry(specs)
     # Another app, or edited procedures, on a namespace: refused before anything runs or is written.
-    check_set(bootstrap, namespace, registry, upgrade_command(bootstrap, namespace, specs))
+    check_set(bootstrap, namespace, registry, upgrade_command(bootstrap, namespace, specs), specs=tuple(specs))
     check_sources(bootstrap, registry.sources.values(), namespace)
     # One engine per namespace: before this one replays anything. Its sequencers, and any it
     # restarts, sequence for it (OWNER_ENV), so they never wait on each other's notes.

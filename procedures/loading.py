@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import importlib
 import os
+import shutil
 import sys
+import tempfile
+from contextlib import contextmanager
 from typing import Any, Iterable
 
 from ordo.procedures.contract import Procedure, Table
@@ -48,6 +51,11 @@ def load_registry(specs: Iterable[str] = ()) -> Registry:
     specs = tuple(specs)
     if not specs:
         return default_registry()
+    kept = {spec.rpartition(KEPT_AT)[2] for spec in specs if KEPT_AT in spec}
+    if kept:
+        if any(KEPT_AT not in spec for spec in specs) or len(kept) > 1:
+            raise ValueError(f"a procedure set comes from one folder of kept code or none: {', '.join(specs)}")
+        return load_isolated(kept.pop(), tuple(spec.rpartition(KEPT_AT)[0] for spec in specs))
     registry = Registry()
     for spec in dict.fromkeys(specs):
         loaded = load_spec(spec)
@@ -56,6 +64,63 @@ def load_registry(specs: Iterable[str] = ()) -> Registry:
         except ValueError as exc:
             raise ValueError(f"{spec}: {exc}") from None
     return registry
+
+
+# `module:app@folder`: the app as the code in `folder` defines it, imported apart from the
+# process's own modules of the same names (code a log keeps, procedures/kept.py).
+KEPT_AT = "@"
+
+
+@contextmanager
+def fresh_bytecode():
+    """Imports compile source anew: no `.pyc` written before is trusted for it."""
+    before, folder = sys.pycache_prefix, tempfile.mkdtemp(prefix="ordo-bytecode-")
+    sys.pycache_prefix = folder
+    try:
+        yield
+    finally:
+        sys.pycache_prefix = before
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def modules_in(folder: str) -> set[str]:
+    """The modules (and packages) the files under `folder` define."""
+    found = set()
+    for root, _, files in os.walk(folder):
+        package = os.path.relpath(root, folder).replace(os.sep, ".")
+        for name in files:
+            stem = name.split(".")[0]
+            if not stem.isidentifier() or not name.endswith((".py", ".pyc", ".so", ".pyd")):
+                continue
+            module = package if stem == "__init__" else stem if package == "." else f"{package}.{stem}"
+            if module != ".":
+                found.add(module)
+    return found
+
+
+def load_isolated(folder: str, specs: tuple[str, ...]) -> Registry:
+    """The procedure set of `specs` as the code in `folder` defines it, imported apart: the
+    process's own modules of those names are put back afterwards, and the registry's
+    description is worked out while the folder's modules are in place (procedures/
+    fingerprint.py: once per registry), so it is the folder's code that it names."""
+    from ordo.procedures.fingerprint import describe, identities
+
+    names = modules_in(folder)
+    covered = lambda name: name in names or any(name.startswith(f"{n}.") for n in names)  # noqa: E731
+    saved = {name: sys.modules.pop(name) for name in list(sys.modules) if covered(name)}
+    sys.path.insert(0, folder)
+    importlib.invalidate_caches()
+    try:
+        with fresh_bytecode():
+            registry = load_registry(specs)
+            identities(registry)
+            describe(registry, code=False)
+        return registry
+    finally:
+        for name in [name for name in sys.modules if covered(name)]:
+            del sys.modules[name]
+        sys.path.remove(folder)
+        sys.modules.update(saved)
 
 
 def load_spec(spec: str) -> tuple[list[Table], list[Procedure], list, list, list]:

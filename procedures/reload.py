@@ -12,14 +12,11 @@ for it), and a set read once is kept by identity, so v1 → v2 → v1 reads v1 o
 from __future__ import annotations
 
 import importlib
-import shutil
 import sys
-import tempfile
 import threading
-from contextlib import contextmanager
 
 from ordo.procedures.fingerprint import identities
-from ordo.procedures.loading import load_registry
+from ordo.procedures.loading import fresh_bytecode, load_registry
 from ordo.procedures.reach import Reach, is_project_module
 from ordo.procedures.registry import Registry
 
@@ -47,18 +44,6 @@ def app_modules(specs: tuple[str, ...], registry: Registry | None = None) -> set
             parent for parent in (".".join(parts[:i]) for i in range(1, len(parts))) if is_project_module(parent)
         )
     return found
-
-
-@contextmanager
-def fresh_bytecode():
-    """Imports compile source anew: no `.pyc` written before is trusted for it."""
-    before, folder = sys.pycache_prefix, tempfile.mkdtemp(prefix="ordo-bytecode-")
-    sys.pycache_prefix = folder
-    try:
-        yield
-    finally:
-        sys.pycache_prefix = before
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def reread(specs: tuple[str, ...], registry: Registry | None = None) -> Registry:

@@ -68,9 +68,12 @@ class Coordinator:
         keep_checkpoints: int = 2,
         restore: str = AUTO,
         pipeline_depth: int = 8,
+        kept_code: bool = True,
     ):
         """`restore`: "auto" (restore only shards that disagree), "checkpoint" or "scratch".
-        `outputs`: collect outcomes and change data here instead of publishing them."""
+        `outputs`: collect outcomes and change data here instead of publishing them.
+        `kept_code`: a worker behind the log may run a set the log moved past with the code
+        the log keeps of it (procedures/kept.py)."""
         check_layout(data_dir, partitions, namespace)
         self.bootstrap = bootstrap
         self.topics = Topics(namespace)
@@ -107,9 +110,11 @@ class Coordinator:
             depth=pipeline_depth,
             log_keys=log_keys(),
             log_secret_source=secret_source(),
+            kept_code=kept_code,
         )
         self._started = False
         self._finished = False
+        self._boundary_stop = False  # a worker stopped at a boundary: every other is asked to stop
         self._seen_batch = -1
         latest = self.checkpoints.latest()
         self._listed_checkpoint = latest["batch"] if latest else 0
@@ -157,6 +162,11 @@ class Coordinator:
                 if self.finished:
                     self._stop_at_boundary()
                     break
+                if not self._boundary_stop and _diverged(self._statuses):
+                    # One worker stopped where the log moves on and another went on with the new
+                    # code (its app on disk read differently): all stop, and say why.
+                    self._boundary_stop = True
+                    self.group.stop()
                 if self._checkpoint_requested.is_set():
                     self.checkpoint()
                 now = time.monotonic()
@@ -364,6 +374,12 @@ class Coordinator:
             self.group.close()
         finally:
             self._lock.release()
+
+
+def _diverged(statuses: list[dict]) -> bool:
+    """Whether a worker stopped at a procedure set's boundary that another executed past."""
+    stops = [s["boundary"]["batch"] for s in statuses if s.get("boundary")]
+    return bool(stops) and any(s["executed"] >= min(stops) for s in statuses)
 
 
 def version_boundary(log: str, boundary: dict, ours: int | None, why: str | None = None) -> VersionBoundary:

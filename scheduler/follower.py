@@ -29,7 +29,10 @@ from typing import Any
 
 from ordo.procedures.ollp import RECONNOITRED, RESTARTED, first_pass
 from ordo.procedures.fingerprint import describe, differences, identities, is_versioned, refused_start, set_id
+from ordo.procedures.kept import registry_from
+from ordo.procedures.registry import Registry
 from ordo.procedures.reload import registry_for
+from ordo.log.versions import kept_code
 from ordo.recovery.checkpoints import shard_checkpoint_path
 from ordo.scheduler.execution import ABORTED, COMMITTED
 from ordo.scheduler.outputs import CollectedOutputs, KafkaOutputs, OutputSink
@@ -62,6 +65,7 @@ class FollowOptions:
     stop_after: int | None = None  # stop once this batch is applied
     hold_at: int | None = None  # execute nothing after this batch until released
     in_place: bool = True  # at a procedure set's boundary, go on with its code where it is at hand
+    kept_code: bool = True  # that code may be the log's own, for a set the log has moved past
     log_keys: tuple[bytes, ...] | None = None  # the driver's log secrets (log/secret.py), for workers
     log_secret_source: str = ""  # where the driver found them
 
@@ -240,6 +244,8 @@ class LogFollower:
         if not self.options.in_place:
             return False
         registry, how = registry_for(identity, self.worker.procedure_modules, self.worker.registry)
+        if registry is None and self.options.kept_code and self._behind(identity):
+            registry = self._kept(identity)
         if registry is None:
             self.switch_refused = how
             return False
@@ -248,6 +254,22 @@ class LogFollower:
         self.procedure_sets = identities(registry)
         self.switches.append((at, identity))
         return True
+
+    def _behind(self, identity: int) -> bool:
+        """Whether the log has moved past set `identity` already, as far as this worker has
+        read it (an engine catching up): its code is then history, and the log's own."""
+        named = self.cursor.procedures
+        return named is not None and named[1] != identity and identity in self.cursor.named_at
+
+    def _kept(self, identity: int) -> Registry | None:
+        """The set `identity` from the code the log keeps of it, where it keeps it."""
+        try:
+            packed = kept_code(
+                self.options.bootstrap, self.options.namespace, identity, at=self.cursor.named_at[identity]
+            )
+        except Exception:
+            return None
+        return registry_from(packed, identity) if packed else None
 
     def _check_procedures(self, start: Start) -> None:
         """A start record of a log from before versions names its procedure set by its

@@ -293,6 +293,7 @@ class Sequencer:
         self._recent = RecentIds(config.dedupe_window)
         self._kept: deque[tuple[int, dict, int, int, tuple[int, int]]] = deque(maxlen=KEPT_STATES)
         self.handed_over: Handover | None = None  # for the sequencer after an upgrade (`_hand_over`)
+        self._packed_code: bytes | None = None
         self._last_time = 0
         tables = registry.tables.values()
         self._partitioner = Partitioner.for_tables(config.partitions, {t.name: t.partitioner for t in tables})
@@ -321,6 +322,7 @@ class Sequencer:
             self.registry,
             upgrade_command(self.bootstrap, self.topics.namespace, self._procedure_specs),
             timeout,
+            tuple(self._procedure_specs),
         )
         if current is not None and is_versioned(current.described):  # the log keeps its form
             self._described = describe_as(self.registry, current.described)
@@ -375,7 +377,9 @@ class Sequencer:
         and read the log up to it; False if the log had begun without it meanwhile."""
         config = self.config
         token = uuid.uuid4().hex
-        start = encode_start(self.topics.namespace, log_id, token, self._described, config.index, config.sequencers)
+        start = encode_start(
+            self.topics.namespace, log_id, token, self._described, config.index, config.sequencers, self._kept_code()
+        )
         self._append([start], [], timeout)
         self._started_at = self._log_end - 1
         if handover is not None:  # read on from where the sequencer before stood
@@ -420,6 +424,14 @@ class Sequencer:
             f"(`ordo upgrade`) while this sequencer of {short(self._set_id)} started, and it stops before "
             f"sequencing anything; start it with the procedures of that set"
         )
+
+    def _kept_code(self) -> bytes | None:
+        """This set's code for the log to keep (procedures/kept.py), packed once."""
+        if self._packed_code is None:
+            from ordo.procedures.kept import pack
+
+            self._packed_code = pack(self.registry, tuple(self._procedure_specs)) or b""
+        return self._packed_code or None
 
     def _keep(self, offset: int) -> None:
         """Keep the state as of the record at `offset` (this sequencer's newest), to hand over."""

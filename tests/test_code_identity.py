@@ -148,7 +148,7 @@ def test_installed_libraries_and_ordo_itself_are_not_the_project(tmp_path):
 
 
 @pytest.mark.slow
-def test_ordo_run_refuses_a_restart_after_an_edit_of_a_module_no_one_named(broker, namespace, tmp_path):
+def test_ordo_run_refuses_a_restart_after_an_edit_of_a_module_no_one_named_and_names_it(broker, namespace, tmp_path):
     _project(tmp_path, rate=2)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join([str(tmp_path), ROOT])}
     run = [sys.executable, "-m", "ordo.cli", "run", "--bootstrap-servers", broker, "--namespace", namespace] + [
@@ -173,6 +173,8 @@ def test_ordo_run_refuses_a_restart_after_an_edit_of_a_module_no_one_named(broke
     lines = refused.stderr.strip().splitlines()
     assert refused.returncode != 0 and len(lines) == 1, refused.stderr
     assert "procedure 'top_up' changed" in lines[0] and "withdraw" not in lines[0] and "close" not in lines[0]
+    # and which file of the project: against the code the log keeps of the set it runs
+    assert "; rates.py changed)" in lines[0] and "shop.py" not in lines[0] and "pricing.py" not in lines[0], lines[0]
     assert "ordo upgrade" in lines[0]
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -268,7 +269,7 @@ def test_an_edited_run_needs_an_upgrade_and_every_replay_runs_the_code_that_ran(
     assert max(o["batch"] for o in before.values()) < boundary
     live_digest = _digest(tmp_path, live)
 
-    # Without v1's code a replay from scratch refuses, naming the version it needs.
+    # Told to run only the code given, a replay from scratch without v1's refuses, naming the version it needs.
     code, err = _finish(
         _ordo(
             tmp_path,
@@ -281,6 +282,7 @@ def test_an_edited_run_needs_an_upgrade_and_every_replay_runs_the_code_that_ran(
             str(tmp_path / "without"),
             "--app",
             "bank:app",
+            "--no-kept-code",
             "--from-scratch",
             "--runtime",
             "local",
@@ -520,10 +522,54 @@ def test_upgrades_in_place_v1_v2_v1_under_load_keep_the_engine_running_and_each_
     assert runs == [1, 2, 1], runs  # v1, then v2 from one batch on, then v1 again
     times = sorted(timed[i][1] for i in sent)
     gap_ms = max(b - a for a, b in zip(times, times[1:]))
+    # A new engine on the same log, its app on disk at v1: it replays v2's stretch, which the
+    # log has moved past, with the code the log keeps.
+    live_digest = _digest(tmp_path, live)
+    fresh = _run(tmp_path, broker, namespace, tmp_path / "fresh", "bank:app")
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            if _digest(tmp_path, tmp_path / "fresh") == live_digest:
+                break
+        except AssertionError:
+            pass  # no shard yet
+        assert fresh.poll() is None and time.monotonic() < deadline, _finish(fresh)
+        time.sleep(1)
+    assert stop(fresh) == 0
+    # No copy of any version's code anywhere: a rebuild runs the code the log keeps.
+    (tmp_path / "bank.py").unlink()
+    shutil.rmtree(tmp_path / "__pycache__", ignore_errors=True)
+    if partitions == 1:  # told to run only the code it is given, it has none for batch 1
+        code, err = _finish(
+            _ordo(
+                tmp_path, "recover", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir",
+                str(tmp_path / "given-only"), "--from-scratch", "--runtime", "local", "--no-kept-code",
+            ),
+            timeout=300,
+        )  # fmt: skip
+        lines = [line for line in err.splitlines() if line.startswith("ordo recover:")]
+        assert code == 2 and len(lines) == 1 and "the batches from 1 on were sequenced with" in lines[0], err
+    rebuilt = tmp_path / "rebuilt"
+    other = (
+        ("--partitions", "2", "--scheduler", "vll")
+        if partitions == 1
+        else ("--partitions", "1", "--scheduler", "opchain")
+    )
+    code, err = _finish(
+        _ordo(
+            tmp_path, "recover", "--bootstrap-servers", broker, "--namespace", namespace, "--data-dir", str(rebuilt),
+            "--from-scratch", "--runtime", "local", *other,
+        ),
+        timeout=300,
+    )  # fmt: skip
+    assert code == 0, err
+    assert "(the code the log keeps: bank:app)" in err, err  # v1 here; v2 there or in the workers
+    assert _digest(tmp_path, rebuilt) == live_digest
     fault_report(
         f"in-place upgrades v1 -> v2 -> v1 at {partitions} partition(s) under 300 req/s: {len(sent)} requests "
         f"answered once by their batch's version, the same ordo run process; longest gap between two "
-        f"outcomes {gap_ms} ms"
+        f"outcomes {gap_ms} ms; a new engine caught up through v2 with the code the log keeps, and a rebuild "
+        f"with no code given at {other[1]} partition(s), {other[3]}: the live digest"
     )
 
 
