@@ -345,6 +345,26 @@ def test_bench_soak_bounces_the_broker_and_checks_every_request_once_against_a_s
     )
 
 
+def test_bench_soak_tells_a_request_its_producer_wrote_twice_from_one_answered_twice(broker, namespace):
+    """Two records of one id are two requests (the repeat answered `duplicate request id`);
+    two outcomes of a request written once are a double answer."""
+    from confluent_kafka import Producer
+
+    from ordo.benchmarks.soak import _one_then_duplicates, _records_of
+
+    ensure_topics(broker, namespace, 2)
+    topic = f"{namespace}.requests"
+    producer = Producer({"bootstrap.servers": broker})
+    for request_id in ("a", "a", "b", "c"):
+        producer.produce(topic, json.dumps({"id": request_id, "proc": "p", "args": {}}).encode(), key=request_id)
+    producer.produce(topic, b"not json")
+    assert producer.flush(30) == 0
+    assert _records_of(broker, topic, {"a", "b"}) == {"a": 2, "b": 1}
+    repeat = ["rejected", "duplicate request id 'a'", 9, 0]
+    assert _one_then_duplicates([["committed", None, 3, 1], repeat])
+    assert not _one_then_duplicates([["committed", None, 3, 1], ["committed", None, 3, 1]])
+
+
 def test_bench_soak_refuses_a_rate_it_cannot_send():
     result = subprocess.run(
         [sys.executable, "-m", "ordo.cli", "bench", "soak", "micro", "--rate", "0"],
