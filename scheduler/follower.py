@@ -32,7 +32,7 @@ from ordo.procedures.fingerprint import describe, differences, identities, is_ve
 from ordo.procedures.kept import registry_from
 from ordo.procedures.registry import Registry
 from ordo.procedures.reload import registry_for
-from ordo.log.versions import kept_code
+from ordo.log.versions import current_set, kept_code
 from ordo.recovery.checkpoints import shard_checkpoint_path
 from ordo.scheduler.execution import ABORTED, COMMITTED
 from ordo.scheduler.outputs import CollectedOutputs, KafkaOutputs, OutputSink
@@ -256,10 +256,19 @@ class LogFollower:
         return True
 
     def _behind(self, identity: int) -> bool:
-        """Whether the log has moved past set `identity` already, as far as this worker has
-        read it (an engine catching up): its code is then history, and the log's own."""
+        """Whether the log has moved past set `identity` already (an engine catching up): its
+        code is then history, and the log's own. As far as this worker has read, else as the
+        log's end says."""
+        if identity not in self.cursor.named_at:
+            return False
         named = self.cursor.procedures
-        return named is not None and named[1] != identity and identity in self.cursor.named_at
+        if named is not None and named[1] != identity:
+            return True
+        try:
+            now = current_set(self.options.bootstrap, Topics(self.options.namespace).log, 10)
+        except Exception:
+            return False
+        return now is not None and now.identity != identity
 
     def _kept(self, identity: int) -> Registry | None:
         """The set `identity` from the code the log keeps of it, where it keeps it."""

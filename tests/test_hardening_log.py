@@ -226,6 +226,7 @@ def test_replay_with_other_procedures_is_refused_not_rejected_request_by_request
         str(tmp_path / "fresh"),
         "--idle",
         "3",
+        "--no-kept-code",  # told to run only the code given (the log keeps the module's code)
     )
     assert done.returncode != 0, done.stderr
     assert "were sequenced with procedure set v1" in done.stderr, done.stderr

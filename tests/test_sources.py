@@ -321,7 +321,7 @@ def order_args(record):
 
 def _described_shop(tmp_path, qty: str, own_module: bool) -> dict:
     """The shop app's set, its mapping in the app's module or in a module of its own."""
-    from ordo.procedures.fingerprint import module_source_digest
+    from ordo.procedures.fingerprint import describe
 
     mapping = ORDER_ARGS.replace("QTY", qty)
     if own_module:
@@ -331,14 +331,12 @@ def _described_shop(tmp_path, qty: str, own_module: bool) -> dict:
         (tmp_path / "shop.py").write_text(SHOP.replace("MAPPING", mapping))
     for name in ("shop", "shop_mapping"):
         sys.modules.pop(name, None)
-    module_source_digest.cache_clear()
     importlib.invalidate_caches()
     try:
         return describe(importlib.import_module("shop").app.registry())
     finally:
         for name in ("shop", "shop_mapping"):
             sys.modules.pop(name, None)
-        module_source_digest.cache_clear()
 
 
 @pytest.mark.parametrize("own_module", [False, True], ids=["in-the-app-module", "in-a-module-of-its-own"])
