@@ -61,9 +61,10 @@ def _spark_changes(broker: str, namespace: str, output: str, checkpoint: str, *e
     )
 
 
-def _kill_mid_micro_batch(job: subprocess.Popen, after_micro_batches: int, timeout: float = 300) -> str:
+def _kill_mid_micro_batch(job: subprocess.Popen, after_micro_batches: int, timeout: float = 600) -> str:
     """SIGKILL the job while it writes a micro-batch, once it has written some; returns the
-    progress line it was killed at."""
+    progress line it was killed at. Generous: on a busy 2-core machine a micro-batch of
+    Spark stages can take minutes."""
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(job.stderr), daemon=True)  # type: ignore[arg-type]
     reader.start()
