@@ -146,6 +146,25 @@ def _deposits(client: Client, prefix: str, accounts: range, amount: int = 1, tim
     return client.wait(ids, timeout=timeout)
 
 
+def _deposit_load(client: Client, rate: int, sent: list[str], done: threading.Event) -> threading.Thread:
+    """A started thread that deposits `rate` times a second, each to an account of its own,
+    until `done`; the ids go to `sent`."""
+
+    def load() -> None:
+        n = 0
+        started = time.monotonic()
+        while not done.is_set():
+            delay = started + n / rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            sent.append(client.submit("deposit", {"account": n, "amount": 1}, request_id=f"load-{n}"))
+            n += 1
+
+    feeder = threading.Thread(target=load)
+    feeder.start()
+    return feeder
+
+
 def _digest(folder, data_dir) -> str:
     env = {**os.environ, "PYTHONPATH": ROOT}
     done = subprocess.run(
@@ -374,18 +393,7 @@ def test_an_upgrade_to_code_the_engine_does_not_have_stops_it_at_its_batch_and_l
         _deposits(client, "warm", range(100_000, 100_005))
         done = threading.Event()
 
-        def load() -> None:  # 500 requests a second, each to an account of its own
-            n = 0
-            started = time.monotonic()
-            while not done.is_set():
-                delay = started + n / 500 - time.monotonic()
-                if delay > 0:
-                    time.sleep(delay)
-                sent.append(client.submit("deposit", {"account": n, "amount": 1}, request_id=f"load-{n}"))
-                n += 1
-
-        feeder = threading.Thread(target=load)
-        feeder.start()
+        feeder = _deposit_load(client, 500, sent, done)
         try:
             time.sleep(4)
             _write(tmp_path, "bank_v2", BANK.format(factor=2))  # bank.py, the engine's, stays v1
@@ -466,24 +474,12 @@ def test_upgrades_in_place_v1_v2_v1_under_load_keep_the_engine_running_and_each_
     extra = ("--partitions", "2", "--runtime", "ray") if partitions == 2 else ()
     engine = _run(tmp_path, broker, namespace, live, "bank:app", *extra)
     sent: list[str] = []
-    upgrades: list[float] = []
     with Client(broker, namespace) as client:
         client.wait_for_topics()
         _deposits(client, "warm", range(100_000, 100_005), timeout=240)
         done = threading.Event()
 
-        def load() -> None:  # 300 requests a second, each to an account of its own
-            n = 0
-            started = time.monotonic()
-            while not done.is_set():
-                delay = started + n / 300 - time.monotonic()
-                if delay > 0:
-                    time.sleep(delay)
-                sent.append(client.submit("deposit", {"account": n, "amount": 1}, request_id=f"load-{n}"))
-                n += 1
-
-        feeder = threading.Thread(target=load)
-        feeder.start()
+        feeder = _deposit_load(client, 300, sent, done)
         try:
             time.sleep(3)
             for factor in (2, 1):
@@ -502,7 +498,6 @@ def test_upgrades_in_place_v1_v2_v1_under_load_keep_the_engine_running_and_each_
                     )
                 )
                 assert code == 0, err
-                upgrades.append(time.time() * 1000)
                 time.sleep(4)
         finally:
             done.set()
