@@ -52,14 +52,23 @@ class PartitionActor:
         if core is not None:
             os.sched_setaffinity(0, {core})
         self.exchange = SocketExchange(partition)
-        self.worker = PartitionWorker(
-            data_dir, partition, partitions, scheduler, None, self.exchange, sync, procedure_modules
-        )
         self.follower: LogFollower | None = None
+        # A shard that cannot be opened (a full disk, a corrupt shard) is said by the first
+        # call, whole: an error in __init__ reaches the engine only as Ray's text about a
+        # creation task, without the shard or the cause.
+        self.unopened: Exception | None = None
+        try:
+            self.worker = PartitionWorker(
+                data_dir, partition, partitions, scheduler, None, self.exchange, sync, procedure_modules
+            )
+        except Exception as exc:
+            self.unopened = exc
 
     async def listen(self, on_cluster: bool) -> tuple[str, int]:
         """Where peers reach this worker: 127.0.0.1 on one machine, this node's address
         on a cluster."""
+        if self.unopened is not None:
+            raise self.unopened
         return await self.exchange.listen(ray.util.get_node_ip_address() if on_cluster else "127.0.0.1")
 
     async def connect(self, addresses: dict[int, tuple[str, int]]) -> None:
@@ -135,7 +144,8 @@ class PartitionActor:
                 await asyncio.sleep(0.01)
             self.follower.close()
         self.exchange.close()
-        self.worker.close()
+        if self.unopened is None:
+            self.worker.close()
 
 
 def start_ray(address: str | None = None) -> None:
