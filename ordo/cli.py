@@ -14,6 +14,7 @@ from ordo.config import WAIT_S, integer_between as _integer, seconds_between as 
 from ordo.errors import OrdoError
 from ordo.procedures.loading import procedure_options, procedure_specs
 from ordo.log.records import ARIA
+from ordo.scheduler.round import ROUND_TXNS
 from ordo.sequencer.sequencer import MAX_BATCH_BYTES, SequencerConfig
 
 # The built-in workloads (procedures/workloads), named here so that building the parser
@@ -129,6 +130,14 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     _placement_options(p)
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument(
+        "--round-txns",
+        type=_integer(0),
+        default=ROUND_TXNS,
+        metavar="N",
+        help="a worker behind the log executes the batches waiting for it as one round of up to N "
+        "transactions (0: one batch at a time; default %(default)s)",
+    )
+    p.add_argument(
         "--metrics-port",
         type=PORT,
         metavar="PORT",
@@ -200,13 +209,25 @@ def _cores(text: str) -> list[int]:
     return cores
 
 
+def _read_json(path: str) -> dict:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read the report {path}: {exc}") from None
+
+
 def _placement(args) -> dict:
-    return {
+    """Where the workers run, with what code, and (`ordo run`, `ordo engine`) how."""
+    placement = {
         "runtime": args.runtime,
         "ray_address": args.ray_address,
         "cores": args.cores,
         "procedure_modules": procedure_specs(args),
     }
+    if hasattr(args, "round_txns"):
+        placement["round_txns"] = args.round_txns
+    return placement
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -533,7 +554,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="latency and scale: the sequencer's epoch length; 0: group commit (default: 2 ms on one "
         "partition, 10 ms on several)",
     )
+    p.add_argument(
+        "--round-txns",
+        type=_integer(0),
+        default=ROUND_TXNS,
+        metavar="N",
+        help="latency: the engine's rounds of waiting batches, up to N transactions (0: one batch at a "
+        "time; default %(default)s)",
+    )
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON here")
+    p.add_argument(
+        "--plot",
+        metavar="PNG",
+        help="latency: plot p50 and p99 against the rate here, each configuration's knee marked",
+    )
+    p.add_argument(
+        "--beside",
+        default="",
+        metavar="JSON[,JSON…]",
+        help="latency with --plot: earlier reports (--json) drawn in the same plot",
+    )
     p.add_argument("--baseline", action="store_true", help="also the PostgreSQL baseline (micro, sl and tpcc)")
     p.add_argument("--quick", action="store_true", help="suite: fewer txns and fewer points (about 3 minutes)")
     p.add_argument(
@@ -969,6 +1009,9 @@ def cmd_bench(args) -> int:
             args.runtime,
             args.json,
             args.max_delay_ms,
+            args.round_txns,
+            args.plot,
+            [_read_json(path) for path in args.beside.split(",") if path],
         )
         return 0
     if args.workload == "compression":

@@ -431,6 +431,8 @@ class _AriaBatch:
             participants,
             () if single else local,
             declared=False,
+            batch_id=txn.batch_id,
+            time_ms=txn.time_ms,
         )
 
 

@@ -39,14 +39,29 @@ class PreparedTxn:
     local_writes: tuple[bytes, ...] = ()  # the part of the write set this partition owns (multi-partition)
     owners: dict[bytes, int] | None = None  # carried, on the executor: each written key -> its owner
     declared: bool = True  # False: a procedure without ANALYZE (aria batches), no sets to keep to
+    # Its batch; in a round of several batches (scheduler/round.py) `index` is its place in
+    # the round, `offset` more than its entry's index in its batch.
+    batch_id: int = 0
+    time_ms: int = 0
+    offset: int = 0
 
     @property
     def single(self) -> bool:
         return len(self.participants) == 1
 
     @property
+    def entry(self) -> int:
+        """Its entry's index in its batch: what every partition knows it by, whatever round
+        it runs in."""
+        return self.index - self.offset
+
+    @property
     def executor(self) -> int:
-        return executor_of(self.index, self.active)
+        return executor_of(self.index - self.offset, self.active)
+
+    @property
+    def seed(self) -> int:
+        return txn_seed(self.batch_id, self.index - self.offset)
 
 
 @dataclass(slots=True)
@@ -72,8 +87,14 @@ def prepare(
     which a carried routing item does not give; scheduler/aria.py)."""
     routing = batch.routing
     if routing is not None and routing[0] == partitioner.partitions and batch.ordering is None:
-        return _prepare_slice(batch, slice_of(routing, partition), registry, partitioner, partition)
-    return _prepare_all(batch, registry, partitioner, partition)
+        txns, rejected = _prepare_slice(batch, slice_of(routing, partition), registry, partitioner, partition)
+    else:
+        txns, rejected = _prepare_all(batch, registry, partitioner, partition)
+    batch_id, time_ms = batch.batch_id, batch.time_ms
+    for txn in txns:
+        txn.batch_id = batch_id
+        txn.time_ms = time_ms
+    return txns, rejected
 
 
 def _prepare_slice(
@@ -289,7 +310,7 @@ class BatchExecution:
         transactions open at once: the local part now, the rest from the exchange's
         callback when the peers' values are in. Calls `finished` once the transaction is
         complete (never from inside this call), or `failed` with what went wrong."""
-        batch_id, index, here = self.batch.batch_id, txn.index, self.partition
+        batch_id, index, here = txn.batch_id, txn.entry, self.partition
         executor = txn.executor
         local = self.local_snapshot(txn)
         exchange = self.exchange
@@ -304,7 +325,7 @@ class BatchExecution:
                     if writes is None:
                         raise exchange_failed(exchange)
                     if writes:
-                        self.apply(index, writes)
+                        self.apply(txn.index, writes)
                 except BaseException as exc:
                     failed(exc)
                     return
@@ -327,13 +348,13 @@ class BatchExecution:
         exchange.when_received(batch_id, index, len(txn.participants) - 1, complete)
 
     def _run_on_executor(self, txn: PreparedTxn, snapshot: dict[bytes, Any]) -> None:
-        batch_id, index, here = self.batch.batch_id, txn.index, self.partition
+        batch_id, entry, index, here = txn.batch_id, txn.entry, txn.index, self.partition
         status, result, error, writes = self._execute(txn, snapshot)
         self.outcomes.append(Outcome(index, txn.id, status, result, error))
         others = tuple(p for p in txn.active if p != here)
         if status != COMMITTED or not writes:
             for peer in others:
-                self.exchange.send(batch_id, index, (peer,), {})
+                self.exchange.send(batch_id, entry, (peer,), {})
             return
         self.record(index, writes)
         by_owner: dict[int, dict[bytes, list]] = {p: {} for p in txn.active}
@@ -344,7 +365,7 @@ class BatchExecution:
                 writer = owner(write[0], write[1], encoded)
             by_owner[writer][encoded] = write
         for peer in others:
-            self.exchange.send(batch_id, index, (peer,), by_owner[peer])
+            self.exchange.send(batch_id, entry, (peer,), by_owner[peer])
         if by_owner[here]:
             self.apply(index, by_owner[here])
 
@@ -355,8 +376,8 @@ class BatchExecution:
             snapshot,
             txn.writes,
             self.defaults,
-            self.batch.time_ms,
-            txn_seed(self.batch.batch_id, txn.index),
+            txn.time_ms,
+            txn.seed,
         )
 
     def finish(self, txn: PreparedTxn, snapshot: dict[bytes, Any]) -> None:

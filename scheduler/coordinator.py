@@ -24,6 +24,7 @@ from ordo.scheduler.follower import FollowOptions
 from ordo.scheduler.group import LocalGroup, WorkerGroup
 from ordo.scheduler.liveness import CALL_TIMEOUT, Silence
 from ordo.scheduler.outputs import CollectedOutputs
+from ordo.scheduler.round import ROUND_TXNS
 from ordo.storage.layout import check_layout
 from ordo.log.records import LogCursor
 from ordo.log.reader import UNVERIFIED_SHOWN
@@ -69,11 +70,14 @@ class Coordinator:
         restore: str = AUTO,
         pipeline_depth: int = 8,
         kept_code: bool = True,
+        round_txns: int = ROUND_TXNS,
     ):
         """`restore`: "auto" (restore only shards that disagree), "checkpoint" or "scratch".
         `outputs`: collect outcomes and change data here instead of publishing them.
         `kept_code`: a worker behind the log may run a set the log moved past with the code
-        the log keeps of it (procedures/kept.py)."""
+        the log keeps of it (procedures/kept.py). `round_txns`: a worker behind the log runs
+        waiting batches as one round of up to this many transactions (0: one batch at a
+        time; scheduler/round.py)."""
         check_layout(data_dir, partitions, namespace)
         self.bootstrap = bootstrap
         self.topics = Topics(namespace)
@@ -111,6 +115,7 @@ class Coordinator:
             log_keys=log_keys(),
             log_secret_source=secret_source(),
             kept_code=kept_code,
+            round_txns=round_txns,
         )
         self._started = False
         self._finished = False
@@ -279,7 +284,7 @@ class Coordinator:
                 return latest
             self.stats.checkpoints += 1
             return self.checkpoints.take(self.group, marker)
-        target = max(s["executed"] for s in self.group.status())
+        target = max(_reached(s) for s in self.group.status())
         if target < 1:
             return None
         if latest is not None and latest["batch"] == target:
@@ -287,7 +292,13 @@ class Coordinator:
         self.group.hold(target)
         try:
             while True:
-                if all(s["applied"] == target and s["unapplied"] == 0 for s in self.watch(0.01)):
+                statuses = self.watch(0.01)
+                beyond = max(_reached(s) for s in statuses)
+                if beyond > target:  # a worker went past before the hold reached it: hold there
+                    target = beyond
+                    self.group.hold(target)
+                    continue
+                if all(s["applied"] == target and s["unapplied"] == 0 for s in statuses):
                     break
                 if self.finished:
                     raise CheckpointError(f"the workers stopped before batch {target} was applied on every shard")
@@ -374,6 +385,11 @@ class Coordinator:
             self.group.close()
         finally:
             self._lock.release()
+
+
+def _reached(status: dict) -> int:
+    """The last batch a worker has executed or is executing (the last of its round)."""
+    return max(status["executed"], status.get("executing", 0))
 
 
 def _diverged(statuses: list[dict]) -> bool:

@@ -36,6 +36,7 @@ from ordo.log.versions import current_set, kept_code
 from ordo.recovery.checkpoints import shard_checkpoint_path
 from ordo.scheduler.execution import ABORTED, COMMITTED
 from ordo.scheduler.outputs import CollectedOutputs, KafkaOutputs, OutputSink
+from ordo.scheduler.round import ROUND_BATCHES, ROUND_TXNS, joins
 from ordo.scheduler.worker import PartitionWorker
 from ordo.log.records import Batch, LogCursor, LogError, Start
 from ordo.log.secret import use_keys
@@ -68,6 +69,9 @@ class FollowOptions:
     kept_code: bool = True  # that code may be the log's own, for a set the log has moved past
     log_keys: tuple[bytes, ...] | None = None  # the driver's log secrets (log/secret.py), for workers
     log_secret_source: str = ""  # where the driver found them
+    # Waiting batches executed as one round, up to this many transactions (scheduler/round.py);
+    # 0: one batch at a time.
+    round_txns: int = ROUND_TXNS
 
 
 class LogFollower:
@@ -93,6 +97,7 @@ class LogFollower:
         self.switches: list[tuple[int, int]] = []  # (batch, set) where this worker upgraded in place
         self.switch_refused: str | None = None  # why it could not, at the boundary
         self.applied = self.executed = self.cursor.next_batch - 1
+        self.executing = self.executed  # the last batch of the round being executed
         self._reader = LogReader(
             options.bootstrap,
             topics.log,
@@ -121,6 +126,7 @@ class LogFollower:
         self.counts = {COMMITTED: 0, ABORTED: 0, "rejected": 0, RESTARTED: 0, RECONNOITRED: 0}
         self.checkpointed: deque[tuple[int, dict]] = deque(maxlen=KEPT_CHECKPOINT_REPORTS)  # (batch, cursor)
         self.busy_s = 0.0  # time spent executing batches
+        self.rounds = 0  # executions: a batch alone, or several batches as one round
         # Sequencer's batch time -> executed here: counts per bucket (the last: beyond them), sum.
         self.latency_counts = [0] * (len(BATCH_LATENCY_BUCKETS) + 1)
         self.latency_sum = 0.0
@@ -136,6 +142,7 @@ class LogFollower:
         return {
             "partition": self.partition,
             "executed": self.executed,
+            "executing": self.executing,
             "applied": self.applied,
             "applied_at": self.applied_at,
             "applied_offset": self.applied_offset,
@@ -151,6 +158,7 @@ class LogFollower:
             "restarted": self.counts[RESTARTED],
             "reconnoitred": self.counts[RECONNOITRED],
             "busy_s": self.busy_s,
+            "rounds": self.rounds,
             "latency_counts": list(self.latency_counts),
             "latency_sum": self.latency_sum,
             "checkpointed": list(self.checkpointed),
@@ -206,8 +214,7 @@ class LogFollower:
                 continue
             if self._at_boundary():
                 return
-            batch, cursor = self._ready.popleft()
-            await self._execute(batch, cursor)
+            await self._execute(self._take_round())
             # A batch may run to its end without suspending (no remote reads to wait for):
             # yield once per batch, so control calls and peers are served under load too.
             await asyncio.sleep(0)
@@ -307,31 +314,70 @@ class LogFollower:
         self._ready.extend(batches)
         return len(batches)
 
-    async def _execute(self, batch: Batch, cursor: dict) -> None:
-        started = time.perf_counter()
-        result = await self.worker.execute(batch, upcoming=self._ready[0][0] if self._ready else None)
-        self.busy_s += time.perf_counter() - started
-        self._observe_latency(time.time() - batch.time_ms / 1000)
-        self.sink.publish(
-            batch.batch_id, len(batch), result.outcomes, result.changes, result.streamed, time_ms=batch.time_ms
+    def _take_round(self) -> list[tuple[Batch, dict]]:
+        """The next batch, with the batches waiting after it that may run in its round
+        (scheduler/round.py): one batch when the engine keeps up, several when it lags."""
+        ready = self._ready
+        taken = [ready.popleft()]
+        first = taken[0][0]
+        limit = self.options.round_txns
+        if not limit or self._ends_round(first.batch_id):
+            return taken
+        if len(ready) < ROUND_BATCHES:
+            self._read(0)
+        txns = len(first)
+        while ready and len(taken) < ROUND_BATCHES:
+            batch = ready[0][0]
+            txns += len(batch)
+            if txns > limit or not joins(first, batch):
+                break
+            taken.append(ready.popleft())
+            if self._ends_round(batch.batch_id):
+                break
+        return taken
+
+    def _ends_round(self, batch_id: int) -> bool:
+        """Whether `batch_id` must be the last of its round: it is to be checkpointed, or
+        the worker is to stop or hold after it."""
+        every = self.options.checkpoint_every
+        return (
+            (every > 0 and batch_id % every == 0)
+            or (self.stop_after is not None and batch_id >= self.stop_after)
+            or (self.hold_at is not None and batch_id >= self.hold_at)
         )
-        counts = self.counts
-        for outcome in result.outcomes:
-            status = outcome.status
-            if status == RESTARTED and first_pass(outcome.result):
-                status = RECONNOITRED
-            counts[status] += 1
-        self._unapplied.append((batch.batch_id, cursor, len(result.outcomes)))
-        self.executed = batch.batch_id
+
+    async def _execute(self, taken: list[tuple[Batch, dict]]) -> None:
+        started = time.perf_counter()
+        batches = [batch for batch, _ in taken]
+        self.executing = batches[-1].batch_id
+        results = await self.worker.execute_round(batches, upcoming=self._ready[0][0] if self._ready else None)
+        self.busy_s += time.perf_counter() - started
+        self.rounds += 1
+        now = time.time()
+        counts, outcomes = self.counts, 0
+        for batch, result in zip(batches, results):
+            self._observe_latency(now - batch.time_ms / 1000)
+            self.sink.publish(
+                batch.batch_id, len(batch), result.outcomes, result.changes, result.streamed, time_ms=batch.time_ms
+            )
+            for outcome in result.outcomes:
+                status = outcome.status
+                if status == RESTARTED and first_pass(outcome.result):
+                    status = RECONNOITRED
+                counts[status] += 1
+            outcomes += len(result.outcomes)
+        last, cursor = taken[-1]
+        self._unapplied.append((last.batch_id, cursor, outcomes))
+        self.executed = last.batch_id
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
-                "partition %d: batch %d executed (%d outcomes, %d changes) in %.1f ms, %.1f ms after it was cut",
+                "partition %d: batches %d-%d executed (%d outcomes) in %.1f ms, %.1f ms after the first was cut",
                 self.partition,
-                batch.batch_id,
-                len(result.outcomes),
-                len(result.changes),
+                batches[0].batch_id,
+                last.batch_id,
+                outcomes,
                 (time.perf_counter() - started) * 1000,
-                max(0.0, time.time() * 1000 - batch.time_ms),
+                max(0.0, now * 1000 - batches[0].time_ms),
             )
         await self._apply_delivered(limit=self.options.depth)
 

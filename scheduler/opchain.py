@@ -63,7 +63,7 @@ from ordo.procedures.operations import OP_MODIFY, OP_READ, OP_WRITE, as_operatio
 from ordo.procedures.streams import OUTPUT_TABLE_PREFIX
 from ordo.scheduler.base import Scheduler, in_log_order, register
 from ordo.scheduler.batch import BatchExecution, Outcome, PreparedTxn
-from ordo.scheduler.execution import ABORTED, COMMITTED, execute, result_problem, stored_value, txn_seed
+from ordo.scheduler.execution import ABORTED, COMMITTED, execute, result_problem, stored_value
 from ordo.storage.keys import KeyRange, encode_key, is_range_key, ranges_seen
 from ordo.storage.overlay import ABSENT
 
@@ -348,7 +348,6 @@ class _Evaluation:
         txn = state.txn
         versions = state.versions
         if state.whole:
-            execution = self.execution
             snapshot = {key: versions[key] for key in txn.reads}
             status, result, error, writes = execute(
                 txn.procedure,
@@ -356,8 +355,8 @@ class _Evaluation:
                 snapshot,
                 txn.writes,
                 self.defaults,
-                execution.batch.time_ms,
-                txn_seed(execution.batch.batch_id, txn.index),
+                txn.time_ms,
+                txn.seed,
             )
             state.outcome = (status, result, error)
             if status == COMMITTED:

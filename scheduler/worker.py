@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import os
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +14,8 @@ from ordo.procedures.ollp import restarts_of
 from ordo.procedures.loading import load_registry
 from ordo.procedures.registry import Registry
 from ordo.scheduler.base import Scheduler, make_scheduler
-from ordo.scheduler.batch import BatchExecution, Outcome, ReadExchange, prepare
+from ordo.scheduler.batch import BatchExecution, Outcome, PreparedTxn, ReadExchange, prepare
+from ordo.scheduler.round import merge, offsets_of, split
 from ordo.log.records import ARIA, Batch
 from ordo.storage.overlay import BatchOverlay
 from ordo.storage.partitioning import Partitioner
@@ -81,9 +83,10 @@ class PartitionWorker:
         self._aria: Scheduler | None = None  # for aria-stamped batches under another scheduler
         self.exchange = exchange
         self.shard = RocksShard(shard_path(data_dir, partition), sync=sync)
-        # Executed batches not yet applied, oldest first: (batch id, encoded writes); and the
-        # newest unapplied value of each key they wrote: key -> (batch id, value).
-        self._unapplied: deque[tuple[int, dict[bytes, bytes | None]]] = deque()
+        # Executed batches (or rounds) not yet applied, oldest first: (last batch id, first
+        # batch id, encoded writes); and the newest unapplied value of each key they wrote:
+        # key -> (batch id, value).
+        self._unapplied: deque[tuple[int, int, dict[bytes, bytes | None]]] = deque()
         self._unapplied_values: dict[bytes, tuple[int, Any]] = {}
 
     def use(self, registry: Registry) -> None:
@@ -107,18 +110,27 @@ class PartitionWorker:
         until `commit`. `commit`, if given, first applies the oldest executed batch. Batches
         executed before this one and not yet applied are read through their overlays.
         `upcoming`, the batch that follows, is prepared while this one waits for peers."""
+        return (await self.execute_round([batch], commit, upcoming))[0]
+
+    async def execute_round(
+        self, batches: Sequence[Batch], commit: dict[str, Any] | None = None, upcoming: Batch | None = None
+    ) -> list[PartitionResult]:
+        """`execute` for consecutive batches run as one round (scheduler/round.py): one
+        result per batch; one write to the shard, committed as the round's last batch."""
         if commit is not None:
             self.commit(commit)
-        ahead = self._prepared_ahead
-        if ahead is not None and ahead[0] == batch.batch_id:
-            txns, rejected = ahead[1]
+        prepared = [self._prepared(batch) for batch in batches]
+        first = batches[0]
+        if len(batches) == 1:
+            offsets = [0]
+            txns = prepared[0][0]
         else:
-            txns, rejected = prepare(batch, self.registry, self.partitioner, self.partition)
-        self._prepared_ahead = None
+            offsets = offsets_of(batches)
+            txns = merge(prepared, offsets)
         overlay = BatchOverlay(self.shard, self._unapplied_values)
         overlay.prefetch(key for txn in txns for key in txn.local_reads)
         execution = BatchExecution(
-            batch,
+            first,
             self.partition,
             overlay,
             self.defaults,
@@ -131,17 +143,34 @@ class PartitionWorker:
         if upcoming is not None and mailbox is not None:
             mailbox.on_wait = lambda: self._prepare_ahead(upcoming)
         try:
-            await self.scheduler_for(batch).run_batch(txns, execution)
+            await self.scheduler_for(first).run_batch(txns, execution)
         finally:
             if mailbox is not None:
                 mailbox.on_wait = None
         count_restarts(txns, execution.outcomes)
         if self.exchange is not None:
             self.exchange.flush()
-        batch_id = batch.batch_id
-        self._unapplied.append((batch_id, overlay.encoded_writes()))
-        self._unapplied_values.update((key, (batch_id, value)) for key, value in overlay.written())
-        return PartitionResult(self.partition, rejected + execution.outcomes, execution.changes, execution.streamed)
+        last = batches[-1].batch_id
+        self._unapplied.append((last, first.batch_id, overlay.encoded_writes()))
+        self._unapplied_values.update((key, (last, value)) for key, value in overlay.written())
+        partition = self.partition
+        if len(batches) == 1:
+            return [
+                PartitionResult(partition, prepared[0][1] + execution.outcomes, execution.changes, execution.streamed)
+            ]
+        return [
+            PartitionResult(partition, rejected + outcomes, changes, streamed)
+            for (_, rejected), (outcomes, changes, streamed) in zip(
+                prepared, split(offsets, execution.outcomes, execution.changes, execution.streamed)
+            )
+        ]
+
+    def _prepared(self, batch: Batch) -> tuple[list[PreparedTxn], list[Outcome]]:
+        ahead = self._prepared_ahead
+        self._prepared_ahead = None
+        if ahead is not None and ahead[0] == batch.batch_id:
+            return ahead[1]
+        return prepare(batch, self.registry, self.partitioner, self.partition)
 
     def aria_counts(self) -> tuple[int, int]:
         """(transactions homed here in aria batches, how many of them the first pass did not decide)."""
@@ -184,8 +213,8 @@ class PartitionWorker:
         applied = self.applied()
         if applied is not None and applied["batch"] >= marker["batch"]:
             raise RuntimeError(f"partition {self.partition}: batch {marker['batch']} is already applied")
-        batch_id, writes = self._unapplied.popleft()
-        self.shard.apply_batch(writes, marker)
+        batch_id, first, writes = self._unapplied.popleft()
+        self.shard.apply_batch(writes, marker, first if first != batch_id else None)
         values = self._unapplied_values
         for key in writes:  # now in the shard, unless a later unapplied batch wrote it again
             if values[key][0] == batch_id:

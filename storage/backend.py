@@ -10,8 +10,10 @@ from typing import Any, Iterator, Protocol
 class StorageBackend(Protocol):
     def get_many(self, keys: list[bytes]) -> list[bytes | None]: ...
 
-    def apply_batch(self, writes: dict[bytes, bytes | None], marker: dict[str, Any]) -> None:
-        """Atomically apply encoded writes (None deletes) and record the applied marker."""
+    def apply_batch(self, writes: dict[bytes, bytes | None], marker: dict[str, Any], first: int | None = None) -> None:
+        """Atomically apply encoded writes (None deletes) and record the applied marker:
+        the state after batch marker["batch"], and after every batch from `first` on when
+        they are one round's (scheduler/round.py)."""
 
     def applied(self) -> dict[str, Any] | None:
         """The marker of the last applied batch, or None for an empty shard."""

@@ -124,7 +124,9 @@ class RocksShard:
             return []
         return self._db.get(keys)
 
-    def apply_batch(self, writes: dict[bytes, bytes | None], marker: dict[str, Any]) -> None:
+    def apply_batch(self, writes: dict[bytes, bytes | None], marker: dict[str, Any], first: int | None = None) -> None:
+        """Apply `writes` and `marker` in one atomic write: the state after batch
+        marker["batch"], and (a round, scheduler/round.py) after every batch from `first`."""
         batch = WriteBatch(raw_mode=True)
         for key, value in writes.items():
             if value is None:
@@ -133,9 +135,10 @@ class RocksShard:
                 batch.put(key, value)
         batch.put(APPLIED, msgpack.packb(marker))
         if self._trace:
-            key = TRACE_PREFIX + b"%012d" % marker["batch"]
-            count = self._db.get(key)
-            batch.put(key, msgpack.packb(1 if count is None else msgpack.unpackb(count) + 1))
+            for applied in range(marker["batch"] if first is None else first, marker["batch"] + 1):
+                key = TRACE_PREFIX + b"%012d" % applied
+                count = self._db.get(key)
+                batch.put(key, msgpack.packb(1 if count is None else msgpack.unpackb(count) + 1))
         try:
             self._db.write(batch, self._write_options)
         except Exception as exc:

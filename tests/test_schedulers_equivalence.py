@@ -312,7 +312,7 @@ class MemoryShard:
     def get_many(self, keys):
         return [self.data.get(k) for k in keys]
 
-    def apply_batch(self, writes, marker):
+    def apply_batch(self, writes, marker, first=None):
         for k, v in writes.items():
             if v is None:
                 self.data.pop(k, None)
@@ -510,3 +510,81 @@ def test_opchain_dependencies_whatever_the_walk_order(drawn, seed):
         outcomes, changes, digest, fallbacks = engine(log, "opchain", 1, make, memory=True)
         assert (outcomes, changes, digest) == expected
         assert fallbacks == 0
+
+
+# --- rounds: waiting batches executed together (scheduler/round.py) ----------------------
+
+
+def engine_in_rounds(log: list[Batch], scheduler: str, partitions: int, cuts: list[list[int]], make=None):
+    """`engine`, with each partition running the log in rounds of its own: partition p
+    executes batches [cuts[p][i], cuts[p][i + 1]) together, whatever its peers do."""
+    with mock.patch("ordo.scheduler.worker.RocksShard", MemoryShard), tempfile.TemporaryDirectory() as data_dir:
+        exchange = LocalExchange()
+        endpoints = [HoldingEndpoint(exchange.endpoint(p)) for p in range(partitions)]
+        workers = [
+            PartitionWorker(data_dir, p, partitions, scheduler, REGISTRY, endpoints[p]) for p in range(partitions)
+        ]
+        if make is not None:
+            for worker in workers:
+                worker.scheduler = make()
+        outcomes, changes = [], []
+
+        async def follow(worker, bounds):
+            for start, end in zip(bounds, bounds[1:]):
+                results = await worker.execute_round(log[start:end], upcoming=log[end] if end < len(log) else None)
+                for batch, result in zip(log[start:end], results):
+                    outcomes.extend(
+                        (batch.batch_id, o.index, o.id, o.status, o.result, o.error) for o in result.outcomes
+                    )
+                    changes.extend((batch.batch_id, c[0], encode_key(c[1], c[2]), c[3]) for c in result.changes)
+                worker.commit({"batch": log[end - 1].batch_id, "cursor": {}})
+
+        async def all_partitions():
+            await asyncio.wait_for(asyncio.gather(*(follow(w, cuts[w.partition]) for w in workers)), 60)
+
+        try:
+            asyncio.run(all_partitions())
+            digest = combine(w.shard.digest() for w in workers)
+        finally:
+            for worker in workers:
+                worker.close()
+    return sorted(outcomes, key=lambda o: o[:2]), sorted(changes, key=lambda c: c[:3]), digest
+
+
+def _bounds(count: int, cut_at: list[bool]) -> list[int]:
+    return [0] + [i for i in range(1, count) if cut_at[i % len(cut_at)]] + [count]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.lists(request, min_size=1, max_size=12), min_size=2, max_size=6),
+    st.lists(st.lists(st.booleans(), min_size=1, max_size=6), min_size=3, max_size=3),
+)
+def test_batches_run_in_rounds_give_what_one_batch_at_a_time_gives(drawn, cut_draws):
+    """Any grouping of consecutive batches into rounds, a different one on each partition,
+    gives the serial reading's outcomes, change data and state, under every scheduler."""
+    log = to_batches(drawn)
+    expected = interpret(log)
+    for partitions, layout_log in ((1, log), (2, log), (3, routed(log, 3))):
+        cuts = [_bounds(len(log), cut_draws[p]) for p in range(partitions)]
+        for name, make in CONFIGS:
+            got = engine_in_rounds(layout_log, name, partitions, cuts, make)
+            assert got == expected, f"{name}{'' if make is None else '*'} on {partitions} partition(s), rounds {cuts}"
+
+
+def test_the_workload_generators_in_one_round_agree_with_one_batch_at_a_time():
+    """The benchmark generators' streams, half multi-partition: the whole log as one round
+    on one partition, batch by batch on the other."""
+    knobs = {
+        "micro": {"partitions": 2, "keys": 60, "hot": 4, "mp": 0.5},
+        "sl": {"records": 40},
+        "gs": {"records": 40},
+        "ob": {"records": 40},
+        "tp": {"segments": 4, "vehicles": 80},
+        "alias": {"aliases": 8, "accounts": 6},
+    }
+    log = generated_log(knobs, seed=5, batch_size=120, stride=5, prefix="w")
+    expected = interpret(log)
+    for name, make in CONFIGS:
+        got = engine_in_rounds(log, name, 2, [[0, len(log)], list(range(len(log) + 1))], make)
+        assert got == expected, name

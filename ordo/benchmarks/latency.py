@@ -378,8 +378,10 @@ def measure_rate(
     directory: str,
     seed: int,
     max_delay_ms: float | None = None,
+    round_txns: int | None = None,
 ) -> dict[str, Any]:
-    """A fresh namespace, sequencer and engine; the open-loop client at `rate` for `seconds`."""
+    """A fresh namespace, sequencer and engine; the open-loop client at `rate` for `seconds`.
+    `round_txns`: the engine's (scheduler/round.py), None for its default."""
     import multiprocessing
     import queue
 
@@ -392,7 +394,8 @@ def measure_rate(
     ensure_topics(bootstrap, namespace, request_partitions=1)
     warmup = encode_requests(workload_requests(workload, WARMUP_REQUESTS, WARMUP_SEED, knobs, partitions))
     requests = encode_requests(workload_requests(workload, max(1, round(rate * seconds)), seed, knobs, partitions))
-    coordinator = Coordinator(bootstrap, namespace, directory, scheduler, partitions, runtime=runtime)
+    rounds = {} if round_txns is None else {"round_txns": round_txns}
+    coordinator = Coordinator(bootstrap, namespace, directory, scheduler, partitions, runtime=runtime, **rounds)
     sequencer = SequencerProcess(
         bootstrap,
         namespace,
@@ -468,7 +471,12 @@ def run_latency(
     runtime: str = "auto",
     json_path: str | None = None,
     max_delay_ms: float | None = None,
+    round_txns: int | None = None,
+    plot_path: str | None = None,
+    beside: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    """Each rate on a fresh namespace, sequencer and engine; `plot_path`: p50 and p99
+    against the rate, with `beside` (earlier reports) in the same picture."""
     from ordo.benchmarks.runners import shutdown_ray
     from ordo.broker.local import local_broker
 
@@ -488,6 +496,8 @@ def run_latency(
         "knobs": knobs,
         "batch_size": max_txns,
         "max_delay_ms": max_delay_ms,
+        "round_txns": round_txns,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
         "machine": machine(),
         "runs": [],
     }
@@ -517,6 +527,7 @@ def run_latency(
                 os.path.join(root, "warm-up"),
                 seed,
                 max_delay_ms,
+                round_txns,
             )
             for i, rate in enumerate(rates):
                 run = measure_rate(
@@ -532,6 +543,7 @@ def run_latency(
                     os.path.join(root, f"rate-{i}"),
                     seed,
                     max_delay_ms,
+                    round_txns,
                 )
                 report["runs"].append(run)
                 say(format_run(run))
@@ -541,6 +553,13 @@ def run_latency(
     finish_report(report, json_path)
     say()
     say(format_report(report))
+    if plot_path:
+        from ordo.benchmarks.sweep_plot import knee, label, plot_sweep
+
+        for each in [*(beside or []), report]:
+            bend = knee(each)
+            say(f"{label(each)}: " + ("kept up at every rate" if bend is None else f"the knee at {bend:,g} req/s"))
+        say(f"plot: {plot_sweep([*(beside or []), report], plot_path)}")
     return report
 
 
