@@ -432,6 +432,7 @@ def measure_rate(
                     raise RuntimeError("the latency client ended without a result")
         if "error" in result:
             raise RuntimeError(f"latency client: {result['error']}")
+        workers = coordinator.statuses
     finally:
         coordinator.stop()
         if engine.ident is not None:
@@ -454,6 +455,10 @@ def measure_rate(
         result["readable"],
     )
     figures["warmup_s"] = round(result["warmup_s"], 2)
+    # Per worker: batches executed, in how many executions (rounds), and seconds busy.
+    figures["engine"] = [
+        {"batches": w["executed"], "rounds": w.get("rounds"), "busy_s": round(w.get("busy_s", 0.0), 2)} for w in workers
+    ]
     kinds = {kind for _, _, kind, _ in result["outcomes"].values()}
     figures["result_timestamps"] = "CreateTime" if kinds == {1} else f"types {sorted(kinds)}"
     return figures
@@ -575,6 +580,11 @@ def format_run(run: dict[str, Any]) -> str:
     )
     if run["answered"] < run["requests"]:
         line += f"  ({run['requests'] - run['answered']:,} NOT ANSWERED)"
+    engine = run.get("engine")
+    if engine:
+        line += "; workers: " + ", ".join(
+            f"{w['batches']:,} batches in {w['rounds']:,} rounds, {w['busy_s']:.1f} s busy" for w in engine
+        )
     return line
 
 
