@@ -370,12 +370,17 @@ class LogFollower:
         self._unapplied.append((last.batch_id, cursor, outcomes))
         self.executed = last.batch_id
         if log.isEnabledFor(logging.DEBUG):
+            what = (
+                f"batch {last.batch_id}"
+                if len(batches) == 1
+                else f"batches {batches[0].batch_id}-{last.batch_id} (one round)"
+            )
             log.debug(
-                "partition %d: batches %d-%d executed (%d outcomes) in %.1f ms, %.1f ms after the first was cut",
+                "partition %d: %s executed (%d outcomes, %d changes) in %.1f ms, %.1f ms after it was cut",
                 self.partition,
-                batches[0].batch_id,
-                last.batch_id,
+                what,
                 outcomes,
+                sum(len(result.changes) for result in results),
                 (time.perf_counter() - started) * 1000,
                 max(0.0, now * 1000 - batches[0].time_ms),
             )
