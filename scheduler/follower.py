@@ -151,7 +151,8 @@ class LogFollower:
             "next_offset": self.cursor.next_offset,
             "read_batch": self.cursor.next_batch - 1,  # the newest batch read, executed or not
             "position": self._reader.position(),
-            "ready": len(self._ready),
+            # read and not yet executed, the round being executed included
+            "ready": len(self._ready) + (self.executing - self.executed),
             "committed": self.counts[COMMITTED],
             "aborted": self.counts[ABORTED],
             "rejected": self.counts["rejected"],
