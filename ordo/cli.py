@@ -129,14 +129,7 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--partitions", type=COUNT, default=1, metavar="N", help="partition workers (default 1)")
     _placement_options(p)
     p.add_argument("--quiet", action="store_true", help="no progress lines")
-    p.add_argument(
-        "--round-txns",
-        type=_integer(0),
-        default=ROUND_TXNS,
-        metavar="N",
-        help="a worker behind the log executes the batches waiting for it as one round of up to N "
-        "transactions (0: one batch at a time; default %(default)s)",
-    )
+    _round_option(p, "a worker behind the log executes the batches waiting for it as one round")
     p.add_argument(
         "--metrics-port",
         type=PORT,
@@ -207,6 +200,16 @@ def _cores(text: str) -> list[int]:
     if not cores:
         raise argparse.ArgumentTypeError("no cores given")
     return cores
+
+
+def _round_option(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--round-txns",
+        type=_integer(0),
+        default=ROUND_TXNS,
+        metavar="N",
+        help=f"{what} of up to N transactions (0: one batch at a time; default %(default)s)",
+    )
 
 
 def _read_json(path: str) -> dict:
@@ -554,14 +557,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="latency and scale: the sequencer's epoch length; 0: group commit (default: 2 ms on one "
         "partition, 10 ms on several)",
     )
-    p.add_argument(
-        "--round-txns",
-        type=_integer(0),
-        default=ROUND_TXNS,
-        metavar="N",
-        help="latency: the engine's rounds of waiting batches, up to N transactions (0: one batch at a "
-        "time; default %(default)s)",
-    )
+    _round_option(p, "latency: the engine's workers behind the log execute the batches waiting as one round")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON here")
     p.add_argument(
         "--plot",

@@ -420,16 +420,20 @@ def generated_log(knobs: dict, seed: int, batch_size: int, stride: int, prefix: 
     return log
 
 
+# Every generator at 2 partitions, half of micro multi-partition, over few records.
+MIXED_KNOBS = {
+    "micro": {"partitions": 2, "keys": 60, "hot": 4, "mp": 0.5},
+    "sl": {"records": 40},
+    "gs": {"records": 40},
+    "ob": {"records": 40},
+    "tp": {"segments": 4, "vehicles": 80},
+    "alias": {"aliases": 8, "accounts": 6},
+}
+
+
 def test_workload_generators_agree_across_schedulers():
     """The benchmark generators' own streams, 2 partitions, larger batches."""
-    knobs = {
-        "micro": {"partitions": 2, "keys": 60, "hot": 4, "mp": 0.5},
-        "sl": {"records": 40},
-        "gs": {"records": 40},
-        "ob": {"records": 40},
-        "tp": {"segments": 4, "vehicles": 80},
-        "alias": {"aliases": 8, "accounts": 6},
-    }
+    knobs = MIXED_KNOBS
     log = generated_log(knobs, seed=3, batch_size=150, stride=7, prefix="g")
     expected = interpret(log)
     for partitions in (1, 2):
@@ -575,14 +579,7 @@ def test_batches_run_in_rounds_give_what_one_batch_at_a_time_gives(drawn, cut_dr
 def test_the_workload_generators_in_one_round_agree_with_one_batch_at_a_time():
     """The benchmark generators' streams, half multi-partition: the whole log as one round
     on one partition, batch by batch on the other."""
-    knobs = {
-        "micro": {"partitions": 2, "keys": 60, "hot": 4, "mp": 0.5},
-        "sl": {"records": 40},
-        "gs": {"records": 40},
-        "ob": {"records": 40},
-        "tp": {"segments": 4, "vehicles": 80},
-        "alias": {"aliases": 8, "accounts": 6},
-    }
+    knobs = MIXED_KNOBS
     log = generated_log(knobs, seed=5, batch_size=120, stride=5, prefix="w")
     expected = interpret(log)
     for name, make in CONFIGS:
