@@ -143,6 +143,9 @@ class LogWatch:
         self.other_cluster: str | None = None  # another cluster's id, once one answers instead
         self._noted: tuple[int, bytes | None] | None = None
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set by stop and by `ask_now`: skip the rest of the wait
+        self._rounds = threading.Condition()
+        self._started = self._done = 0  # rounds of questions begun and finished
         self._probe = RecordProbe(bootstrap, topic, group)
         self._thread = threading.Thread(target=self._run, name=f"watch {topic}", daemon=True)
         self._thread.start()
@@ -154,6 +157,8 @@ class LogWatch:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
+                with self._rounds:
+                    self._started += 1
                 answering = self._check_cluster()
                 self.end = self._probe.end_and_error()
                 self.answered.set()
@@ -164,9 +169,21 @@ class LogWatch:
                     self._probe.forget_absence()
                 elif noted is not None and self.lost is None and self._probe.holds(*noted) is False:
                     self.lost = noted[0]
-                self._stop.wait(self.every)
+                with self._rounds:
+                    self._done += 1
+                    self._rounds.notify_all()
+                self._wake.wait(self.every)
+                self._wake.clear()
         finally:
             self._probe.close()
+
+    def ask_now(self, timeout: float) -> None:
+        """Wait (at most `timeout` seconds) for a round of questions begun after this call,
+        so `lost_cluster` and `lost` speak of the broker as it is now."""
+        with self._rounds:
+            wanted = self._started + 1
+            self._wake.set()
+            self._rounds.wait_for(lambda: self._done >= wanted or self._stop.is_set(), timeout)
 
     def _check_cluster(self) -> bool:
         """Note the id of the cluster answering; False if none answered."""
@@ -191,4 +208,5 @@ class LogWatch:
 
     def close(self) -> None:
         self._stop.set()
+        self._wake.set()
         self._thread.join(10)

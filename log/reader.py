@@ -362,6 +362,13 @@ class LogReader:
                 f"'Broker lost'"
             )
 
+    def check_broker_now(self, timeout: float = 10.0) -> None:
+        """check_broker on a fresh answer: for a failure that may be the broker's loss
+        (a write refused for an unknown topic), so it is reported as that loss."""
+        if self._probe is not None:
+            self._probe.ask_now(timeout)
+        self.check_broker()
+
     def _log_watch(self) -> LogWatch:
         """Asks the broker about the log from a thread of its own (log/probe.py)."""
         if self._probe is None:

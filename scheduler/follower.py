@@ -35,7 +35,7 @@ from ordo.procedures.reload import registry_for
 from ordo.log.versions import current_set, kept_code
 from ordo.recovery.checkpoints import shard_checkpoint_path
 from ordo.scheduler.execution import ABORTED, COMMITTED
-from ordo.scheduler.outputs import CollectedOutputs, KafkaOutputs, OutputSink
+from ordo.scheduler.outputs import CollectedOutputs, KafkaOutputs, OutputLost, OutputSink
 from ordo.scheduler.round import ROUND_BATCHES, ROUND_TXNS, joins
 from ordo.scheduler.worker import PartitionWorker
 from ordo.log.records import Batch, LogCursor, LogError, Start
@@ -182,8 +182,14 @@ class LogFollower:
     async def run(self) -> dict[str, Any]:
         self.running = True
         try:
-            await self._follow()
-            await self._apply_delivered(limit=0)
+            try:
+                await self._follow()
+                await self._apply_delivered(limit=0)
+            except OutputLost:
+                # A broker restarted without its data refuses writes to topics it never had,
+                # often before the log's watch has seen the other cluster: that loss is the cause.
+                self._reader.check_broker_now()
+                raise
         except BaseException as exc:
             self.error = (
                 f"partition {self.partition}: {exc}"

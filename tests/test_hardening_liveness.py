@@ -303,3 +303,29 @@ def test_a_broker_restarted_without_its_data_is_said_within_seconds(tmp_path):
     finally:
         stop(engine.process, 60)
         broker.stop()
+
+
+def test_the_log_watch_asked_now_sees_another_cluster_before_its_next_round(tmp_path):
+    """An engine whose outputs a broker refuses (a topic it never had) asks the log's watch
+    at once whether the broker lost the log, so the loss is what it says; the watch's own
+    rounds may be seconds apart."""
+    from ordo.log.probe import LogWatch
+
+    port = free_port()
+    broker = local_broker(port=port)
+    bootstrap = broker.start()
+    ensure_topics(bootstrap, "watched")
+    watch = LogWatch(bootstrap, Topics("watched").log, "watched.probe", every=3600)
+    try:
+        assert watch.answered.wait(30) and watch.cluster is not None
+        broker.stop()
+        broker = local_broker(port=port)
+        broker.start()  # same address, another cluster
+        assert watch.lost_cluster() is None  # the next round is an hour away
+        asked = time.monotonic()
+        watch.ask_now(30)
+        assert time.monotonic() - asked < 30
+        assert "the broker lost the log" in (watch.lost_cluster() or ""), watch.other_cluster
+    finally:
+        watch.close()
+        broker.stop()
