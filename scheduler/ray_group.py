@@ -130,6 +130,7 @@ class PartitionActor:
             "partition": self.worker.partition,
             "pid": os.getpid(),
             "cores": sorted(os.sched_getaffinity(0)),
+            "nice": os.getpriority(os.PRIO_PROCESS, 0),
             "node": ray.get_runtime_context().get_node_id(),
         }
 
@@ -174,6 +175,10 @@ def start_ray(address: str | None = None) -> None:
             _node_ip_address=LOOPBACK,
             logging_level="WARNING",
             num_cpus=os.cpu_count(),
+            # Ray starts its workers at niceness 15 (background work): on a busy machine the
+            # broker, the sequencer and the clients, all at 0, preempted the partition workers,
+            # which took three times as long for the same batches (docs/benchmarks.md).
+            _system_config={"worker_niceness": 0},
         )
         # The GCS and the raylet die with this process (the kernel's parent-death signal); the
         # dashboard agents under the raylet notice only a minute later, workers with their raylet.

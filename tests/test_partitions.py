@@ -75,3 +75,5 @@ def test_each_ray_worker_runs_in_its_own_process_on_its_core(tmp_path, local_ray
     assert [w["partition"] for w in placed] == [0, 1, 2]
     assert len({w["pid"] for w in placed} | {os.getpid()}) == 4
     assert [w["cores"] for w in placed] == [[cores[p % len(cores)]] for p in range(3)]
+    # As urgent as the broker and the sequencer they keep pace with (Ray's default is 15).
+    assert [w["nice"] for w in placed] == [os.getpriority(os.PRIO_PROCESS, 0)] * 3
