@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import threading
 import time
@@ -27,24 +28,38 @@ pytestmark = pytest.mark.slow
 
 class Feeder:
     """Submits `requests` in slices through Ordo's client, a slice every `pause` seconds,
-    whatever the broker is doing (the client's producer holds what it cannot send yet). The
-    feed outlasts the faults, so that the time to resume after each is measurable."""
+    whatever the broker is doing (the client's producer holds what it cannot send yet).
+    The last `held` slices are held back, one sent by each `after_fault`: however long the
+    faults take under load, new requests come after each, so the time to resume after it
+    is measurable (a feed that ended before a fault was over left nothing to answer)."""
 
-    def __init__(self, bootstrap: str, namespace: str, requests: list, slice_size: int, pause: float):
+    def __init__(self, bootstrap: str, namespace: str, requests: list, slice_size: int, pause: float, held: int = 0):
+        cut = len(requests) - held * slice_size
         self.client = Client(bootstrap, namespace)
-        self.requests, self.slice_size, self.pause = requests, slice_size, pause
+        self.requests, self.slice_size, self.pause = requests[:cut], slice_size, pause
+        self._held = [requests[start : start + slice_size] for start in range(cut, len(requests), slice_size)]
+        self._faults_over: queue.Queue = queue.Queue()
+        self._faults = 0
         self.thread = threading.Thread(target=self._feed, daemon=True)
 
     def _feed(self) -> None:
         for start in range(0, len(self.requests), self.slice_size):
             self.client.submit(self.requests[start : start + self.slice_size])
             time.sleep(self.pause)
+        for held in self._held:  # by this thread's client, which knows where its outcomes begin
+            self._faults_over.get()
+            self.client.submit(held)
 
     def start(self) -> Feeder:
         self.thread.start()
         return self
 
+    def after_fault(self) -> None:
+        self._faults_over.put(None)
+        self._faults += 1
+
     def finish(self, timeout: float = 180) -> None:
+        assert self._faults == len(self._held), "a held slice has no fault to follow"
         self.thread.join(timeout)
         assert not self.thread.is_alive(), "the client could not hand over its requests"
         self.client.close()
@@ -160,7 +175,7 @@ def test_a_durable_broker_restarted_under_load_loses_and_repeats_nothing(tmp_pat
         client = Client(bootstrap, namespace)
         client.wait_for_topics(timeout=60)
         client.close()
-        feeder = Feeder(bootstrap, namespace, requests, slice_size=50, pause=0.4).start()
+        feeder = Feeder(bootstrap, namespace, requests, slice_size=50, pause=0.4, held=2).start()
         watch = OutcomeWatch(bootstrap, f"{namespace}.results").start()
         for fault in ("SIGTERM", "SIGKILL"):
             time.sleep(3)
@@ -172,6 +187,7 @@ def test_a_durable_broker_restarted_under_load_loses_and_repeats_nothing(tmp_pat
             time.sleep(2)
             back = time.monotonic()
             kafka.restart_node(0)
+            feeder.after_fault()
             resumed.append(watch.first_after(back, engine))
         settle_and_check(feeder, watch, engine, bootstrap, namespace, requests, data_dir)
     finally:
@@ -223,7 +239,7 @@ def test_a_three_node_cluster_loses_no_request_when_the_log_leader_dies_and_anot
             except KafkaException:
                 assert time.monotonic() < deadline, f"{log}'s settings cannot be described"
                 time.sleep(0.2)
-        feeder = Feeder(bootstrap, namespace, requests, slice_size=50, pause=0.4).start()
+        feeder = Feeder(bootstrap, namespace, requests, slice_size=50, pause=0.4, held=rounds).start()
         watch = OutcomeWatch(bootstrap, f"{namespace}.results").start()
         for round_ in range(rounds):
             time.sleep(3)
@@ -237,6 +253,7 @@ def test_a_three_node_cluster_loses_no_request_when_the_log_leader_dies_and_anot
             # The killed leader comes back at once: which two nodes form the in-sync pair after
             # a pause is the cluster's choice, and it may need that one.
             kafka.restart_node(leader)
+            feeder.after_fault()
             resumed.append(watch.first_after(back, engine, timeout=180))
         settle_and_check(feeder, watch, engine, bootstrap, namespace, requests, data_dir)
     finally:
@@ -458,7 +475,7 @@ def test_ordo_broker_with_three_nodes_restarts_a_killed_node_while_the_others_se
         client = Client(bootstrap, namespace)
         client.wait_for_topics(timeout=90)
         client.close()
-        feeder = Feeder(bootstrap, namespace, requests, slice_size=50, pause=0.4).start()
+        feeder = Feeder(bootstrap, namespace, requests, slice_size=50, pause=0.4, held=1).start()
         watch = OutcomeWatch(bootstrap, f"{namespace}.results").start()
         time.sleep(5)
         log = f"{namespace}.log"
@@ -472,6 +489,7 @@ def test_ordo_broker_with_three_nodes_restarts_a_killed_node_while_the_others_se
         )
         node.kill()
         killed = time.monotonic()
+        feeder.after_fault()
         resumed = watch.first_after(killed, engine, timeout=180)
         deadline = time.monotonic() + 60
         while not said.having(f"Kafka node {leader} "):
