@@ -66,11 +66,15 @@ class StallWatch:
         return True
 
 
-# What a partition answers while its broker is loading it after a restart; asked again.
+# What a partition answers while its broker is loading it after a restart, or while its leader changes; asked again.
 _LOADING = {
     KafkaError.UNKNOWN_LEADER_EPOCH,
     KafkaError.LEADER_NOT_AVAILABLE,
     KafkaError.NOT_LEADER_FOR_PARTITION,
+    # A new leader answers this until its high watermark has caught up: under a three-node
+    # cluster's leader change it made every unacknowledged output go again, as copies.
+    KafkaError.OFFSET_NOT_AVAILABLE,
+    KafkaError.FENCED_LEADER_EPOCH,
     KafkaError._TIMED_OUT,
     KafkaError._TRANSPORT,
 }
