@@ -433,8 +433,7 @@ MIXED_KNOBS = {
 
 def test_workload_generators_agree_across_schedulers():
     """The benchmark generators' own streams, 2 partitions, larger batches."""
-    knobs = MIXED_KNOBS
-    log = generated_log(knobs, seed=3, batch_size=150, stride=7, prefix="g")
+    log = generated_log(MIXED_KNOBS, seed=3, batch_size=150, stride=7, prefix="g")
     expected = interpret(log)
     for partitions in (1, 2):
         for name, make in CONFIGS:
@@ -579,8 +578,7 @@ def test_batches_run_in_rounds_give_what_one_batch_at_a_time_gives(drawn, cut_dr
 def test_the_workload_generators_in_one_round_agree_with_one_batch_at_a_time():
     """The benchmark generators' streams, half multi-partition: the whole log as one round
     on one partition, batch by batch on the other."""
-    knobs = MIXED_KNOBS
-    log = generated_log(knobs, seed=5, batch_size=120, stride=5, prefix="w")
+    log = generated_log(MIXED_KNOBS, seed=5, batch_size=120, stride=5, prefix="w")
     expected = interpret(log)
     for name, make in CONFIGS:
         got = engine_in_rounds(log, name, 2, [[0, len(log)], list(range(len(log) + 1))], make)
