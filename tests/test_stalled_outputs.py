@@ -1,4 +1,12 @@
-from ordo.scheduler.stalled_outputs import StallWatch
+import time
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from ordo.broker.clients import kafka_config
+from ordo.broker.topics import ensure_topics
+from ordo.scheduler import stalled_outputs
+from ordo.scheduler.stalled_outputs import StallWatch, TailsUnread, written_since
 
 
 def _watch(answers: list[bool]) -> StallWatch:
@@ -62,3 +70,50 @@ def test_the_broker_is_asked_only_every_few_seconds():
     for tenth in range(0, 200):
         watch.stalled(0, tenth / 10)
     assert len(asked) <= 20 / watch.look_every
+
+
+def _answering_first(monkeypatch, code: int) -> list[int]:
+    """The broker's first answer to a read-back is `code`; every later one is its own."""
+    read, answers = stalled_outputs._read_since, []
+
+    def read_since(*args):
+        answers.append(code)
+        if len(answers) == 1:
+            raise KafkaException(KafkaError(code))
+        return read(*args)
+
+    monkeypatch.setattr(stalled_outputs, "_read_since", read_since)
+    return answers
+
+
+def _written(broker: str, namespace: str) -> tuple[str, int, set[tuple[str, bytes, bytes]]]:
+    topic = ensure_topics(broker, namespace).results
+    since_ms = int(time.time() * 1000)
+    producer = Producer(kafka_config(broker))
+    for i in range(3):
+        producer.produce(topic, key=f"r-{i}".encode(), value=f"v{i}".encode())
+    assert producer.flush(30) == 0
+    return topic, since_ms, {(topic, f"r-{i}".encode(), f"v{i}".encode()) for i in range(3)}
+
+
+@pytest.mark.parametrize(
+    "code",
+    [KafkaError.OFFSET_NOT_AVAILABLE, KafkaError.FENCED_LEADER_EPOCH, KafkaError.NOT_LEADER_FOR_PARTITION],
+    ids=["watermark-behind", "fenced-epoch", "not-leader"],
+)
+def test_a_read_back_that_meets_a_leader_change_asks_again(broker, namespace, monkeypatch, code):
+    """What a partition answers while its leader moves (a new leader whose high watermark
+    has not caught up answers OFFSET_NOT_AVAILABLE) is asked again: taken as a failed
+    read-back, every unacknowledged output would go again as a copy."""
+    topic, since_ms, written = _written(broker, namespace)
+    answers = _answering_first(monkeypatch, code)
+    assert written_since(broker, [topic], since_ms, 30) == written
+    assert len(answers) == 2
+
+
+def test_a_read_back_refused_for_good_is_said_at_once(broker, namespace, monkeypatch):
+    topic, since_ms, _ = _written(broker, namespace)
+    answers = _answering_first(monkeypatch, KafkaError.TOPIC_AUTHORIZATION_FAILED)
+    with pytest.raises(TailsUnread):
+        written_since(broker, [topic], since_ms, 30)
+    assert len(answers) == 1
