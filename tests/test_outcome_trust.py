@@ -10,8 +10,9 @@ import subprocess
 import sys
 import time
 
-from confluent_kafka import Producer
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
+from ordo.broker.clients import consumer_config
 from ordo.broker.topics import ensure_topics
 from tests.helpers import ROOT
 
@@ -48,7 +49,9 @@ def test_an_outcome_from_an_unauthenticated_broker_may_be_forged_and_loopback_go
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(3)  # no engine runs: the only outcome the client can get is the one forged below
+    # No engine runs: the only outcome the client can get is the one forged below, written
+    # once its request is on the broker (it notes where the outcomes end before it sends).
+    _wait_for_request(broker, f"{namespace}.requests", b"r-forged", waiting)
     forger = Producer({"bootstrap.servers": broker})
     forger.produce(
         f"{namespace}.results",
@@ -67,6 +70,19 @@ def test_an_outcome_from_an_unauthenticated_broker_may_be_forged_and_loopback_go
         "PLAINTEXT broker: ordo submit --wait printed it (on a broker beyond the loopback, with one "
         "warning line naming the missing ACLs)"
     )
+
+
+def _wait_for_request(broker: str, topic: str, key: bytes, sender: subprocess.Popen) -> None:
+    consumer = Consumer(consumer_config(broker, {"group.id": f"{topic}-watch", "enable.auto.commit": False}))
+    try:
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and sender.poll() is None:
+            if any(m.error() is None and m.key() == key for m in consumer.consume(100, 0.5)):
+                return
+        raise AssertionError(f"no request {key!r} on {topic}: {sender.communicate()}")
+    finally:
+        consumer.close()
 
 
 def test_a_client_that_authenticates_is_not_warned():
