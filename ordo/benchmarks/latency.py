@@ -108,8 +108,22 @@ def _client(bootstrap: str, namespace: str, warmup: list, requests: list, rate: 
     from ordo.broker.topics import Topics, partition_count
 
     topics = Topics(namespace)
+    # Not idempotent: librdkafka's idempotent producer counts messages in flight against its
+    # five requests per partition, so while one request of five or more waits for its answer
+    # its broker thread wakes without pause (about 750,000 times a second here), and took half
+    # a core of the two the pipeline under test shares (docs/benchmarks.md). No broker fault
+    # happens in this benchmark to make a retry send a request twice.
     producer = Producer(
-        kafka_config(bootstrap, {"enable.idempotence": True, "linger.ms": 1, "queue.buffering.max.messages": 1_000_000})
+        kafka_config(
+            bootstrap,
+            {
+                "enable.idempotence": False,
+                "acks": "all",
+                "max.in.flight.requests.per.connection": 5,
+                "linger.ms": 1,
+                "queue.buffering.max.messages": 1_000_000,
+            },
+        )
     )
     consumer = Consumer(
         consumer_config(bootstrap, {"group.id": f"bench-latency-{uuid.uuid4().hex}", "enable.auto.commit": False})
