@@ -109,17 +109,24 @@ def consumer_config(bootstrap: str, settings: dict[str, Any] | None = None) -> d
     )
 
 
-# What a partition answers while it is being created or its leader moves; a node of a cluster
-# that has not learned of a new topic yet has the client call the partition unknown.
-_MOVING = {
-    KafkaError.NOT_LEADER_FOR_PARTITION,
-    KafkaError.LEADER_NOT_AVAILABLE,
-    KafkaError.UNKNOWN_TOPIC_OR_PART,
-    KafkaError._UNKNOWN_PARTITION,
-    KafkaError._UNKNOWN_TOPIC,
-    KafkaError._TRANSPORT,
-    KafkaError._TIMED_OUT,
-}
+# What a partition answers while its leader moves or its broker loads it after a restart:
+# asked again. A new leader answers OFFSET_NOT_AVAILABLE until its high watermark has caught
+# up (taken as a failure, it once made every unacknowledged output go again, as copies).
+LEADER_MOVING = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.OFFSET_NOT_AVAILABLE,
+        KafkaError._TRANSPORT,
+        KafkaError._TIMED_OUT,
+    }
+)
+
+# ... and while a topic is being created: a node of a cluster that has not learned of a new
+# topic yet has the client call the partition unknown.
+_MOVING = LEADER_MOVING | {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC}
 
 
 def watermarks(consumer, partition, timeout: float) -> tuple[int, int]:

@@ -18,9 +18,9 @@ import time
 import uuid
 from typing import Callable, Iterable
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from ordo.broker.clients import arrived, consumer_config, watermarks
+from ordo.broker.clients import LEADER_MOVING, arrived, consumer_config, watermarks
 
 # Producers stamp CreateTime from their own clock; the worker notes the time itself when it
 # publishes, so a record produced then is never stamped much before. The margin only reads
@@ -66,20 +66,6 @@ class StallWatch:
         return True
 
 
-# What a partition answers while its broker is loading it after a restart, or while its leader changes; asked again.
-_LOADING = {
-    KafkaError.UNKNOWN_LEADER_EPOCH,
-    KafkaError.LEADER_NOT_AVAILABLE,
-    KafkaError.NOT_LEADER_FOR_PARTITION,
-    # A new leader answers this until its high watermark has caught up: under a three-node
-    # cluster's leader change it made every unacknowledged output go again, as copies.
-    KafkaError.OFFSET_NOT_AVAILABLE,
-    KafkaError.FENCED_LEADER_EPOCH,
-    KafkaError._TIMED_OUT,
-    KafkaError._TRANSPORT,
-}
-
-
 class TailsUnread(RuntimeError):
     """The topics could not be read back within the time given."""
 
@@ -96,7 +82,7 @@ def written_since(
             return _read_since(bootstrap, sorted(set(topics)), since_ms, deadline)
         except KafkaException as exc:
             error = exc.args[0] if exc.args else None
-            if getattr(error, "code", lambda: None)() not in _LOADING or time.monotonic() > deadline - 1:
+            if getattr(error, "code", lambda: None)() not in LEADER_MOVING or time.monotonic() > deadline - 1:
                 raise TailsUnread(str(error or exc)) from None
             time.sleep(0.5)
 

@@ -73,17 +73,18 @@ def test_the_broker_is_asked_only_every_few_seconds():
 
 
 def _answering_first(monkeypatch, code: int) -> list[int]:
-    """The broker's first answer to a read-back is `code`; every later one is its own."""
-    read, answers = stalled_outputs._read_since, []
+    """The broker's first answer to a read-back is `code`; every later one is its own.
+    Returns the list of read-backs made, one entry each."""
+    read, calls = stalled_outputs._read_since, []
 
     def read_since(*args):
-        answers.append(code)
-        if len(answers) == 1:
+        calls.append(args)
+        if len(calls) == 1:
             raise KafkaException(KafkaError(code))
         return read(*args)
 
     monkeypatch.setattr(stalled_outputs, "_read_since", read_since)
-    return answers
+    return calls
 
 
 def _written(broker: str, namespace: str) -> tuple[str, int, set[tuple[str, bytes, bytes]]]:
@@ -106,14 +107,14 @@ def test_a_read_back_that_meets_a_leader_change_asks_again(broker, namespace, mo
     has not caught up answers OFFSET_NOT_AVAILABLE) is asked again: taken as a failed
     read-back, every unacknowledged output would go again as a copy."""
     topic, since_ms, written = _written(broker, namespace)
-    answers = _answering_first(monkeypatch, code)
+    calls = _answering_first(monkeypatch, code)
     assert written_since(broker, [topic], since_ms, 30) == written
-    assert len(answers) == 2
+    assert len(calls) == 2
 
 
 def test_a_read_back_refused_for_good_is_said_at_once(broker, namespace, monkeypatch):
     topic, since_ms, _ = _written(broker, namespace)
-    answers = _answering_first(monkeypatch, KafkaError.TOPIC_AUTHORIZATION_FAILED)
+    calls = _answering_first(monkeypatch, KafkaError.TOPIC_AUTHORIZATION_FAILED)
     with pytest.raises(TailsUnread):
         written_since(broker, [topic], since_ms, 30)
-    assert len(answers) == 1
+    assert len(calls) == 1
