@@ -29,7 +29,8 @@ pytestmark = pytest.mark.slow
 
 class Feeder:
     """Submits `requests` in slices through Ordo's client, a slice every `pause` seconds,
-    whatever the broker is doing (the client's producer holds what it cannot send yet).
+    whatever the broker is doing: each slice waits, however long a broker restarted under
+    load takes to answer, while the client's producer holds what it cannot send yet.
     The last `held` slices are held back, one sent by each `after_fault`: however long the
     faults take under load, new requests come after each, so the time to resume after it
     is measurable (a feed that ended before a fault was over left nothing to answer)."""
@@ -45,11 +46,11 @@ class Feeder:
 
     def _feed(self) -> None:
         for start in range(0, len(self.requests), self.slice_size):
-            self.client.submit(self.requests[start : start + self.slice_size])
+            self.client.submit(self.requests[start : start + self.slice_size], timeout=None)
             time.sleep(self.pause)
         for held in self._held:  # by this thread's client, which knows where its outcomes begin
             self._faults_over.get()
-            self.client.submit(held)
+            self.client.submit(held, timeout=None)
 
     def start(self) -> Feeder:
         self.thread.start()
