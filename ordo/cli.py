@@ -565,6 +565,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="latency: plot p50 and p99 against the rate here, each configuration's knee marked",
     )
     p.add_argument(
+        "--broker-warmup",
+        type=_seconds(0, 3_600),
+        default=None,
+        metavar="S",
+        help="latency: seconds of unreported traffic at most before the first rate, in rounds "
+        "of 15 s until the broker's JIT compiler is done (default 90; 0: none)",
+    )
+    p.add_argument(
         "--beside",
         default="",
         metavar="JSON[,JSON…]",
@@ -1008,6 +1016,7 @@ def cmd_bench(args) -> int:
             args.round_txns,
             args.plot,
             [_read_json(path) for path in args.beside.split(",") if path],
+            args.broker_warmup,
         )
         return 0
     if args.workload == "compression":

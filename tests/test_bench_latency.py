@@ -4,6 +4,7 @@ command end to end (YCSB-T at a low rate, two partitions, the local runtime)."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -92,13 +93,20 @@ def test_bench_latency_end_to_end(tmp_path):
         "local",
         "--json",
         str(path),
+        "--broker-warmup",
+        "15",
         timeout=300,
     )
     assert "where the time goes" in out and "p99 ms" in out
+    # One round of 15 s, however busy the JVM's compiler of a broker just started still is.
+    assert "warming up the broker: 15 s" in out and "JIT compiler took" in out
     report = json.loads(path.read_text())
     assert report["workload"] == "ycsbt" and report["partitions"] == 2 and report["machine"]["cpus"] >= 1
     assert report["knobs"] == {"mp": 1.0, "records": 2000}
     assert "load_average_end" in report["machine"]
+    warmup = report["broker_warmup"]
+    assert warmup["seconds"] == 15 and len(warmup["jit_share_by_round"]) == 1
+    assert warmup["jit_share_by_round"][0] > 0  # a broker just started compiles under its first traffic
     [run] = report["runs"]
     assert run["rate_rps"] == 100 and run["requests"] == 300
     assert run["answered"] == run["requests"]  # every request answered
@@ -118,3 +126,11 @@ def test_bench_latency_end_to_end(tmp_path):
     # can read below nothing on a busy machine, never execution and delivery together.
     assert run["hops"]["execution"]["share_pct"] + run["hops"]["delivery"]["share_pct"] > 0
     assert run["result_timestamps"] == "CreateTime"
+
+
+def test_the_jit_compiler_is_read_from_the_jvms_own_threads():
+    from ordo.benchmarks.machine import jit_compiler_cpu_s
+
+    assert jit_compiler_cpu_s(None) is None
+    assert jit_compiler_cpu_s(2**22 + 1) is None  # above Linux's largest pid: no such process
+    assert jit_compiler_cpu_s(os.getpid()) == 0.0  # Python has no compiler threads

@@ -6,7 +6,9 @@ on the schedule t0 + i/R whatever happens to them: an open loop. Each request's 
 from its *scheduled* send time to its outcome's arrival at the client, so a pipeline that
 stalls cannot slow the client down and hide the queue it builds (no coordinated omission).
 Before the clock starts, a warm-up waits until the engine answers; before the first rate,
-an unreported round of BROKER_WARMUP_S seconds warms the broker's JVM.
+unreported rounds of BROKER_WARMUP_S seconds warm the broker's JVM until its JIT compiler
+is done (it took a third of a core for about 45 s of traffic on a 2-vCPU machine), for
+BROKER_WARMUP_MAX_S at most.
 
 Where the time goes comes from the records' own Kafka timestamps (CreateTime, set by each
 producer as it takes a record) and from two moments the client notes itself: when the broker
@@ -55,6 +57,11 @@ HOPS = ("send", "request", "sequencing", "commit", "execution", "delivery")
 TIMED_AFTER = 0.2  # the share of each run, from its start, that is not timed
 WARMUP_REQUESTS = 20
 BROKER_WARMUP_S = 15.0
+# The broker is warm once its JIT compiler took under this share of a core during a warm-up
+# round; BROKER_WARMUP_MAX_S of rounds at most (a broker whose compiler threads cannot be
+# read gets one round).
+BROKER_JIT_QUIET = 0.05
+BROKER_WARMUP_MAX_S = 90.0
 
 
 def cadence(epoch_ms: float) -> str:
@@ -478,6 +485,33 @@ def measure_rate(
     return figures
 
 
+def warm_up_broker(
+    broker: Any, say: Callable[[str], None], warm_round: Callable[[str, float], Any], most_s: float
+) -> dict[str, Any]:
+    """Rounds of traffic (`warm_round(directory, seconds)`), `most_s` seconds of it at most,
+    until the broker's JIT compiler is quiet: what it took, to go beside the figures."""
+    from ordo.benchmarks.machine import jit_compiler_cpu_s
+
+    pid = getattr(broker, "pid", None)
+    shares: list[float] = []
+    spent = 0.0
+    while spent < most_s:
+        seconds = min(BROKER_WARMUP_S, most_s - spent)
+        say(f"  warming up the broker: {seconds:g} s of traffic, not reported")
+        before, started = jit_compiler_cpu_s(pid), time.monotonic()
+        warm_round(f"warm-up-{len(shares)}", seconds)
+        spent += seconds
+        after = jit_compiler_cpu_s(pid)
+        if before is None or after is None:
+            break
+        shares.append(round((after - before) / (time.monotonic() - started), 3))
+        if shares[-1] < BROKER_JIT_QUIET:
+            break
+    if shares:
+        say(f"  the broker's JIT compiler took {', '.join(f'{share:.0%}' for share in shares)} of a core, by round")
+    return {"seconds": spent, "jit_share_by_round": shares}
+
+
 def run_latency(
     workload: str,
     rates: list[float],
@@ -493,9 +527,11 @@ def run_latency(
     round_txns: int | None = None,
     plot_path: str | None = None,
     beside: list[dict[str, Any]] | None = None,
+    broker_warmup_s: float | None = None,
 ) -> dict[str, Any]:
     """Each rate on a fresh namespace, sequencer and engine; `plot_path`: p50 and p99
-    against the rate, with `beside` (earlier reports) in the same picture."""
+    against the rate, with `beside` (earlier reports) in the same picture;
+    `broker_warmup_s`: unreported traffic at most first (None: BROKER_WARMUP_MAX_S)."""
     from ordo.benchmarks.runners import shutdown_ray
     from ordo.broker.local import local_broker
 
@@ -530,23 +566,28 @@ def run_latency(
     try:
         with local_broker() as broker:
             # A broker just started runs its code interpreted until the JVM has compiled it:
-            # the first seconds of traffic see several times the latency of the rest. A
-            # round at the highest rate, not reported, warms it up as a long-running broker is.
-            say(f"  warming up the broker: {BROKER_WARMUP_S:g} s at {max(rates):g} req/s, not reported")
-            measure_rate(
-                broker.bootstrap_servers,
-                workload,
-                knobs,
-                max(rates),
-                BROKER_WARMUP_S,
-                scheduler,
-                partitions,
-                max_txns,
-                runtime,
-                os.path.join(root, "warm-up"),
-                seed,
-                max_delay_ms,
-                round_txns,
+            # the first seconds of traffic see several times the latency of the rest, and the
+            # compiler's threads take CPU from the pipeline under test. Unreported rounds at
+            # the highest rate warm it up as a long-running broker is.
+            report["broker_warmup"] = warm_up_broker(
+                broker,
+                say,
+                lambda directory, warm_s: measure_rate(
+                    broker.bootstrap_servers,
+                    workload,
+                    knobs,
+                    max(rates),
+                    warm_s,
+                    scheduler,
+                    partitions,
+                    max_txns,
+                    runtime,
+                    os.path.join(root, directory),
+                    seed,
+                    max_delay_ms,
+                    round_txns,
+                ),
+                BROKER_WARMUP_MAX_S if broker_warmup_s is None else broker_warmup_s,
             )
             for i, rate in enumerate(rates):
                 run = measure_rate(

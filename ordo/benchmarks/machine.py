@@ -41,6 +41,29 @@ def machine() -> dict:
     }
 
 
+def jit_compiler_cpu_s(pid: int | None) -> float | None:
+    """CPU seconds a JVM's JIT compiler threads (C1, C2) have taken so far, from /proc; None
+    where that cannot be read (no process, not Linux)."""
+    if pid is None:
+        return None
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        ticks = 0
+        for task in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{task}/comm") as f:
+                    if "CompilerThre" not in f.read():
+                        continue
+                with open(f"/proc/{pid}/task/{task}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:  # a compiler thread the JVM let go of meanwhile
+                continue
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    except OSError:
+        return None
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def broker_description() -> str:
     """The broker every `ordo bench` starts here (ORDO_BROKER_ENGINE picks it)."""
     from ordo.broker.local import default_engine
