@@ -492,7 +492,7 @@ def warm_up_broker(
     until the broker's JIT compiler is quiet: what it took, to go beside the figures."""
     from ordo.benchmarks.machine import jit_compiler_cpu_s
 
-    pid = getattr(broker, "pid", None)
+    pid = broker.pid
     shares: list[float] = []
     spent = 0.0
     while spent < most_s:
