@@ -67,6 +67,11 @@ def test_the_first_fifth_of_a_run_is_not_timed():
     assert sum(h["share_pct"] for h in run["hops"].values()) == pytest.approx(100, abs=0.3)
     assert run["latency_ms"]["p50"] <= run["latency_ms"]["p99"] <= run["latency_ms"]["max"] < 200
     assert run["hops"]["request"]["p50_ms"] == pytest.approx(2, abs=1)
+    # What the timing leaves out still shows: the first fifth waited half a second.
+    assert run["early_latency_ms"]["p50"] == pytest.approx(520, abs=2)
+    # The one slow request among the timed ones lost its time in delivery: the tail's shares say so.
+    assert run["tail"]["requests"] == 1
+    assert run["tail"]["share_pct"]["delivery"] > 80
 
 
 @pytest.mark.slow
@@ -126,6 +131,10 @@ def test_bench_latency_end_to_end(tmp_path):
     # can read below nothing on a busy machine, never execution and delivery together.
     assert run["hops"]["execution"]["share_pct"] + run["hops"]["delivery"]["share_pct"] > 0
     assert run["result_timestamps"] == "CreateTime"
+    assert run["tail"]["requests"] >= 1
+    assert sum(run["tail"]["share_pct"].values()) == pytest.approx(100, abs=0.5)
+    assert 0 < run["early_latency_ms"]["p50"] <= run["early_latency_ms"]["p99"]
+    assert "the slowest 1 %" in out
 
 
 def test_the_jit_compiler_is_read_from_the_jvms_own_threads():

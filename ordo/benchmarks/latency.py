@@ -337,8 +337,10 @@ def summarize(
     `readable`: log offset -> when a log reader got it (s). Requests scheduled in the first
     TIMED_AFTER of the run are not timed. Achieved throughput: outcomes over the time from
     the first scheduled send to the last arrival."""
+    untimed = int(len(scheduled) * TIMED_AFTER)
+    early = [outcomes[key][0] - due for key, due in scheduled[:untimed] if key in outcomes]
     rows = []
-    for key, due in scheduled[int(len(scheduled) * TIMED_AFTER) :]:
+    for key, due in scheduled[untimed:]:
         if key in outcomes and key in requested and key in acknowledged and key in logged:
             log_ms, offset = logged[key]
             if offset in readable:
@@ -370,6 +372,9 @@ def summarize(
         "statuses": statuses,
         "latency_ms": {name: round(percentile(latencies, q), 2) for name, q in (("p50", 50), ("p90", 90), ("p99", 99))},
         "hops": {},
+        # the untimed start of the run: a pipeline that falls behind in its first seconds shows here
+        "early_latency_ms": {name: round(percentile(early, q) * 1000, 2) for name, q in (("p50", 50), ("p99", 99))},
+        "tail": tail_shares(rows, percentile(latencies, 99)),
     }
     result["latency_ms"]["max"] = round(max(latencies), 2) if latencies else None
     result["latency_ms"]["mean"] = round(statistics.fmean(latencies), 2) if latencies else None
@@ -381,6 +386,18 @@ def summarize(
             "p99_ms": round(percentile(values, 99), 2),
         }
     return result
+
+
+def tail_shares(rows: list[dict[str, float]], threshold: float) -> dict[str, Any]:
+    """Which hops make the tail: each hop's share of the latency of the requests at or above
+    `threshold` (the p99), which a hop's own p99 does not tell (its slowest requests need
+    not be the slowest ones end to end)."""
+    slow = [row for row in rows if row["latency"] >= threshold]
+    total = sum(row["latency"] for row in slow)
+    return {
+        "requests": len(slow),
+        "share_pct": {hop: round(100 * sum(row[hop] for row in slow) / total, 1) if total else None for hop in HOPS},
+    }
 
 
 # -- one rate, end to end ----------------------------------------------------------------
@@ -633,6 +650,9 @@ def format_run(run: dict[str, Any]) -> str:
         f"{run['answered']:,}/{run['requests']:,} answered, p50 {cell(lat['p50'], '.1f', 0)} "
         f"p99 {cell(lat['p99'], '.1f', 0)} max {cell(lat['max'], '.1f', 0)} ms"
     )
+    early = run.get("early_latency_ms")
+    if early:
+        line += f" (first {TIMED_AFTER:.0%}: p50 {cell(early['p50'], '.1f', 0)} p99 {cell(early['p99'], '.1f', 0)})"
     if run["answered"] < run["requests"]:
         line += f"  ({run['requests'] - run['answered']:,} NOT ANSWERED)"
     engine = run.get("engine")
@@ -670,6 +690,10 @@ def format_report(report: dict[str, Any]) -> str:
                 f"{cell(h['share_pct'], '.0f', 3)} % {cell(h['p50_ms'], '.1f', 5)} / {cell(h['p99_ms'], '.1f', 5)}"
             )
         lines.append(f"{run['rate_rps']:>8,g} " + " ".join(f"{h:>20}" for h in hops))
+    lines.append("the slowest 1 % (at or above the p99): each hop's share of their latency")
+    for run in report["runs"]:
+        shares = run.get("tail", {}).get("share_pct", {})
+        lines.append(f"{run['rate_rps']:>8,g} " + " ".join(f"{cell(shares.get(hop), '.0f', 18)} %" for hop in HOPS))
     lines.append(
         "send: schedule → request record; request: → acknowledged by the broker; sequencing: → log "
         "record (epoch or group commit); commit: → readable in the log (the sequencer's append); execution: → "
