@@ -14,6 +14,7 @@ from ordo.config import WAIT_S, integer_between as _integer, seconds_between as 
 from ordo.errors import OrdoError
 from ordo.procedures.loading import procedure_options, procedure_specs
 from ordo.log.records import ARIA
+from ordo.recovery.cadence import DEFAULT_CHECKPOINT_EVERY, checkpoint_every
 from ordo.scheduler.round import ROUND_TXNS
 from ordo.sequencer.sequencer import MAX_BATCH_BYTES, SequencerConfig
 
@@ -162,11 +163,11 @@ def _checkpoint_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("checkpoints and recovery")
     g.add_argument(
         "--checkpoint-every",
-        type=_integer(0),
-        default=100,
-        metavar="K",
-        help="checkpoint every shard each K batches (0: never; default %(default)s); "
-        "SIGUSR1 asks a running engine for one at the next batch",
+        type=checkpoint_every,
+        default=DEFAULT_CHECKPOINT_EVERY,
+        metavar="K|Ts",
+        help="checkpoint every shard each K batches, or each T seconds of log time, e.g. 10s "
+        "(0: never; default %(default)s); SIGUSR1 asks a running engine for one at the next batch",
     )
     g.add_argument(
         "--keep-checkpoints",

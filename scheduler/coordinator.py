@@ -2,8 +2,8 @@
 (`scheduler.follower`), and watches them: progress, the checkpoint manifest, stopping.
 It is not on the data path: no batch and no output passes through it.
 
-Every `checkpoint_every` batches (batch ids that are multiples of it, so every run
-checkpoints the same batches) each worker checkpoints its shard; once all have, the
+Each worker checkpoints its shard after the batches `checkpoint_every` marks, which the
+log decides alike for every partition (recovery/cadence.py); once all have, the
 coordinator lists the checkpoint. A checkpoint asked for at any other time holds every
 worker at one batch first. On start, shards that disagree are restored from the newest
 checkpoint (see `recovery/`).
@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 
 from ordo.procedures.fingerprint import VersionBoundary
 from ordo.procedures.registry import Registry
+from ordo.recovery.cadence import DEFAULT_CHECKPOINT_EVERY, Cadence, cadence
 from ordo.recovery.checkpoints import CheckpointError, CheckpointStore
 from ordo.recovery.restore import AUTO, DataDirLock, check_log_holds, log_head_problem, prepare_shards
 from ordo.scheduler.follower import FollowOptions
@@ -65,7 +66,7 @@ class Coordinator:
         cores: list[int] | None = None,
         procedure_modules: tuple[str, ...] = (),
         outputs: CollectedOutputs | None = None,
-        checkpoint_every: int = 100,
+        checkpoint_every: int | str | Cadence = DEFAULT_CHECKPOINT_EVERY,
         keep_checkpoints: int = 2,
         restore: str = AUTO,
         pipeline_depth: int = 8,
@@ -74,6 +75,7 @@ class Coordinator:
     ):
         """`restore`: "auto" (restore only shards that disagree), "checkpoint" or "scratch".
         `outputs`: collect outcomes and change data here instead of publishing them.
+        `checkpoint_every`: K batches, "Ts" (T seconds of log time) or 0 (never).
         `kept_code`: a worker behind the log may run a set the log moved past with the code
         the log keeps of it (procedures/kept.py). `round_txns`: a worker behind the log runs
         waiting batches as one round of up to this many transactions (0: one batch at a
@@ -84,7 +86,7 @@ class Coordinator:
         self.stats = EngineStats()
         self._stop = threading.Event()
         self._checkpoint_requested = threading.Event()
-        self.checkpoint_every = checkpoint_every
+        self.checkpoint_every = cadence(checkpoint_every)
         self._lock = DataDirLock(data_dir)
         try:
             self.checkpoints = CheckpointStore(data_dir, partitions, keep_checkpoints)
@@ -109,7 +111,7 @@ class Coordinator:
             bootstrap,
             namespace,
             collect=outputs is not None,
-            checkpoint_every=checkpoint_every,
+            checkpoints=self.checkpoint_every,
             checkpoint_root=self.checkpoints.root,
             depth=pipeline_depth,
             log_keys=log_keys(),
@@ -194,7 +196,7 @@ class Coordinator:
             return
         boundary = boundaries[0]
         marker = self.group.applied()[0]
-        if self.checkpoint_every and marker is not None and len(boundaries) == len(self._statuses):
+        if self.checkpoint_every.enabled and marker is not None and len(boundaries) == len(self._statuses):
             latest = self.checkpoints.latest()
             if latest is None or latest["batch"] != marker["batch"]:
                 self.checkpoints.take(self.group, marker)

@@ -11,9 +11,9 @@ flight (up to `depth` batches). The rules stay those of one batch at a time: a b
 applied only after all of its outputs are acknowledged, batches are applied in log order,
 and each applied batch carries its marker in the same atomic write.
 
-Checkpoints every `checkpoint_every` batches are taken by each worker on its own, at the
-same batch ids on every partition; the coordinator lists a checkpoint once every
-partition has taken it.
+Checkpoints are taken by each worker on its own, after the batches the log itself marks
+for every partition alike (recovery/cadence.py); the coordinator lists a checkpoint once
+every partition has taken it.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ordo.procedures.ollp import RECONNOITRED, RESTARTED, first_pass
+from ordo.recovery.cadence import Cadence
 from ordo.procedures.fingerprint import describe, differences, identities, is_versioned, refused_start, set_id
 from ordo.procedures.kept import registry_from
 from ordo.procedures.registry import Registry
@@ -59,7 +60,7 @@ class FollowOptions:
     bootstrap: str
     namespace: str
     collect: bool = False  # keep outputs in memory (tests, comparisons) instead of Kafka
-    checkpoint_every: int = 0
+    checkpoints: Cadence = Cadence()  # which batches to checkpoint after (recovery/cadence.py)
     checkpoint_root: str | None = None  # the data directory's checkpoint folder
     depth: int = 8  # executed batches whose outputs may be in flight at once
     idle_wait: float = 0.05  # how long one log poll may block when nothing is ready
@@ -97,6 +98,7 @@ class LogFollower:
         self.switches: list[tuple[int, int]] = []  # (batch, set) where this worker upgraded in place
         self.switch_refused: str | None = None  # why it could not, at the boundary
         self.applied = self.executed = self.cursor.next_batch - 1
+        self._last_time_ms = self.cursor.time_ms  # the log time of the last batch taken (0: none yet)
         self.executing = self.executed  # the last batch of the round being executed
         self._reader = LogReader(
             options.bootstrap,
@@ -112,7 +114,8 @@ class LogFollower:
         self.dropped_records: deque[tuple[int, str]] = deque(maxlen=KEPT_DROPPED_REPORTS)
         self.unverified_note: tuple[int, str] | None = None  # (how many so far, the latest) for the coordinator
         self._ready: deque[tuple[Batch, dict]] = deque()  # read, not yet executed
-        self._unapplied: deque[tuple[int, dict, int]] = deque()  # executed: (batch id, cursor after it, outcomes)
+        # executed: (batch id, cursor after it, outcomes, whether to checkpoint after it)
+        self._unapplied: deque[tuple[int, dict, int, bool]] = deque()
         self.hold_at = options.hold_at  # execute no batch after this one until released
         self.stop_after = options.stop_after
         self._stopping = False
@@ -328,7 +331,7 @@ class LogFollower:
         taken = [ready.popleft()]
         first = taken[0][0]
         limit = self.options.round_txns
-        if not limit or self._ends_round(first.batch_id):
+        if not limit or self._ends_round(first, self._last_time_ms):
             return taken
         if len(ready) < ROUND_BATCHES:
             self._read(0)
@@ -339,16 +342,16 @@ class LogFollower:
             if txns > limit or not joins(first, batch):
                 break
             taken.append(ready.popleft())
-            if self._ends_round(batch.batch_id):
+            if self._ends_round(batch, taken[-2][0].time_ms):
                 break
         return taken
 
-    def _ends_round(self, batch_id: int) -> bool:
-        """Whether `batch_id` must be the last of its round: it is to be checkpointed, or
-        the worker is to stop or hold after it."""
-        every = self.options.checkpoint_every
+    def _ends_round(self, batch: Batch, previous_time_ms: int) -> bool:
+        """Whether `batch` must be the last of its round: it is to be checkpointed, or the
+        worker is to stop or hold after it."""
+        batch_id = batch.batch_id
         return (
-            (every > 0 and batch_id % every == 0)
+            self.options.checkpoints.due(batch_id, batch.time_ms, previous_time_ms)
             or (self.stop_after is not None and batch_id >= self.stop_after)
             or (self.hold_at is not None and batch_id >= self.hold_at)
         )
@@ -374,7 +377,10 @@ class LogFollower:
                 counts[status] += 1
             outcomes += len(result.outcomes)
         last, cursor = taken[-1]
-        self._unapplied.append((last.batch_id, cursor, outcomes))
+        previous_time_ms = batches[-2].time_ms if len(batches) > 1 else self._last_time_ms
+        checkpoint = self.options.checkpoints.due(last.batch_id, last.time_ms, previous_time_ms)
+        self._last_time_ms = last.time_ms
+        self._unapplied.append((last.batch_id, cursor, outcomes, checkpoint))
         self.executed = last.batch_id
         if log.isEnabledFor(logging.DEBUG):
             what = (
@@ -407,7 +413,7 @@ class LogFollower:
         acknowledgements while more than `limit` batches are left unapplied."""
         unapplied, sink = self._unapplied, self.sink
         while unapplied:
-            batch_id, cursor, outcomes = unapplied[0]
+            batch_id, cursor, outcomes, checkpoint = unapplied[0]
             if not sink.delivered(batch_id):
                 if len(unapplied) <= limit:
                     return
@@ -425,8 +431,7 @@ class LogFollower:
             self.applied_at = time.monotonic()
             self.applied_offset = cursor["next_offset"]
             self.applied_txns += outcomes
-            every = self.options.checkpoint_every
-            if every and batch_id % every == 0 and self.options.checkpoint_root:
+            if checkpoint and self.options.checkpoint_root:
                 self._checkpoint(batch_id, cursor)
 
     def _checkpoint(self, batch_id: int, cursor: dict) -> None:
