@@ -11,7 +11,7 @@ same batches without asking anyone:
 A count of batches fits tests and tools that need a checkpoint at a known batch. Time fits
 a running engine: the sequencer cuts a batch every epoch (2 ms on one partition), so a
 count of batches is a checkpoint five times a second there, each a memtable flush that
-holds the worker (5–25 ms measured), while T seconds of log time bound both the cost and
+holds the worker (4–23 ms measured, docs/recovery.md), while T seconds of log time bound both the cost and
 what a recovery replays, whatever the epoch and the load.
 """
 
@@ -44,11 +44,6 @@ class Cadence:
             return False
         slot_ms = self.seconds * 1000
         return time_ms // slot_ms != previous_time_ms // slot_ms
-
-    def __str__(self) -> str:
-        if self.batches:
-            return f"every {self.batches} batches"
-        return f"every {self.seconds:g} s of log time" if self.seconds else "never"
 
 
 def cadence(value: int | str | Cadence) -> Cadence:

@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ordo.procedures.ollp import RECONNOITRED, RESTARTED, first_pass
-from ordo.recovery.cadence import Cadence
 from ordo.procedures.fingerprint import describe, differences, identities, is_versioned, refused_start, set_id
 from ordo.procedures.kept import registry_from
 from ordo.procedures.registry import Registry
 from ordo.procedures.reload import registry_for
 from ordo.log.versions import current_set, kept_code
+from ordo.recovery.cadence import Cadence
 from ordo.recovery.checkpoints import shard_checkpoint_path
 from ordo.scheduler.execution import ABORTED, COMMITTED
 from ordo.scheduler.outputs import CollectedOutputs, KafkaOutputs, OutputLost, OutputSink
