@@ -103,6 +103,14 @@ def engine_log(tmp_path, name: str):
     return open(tmp_path / f"{name}.log", "w+")
 
 
+def started(log_path, engine, timeout: float = 60) -> None:
+    """Wait until `engine` said it resumes (its SIGTERM handler is in place by then)."""
+    deadline = time.monotonic() + timeout
+    while "resumes after batch" not in log_path.read_text():
+        assert engine.poll() is None and time.monotonic() < deadline, log_path.read_text()
+        time.sleep(0.1)
+
+
 def crash_seed() -> tuple[int, random.Random]:
     """Random kill points, repeatable: ORDO_CRASH_SEED=<printed seed> replays a run."""
     seed = int(os.environ.get("ORDO_CRASH_SEED", time.time_ns() % 100_000))
@@ -156,6 +164,9 @@ def test_engine_sigkilled_again_and_again_ends_as_if_it_never_crashed(
             engine = ordo("execute", *kafka, *engine_args, stderr=log)
             try:
                 read_results(broker, f"{namespace}.results", len(requests), timeout=120)
+                # Every result may be in before this engine is up (an earlier one finished the
+                # work): the clean stop under test is that of a started engine.
+                started(tmp_path / "engine-final.log", engine)
             finally:
                 assert stop(engine) == 0, logs_text(tmp_path)
         # And the CLI recovery path: restore the newest checkpoint, replay to the head, exit.
