@@ -224,7 +224,7 @@ class LogFollower:
                 continue
             if self._at_boundary():
                 return
-            await self._execute(self._take_round())
+            await self._execute(*self._take_round())
             # A batch may run to its end without suspending (no remote reads to wait for):
             # yield once per batch, so control calls and peers are served under load too.
             await asyncio.sleep(0)
@@ -324,15 +324,17 @@ class LogFollower:
         self._ready.extend(batches)
         return len(batches)
 
-    def _take_round(self) -> list[tuple[Batch, dict]]:
+    def _take_round(self) -> tuple[list[tuple[Batch, dict]], bool]:
         """The next batch, with the batches waiting after it that may run in its round
-        (scheduler/round.py): one batch when the engine keeps up, several when it lags."""
+        (scheduler/round.py): one batch when the engine keeps up, several when it lags;
+        and whether to checkpoint after the round (a batch to checkpoint ends its round)."""
         ready = self._ready
         taken = [ready.popleft()]
         first = taken[0][0]
+        checkpoint = self._checkpoint_after(first)
         limit = self.options.round_txns
-        if not limit or self._ends_round(first, self._last_time_ms):
-            return taken
+        if not limit or checkpoint or self._held_after(first.batch_id):
+            return taken, checkpoint
         if len(ready) < ROUND_BATCHES:
             self._read(0)
         txns = len(first)
@@ -342,21 +344,25 @@ class LogFollower:
             if txns > limit or not joins(first, batch):
                 break
             taken.append(ready.popleft())
-            if self._ends_round(batch, taken[-2][0].time_ms):
+            checkpoint = self._checkpoint_after(batch)
+            if checkpoint or self._held_after(batch.batch_id):
                 break
-        return taken
+        return taken, checkpoint
 
-    def _ends_round(self, batch: Batch, previous_time_ms: int) -> bool:
-        """Whether `batch` must be the last of its round: it is to be checkpointed, or the
-        worker is to stop or hold after it."""
-        batch_id = batch.batch_id
-        return (
-            self.options.checkpoints.due(batch_id, batch.time_ms, previous_time_ms)
-            or (self.stop_after is not None and batch_id >= self.stop_after)
-            or (self.hold_at is not None and batch_id >= self.hold_at)
+    def _checkpoint_after(self, batch: Batch) -> bool:
+        """Whether `batch`, taken now, is one to checkpoint after (recovery/cadence.py); its
+        time becomes the one before the next batch's."""
+        due = self.options.checkpoints.due(batch.batch_id, batch.time_ms, self._last_time_ms)
+        self._last_time_ms = batch.time_ms
+        return due
+
+    def _held_after(self, batch_id: int) -> bool:
+        """Whether the worker is to stop or hold after `batch_id`, which then ends its round."""
+        return (self.stop_after is not None and batch_id >= self.stop_after) or (
+            self.hold_at is not None and batch_id >= self.hold_at
         )
 
-    async def _execute(self, taken: list[tuple[Batch, dict]]) -> None:
+    async def _execute(self, taken: list[tuple[Batch, dict]], checkpoint: bool) -> None:
         started = time.perf_counter()
         batches = [batch for batch, _ in taken]
         self.executing = batches[-1].batch_id
@@ -377,9 +383,6 @@ class LogFollower:
                 counts[status] += 1
             outcomes += len(result.outcomes)
         last, cursor = taken[-1]
-        previous_time_ms = batches[-2].time_ms if len(batches) > 1 else self._last_time_ms
-        checkpoint = self.options.checkpoints.due(last.batch_id, last.time_ms, previous_time_ms)
-        self._last_time_ms = last.time_ms
         self._unapplied.append((last.batch_id, cursor, outcomes, checkpoint))
         self.executed = last.batch_id
         if log.isEnabledFor(logging.DEBUG):
