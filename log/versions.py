@@ -2,7 +2,8 @@
 makes before it writes anything, and the upgrade record that moves a log to another set.
 
 A log runs one procedure set at a time. Its first start record names the first; an upgrade
-record (`ordo upgrade`, log/records.py) names each later one, from the next batch on. A
+record (`ordo upgrade`, log/records.py) names each later one, from the next batch on; an
+upgrade with the same code moves a set described in an earlier form to the newest. A
 sequencer whose set differs from the log's current one refuses to start before it fences
 anyone or appends anything, so a wrong app started on a namespace changes nothing, and an
 edited procedure never runs the log's old batches: every batch carries the identity of the
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from confluent_kafka import Producer, TopicPartition
 
 from ordo.procedures.fingerprint import (
+    FORMAT,
     ProcedureSetChanged,
     changes,
     describe,
@@ -262,8 +264,8 @@ def upgrade(
         raise ValueError(
             f"{topics.log} names no procedure set yet: start `ordo run` with these procedures, it needs no upgrade"
         )
-    if current.matches(registry) and is_versioned(current.described):
-        return None
+    if current.matches(registry) and is_versioned(current.described) and current.described["format"] == FORMAT:
+        return None  # an earlier form is moved to the newest, which records the environment
     described = describe(registry)
     producers = [
         Producer(
@@ -316,6 +318,21 @@ def kept_code(
     """The code of procedure set `identity` as the log keeps it (procedures/kept.py): from
     a start or upgrade record that names that set (`at`: the one at that offset, else any);
     None if none holds it."""
+    found = logged_set(bootstrap, namespace, identity, timeout, at, with_code=True)
+    return found[1] if found is not None else None
+
+
+def logged_set(
+    bootstrap: str,
+    namespace: str,
+    identity: int,
+    timeout: float = 60.0,
+    at: int | None = None,
+    with_code: bool = False,
+) -> tuple[dict, bytes | None] | None:
+    """(the described set, the code kept with it) of procedure set `identity`, from the
+    newest start or upgrade record that names it (`at`: the one at that offset; `with_code`:
+    one that keeps its code); None if none does."""
     topic = Topics(namespace).log
     log_id = log_identity(bootstrap, topic, timeout)
     if log_id is None:
@@ -334,9 +351,9 @@ def kept_code(
                 kind, record = _decode(value, namespace, log_id)
             except LogError:
                 continue
-            if kind in (START, UPGRADE) and record.code and record.procedures:
+            if kind in (START, UPGRADE) and record.procedures and (record.code or not with_code):
                 if set_id(record.procedures) == identity:
-                    return record.code
+                    return record.procedures, record.code
         return None
     finally:
         consumer.close()

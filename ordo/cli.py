@@ -368,6 +368,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="run only the code given (--app, --app-version), never the code the log keeps of a version",
     )
+    p.add_argument(
+        "--publish",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="publish the replay's outcomes and change data to <ns>'s topics (default: only where DIR is an "
+        "engine's own data directory, as a restart of that engine does; a rebuild elsewhere publishes nothing)",
+    )
 
     p = sub.add_parser(
         "upgrade",
@@ -738,6 +745,7 @@ def cmd_recover(args) -> int:
         args.checkpoint,
         args.quiet,
         kept_code=args.kept_code,
+        publish=args.publish,
         **options,
         **placement,
     )

@@ -18,13 +18,14 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ordo.log.versions import kept_code
-from ordo.procedures.fingerprint import describe, set_id, short
+from ordo.log.versions import kept_code, logged_set
+from ordo.procedures.environment import environment_changes
+from ordo.procedures.fingerprint import ENVIRONMENT, changes, describe, describe_as, is_versioned, set_id, short
 from ordo.procedures.fingerprint import identities as all_forms
 from ordo.procedures.kept import materialize
 from ordo.procedures.loading import KEPT_AT, load_registry
 from ordo.scheduler.coordinator import Coordinator, EngineStats
-from ordo.storage.layout import LAYOUT_FILE, layout_partitions
+from ordo.storage.layout import LAYOUT_FILE, layout_partitions, publishes
 
 if TYPE_CHECKING:
     from ordo.procedures.fingerprint import VersionBoundary
@@ -166,10 +167,13 @@ def recover(
     checkpoint_at_end: bool = False,
     quiet: bool = False,
     stream=sys.stderr,
+    publish: bool | None = None,
     **engine_options,
 ) -> ReplayReport:
     """Restore or rebuild the shards if they need it, replay the log to its head, stop.
-    `engine_options` go to the Coordinator (placement, checkpoint_every, keep_checkpoints)."""
+    `engine_options` go to the Coordinator (placement, checkpoint_every, keep_checkpoints);
+    `publish` as for `recover_across_versions`."""
+    engine_options["publish"] = _publishing(namespace, data_dir, publish, quiet, stream)
     report, boundary = _replay(
         bootstrap,
         namespace,
@@ -291,15 +295,20 @@ def recover_across_versions(
     quiet: bool = False,
     stream=sys.stderr,
     kept_code: bool = True,
+    publish: bool | None = None,
     **engine_options,
 ) -> ReplayReport:
     """`recover` with the procedure sets in `versions` (the current one first, each a tuple of
     specs): each stretch of the log replays with the set it was sequenced with. A replay
     stops where the log moves to another set (scheduler/follower.py); it goes on with the
     version whose identity that is, given or (`kept_code`) kept by the log, and refuses in
-    one line when none is. The report, and the summary line, count every stretch."""
+    one line when none is. The report, and the summary line, count every stretch.
+    `publish`: whether the replay's outputs go to the namespace's topics (None: only where
+    `data_dir` is an engine's own, storage/layout.py)."""
     import shutil
     import tempfile
+
+    engine_options = {**engine_options, "publish": _publishing(namespace, data_dir, publish, quiet, stream)}
 
     # The code given comes first: the workers stop at each set they do not run, and this loop
     # picks its code, given or kept by the log.
@@ -310,14 +319,33 @@ def recover_across_versions(
     folder = tempfile.mkdtemp(prefix="ordo-kept-code-")  # the code the log keeps, for this replay
     try:
         return _recover_stretches(
-            versions[0], identities, newest, folder if kept_code else None, bootstrap, namespace, data_dir,
-            scheduler, partitions, mode, idle, checkpoint_at_end, quiet, stream, engine_options,
+            versions[0], identities, newest, [registry for _, registry in registries], folder if kept_code else None,
+            bootstrap, namespace, data_dir, scheduler, partitions, mode, idle, checkpoint_at_end, quiet, stream,
+            engine_options,
         )  # fmt: skip
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _from_the_log(bootstrap: str, namespace: str, identity: int, folder: str) -> tuple[str, ...] | None:
+def _publishing(namespace: str, data_dir: str, publish: bool | None, quiet: bool, stream) -> bool:
+    """Whether the replay publishes its outputs (None: where `data_dir` is an engine's own),
+    said before it starts."""
+    publishing = publishes(data_dir) if publish is None else publish
+    if not quiet:
+        print(outputs_line(namespace, data_dir, publishing, publish is None), file=stream, flush=True)
+    return publishing
+
+
+def outputs_line(namespace: str, data_dir: str, publishing: bool, by_default: bool) -> str:
+    """Where the replay's outputs go, said before it starts."""
+    if publishing:
+        why = f"{data_dir} is an engine's own data directory" if by_default else "--publish"
+        return f"outputs: published to {namespace}'s topics ({why}), as copies of those its engine published"
+    why = f"{data_dir} is not an engine's own data directory" if by_default else "--no-publish"
+    return f"outputs: none published ({why}); {namespace}'s topics are left as they are"
+
+
+def _from_the_log(bootstrap: str, namespace: str, identity: int, folder: str, batch: int) -> tuple[str, ...] | None:
     """The specs of set `identity` as the log keeps its code, written under `folder`, once
     the code is checked to be that set; None if the log keeps none."""
     packed = kept_code(bootstrap, namespace, identity)
@@ -332,15 +360,42 @@ def _from_the_log(bootstrap: str, namespace: str, identity: int, folder: str) ->
             f"give that version's code with --app-version MODULE:APP"
         ) from None
     if identity not in all_forms(registry):
+        differing = environment_differences(bootstrap, namespace, identity, [registry])
+        if differing:
+            raise RuntimeError(environment_refusal(namespace, identity, differing, batch))
         raise RuntimeError(
-            f"the code {namespace}.log keeps for procedure set {short(identity)} is not that set here (a library "
-            f"it imports differs?): give that version's code with --app-version MODULE:APP"
+            f"the code {namespace}.log keeps for procedure set {short(identity)} is not that set here: give that "
+            f"version's code with --app-version MODULE:APP"
         )
     return specs
 
 
+def environment_differences(bootstrap: str, namespace: str, identity: int, registries: list) -> list[str]:
+    """How this process's environment differs from the one set `identity` was described in,
+    where one of `registries` is that set's code and only the environment differs; else []."""
+    found = logged_set(bootstrap, namespace, identity)
+    if found is None or not is_versioned(found[0]) or ENVIRONMENT not in found[0]:
+        return []
+    logged = found[0]
+    for registry in registries:
+        ours = describe_as(registry, logged)
+        differing = environment_changes(logged[ENVIRONMENT], ours.get(ENVIRONMENT))
+        if differing and len(changes(logged, ours)) == len(differing):
+            return differing
+    return []
+
+
+def environment_refusal(namespace: str, identity: int, differing: list[str], batch: int) -> str:
+    return (
+        f"{namespace}.log ran procedure set {short(identity)} in another environment than this one "
+        f"({'; '.join(differing)}), so the batches from {batch} on could compute other outcomes here and none "
+        f"of them is replayed: every batch before {batch} is applied; install what the set ran with and run "
+        f"`ordo recover` again (docs/operations.md, 'What the identity covers')"
+    )
+
+
 def _recover_stretches(
-    specs, identities, newest, folder, bootstrap, namespace, data_dir, scheduler, partitions, mode, idle,
+    specs, identities, newest, given, folder, bootstrap, namespace, data_dir, scheduler, partitions, mode, idle,
     checkpoint_at_end, quiet, stream, engine_options,
 ) -> ReplayReport:  # fmt: skip
     seen: set = set()
@@ -368,8 +423,11 @@ def _recover_stretches(
         found = identities.get(boundary.identity)
         at = (boundary.batch, boundary.identity)
         kept = ""
+        differing = environment_differences(bootstrap, namespace, boundary.identity, given) if found is None else []
+        if differing:
+            raise RuntimeError(environment_refusal(namespace, boundary.identity, differing, boundary.batch))
         if found is None and folder is not None:
-            found = _from_the_log(bootstrap, namespace, boundary.identity, folder)
+            found = _from_the_log(bootstrap, namespace, boundary.identity, folder, boundary.batch)
             if found is not None:
                 identities[boundary.identity] = found
                 kept = "the code the log keeps: "

@@ -5,10 +5,12 @@ settings; and the set's identity, one number that every batch carries.
 A procedure's code is what its functions reach (procedures/reach.py): the statements of
 their modules they name and every module of the user's project those import, found without
 the user naming them, plus any module the app names in `code=` (ordo.App) or `CODE` (a
-procedures module). Libraries and Ordo's own modules are not covered (except the built-in
-workloads): an upgrade of Ordo itself never changes an identity. Source is compared as its
-syntax tree, so the digest is the same in every process (docs/operations.md, "Upgrading
-procedures"). A log keeps the form its set was described in (FORMATS).
+procedures module). Ordo's own modules are not covered (except the built-in workloads): an
+upgrade of Ordo itself never changes an identity. The interpreter and the installed
+libraries the code imports are the set's environment (procedures/environment.py), part of
+its description from form 4 on. Source is compared as its syntax tree, so the digest is the
+same in every process (docs/operations.md, "Upgrading procedures"). A log keeps the form its
+set was described in (FORMATS).
 
 A sequencer records the described set in its start record and an upgrade in an upgrade
 record (log/records.py), and stamps every batch with the set's identity; an engine runs
@@ -25,7 +27,8 @@ import sys
 import sysconfig
 from typing import Any, Iterable
 
-from ordo.procedures.reach import reached
+from ordo.procedures.environment import environment, environment_changes
+from ordo.procedures.reach import Reach, reach_of
 from ordo.procedures.registry import Registry, callables_of
 
 _SCALARS = (int, str, float, bool, bytes, type(None))
@@ -61,11 +64,13 @@ def by_value(value: Any) -> str:
 
 
 KINDS = ("procedures", "tables", "sources")  # what a described set names, each by name
-# How a described set's digests cover code: 3, the code each procedure reaches
-# (procedures/reach.py); 2, the whole source of the modules it is declared in. A set without
-# "format" covers arguments only. A log keeps the form it was started or last upgraded in.
-FORMAT = 3
-FORMATS = (2, 3)
+# How a described set's digests cover code: 4, the code each procedure reaches
+# (procedures/reach.py) and the set's environment (procedures/environment.py); 3, that code
+# alone; 2, the whole source of the modules it is declared in. A set without "format" covers
+# arguments only. A log keeps the form it was started or last upgraded in.
+FORMAT = 4
+FORMATS = (2, 3, 4)
+ENVIRONMENT = "environment"  # the key of a described set's environment (form 4 on)
 
 
 def describe(registry: Registry, code: bool = True, form: int = FORMAT) -> dict:
@@ -86,6 +91,7 @@ def describe(registry: Registry, code: bool = True, form: int = FORMAT) -> dict:
 
 
 def _describe(registry: Registry, code: bool, form: int) -> dict:
+    installed: set[str] = set()  # the libraries' modules the procedures and sources import
     procedures = {}
     for name, procedure in sorted(registry.procedures.items()):
         try:
@@ -105,7 +111,7 @@ def _describe(registry: Registry, code: bool, form: int) -> dict:
             text += " code " + (
                 code_digest(registry.code.get(name, ()))
                 if form == 2
-                else reach_digest(registry.roots.get(name, ()), registry.named_code.get(name, ()))
+                else _reach_digest(reach_of(registry.roots.get(name, ()), registry.named_code.get(name, ())), installed)
             )
         procedures[name] = _digest(text)
     described = {
@@ -114,10 +120,13 @@ def _describe(registry: Registry, code: bool, form: int) -> dict:
     }
     if registry.sources:  # a set without sources is described as before them
         described["sources"] = {
-            topic: _source_digest(registry, topic, code, form) for topic, source in sorted(registry.sources.items())
+            topic: _source_digest(registry, topic, code, form, installed)
+            for topic, source in sorted(registry.sources.items())
         }
     if code:
         described["format"] = form
+    if code and form >= 4:
+        described[ENVIRONMENT] = environment(installed)
     return described
 
 
@@ -134,7 +143,7 @@ def identities(registry: Registry) -> set[int]:
     return {set_id(describe(registry, form=form)) for form in FORMATS}
 
 
-def _source_digest(registry: Registry, topic: str, code: bool, form: int) -> str:
+def _source_digest(registry: Registry, topic: str, code: bool, form: int, installed: set[str]) -> str:
     """A source's topic, procedure and mapping: its functions by name (without their
     module's, covered by source) and, with `code`, the code of their modules."""
     source, modules = registry.sources[topic], registry.source_code.get(topic, ())
@@ -145,14 +154,16 @@ def _source_digest(registry: Registry, topic: str, code: bool, form: int) -> str
             text += code_digest(modules)
         else:
             named = registry.source_named_code.get(topic, ())
-            text += reach_digest(callables_of(source), named)
+            text += _reach_digest(reach_of(callables_of(source), named), installed)
     return _digest(text)
 
 
-def reach_digest(roots: Iterable[Any], named_modules: Iterable[str] = ()) -> str:
+def _reach_digest(reach: Reach, installed: set[str]) -> str:
     """By what the code reaches, not by the modules' names: an earlier version kept as
-    another module (bank_v1.py beside bank.py) is still that version."""
-    return _digest(" ".join(sorted(reached(roots, named_modules).values())))
+    another module (bank_v1.py beside bank.py) is still that version. The libraries' modules
+    it imports are added to `installed`."""
+    installed.update(reach.installed)
+    return _digest(" ".join(sorted(reach.digests().values())))
 
 
 def is_versioned(described: dict | None) -> bool:
@@ -244,6 +255,8 @@ def changes(logged: dict, ours: dict) -> list[str]:
                 found.append(f"{kind[:-1]} '{name}' added")
             elif before[name] != after[name]:
                 found.append(f"{kind[:-1]} '{name}' changed")
+    if ENVIRONMENT in logged and ENVIRONMENT in ours:
+        found.extend(environment_changes(logged[ENVIRONMENT], ours[ENVIRONMENT]))
     return found
 
 

@@ -9,8 +9,10 @@ the digest is the same in every process and across Python releases that only add
 A module without source (a `.pyc` alone, an extension) is digested by its bytes.
 
 A module is the project's when it is not Python's own, not installed (site-packages) and
-not Ordo's (Ordo's built-in workloads excepted): an upgrade of a library or of Ordo never
-changes an identity, and an edit of any file of the user's own project does."""
+not Ordo's (Ordo's built-in workloads excepted): an edit of any file of the user's own
+project changes the code identity, and an upgrade of Ordo never does. The installed modules
+the reached code imports are listed apart (`Reach.installed`): a set's environment names
+them with their distributions' versions (procedures/environment.py)."""
 
 from __future__ import annotations
 
@@ -47,6 +49,17 @@ def is_project_module(name: str) -> bool:
         return False
     real = os.path.realpath(path)
     return not any(part in real.split(os.sep) for part in _INSTALLED) and not real.startswith(_STDLIB)
+
+
+@functools.lru_cache(maxsize=None)
+def is_installed_module(name: str) -> bool:
+    """A library's module: located, and neither the project's, nor Python's, nor Ordo's."""
+    if name in ("ordo", "builtins", "__main__") or name.startswith("ordo."):
+        return False
+    if name.split(".")[0] in sys.stdlib_module_names or is_project_module(name):
+        return False
+    path = module_file(name)
+    return path is not None and not os.path.realpath(path).startswith(_STDLIB)
 
 
 def module_file(name: str) -> str | None:
@@ -205,6 +218,15 @@ def _module(name: str) -> tuple[_Module | None, str | None]:
     return None, _digest(data[PYC_HEADER:] if path.endswith(".pyc") else data)
 
 
+def module_digest(name: str) -> str:
+    """A digest of a whole module: its syntax tree without docstrings, or its compiled bytes."""
+    module, compiled = _module(name)
+    if compiled is not None:
+        return compiled
+    assert module is not None
+    return _digest("\n".join(module.form(i) for i in range(len(module.statements))).encode())
+
+
 # --- what a procedure reaches -----------------------------------------------------------------
 
 
@@ -215,6 +237,7 @@ class Reach:
         self.statements: dict[str, set[int]] = {}  # module -> indexes of its statements
         self.pieces: dict[str, set[str]] = {}  # module -> forms of parts of statements (lambdas)
         self.whole: set[str] = set()  # modules reached as a whole (imported, or without source)
+        self.installed: set[str] = set()  # libraries' modules the reached code imports or calls
 
     def add_callable(self, item: Any) -> None:
         if isinstance(item, functools.partial):  # its arguments are values, not code
@@ -227,6 +250,8 @@ class Reach:
             return
         module_name = getattr(function, "__module__", None)
         if not isinstance(module_name, str) or not is_project_module(module_name):
+            if isinstance(module_name, str) and is_installed_module(module_name):
+                self.installed.add(module_name)
             return
         module, _ = _module(module_name)
         qualname = getattr(function, "__qualname__", "")
@@ -266,15 +291,18 @@ class Reach:
             self._add_loose(module)
         done.add(index)
         for imported in module.imports(index):
-            if imported != module.name and is_project_module(imported):
+            if imported != module.name:
                 self.add_module(imported)
         for name in module.named(index):
             for bound in module.binders.get(name, ()):
                 self._add_statement(module, bound)
 
     def add_module(self, name: str, named: bool = False) -> None:
-        """All of a module; `named` (in `code=`) even when it is not the project's."""
+        """All of a module; `named` (in `code=`) even when it is not the project's. A library's
+        module is noted as installed instead."""
         if name in self.whole or not (named or is_project_module(name)):
+            if name not in self.whole and is_installed_module(name):
+                self.installed.add(name)
             return
         self.whole.add(name)
         module, _ = _module(name)
@@ -300,12 +328,11 @@ class Reach:
         return out
 
 
-def reached(roots: Iterable[Any], named_modules: Iterable[str] = ()) -> dict[str, str]:
-    """{module: digest of its part that these functions (and the modules named in `code=`)
-    reach}."""
+def reach_of(roots: Iterable[Any], named_modules: Iterable[str] = ()) -> Reach:
+    """What these functions (and the modules named in `code=`) reach."""
     reach = Reach()
     for item in roots:
         reach.add_callable(item)
     for name in named_modules:
         reach.add_module(name, named=True)
-    return reach.digests()
+    return reach

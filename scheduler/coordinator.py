@@ -26,7 +26,7 @@ from ordo.scheduler.group import LocalGroup, WorkerGroup
 from ordo.scheduler.liveness import CALL_TIMEOUT, Silence
 from ordo.scheduler.outputs import CollectedOutputs
 from ordo.scheduler.round import ROUND_TXNS
-from ordo.storage.layout import check_layout
+from ordo.storage.layout import check_layout, mark_publishing
 from ordo.log.records import LogCursor
 from ordo.log.reader import UNVERIFIED_SHOWN
 from ordo.log.secret import log_keys, secret_source
@@ -72,9 +72,12 @@ class Coordinator:
         pipeline_depth: int = 8,
         kept_code: bool = True,
         round_txns: int = ROUND_TXNS,
+        publish: bool = True,
     ):
         """`restore`: "auto" (restore only shards that disagree), "checkpoint" or "scratch".
-        `outputs`: collect outcomes and change data here instead of publishing them.
+        `outputs`: collect outcomes and change data here instead of publishing them;
+        `publish=False` (and no `outputs`): publish them nowhere, and record that the data
+        directory is not an engine's own (storage/layout.py).
         `checkpoint_every`: K batches, "Ts" (T seconds of log time) or 0 (never).
         `kept_code`: a worker behind the log may run a set the log moved past with the code
         the log keeps of it (procedures/kept.py). `round_txns`: a worker behind the log runs
@@ -89,6 +92,8 @@ class Coordinator:
         self.checkpoint_every = cadence(checkpoint_every)
         self._lock = DataDirLock(data_dir)
         try:
+            if outputs is None:
+                mark_publishing(data_dir, publish)
             self.checkpoints = CheckpointStore(data_dir, partitions, keep_checkpoints)
             self.recovery = prepare_shards(
                 data_dir, partitions, self.checkpoints, restore, lambda: log_head_problem(bootstrap, self.topics.log)
@@ -111,6 +116,7 @@ class Coordinator:
             bootstrap,
             namespace,
             collect=outputs is not None,
+            publish=publish,
             checkpoints=self.checkpoint_every,
             checkpoint_root=self.checkpoints.root,
             depth=pipeline_depth,

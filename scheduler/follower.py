@@ -28,15 +28,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from ordo.procedures.ollp import RECONNOITRED, RESTARTED, first_pass
-from ordo.procedures.fingerprint import describe, differences, identities, is_versioned, refused_start, set_id
+from ordo.procedures.environment import differences_here
+from ordo.procedures.fingerprint import (
+    ENVIRONMENT,
+    describe,
+    differences,
+    identities,
+    is_versioned,
+    refused_start,
+    set_id,
+)
 from ordo.procedures.kept import registry_from
 from ordo.procedures.registry import Registry
 from ordo.procedures.reload import registry_for
-from ordo.log.versions import current_set, kept_code
+from ordo.log.versions import current_set, kept_code, logged_set
 from ordo.recovery.cadence import Cadence
 from ordo.recovery.checkpoints import shard_checkpoint_path
 from ordo.scheduler.execution import ABORTED, COMMITTED
-from ordo.scheduler.outputs import CollectedOutputs, KafkaOutputs, OutputLost, OutputSink
+from ordo.scheduler.outputs import CollectedOutputs, KafkaOutputs, OutputLost, OutputSink, UnpublishedOutputs
 from ordo.scheduler.round import ROUND_BATCHES, ROUND_TXNS, joins
 from ordo.scheduler.worker import PartitionWorker
 from ordo.log.records import Batch, LogCursor, LogError, Start
@@ -60,6 +69,7 @@ class FollowOptions:
     bootstrap: str
     namespace: str
     collect: bool = False  # keep outputs in memory (tests, comparisons) instead of Kafka
+    publish: bool = True  # publish outputs to the namespace's topics (else, with collect False, nowhere)
     checkpoints: Cadence = Cadence()  # which batches to checkpoint after (recovery/cadence.py)
     checkpoint_root: str | None = None  # the data directory's checkpoint folder
     depth: int = 8  # executed batches whose outputs may be in flight at once
@@ -82,7 +92,13 @@ class LogFollower:
         self.partition = worker.partition
         topics = Topics(options.namespace)
         if sink is None:
-            sink = CollectedOutputs() if options.collect else KafkaOutputs(options.bootstrap, topics)
+            sink = (
+                CollectedOutputs()
+                if options.collect
+                else KafkaOutputs(options.bootstrap, topics)
+                if options.publish
+                else UnpublishedOutputs()
+            )
         self.sink = sink
         if options.log_keys is not None:
             use_keys(options.log_keys, options.log_secret_source)
@@ -264,13 +280,27 @@ class LogFollower:
         if registry is None and self.options.kept_code and self._behind(identity):
             registry = self._kept(identity)
         if registry is None:
-            self.switch_refused = how
+            self.switch_refused = how + self._environment_note(identity)
             return False
         self.worker.use(registry)
         self.procedure_set = set_id(describe(registry))
         self.procedure_sets = identities(registry)
         self.switches.append((at, identity))
         return True
+
+    def _environment_note(self, identity: int) -> str:
+        """Where set `identity` was recorded in an environment this process does not have
+        (a library it imported before the library changed), that difference."""
+        try:
+            found = logged_set(self.options.bootstrap, self.options.namespace, identity, 10)
+        except Exception:
+            return ""
+        if found is None or ENVIRONMENT not in found[0]:
+            return ""
+        differing = differences_here(found[0][ENVIRONMENT])
+        return (
+            f"; this process runs in another environment than the set's ({'; '.join(differing)})" if differing else ""
+        )
 
     def _behind(self, identity: int) -> bool:
         """Whether the log has moved past set `identity` already (an engine catching up): its

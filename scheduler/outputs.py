@@ -371,6 +371,31 @@ class KafkaOutputs:
         self._producer.flush(10)
 
 
+class UnpublishedOutputs:
+    """Outputs computed and published nowhere: a rebuild into a data directory that is not
+    an engine's own leaves the live topics as they are (ordo/recover.py)."""
+
+    def publish(
+        self,
+        batch_id: int,
+        txns: int,
+        outcomes: list[Outcome],
+        changes: list[list],
+        streamed: list[list],
+        time_ms: int | None = None,
+    ) -> None:
+        pass
+
+    def delivered(self, batch_id: int) -> bool:
+        return True
+
+    def wait(self, timeout: float) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class CollectedOutputs:
     """Outputs kept in memory: for comparing engine configurations on one log. Each
     partition worker collects its own; `merge` puts them together in log order."""

@@ -1,5 +1,7 @@
 """A data directory's layout: one RocksDB shard per partition (`shard-P`) and `ordo.json`,
-which names the namespace and the partition count the shards were laid out for."""
+which names the namespace and the partition count the shards were laid out for, and whether
+the directory is an engine's own: one whose engine publishes its outputs to the namespace's
+topics, as opposed to a rebuild beside the live engine that publishes nothing."""
 
 from __future__ import annotations
 
@@ -67,3 +69,33 @@ def layout_partitions(data_dir: str) -> int:
         raise FileNotFoundError(f"{data_dir} is not an Ordo data directory (no {LAYOUT_FILE})")
     with open(path) as f:
         return json.load(f)["partitions"]
+
+
+PUBLISHES = "publishes"  # the layout's key: True for an engine's own data directory
+
+
+def publishes(data_dir: str) -> bool:
+    """Whether `data_dir` is an engine's own: laid out by an engine that published its
+    outputs. A directory laid out before this was recorded is taken as one (its engine
+    published), a missing one is not."""
+    path = os.path.join(data_dir, LAYOUT_FILE)
+    if not os.path.exists(path):
+        return False
+    with open(path) as f:
+        return bool(json.load(f).get(PUBLISHES, True))
+
+
+def mark_publishing(data_dir: str, publishing: bool) -> None:
+    """Record whether the engine that opened `data_dir` (laid out already) publishes."""
+    path = os.path.join(data_dir, LAYOUT_FILE)
+    with open(path) as f:
+        layout = json.load(f)
+    if layout.get(PUBLISHES) == publishing:
+        return
+    layout[PUBLISHES] = publishing
+    temporary = path + ".writing"
+    with open(temporary, "w") as f:
+        json.dump(layout, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, path)

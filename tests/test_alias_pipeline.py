@@ -121,6 +121,7 @@ def test_alias_from_an_external_client_on_two_partitions(broker, namespace, tmp_
         "--quiet",
         "--idle",
         "1",
+        "--publish",  # the rebuild publishes the same steps again
         timeout=240,
     )
     assert ordo_output("digest", "--data-dir", rebuilt) == ordo_output("digest", "--data-dir", data_dir)

@@ -43,6 +43,7 @@ def _rebuild(bootstrap: str, namespace: str, data_dir, partitions: int) -> None:
         "--idle",
         "0",
         "--quiet",
+        "--publish",  # every layout publishes the same records under the same keys
         timeout=600,
     )
 

@@ -196,7 +196,12 @@ def test_a_log_named_in_the_earlier_form_keeps_it_while_the_code_is_the_same(tmp
         assert current.matches(registry) and current.changes(registry) == []
         assert describe_as(registry, earlier) == earlier
         assert set_id(earlier) in identities(registry) and set_id(describe(registry)) in identities(registry)
-        assert describe(registry)["format"] == 3 and set_id(describe(registry)) != set_id(earlier)
+        assert describe(registry)["format"] == 4 and set_id(describe(registry)) != set_id(earlier)
+        # A set logged before environments were recorded is matched by the same code in its form.
+        without_environment = describe(registry, form=3)
+        assert "environment" not in without_environment and "environment" in describe(registry)
+        assert Current(1, set_id(without_environment), 0, without_environment, 1, "L").matches(registry)
+        assert set_id(without_environment) in identities(registry)
     finally:
         sys.path.remove(str(tmp_path))
         for name in MODULES:

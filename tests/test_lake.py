@@ -149,6 +149,7 @@ def test_the_lake_lands_every_change_once_through_kills_and_a_rebuild(broker, na
 
     # The engine rebuilt at one partition publishes every change record again.
     rebuild = ("recover", *kafka, "--data-dir", str(tmp_path / "rebuilt"), "--procedures", APP, "--partitions", "1")
+    rebuild += ("--publish",)
     ordo_output(*rebuild, "--idle", "0", "--quiet", timeout=600)
     rebuilt = _comparable(dump_state(str(tmp_path / "rebuilt")))
     assert rebuilt == live
