@@ -173,7 +173,9 @@ def recover(
     """Restore or rebuild the shards if they need it, replay the log to its head, stop.
     `engine_options` go to the Coordinator (placement, checkpoint_every, keep_checkpoints);
     `publish` as for `recover_across_versions`."""
-    engine_options["publish"] = _publishing(namespace, data_dir, publish, quiet, stream)
+    engine_options["publish"] = engine_options["check_copies"] = _publishing(
+        namespace, data_dir, publish, quiet, stream
+    )
     report, boundary = _replay(
         bootstrap,
         namespace,
@@ -308,7 +310,8 @@ def recover_across_versions(
     import shutil
     import tempfile
 
-    engine_options = {**engine_options, "publish": _publishing(namespace, data_dir, publish, quiet, stream)}
+    publishing = _publishing(namespace, data_dir, publish, quiet, stream)
+    engine_options = {**engine_options, "publish": publishing, "check_copies": publishing}
 
     # The code given comes first: the workers stop at each set they do not run, and this loop
     # picks its code, given or kept by the log.
@@ -340,7 +343,10 @@ def outputs_line(namespace: str, data_dir: str, publishing: bool, by_default: bo
     """Where the replay's outputs go, said before it starts."""
     if publishing:
         why = f"{data_dir} is an engine's own data directory" if by_default else "--publish"
-        return f"outputs: published to {namespace}'s topics ({why}), as copies of those its engine published"
+        return (
+            f"outputs: published to {namespace}'s topics ({why}), each checked to equal the copy already there "
+            f"under its key"
+        )
     why = f"{data_dir} is not an engine's own data directory" if by_default else "--no-publish"
     return f"outputs: none published ({why}); {namespace}'s topics are left as they are"
 

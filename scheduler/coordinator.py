@@ -73,11 +73,13 @@ class Coordinator:
         kept_code: bool = True,
         round_txns: int = ROUND_TXNS,
         publish: bool = True,
+        check_copies: bool = False,
     ):
         """`restore`: "auto" (restore only shards that disagree), "checkpoint" or "scratch".
         `outputs`: collect outcomes and change data here instead of publishing them;
         `publish=False` (and no `outputs`): publish them nowhere, and record that the data
-        directory is not an engine's own (storage/layout.py).
+        directory is not an engine's own (storage/layout.py); `check_copies`: every output
+        published must equal the copy already on the topics under its key (a replay's).
         `checkpoint_every`: K batches, "Ts" (T seconds of log time) or 0 (never).
         `kept_code`: a worker behind the log may run a set the log moved past with the code
         the log keeps of it (procedures/kept.py). `round_txns`: a worker behind the log runs
@@ -117,6 +119,7 @@ class Coordinator:
             namespace,
             collect=outputs is not None,
             publish=publish,
+            check_copies=check_copies and publish,
             checkpoints=self.checkpoint_every,
             checkpoint_root=self.checkpoints.root,
             depth=pipeline_depth,

@@ -45,7 +45,14 @@ from ordo.log.versions import current_set, kept_code, logged_set
 from ordo.recovery.cadence import Cadence
 from ordo.recovery.checkpoints import shard_checkpoint_path
 from ordo.scheduler.execution import ABORTED, COMMITTED
-from ordo.scheduler.outputs import CollectedOutputs, KafkaOutputs, OutputLost, OutputSink, UnpublishedOutputs
+from ordo.scheduler.outputs import (
+    CollectedOutputs,
+    CopyCheck,
+    KafkaOutputs,
+    OutputLost,
+    OutputSink,
+    UnpublishedOutputs,
+)
 from ordo.scheduler.round import ROUND_BATCHES, ROUND_TXNS, joins
 from ordo.scheduler.worker import PartitionWorker
 from ordo.log.records import Batch, LogCursor, LogError, Start
@@ -70,6 +77,7 @@ class FollowOptions:
     namespace: str
     collect: bool = False  # keep outputs in memory (tests, comparisons) instead of Kafka
     publish: bool = True  # publish outputs to the namespace's topics (else, with collect False, nowhere)
+    check_copies: bool = False  # refuse an output that differs from the copy already published (a replay)
     checkpoints: Cadence = Cadence()  # which batches to checkpoint after (recovery/cadence.py)
     checkpoint_root: str | None = None  # the data directory's checkpoint folder
     depth: int = 8  # executed batches whose outputs may be in flight at once
@@ -95,7 +103,11 @@ class LogFollower:
             sink = (
                 CollectedOutputs()
                 if options.collect
-                else KafkaOutputs(options.bootstrap, topics)
+                else KafkaOutputs(
+                    options.bootstrap,
+                    topics,
+                    copies=CopyCheck(options.bootstrap, topics) if options.check_copies else None,
+                )
                 if options.publish
                 else UnpublishedOutputs()
             )

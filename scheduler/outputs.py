@@ -40,7 +40,7 @@ from ordo.procedures.ollp import RESTARTED
 from ordo.log.steps import restart_request
 from ordo.procedures.streams import split_result
 from ordo.scheduler.batch import Outcome
-from ordo.scheduler.stalled_outputs import StallWatch, TailsUnread, written_since
+from ordo.scheduler.stalled_outputs import CLOCK_MARGIN_MS, StallWatch, TailsUnread, written_since
 from ordo.scheduler.stream_outputs import StreamTopics, stream_records
 from ordo.broker.clients import kafka_config
 from ordo.broker.client_settings import user_kafka_settings
@@ -209,9 +209,59 @@ class OutputSink(Protocol):
     def close(self) -> None: ...
 
 
+class OutputDiffers(RuntimeError):
+    """A replay computed another output than the copy on the topic under the same key."""
+
+
+class CopyCheck:
+    """The outputs already on a namespace's topics, for a replay that publishes copies of
+    them: an output whose key is there with other values is refused before anything of its
+    batch is sent. Read once, from every partition's beginning, at the first batch; a key
+    may hold several values (a request id the log holds twice answers twice)."""
+
+    def __init__(self, bootstrap: str, topics: Topics, timeout: float = 300.0):
+        self._bootstrap, self._topics, self._timeout = bootstrap, topics, timeout
+        self._held: dict[tuple[str, bytes], set[bytes]] | None = None
+
+    def _read(self) -> dict[tuple[str, bytes], set[bytes]]:
+        names = [self._topics.results, self._topics.changes, *self._stream_topics()]
+        held: dict[tuple[str, bytes], set[bytes]] = {}
+        for topic, key, value in written_since(self._bootstrap, names, CLOCK_MARGIN_MS, self._timeout):
+            held.setdefault((topic, key), set()).add(value)
+        return held
+
+    def _stream_topics(self) -> list[str]:
+        prefix = f"{self._topics.namespace}.stream."
+        admin = AdminClient(kafka_config(self._bootstrap))
+        return sorted(name for name in admin.list_topics(timeout=self._timeout).topics if name.startswith(prefix))
+
+    def check(self, batch_id: int, records: list[tuple[str, bytes, bytes]]) -> None:
+        if self._held is None:
+            self._held = self._read()
+        for topic, key, value in records:
+            there = self._held.get((topic, key))
+            if there is not None and value not in there:
+                raise OutputDiffers(
+                    f"batch {batch_id}: the replay computed another output under key {key.decode(errors='replace')} "
+                    f"than the one on {topic} (the procedures ran with the same code and environment: what "
+                    f"they read beside them, a data file or native code, differs); nothing of the batch was "
+                    f"published and it is not applied: restore what the procedures read and run `ordo recover` "
+                    f"again, or rebuild with --no-publish (docs/operations.md, 'What the identity covers')"
+                )
+
+
 class KafkaOutputs:
-    def __init__(self, bootstrap: str, topics: Topics, extra: dict | None = None, stall_after: float = OUTPUT_STALL_S):
+    def __init__(
+        self,
+        bootstrap: str,
+        topics: Topics,
+        extra: dict | None = None,
+        stall_after: float = OUTPUT_STALL_S,
+        copies: CopyCheck | None = None,
+    ):
+        """`copies`: outputs already published, which every output must equal (a replay)."""
         self.topics = topics
+        self._copies = copies
         self._bootstrap = bootstrap
         self._settings = {
             "enable.idempotence": True,
@@ -279,6 +329,8 @@ class KafkaOutputs:
             records += tuples
         if not records:  # a partition that reports no transaction of the batch has nothing to send
             return
+        if self._copies is not None:
+            self._copies.check(batch_id, records)
         if not self._outstanding:  # a stall is counted from the first output waited for
             self._stall.progress(self._acknowledged, time.monotonic())
         self._outstanding[batch_id] = self._outstanding.get(batch_id, 0) + len(records)

@@ -135,7 +135,7 @@ def test_a_rebuild_beside_the_serving_engine_publishes_nothing_and_the_engine_s_
     assert _digest(tmp_path, live) == _digest(tmp_path, tmp_path / "scratch")
     fault_report(
         f"60 outcomes; 2 rebuilds beside the engine left {len(topics)} topics byte for byte; the engine's own "
-        f"replay published {len(copies)} identical copies"
+        f"replay published {copies} identical copies"
     )
 
 
@@ -156,3 +156,55 @@ def test_where_a_replay_s_outputs_go_is_said_before_it_starts(tmp_path):
         "as they are"
     )
     assert "(--publish)" in outputs_line("shop", data_dir, True, False)
+
+
+RATED = '''"""Deposits at a rate read from a data file beside the module: a read the identity does not cover."""
+import os
+
+import ordo
+from ordo import Int
+
+app = ordo.App("rated")
+app.table("account", default=0)
+RATE_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rate.txt")
+
+
+@app.procedure(args={"account": Int(0), "amount": Int(1)}, keys=[("account", "account")])
+class deposit:
+    def run(ctx, args):
+        with open(RATE_FILE) as f:
+            rate = int(f.read())
+        balance = ctx.read("account", args["account"]) + rate * args["amount"]
+        ctx.write("account", args["account"], balance)
+        return balance
+'''
+
+
+@pytest.mark.slow
+def test_a_replay_that_computes_another_output_than_the_one_published_says_so_and_publishes_none_of_it(
+    broker, namespace, tmp_path, fault_report
+):
+    (tmp_path / "rated.py").write_text(RATED)
+    (tmp_path / "rate.txt").write_text("1")
+    live = tmp_path / "live"
+    kafka = ("--bootstrap-servers", broker, "--namespace", namespace)
+    engine = _ordo(
+        tmp_path, "run", *kafka, "--data-dir", str(live), "--app", "rated:app", "--runtime", "local", "--quiet",
+        "--max-delay-ms", "5",
+    )  # fmt: skip
+    with Client(broker, namespace) as client:
+        client.wait_for_topics()
+        ids = [client.submit("deposit", {"account": n % 3, "amount": 1}, request_id=f"d-{n}") for n in range(9)]
+        assert len(client.wait(ids, timeout=120)) == 9
+    assert stop(engine) == 0
+    topics = [f"{namespace}.results", f"{namespace}.changes"]
+    before = {topic: _contents(broker, topic) for topic in topics}
+
+    (tmp_path / "rate.txt").write_text("2")
+    command = ("recover", *kafka, "--data-dir", str(live), "--app", "rated:app", "--runtime", "local")
+    code, _, err = _finish(_ordo(tmp_path, *command, "--idle", "0", "--quiet", "--from-scratch"))
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, err
+    assert "computed another output" in lines[0] and f"{namespace}.results" in lines[0], err
+    assert {topic: _contents(broker, topic) for topic in topics} == before, "a differing output was published"
+    fault_report(f"9 deposits at rate 1, replayed at rate 2 from the engine's own directory: refused: {lines[0]}")
