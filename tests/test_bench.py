@@ -185,6 +185,13 @@ def test_bench_scale_measures_every_partition_count_on_one_log(tmp_path):
         assert cpu["broker"] >= 0
         assert cpu["driver"] + cpu.get("workers", 0) > 0
     assert runs[0]["cpu_ms_per_ktxn"]["driver"] > runs[1]["cpu_ms_per_ktxn"]["driver"]  # the worker left it
+    # End to end, each process's CPU per request: at 2 partitions each Ray worker is its own.
+    for run in runs:
+        workers = {f"worker {p}" for p in range(run["partitions"])} if run["partitions"] > 1 else set()
+        cpu = run["cpu_us_per_request"]
+        assert set(cpu) == {"broker", "sequencer", "engine", "client", "all"} | workers
+        assert cpu["sequencer"] > 0 and cpu["client"] > 0 and all(us >= 0 for us in cpu.values())
+    assert "CPU µs per request" in out
     assert runs[0]["engine_speedup"] == 1.0
     assert runs[1]["engine_speedup"] == pytest.approx(runs[1]["engine_tps"] / runs[0]["engine_tps"], rel=0.01)
     assert "speedup" in out

@@ -135,6 +135,13 @@ def test_bench_latency_end_to_end(tmp_path):
     assert sum(run["tail"]["share_pct"].values()) == pytest.approx(100, abs=0.5)
     assert 0 < run["early_latency_ms"]["p50"] <= run["early_latency_ms"]["p99"]
     assert "the slowest 1 %" in out
+    # Every process's CPU per request: the broker's, the sequencer's, the engine's (its two
+    # workers run in it here), the client's; a short run's share can be below a clock tick.
+    cpu = run["cpu_us_per_request"]
+    assert set(cpu) == {"broker", "sequencer", "engine", "client", "all"}
+    assert all(us >= 0 for us in cpu.values()) and cpu["engine"] > 0 and cpu["sequencer"] > 0
+    assert cpu["all"] == pytest.approx(sum(us for role, us in cpu.items() if role != "all"), abs=0.5)
+    assert "CPU µs per request, by process" in out
 
 
 def test_the_jit_compiler_is_read_from_the_jvms_own_threads():

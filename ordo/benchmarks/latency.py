@@ -422,9 +422,13 @@ def measure_rate(
     seed: int,
     max_delay_ms: float | None = None,
     round_txns: int | None = None,
+    broker_pid: int | None = None,
 ) -> dict[str, Any]:
     """A fresh namespace, sequencer and engine; the open-loop client at `rate` for `seconds`.
-    `round_txns`: the engine's (scheduler/round.py), None for its default."""
+    `round_txns`: the engine's (scheduler/round.py), None for its default. Each process's CPU
+    time per request is measured over the client's run (the broker's too, with
+    `broker_pid`)."""
+    from ordo.benchmarks.runners import CpuWatch, per_request_us, process_roles
     import multiprocessing
     import queue
 
@@ -463,6 +467,8 @@ def measure_rate(
         sequencer.start()
         engine.start()
         client.start()
+        cpu = CpuWatch(process_roles(coordinator, sequencer.pid, client.pid, broker_pid))
+        cpu.start()
         result = None
         deadline = time.monotonic() + 120 + seconds + drain_s + 60
         while result is None:
@@ -473,6 +479,7 @@ def measure_rate(
                     raise RuntimeError(f"engine failed: {engine_error[0]!r}") from engine_error[0]
                 if not client.is_alive() or time.monotonic() > deadline:
                     raise RuntimeError("the latency client ended without a result")
+        cpu_s = cpu.stop()
         if "error" in result:
             raise RuntimeError(f"latency client: {result['error']}")
         workers = coordinator.statuses
@@ -498,6 +505,8 @@ def measure_rate(
         result["readable"],
     )
     figures["warmup_s"] = round(result["warmup_s"], 2)
+    # CPU microseconds per request, by process, over the client's run (its warm-up included)
+    figures["cpu_us_per_request"] = per_request_us(cpu_s, len(warmup) + len(requests))
     # Per worker: batches executed, in how many executions (rounds), and seconds busy.
     figures["engine"] = [
         {"batches": w["executed"], "rounds": w.get("rounds"), "busy_s": round(w.get("busy_s", 0.0), 2)} for w in workers
@@ -608,6 +617,7 @@ def run_latency(
                     seed,
                     max_delay_ms,
                     round_txns,
+                    broker.pid,
                 ),
                 BROKER_WARMUP_MAX_S if broker_warmup_s is None else broker_warmup_s,
             )
@@ -626,6 +636,7 @@ def run_latency(
                     seed,
                     max_delay_ms,
                     round_txns,
+                    broker.pid,
                 )
                 report["runs"].append(run)
                 say(format_run(run))
@@ -699,6 +710,11 @@ def format_report(report: dict[str, Any]) -> str:
     for run in report["runs"]:
         shares = run.get("tail", {}).get("share_pct", {})
         lines.append(f"{run['rate_rps']:>8,g} " + " ".join(f"{cell(shares.get(hop), '.0f', 18)} %" for hop in HOPS))
+    if any(run.get("cpu_us_per_request") for run in report["runs"]):
+        lines.append("CPU µs per request, by process (over each run, its warm-up included)")
+        for run in report["runs"]:
+            figures = run.get("cpu_us_per_request") or {}
+            lines.append(f"{run['rate_rps']:>8,g} " + ", ".join(f"{role} {us:,.1f}" for role, us in figures.items()))
     lines.append(
         "send: schedule → request record; request: → acknowledged by the broker; sequencing: → log "
         "record (epoch or group commit); commit: → readable in the log (the sequencer's append); execution: → "

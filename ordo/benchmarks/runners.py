@@ -61,6 +61,28 @@ class CpuWatch:
         return {name: round(end[name] - self._start[name], 3) for name in end}
 
 
+def process_roles(coordinator, sequencer_pid: int | None, client_pid: int | None, broker_pid: int | None) -> dict:
+    """The pids of each process an end-to-end run uses, by role: the broker, the sequencer,
+    the engine (this process: the coordinator, and the partition workers run in it), each
+    partition worker of its own process (`worker P`), the client."""
+    where = getattr(coordinator.group, "where", None)
+    roles: dict[str, list[int]] = {"broker": [broker_pid] if broker_pid else [], "sequencer": [sequencer_pid or 0]}
+    roles["engine"] = [os.getpid()]
+    for status in where() if where is not None else ():
+        roles[f"worker {status['partition']}"] = [status["pid"]]
+    roles["client"] = [client_pid or 0]
+    return {role: pids for role, pids in roles.items() if all(pids) and pids}
+
+
+def per_request_us(cpu_s: dict[str, float], requests: int) -> dict[str, float]:
+    """CPU microseconds per request, by role, and their sum ('all')."""
+    if not requests:
+        return {}
+    figures = {role: round(seconds * 1e6 / requests, 1) for role, seconds in cpu_s.items()}
+    figures["all"] = round(sum(cpu_s.values()) * 1e6 / requests, 1)
+    return figures
+
+
 def engine_throughput(
     bootstrap: str,
     log: Log,
@@ -166,11 +188,13 @@ def end_to_end(
     phases: list[tuple[str, float, float]] = (("latency_ms", LATENCY_LOAD, 3.0),),
     modules: tuple[str, ...] = (),
     max_delay_ms: float | None = None,
+    broker_pid: int | None = None,
 ) -> dict:
     """Sequencer (child process), engine (this process; Ray workers with 2+ partitions) and
     a client process on a fresh namespace: end-to-end throughput, latency at half of it,
-    and peak memory per process. `max_delay_ms`: the sequencer's epoch length (None: its
-    default)."""
+    peak memory per process, and each process's CPU time per request over the client's run
+    (the broker's too, with `broker_pid`). `max_delay_ms`: the sequencer's epoch length
+    (None: its default)."""
     import multiprocessing
     import queue
 
@@ -216,6 +240,8 @@ def end_to_end(
         engine.start()
         client.start()
         watch = MemoryWatch(roles, {"sequencer", "workers"} | ({"engine"} if reset else set())).start()
+        cpu = CpuWatch(process_roles(coordinator, sequencer.pid, client.pid, broker_pid))
+        cpu.start()
         result = None
         deadline = time.monotonic() + 600
         while result is None:
@@ -227,6 +253,7 @@ def end_to_end(
                 if not client.is_alive() or time.monotonic() > deadline:
                     raise RuntimeError("the benchmark client ended without a result")
         memory = watch.stop()
+        cpu_s = cpu.stop()
         if "error" in result:
             raise RuntimeError(f"benchmark client: {result['error']}")
     finally:
@@ -242,6 +269,7 @@ def end_to_end(
         if client.is_alive():
             client.kill()
     result["memory_mb"] = memory
+    result["cpu_us_per_request"] = per_request_us(cpu_s, len(warmup) + len(requests) + len(paced))
     return result
 
 

@@ -146,8 +146,11 @@ def run_scale(
                         phases=[],
                         modules=modules,
                         max_delay_ms=max_delay_ms,
+                        broker_pid=broker.pid,
                     )
                     run["end_to_end_tps"] = round(e2e["end_to_end_tps"])
+                    # CPU microseconds per request, by process, over the end-to-end run
+                    run["cpu_us_per_request"] = e2e["cpu_us_per_request"]
                 report["runs"].append(run)
                 say(format_run(run))
     finally:
@@ -202,9 +205,15 @@ def format_run(run: dict[str, Any]) -> str:
     cpu = run.get("cpu_ms_per_ktxn")
     if cpu:
         line += "; CPU ms per 1,000 txns: " + ", ".join(f"{name} {ms:,.0f}" for name, ms in cpu.items())
+    if run.get("cpu_us_per_request"):
+        line += "; end to end, CPU µs per request: " + per_process(run["cpu_us_per_request"])
     if "aria" in run:
         line += f"; aria: {run['aria']['conflict_rate']:.1%} of txns to the fallback"
     return line
+
+
+def per_process(figures: dict[str, float]) -> str:
+    return ", ".join(f"{role} {value:,.1f}" for role, value in figures.items())
 
 
 def format_report(report: dict[str, Any]) -> str:
