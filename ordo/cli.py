@@ -594,6 +594,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the innermost command `args` names (`ordo log pass-over`: pass-over's)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and getattr(args, action.dest, None) in action.choices:
+            return _command_parser(action.choices[getattr(args, action.dest)], args)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     from ordo import config
 
@@ -605,7 +613,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"ordo: {exc}", file=sys.stderr)
         return 2
-    args = parser.parse_args(config.without_config(argv))
+    args, unrecognized = parser.parse_known_args(config.without_config(argv))
+    if unrecognized:  # argparse would answer with the top-level usage; the command's says what it takes
+        _command_parser(parser, args).error(f"unrecognized arguments: {' '.join(unrecognized)}")
     try:
         config.check_parsed(args)
     except ValueError as exc:
