@@ -772,11 +772,13 @@ def cmd_upgrade(args) -> int:
     if done is None:
         print(f"{args.namespace}.log already runs these procedures; nothing written", file=sys.stderr)
         return 0
+    # A running engine reads its app from disk again at the upgrade record (procedures/reload.py).
     print(
         f"{args.namespace}.log moved from procedure set {done.before.name} to v{done.version} "
         f"({short(done.identity)}) at offset {done.offset}, in {time.monotonic() - started:.2f} s: the batches "
-        f"after it run these procedures; engines of {done.before.name} stop there. Start `ordo run` with them "
-        f"(docs/operations.md, 'Upgrading procedures')",
+        f"after it run these procedures. A running `ordo run` whose app on disk is this code goes on with it "
+        f"in place; one whose app on disk is other code applies every batch before the upgrade and stops there: "
+        f"start it again with this code (docs/operations.md, 'Upgrading procedures')",
         file=sys.stderr,
     )
     return 0
