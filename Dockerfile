@@ -9,6 +9,8 @@ WORKDIR /src
 # Only what `pip install .` needs (no .venv, data or test output from the build context).
 COPY pyproject.toml README.md ./
 COPY ordo ordo
+COPY broker broker
+COPY log log
 COPY sequencer sequencer
 COPY scheduler scheduler
 COPY storage storage

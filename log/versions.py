@@ -24,6 +24,7 @@ from ordo.procedures.fingerprint import (
     FORMAT,
     ProcedureSetChanged,
     changes,
+    code_groups,
     describe,
     describe_as,
     identities,
@@ -89,7 +90,8 @@ class Current:
     def changes(self, registry: Registry) -> list[str]:
         if self.described is None:
             return ["the log's set is not readable here"]
-        return changes(self.described, describe_as(registry, self.described))
+        together = code_groups(registry) if is_versioned(self.described) else ()
+        return changes(self.described, describe_as(registry, self.described), together)
 
 
 def current_set(bootstrap: str, topic: str, timeout: float = 30.0, until: int | None = None) -> Current | None:

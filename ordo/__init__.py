@@ -61,11 +61,21 @@ if TYPE_CHECKING:  # what type checkers and editors see of the names loaded on f
 
 
 def __getattr__(name: str):
-    if name in _PUBLIC:
-        import importlib
+    import importlib
 
+    if name in _PUBLIC:
         return getattr(importlib.import_module(_PUBLIC[name]), name)
+    if _is_submodule(name):  # `ordo.client.new_request` after a bare `import ordo`, as the guides write it
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'ordo' has no attribute {name!r}")
+
+
+def _is_submodule(name: str) -> bool:
+    import importlib.util
+
+    return (
+        name.isidentifier() and not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None
+    )
 
 
 def __dir__() -> list[str]:

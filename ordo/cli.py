@@ -601,6 +601,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the innermost command `args` names (`ordo log pass-over`: pass-over's)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and getattr(args, action.dest, None) in action.choices:
+            return _command_parser(action.choices[getattr(args, action.dest)], args)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     from ordo import config
 
@@ -612,7 +620,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"ordo: {exc}", file=sys.stderr)
         return 2
-    args = parser.parse_args(config.without_config(argv))
+    args, unrecognized = parser.parse_known_args(config.without_config(argv))
+    if unrecognized:  # argparse would answer with the top-level usage; the command's says what it takes
+        _command_parser(parser, args).error(f"unrecognized arguments: {' '.join(unrecognized)}")
     try:
         config.check_parsed(args)
     except ValueError as exc:
@@ -770,11 +780,13 @@ def cmd_upgrade(args) -> int:
     if done is None:
         print(f"{args.namespace}.log already runs these procedures; nothing written", file=sys.stderr)
         return 0
+    # A running engine reads its app from disk again at the upgrade record (procedures/reload.py).
     print(
         f"{args.namespace}.log moved from procedure set {done.before.name} to v{done.version} "
         f"({short(done.identity)}) at offset {done.offset}, in {time.monotonic() - started:.2f} s: the batches "
-        f"after it run these procedures; engines of {done.before.name} stop there. Start `ordo run` with them "
-        f"(docs/operations.md, 'Upgrading procedures')",
+        f"after it run these procedures. A running `ordo run` whose app on disk is this code goes on with it "
+        f"in place; one whose app on disk is other code applies every batch before the upgrade and stops there: "
+        f"start it again with this code (docs/operations.md, 'Upgrading procedures')",
         file=sys.stderr,
     )
     return 0

@@ -45,6 +45,10 @@ from ordo.sequencer.wire import fields_problem, id_problem
 # Outcome readers a client keeps between reads: enough for a few threads that read at once.
 IDLE_READERS = 2
 PARTITIONS_KEPT_FOR = 10.0  # seconds a kept reader trusts the partitions of <ns>.results last listed
+# How long wait_for_topics waits for a namespace whose name is close to one the broker has:
+# an engine just started makes its topics within seconds (3.5-5 s on a loaded 2-core
+# machine), a mistyped name never.
+MISTYPED_AFTER = 15.0
 
 _Item = TypeVar("_Item")
 
@@ -98,6 +102,7 @@ class Client:
         # <ns>.results' partitions as last listed, and when: a kept reader asks for them again
         # only after PARTITIONS_KEPT_FOR, as its metadata request waits behind its last fetch.
         self._listed: tuple[float, list[int]] | None = None
+        self._requests_topic_seen = False  # once seen, a namespace is not asked about again
 
     # -- submitting --------------------------------------------------------------------------
 
@@ -156,6 +161,8 @@ class Client:
         waits for a broker that is away as long as it takes."""
         self._mark_start(timeout)
         producer = self._ensure_producer()
+        if not self._requests_topic_seen:
+            self._refuse_a_mistyped_namespace(producer)
         submission = Submission()
         keyless: dict[int, None] = {}
 
@@ -203,11 +210,14 @@ class Client:
     def wait_for_topics(self, timeout: float = 60.0) -> None:
         """Wait until the namespace's requests and results topics exist (an engine started
         just before creates them). Raises BrokerUnavailable if no broker answered in
-        `timeout` seconds, Timeout if one did but the topics were still missing."""
+        `timeout` seconds, Timeout if one did but the topics were still missing, and
+        TopicMissing (did you mean …) after at most MISTYPED_AFTER seconds where the broker has
+        a namespace of a close name instead: a mistyped one."""
         consumer = self._consumer()
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = started + timeout
         failure: KafkaException | None = None
-        answered = False
+        answered = warned = False
         try:
             while True:
                 try:  # a broker that is still starting is waited for like a topic that is still missing
@@ -218,6 +228,18 @@ class Client:
                     topics, failure = {}, exc
                 if self.topics.requests in topics and self.topics.results in topics:
                     return
+                close = close_namespace(self.topics.namespace, topics) if answered else ""
+                if close and not warned:
+                    warned = True
+                    logging.getLogger("ordo.client").warning(
+                        "namespace %r has no topic %s yet%s: waiting up to %.0f s for it",
+                        self.topics.namespace,
+                        self.topics.requests,
+                        close,
+                        min(timeout, MISTYPED_AFTER),
+                    )
+                if close and time.monotonic() >= min(deadline, started + MISTYPED_AFTER):
+                    raise self._missing(self.topics.requests, topics)
                 if time.monotonic() >= deadline:
                     if not answered and failure is not None:
                         raise self._unavailable(failure, timeout)
@@ -242,20 +264,34 @@ class Client:
             f"is it running, and are these its address and settings?"
         )
 
-    def _missing(self, topic: str) -> TopicMissing:
+    def _refuse_a_mistyped_namespace(self, producer: Producer) -> None:
+        """TopicMissing at once where <ns>.requests is not on the broker and a namespace of a
+        close name is: the producer would wait 30 s for the topic before saying so. A missing
+        namespace with no close one is left to that wait (an engine may be making it)."""
+        try:
+            listed = producer.list_topics(timeout=10).topics
+        except KafkaException:
+            return  # the produce below meets the same broker, and says what is wrong
+        if self.topics.requests in listed:
+            self._requests_topic_seen = True
+        elif close_namespace(self.topics.namespace, listed):
+            raise self._missing(self.topics.requests, listed)
+
+    def _missing(self, topic: str, listed: Iterable[str] | None = None) -> TopicMissing:
         """The namespace's `topic` is not on the broker: name the namespaces that are, the
-        closest first, so a typo shows at once."""
+        closest first, so a typo shows at once. `listed`: the broker's topics, if just read."""
         from ordo.procedures.registry import did_you_mean
 
-        consumer = self._consumer()
-        try:
-            listed = consumer.list_topics(timeout=10).topics
-        except KafkaException:
-            listed = {}
-        finally:
-            consumer.close()
+        if listed is None:
+            consumer = self._consumer()
+            try:
+                listed = consumer.list_topics(timeout=10).topics
+            except KafkaException:
+                listed = {}
+            finally:
+                consumer.close()
         suffix = "." + topic.rsplit(".", 1)[1]
-        namespaces = sorted(name[: -len(suffix)] for name in listed if name.endswith(suffix))
+        namespaces = namespaces_with(listed, suffix)
         there = (
             f"namespaces on the broker: {', '.join(namespaces)}" if namespaces else "the broker has no namespace yet"
         )
@@ -654,6 +690,20 @@ def _outcome(raw: bytes | None) -> dict:
     except (TypeError, ValueError, RecursionError):  # anyone can write to <ns>.results: never crash on it
         return {"unreadable": raw}
     return outcome if isinstance(outcome, dict) else {"unreadable": raw}
+
+
+def namespaces_with(topics: Iterable[str], suffix: str) -> list[str]:
+    """The namespaces that have a topic ending in `suffix` (".requests"), sorted."""
+    return sorted(name[: -len(suffix)] for name in topics if name.endswith(suffix))
+
+
+def close_namespace(namespace: str, topics: Iterable[str]) -> str:
+    """ " (did you mean 'x'?)" where `namespace` has no requests topic among `topics` and a
+    namespace of a close name has one, else "": a mistyped namespace, seen at once."""
+    from ordo.procedures.registry import did_you_mean
+
+    namespaces = namespaces_with(topics, ".requests")
+    return "" if namespace in namespaces else did_you_mean(namespace, namespaces)
 
 
 def _until_the_broker_answers(call: Callable[[float], Any], timeout: float | None) -> Any:

@@ -242,10 +242,14 @@ def differences(logged: dict, engine: dict) -> list[str]:
     return problems
 
 
-def changes(logged: dict, ours: dict) -> list[str]:
+def changes(logged: dict, ours: dict, together: Iterable[Iterable[str]] = ()) -> list[str]:
     """How `ours` differs from the logged set, both ways: what an upgrade from one to the
-    other adds, changes and removes."""
-    found = []
+    other adds, changes and removes. `together`: procedures identified by their code
+    together (`code_groups`); those of a group that changed are one item, saying why, as an
+    edit to one of them changes them all."""
+    group_of = {name: frozenset(group) for group in map(frozenset, together) for name in group}
+    found: list[str] = []
+    said: set[str] = set()
     for kind in KINDS:
         before, after = logged.get(kind, {}), ours.get(kind, {})
         for name in sorted(set(before) | set(after)):
@@ -253,11 +257,36 @@ def changes(logged: dict, ours: dict) -> list[str]:
                 found.append(f"{kind[:-1]} '{name}' removed")
             elif name not in before:
                 found.append(f"{kind[:-1]} '{name}' added")
-            elif before[name] != after[name]:
+            elif before[name] == after[name] or name in said:
+                continue
+            elif kind == "procedures" and name in group_of:
+                changed = sorted(n for n in group_of[name] if n in before and n in after and before[n] != after[n])
+                said.update(changed)
+                found.append(_changed_together(changed))
+            else:
                 found.append(f"{kind[:-1]} '{name}' changed")
     if ENVIRONMENT in logged and ENVIRONMENT in ours:
         found.extend(environment_changes(logged[ENVIRONMENT], ours[ENVIRONMENT]))
     return found
+
+
+def _changed_together(names: list[str]) -> str:
+    if len(names) == 1:
+        return f"procedure '{names[0]}' changed"
+    listed = ", ".join(f"'{n}'" for n in names[:-1]) + f" and '{names[-1]}'"
+    return (
+        f"procedures {listed} changed (procedures of the app's dataflows, identified by the code of "
+        f"all of them together: an edit to any one changes each)"
+    )
+
+
+def code_groups(registry: Registry) -> list[set[str]]:
+    """The procedures identified by the same code, in groups of two or more: a workload's
+    dataflow procedures each reach the code of all of them (Registry.add_workload)."""
+    by_roots: dict[tuple, set[str]] = {}
+    for name in registry.procedures:
+        by_roots.setdefault((registry.roots.get(name, ()), registry.named_code.get(name, ())), set()).add(name)
+    return [group for group in by_roots.values() if len(group) > 1]
 
 
 def shown(items: list[str], limit: int = 5) -> str:

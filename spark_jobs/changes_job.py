@@ -191,13 +191,19 @@ def describe(stats: LakeStats) -> str:
     """The progress line's text: what is written, and what the writer is doing now."""
     text = (
         f"{stats.read:,} change records read, {stats.micro_batches} micro-batch(es) written, "
-        f"{stats.changes:,} changes in the change log, tables at batch {stats.applied_batch:,}"
+        f"{stats.changes:,} changes appended to the change log{_holding(stats.logged)}, "
+        f"tables at batch {stats.applied_batch:,}"
     )
     if stats.waiting_batches:
         text += f" ({stats.waiting_batches:,} batch(es) waiting for records)"
     if stats.step:
         text += f"; now {stats.step}"
     return text
+
+
+def _holding(logged: int | None) -> str:
+    """What the change log holds in all, beside this job's own changes."""
+    return "" if logged is None else f" ({logged:,} in it)"
 
 
 def run_consumer(
@@ -391,6 +397,8 @@ def run(args, out=sys.stdout) -> int:
         optimize_every=max(0, args.optimize_every),
     )
     seconds = time.monotonic() - started
+    if stats.logged is None:  # no micro-batch ran: nothing was appended, the lake is as it was
+        stats.logged_before = lake.changelog_size(spark, args.output)
     print(summary(stats, seconds, args.output), file=out, flush=True)
     if not args.no_report:
         try:
@@ -404,7 +412,7 @@ def summary(stats: LakeStats, seconds: float, output: str) -> str:
     line = (
         f"consumed {stats.changes:,} changes ({stats.records:,} change records) in {stats.micro_batches} "
         f"micro-batch(es) in {seconds:.2f}s ({stats.changes_per_second:,.0f} changes/s while writing) into "
-        f"{output}; tables as of batch {stats.applied_batch:,}"
+        f"{output}, whose change log holds {stats.logged or 0:,} changes; tables as of batch {stats.applied_batch:,}"
     )
     if stats.waiting_batches:
         line += f", {stats.waiting_batches:,} batch(es) waiting for the rest of their records"

@@ -103,7 +103,8 @@ class LakeStats:
     micro_batches: int = 0
     read: int = 0  # change records read from the topic
     records: int = 0  # fresh change records written
-    changes: int = 0  # fresh changes written to the change log
+    changes: int = 0  # fresh changes this job wrote to the change log
+    logged_before: int | None = None  # in the change log before this job (known from its first micro-batch)
     repeated: int = 0  # records the lake held already (a replay or an engine's re-publication)
     passed_over: int = 0  # records of the per-partition format before per-transaction records
     seconds: float = 0.0  # inside micro-batches
@@ -117,6 +118,11 @@ class LakeStats:
         now = time.monotonic()
         self.phases[phase] = self.phases.get(phase, 0.0) + now - since
         return now
+
+    @property
+    def logged(self) -> int | None:
+        """Changes the change log holds now, where known: before this job, and its own."""
+        return None if self.logged_before is None else self.logged_before + self.changes
 
     @property
     def changes_per_second(self) -> float:
@@ -319,6 +325,7 @@ class LakeWriter:
         if self._ledger is None:
             new = create_lake(spark, self.output)
             self._ledger = Ledger(0) if new else Ledger.load(spark, self.output)
+            self.stats.logged_before = 0 if new else changelog_size(spark, self.output)
             self.stats.applied_batch = self._ledger.applied
         ledger = self._ledger
         self.stats.step = "reading change records"
@@ -558,6 +565,15 @@ def create_lake(spark, output: str) -> bool:
     create_table(spark, transactions_path(output), TRANSACTIONS_SCHEMA, "Ordo change records landed", APPEND_ONLY)
     create_table(spark, batches_path(output), BATCHES_SCHEMA, "Ordo batches applied to tables/", APPEND_ONLY)
     return new
+
+
+def changelog_size(spark, output: str) -> int:
+    """The changes in the lake's change log (0 where there is no lake yet). Delta answers the
+    count from the file statistics of its log, without reading the table's files."""
+    from delta.tables import DeltaTable
+
+    path = changelog_path(output)
+    return read_delta(spark, path).count() if DeltaTable.isDeltaTable(spark, path) else 0
 
 
 def applied_batch(spark, output: str) -> int:

@@ -51,6 +51,31 @@ def test_the_client_guide_gives_new_requests_real_signature():
         assert f"new_request({parameters})" in f.read()
 
 
+def test_the_client_guide_s_calls_work_after_a_bare_import_ordo():
+    """docs/client.md writes `ordo.client.new_request(…)`: the submodule loads on first use,
+    as the public names do, in a process that has made no Client."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import ordo; print(ordo.client.new_request('deposit', {'account': 1})['proc'])"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "deposit", done.stderr
+    assert not hasattr(ordo, "no_such_module") and not hasattr(ordo, "_PRIVATE")
+
+
+def test_the_client_guide_says_what_a_submission_s_failed_holds():
+    import typing
+
+    from ordo.client import Submission
+
+    assert typing.get_origin(typing.get_type_hints(Submission)["failed"]) is dict
+    with open(os.path.join(ROOT, "docs", "client.md")) as f:
+        guide = " ".join(f.read().split())
+    assert "`failed` is a dict of those only, `{i: why}`" in guide
+
+
 def test_dir_lists_no_helper_of_the_package():
     names = set(dir(ordo))
     assert "TYPE_CHECKING" not in names and "_PUBLIC" not in names

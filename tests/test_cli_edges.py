@@ -300,3 +300,25 @@ def test_runtime_auto_is_ray_for_a_running_engine_and_this_process_for_recover()
         done = shell(f"COLUMNS=400 {ORDO} {command} --help")
         assert done.returncode == 0, done.stderr
         assert auto in " ".join(done.stdout.split()), (command, done.stdout)
+
+
+@pytest.mark.parametrize(
+    "argv, usage, unknown",
+    [
+        (
+            ["submit", "--bootstrap-servers", "127.0.0.1:1", "--proc", "p", "--request-id", "x"],
+            "ordo submit",
+            "--request-id x",
+        ),
+        (["log", "skip", "--bootstrap-servers", "127.0.0.1:1", "--offset", "1", "--bogus"], "ordo log skip", "--bogus"),
+    ],
+)
+def test_an_unknown_option_is_answered_with_its_command_s_usage(argv, usage, unknown, capsys):
+    from ordo.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: {usage} "), err
+    assert f"{usage}: error: unrecognized arguments: {unknown}" in err

@@ -273,3 +273,65 @@ def test_a_set_the_previous_main_described_is_matched_by_the_same_code_and_refus
         sys.path.remove(str(app))
         for name in MODULES:
             sys.modules.pop(name, None)
+
+
+@pytest.mark.slow
+def test_a_refusal_says_why_dataflow_procedures_no_one_edited_are_listed(broker, namespace, tmp_path):
+    """examples/inventory.py with only `deliver` edited: `tally` (which deliver's stream
+    triggers) and `ship` (which emits) are identified by the code of every dataflow
+    procedure of the app, so they differ too; the refusal lists them as one, and says why."""
+    source = open(os.path.join(ROOT, "examples", "inventory.py")).read()
+    (tmp_path / "inventory.py").write_text(source)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join([str(tmp_path), ROOT])}
+    run = [sys.executable, "-m", "ordo.cli", "run", "--bootstrap-servers", broker, "--namespace", namespace] + [
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--app",
+        "inventory:app",
+        "--runtime",
+        "local",
+        "--quiet",
+    ]
+    engine = subprocess.Popen(run, cwd=tmp_path, env=env, text=True, stderr=subprocess.PIPE)
+    try:
+        with Client(broker, namespace) as client:
+            client.wait_for_topics(timeout=120)
+            request = client.submit("name_sku", {"sku": "bolt", "item": 7})
+            assert client.wait([request], timeout=120)[request]["status"] == "committed"
+    finally:
+        assert stop(engine, timeout=60) == 0
+    edited = source.replace(
+        'ctx.emit("received", [line["warehouse"], line["qty"]])',
+        'ctx.emit("received", [line["warehouse"], 1 * line["qty"]])',
+    )
+    assert edited != source
+    (tmp_path / "inventory.py").write_text(edited)
+    refused = subprocess.run(run, cwd=tmp_path, env=env, text=True, capture_output=True, timeout=180)
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode != 0 and len(lines) == 1, refused.stderr
+    assert (
+        "(procedures 'deliver', 'ship' and 'tally' changed (procedures of the app's dataflows, identified by the "
+        "code of all of them together: an edit to any one changes each)"
+    ) in lines[0], lines[0]
+    assert "name_sku" not in lines[0] and "restock_sku" not in lines[0]
+
+
+def test_procedures_identified_by_their_code_together_are_one_change(tmp_path):
+    from ordo.procedures.fingerprint import code_groups
+
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    try:
+        import inventory
+    finally:
+        sys.path.remove(os.path.join(ROOT, "examples"))
+    registry = inventory.app.registry()
+    assert code_groups(registry) == [{"deliver", "ship", "tally"}]
+    before = {"procedures": {"deliver": "1", "ship": "2", "tally": "3", "name_sku": "4"}}
+    after = {"procedures": {"deliver": "1'", "ship": "2'", "tally": "3", "name_sku": "4'"}}
+    assert changes(before, after, code_groups(registry)) == [
+        "procedures 'deliver' and 'ship' changed (procedures of the app's dataflows, identified by the code of "
+        "all of them together: an edit to any one changes each)",
+        "procedure 'name_sku' changed",
+    ]
+    only_its_arguments = {"procedures": {**before["procedures"], "tally": "3'"}}
+    assert changes(before, only_its_arguments, code_groups(registry)) == ["procedure 'tally' changed"]

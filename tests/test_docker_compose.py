@@ -198,13 +198,38 @@ def test_dockerfile_installs_the_project_with_the_ordo_entrypoint(dockerfile):
     assert entrypoints and entrypoints[-1] in ('ENTRYPOINT ["ordo"]', "ENTRYPOINT ordo")
 
 
+def package_folder(package: str, package_dir: dict[str, str]) -> str:
+    """The repository folder setuptools reads `package` from: under the folder
+    [tool.setuptools.package-dir] maps its nearest mapped parent to, else its own path."""
+    parts = package.split(".")
+    for n in range(len(parts), 0, -1):
+        parent = ".".join(parts[:n])
+        if parent in package_dir:
+            return "/".join([package_dir[parent], *parts[n:]])
+    return "/".join(parts)
+
+
+def test_package_folders_follow_the_package_dir_mapping():
+    mapping = {"ordo.log": "log"}
+    assert package_folder("ordo", mapping) == "ordo"
+    assert package_folder("ordo.benchmarks", mapping) == "ordo/benchmarks"
+    assert package_folder("ordo.log", mapping) == "log"
+    assert package_folder("ordo.log.inner", mapping) == "log/inner"
+
+
 def test_dockerfile_copies_every_package_pip_install_needs(dockerfile):
+    """Every folder pyproject.toml installs from, the ones [tool.setuptools.package-dir] maps
+    into the package (broker/, log/, …) included, is copied before `pip install .`."""
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         project = tomllib.load(f)
     copied = {src.rstrip("/") for line in dockerfile if line.startswith("COPY ") for src in line.split()[1:-1]}
     if "." in copied:
         return
-    needed = {p.split(".")[0] for p in project["tool"]["setuptools"]["packages"]} | {"pyproject.toml"}
+    setuptools = project["tool"]["setuptools"]
+    package_dir = setuptools.get("package-dir", {})
+    folders = {package_folder(p, package_dir).split("/")[0] for p in setuptools["packages"]}
+    assert set(package_dir.values()) <= folders
+    needed = folders | {"pyproject.toml"}
     if "readme" in project["project"]:
         needed.add(project["project"]["readme"])
     assert needed <= copied, f"Dockerfile does not copy {sorted(needed - copied)}"

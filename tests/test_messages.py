@@ -123,16 +123,35 @@ def test_tansu_without_its_extra_says_how_to_install_it():
 
 @pytest.mark.slow
 def test_a_mistyped_namespace_is_answered_with_the_namespaces_the_broker_has(broker, namespace):
-    from ordo.client import Client
+    """At once where sending (the producer would wait 30 s for the topic), and within
+    MISTYPED_AFTER where waiting for the topics (an engine just started makes them first)."""
+    import time
+
+    from ordo.client import MISTYPED_AFTER, Client
     from ordo.broker.topics import ensure_topics
 
     ensure_topics(broker, f"{namespace}-sensors")
     typo = f"{namespace}-sensrs"
     expected = f"namespace '{typo}' has no topic {typo}.requests on {broker} (did you mean '{namespace}-sensors'?)"
     with Client(broker, typo) as client, pytest.raises(TopicMissing) as caught:
+        started = time.monotonic()
         client.submit("ingest", {"v": 1}, timeout=120)
+    assert time.monotonic() - started < 5
     assert str(caught.value).startswith(expected)
     assert "namespaces on the broker: " in str(caught.value)
+
+    started = time.monotonic()
     done = ordo_cli("submit", "--bootstrap-servers", broker, "--namespace", typo, "--proc", "ingest", "--args", "{}")
+    assert time.monotonic() - started < 15  # a Python start and the answer, not the producer's 30 s
     assert done.returncode == 2
     assert done.stderr.strip().startswith(f"ordo submit: {expected}") and "KafkaError" not in done.stderr
+
+    with Client(broker, typo) as client, pytest.raises(TopicMissing) as caught:
+        started = time.monotonic()
+        client.wait_for_topics(timeout=120)
+    assert MISTYPED_AFTER <= time.monotonic() - started < MISTYPED_AFTER + 5
+    assert str(caught.value).startswith(expected)
+    with Client(broker, typo) as client, pytest.raises(TopicMissing):
+        started = time.monotonic()
+        client.wait_for_topics(timeout=3)  # a shorter wait ends at its own timeout, with the same answer
+    assert time.monotonic() - started < 6

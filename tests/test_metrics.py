@@ -407,3 +407,27 @@ def test_a_new_data_directory_serves_once_the_backlog_is_executed(broker, namesp
         print(f"\n{last_batch} batches of backlog: {catching_up} then {said[-1].strip()}")
     finally:
         assert stop(engine, timeout=60) == 0
+
+
+def test_every_metric_the_engine_serves_is_in_the_guide_s_table():
+    """Each family the collector yields with every optional part present (the lags, the
+    sequencer's restarts, the readiness), by the name a scrape shows, is a row of
+    docs/running.md's metrics table, and each row one it serves."""
+    import re
+    from types import SimpleNamespace
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from ordo.metrics import EngineCollector
+    from ordo.scheduler.coordinator import EngineStats
+
+    coordinator = SimpleNamespace(statuses=[{"partition": 0}], stats=EngineStats(), silences=list)
+    lags = SimpleNamespace(log=0, requests=0)
+    readiness = SimpleNamespace(since=None)
+    registry = CollectorRegistry()
+    registry.register(EngineCollector(coordinator, lags, sequencer_restarts=lambda: 0, readiness=readiness))
+    served = dict(re.findall(r"^# TYPE (\S+) (\S+)$", generate_latest(registry).decode(), re.MULTILINE))
+
+    with open(os.path.join(ROOT, "docs", "running.md")) as f:
+        rows = re.findall(r"^\| `(ordo_\w+)(?:\{[\w,]+\})?` \| (\w+) \|", f.read(), re.MULTILINE)
+    assert dict(rows) == served, (set(served) - set(dict(rows)), set(dict(rows)) - set(served))

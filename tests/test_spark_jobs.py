@@ -711,3 +711,43 @@ def test_the_parquet_layout_before_delta_is_refused_in_one_line(spark, broker, n
         changes_job.run_consumer(spark, broker, namespace, str(old), str(tmp_path / "ck"), once=True)
     assert "Parquet lake of Ordo's releases before Delta Lake" in str(refused.value)
     assert "\n" not in str(refused.value)
+
+
+def test_a_restarted_job_says_its_own_changes_and_what_the_change_log_holds(spark, broker, namespace, tmp_path):
+    """The summary and the progress line count this job's changes, and say the change log's
+    total beside them: after a restart the two differ."""
+    from kafka import KafkaProducer
+
+    ensure_topics(broker, namespace)
+    producer = KafkaProducer(bootstrap_servers=broker)
+
+    def send_batch(batch: int, txns: int) -> None:
+        for txn in range(txns):
+            change = {"table": "account", "key": batch * 10 + txn, "value": txn}
+            record = {"batch": batch, "txn": txn, "txns": txns, "part": 0, "parts": 1, "changes": [change]}
+            producer.send(f"{namespace}.changes", key=f"{batch}.{txn}.0".encode(), value=json.dumps(record).encode())
+        producer.flush()
+
+    output, checkpoint = str(tmp_path / "out"), str(tmp_path / "checkpoint")
+    args = producer_job_args(broker, namespace, output, checkpoint, "--no-report")
+    send_batch(1, 3)
+    out = io.StringIO()
+    assert changes_job.run(args, out=out) == 0
+    assert "consumed 3 changes (3 change records) in 1 micro-batch(es) in " in out.getvalue()
+    assert f"into {output}, whose change log holds 3 changes; tables as of batch 1" in out.getvalue()
+
+    send_batch(2, 2)
+    out = io.StringIO()
+    assert changes_job.run(args, out=out) == 0
+    assert "consumed 2 changes (2 change records) in 1 micro-batch(es) in " in out.getvalue()
+    assert f"into {output}, whose change log holds 5 changes; tables as of batch 2" in out.getvalue()
+
+    send_batch(3, 1)
+    stats = changes_job.run_consumer(spark, broker, namespace, output, checkpoint, once=True)
+    producer.close()
+    assert "1 changes appended to the change log (6 in it), tables at batch 3" in changes_job.describe(stats)
+
+    out = io.StringIO()  # nothing new: no micro-batch, the change log as it was
+    assert changes_job.run(args, out=out) == 0
+    assert "consumed 0 changes (0 change records) in " in out.getvalue()
+    assert "whose change log holds 6 changes" in out.getvalue()

@@ -462,6 +462,35 @@ def _published_at(broker: str, topic: str, count: int, timeout: float = 120) -> 
 
 
 @pytest.mark.slow
+def test_ordo_upgrade_says_what_a_running_engine_does_and_it_does_so(broker, namespace, tmp_path):
+    """`ordo upgrade`'s line tells the operator that a running engine whose app on disk is
+    the new code goes on in place (and one whose disk is not stops at the upgrade, the
+    test above): here the engine's bank.py is the new code, and the same process answers with it."""
+    _write(tmp_path, "bank", BANK.format(factor=1))
+    engine = _run(tmp_path, broker, namespace, tmp_path / "live", "bank:app")
+    with Client(broker, namespace) as client:
+        client.wait_for_topics()
+        assert _deposits(client, "v1", range(0, 3))["v1-0"]["result"] == 1
+        time.sleep(1.1)  # a new mtime for the edited file, as any deploy gives it
+        _write(tmp_path, "bank", BANK.format(factor=2))
+        code, err = _finish(
+            _ordo(tmp_path, "upgrade", "--bootstrap-servers", broker, "--namespace", namespace, "--app", "bank:app")
+        )
+        assert code == 0, err
+        line = " ".join(err.split())
+        assert "the batches after it run these procedures. A running `ordo run` whose app on disk is this code " in line
+        assert "goes on with it in place; one whose app on disk is other code applies every batch before the " in line
+        assert "upgrade and stops there: start it again with this code" in line
+        assert "engines of v1" not in line
+        probe = client.submit("deposit", {"account": 10, "amount": 1}, request_id="v2-probe")
+        assert _answer(client, probe, engine)["result"] == 2
+        assert engine.poll() is None  # the same process
+    engine.terminate()
+    code, err = _finish(engine)
+    assert code == 0 and "ordo run: procedures upgraded in place: set " in err, err
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("partitions", [1, 2])
 def test_upgrades_in_place_v1_v2_v1_under_load_keep_the_engine_running_and_each_version_answers_its_batches(
     broker, namespace, tmp_path, fault_report, partitions
