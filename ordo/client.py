@@ -45,11 +45,6 @@ from ordo.sequencer.wire import fields_problem, id_problem
 # Outcome readers a client keeps between reads: enough for a few threads that read at once.
 IDLE_READERS = 2
 PARTITIONS_KEPT_FOR = 10.0  # seconds a kept reader trusts the partitions of <ns>.results last listed
-# How long wait_for_topics waits for a namespace whose name is close to one the broker has:
-# an engine just started makes its topics within seconds (3.5-5 s on a loaded 2-core
-# machine), a mistyped name never.
-MISTYPED_AFTER = 15.0
-
 _Item = TypeVar("_Item")
 
 Request = dict[str, Any] | bytes | tuple[str, bytes]
@@ -211,8 +206,9 @@ class Client:
         """Wait until the namespace's requests and results topics exist (an engine started
         just before creates them). Raises BrokerUnavailable if no broker answered in
         `timeout` seconds, Timeout if one did but the topics were still missing, and
-        TopicMissing (did you mean …) after at most MISTYPED_AFTER seconds where the broker has
-        a namespace of a close name instead: a mistyped one."""
+        TopicMissing (did you mean …) instead where the broker has a namespace of a close name:
+        a mistyped one, warned of at once (an engine may still be starting, so the wait is the
+        one asked for)."""
         consumer = self._consumer()
         started = time.monotonic()
         deadline = started + timeout
@@ -236,11 +232,11 @@ class Client:
                         self.topics.namespace,
                         self.topics.requests,
                         close,
-                        min(timeout, MISTYPED_AFTER),
+                        timeout,
                     )
-                if close and time.monotonic() >= min(deadline, started + MISTYPED_AFTER):
-                    raise self._missing(self.topics.requests, topics)
                 if time.monotonic() >= deadline:
+                    if close:
+                        raise self._missing(self.topics.requests, topics)
                     if not answered and failure is not None:
                         raise self._unavailable(failure, timeout)
                     raise Timeout(

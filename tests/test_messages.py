@@ -123,11 +123,11 @@ def test_tansu_without_its_extra_says_how_to_install_it():
 
 @pytest.mark.slow
 def test_a_mistyped_namespace_is_answered_with_the_namespaces_the_broker_has(broker, namespace):
-    """At once where sending (the producer would wait 30 s for the topic), and within
-    MISTYPED_AFTER where waiting for the topics (an engine just started makes them first)."""
+    """At once where sending (the producer would wait 30 s for the topic), and at the end of
+    the wait where waiting for the topics (an engine just started makes them first)."""
     import time
 
-    from ordo.client import MISTYPED_AFTER, Client
+    from ordo.client import Client
     from ordo.broker.topics import ensure_topics
 
     ensure_topics(broker, f"{namespace}-sensors")
@@ -148,10 +148,6 @@ def test_a_mistyped_namespace_is_answered_with_the_namespaces_the_broker_has(bro
 
     with Client(broker, typo) as client, pytest.raises(TopicMissing) as caught:
         started = time.monotonic()
-        client.wait_for_topics(timeout=120)
-    assert MISTYPED_AFTER <= time.monotonic() - started < MISTYPED_AFTER + 5
+        client.wait_for_topics(timeout=3)  # the wait asked for (an engine may still be starting), then the answer
+    assert 3 <= time.monotonic() - started < 8
     assert str(caught.value).startswith(expected)
-    with Client(broker, typo) as client, pytest.raises(TopicMissing):
-        started = time.monotonic()
-        client.wait_for_topics(timeout=3)  # a shorter wait ends at its own timeout, with the same answer
-    assert time.monotonic() - started < 6
