@@ -60,7 +60,12 @@ EXIT_UPGRADED = 4
 
 
 class UpgradedAway(RuntimeError):
-    """The log moved to another procedure set while this sequencer ran."""
+    """The log moved to another procedure set while this sequencer ran; `version`: the
+    newest version of the log's set it found and could not go on with."""
+
+    def __init__(self, message: str, version: int | None = None):
+        super().__init__(message)
+        self.version = version
 
 
 @dataclass(frozen=True, slots=True)

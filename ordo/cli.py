@@ -702,7 +702,7 @@ def cmd_run(args) -> int:
 def cmd_sequence(args) -> int:
     from ordo.sequencer.lane_owner import EXIT_ANOTHER_ENGINE, LaneTaken, Superseded
     from ordo.log.versions import EXIT_UPGRADED, UpgradedAway
-    from ordo.services import die_with_parent, send_heartbeats, serve_sequencer
+    from ordo.services import die_with_parent, say_left_for, send_heartbeats, serve_sequencer
 
     die_with_parent()  # when an engine started this sequencer, it goes when the engine goes
     send_heartbeats()  # and the engine knows it is alive
@@ -715,6 +715,7 @@ def cmd_sequence(args) -> int:
         return EXIT_ANOTHER_ENGINE
     except UpgradedAway as exc:
         print(f"ordo sequence: {exc}", file=sys.stderr, flush=True)
+        say_left_for(exc.version)
         return EXIT_UPGRADED
 
 

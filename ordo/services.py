@@ -107,30 +107,32 @@ def serve_sequencer(
                 )
             sequencer.run()
             return 0
-        except UpgradedAway:
+        except UpgradedAway as away:
             handover = sequencer.handed_over
             sequencer.close()
-            following = upgraded_in_place(bootstrap, namespace, procedure_modules, registry)
+            following, now = upgraded_in_place(bootstrap, namespace, procedure_modules, registry)
             if following is None:
+                if now is not None:
+                    away.version = max(away.version or 0, now.version)
                 raise
-            registry, checked = following
+            registry, checked = following, now
     return 0
 
 
 def upgraded_in_place(
     bootstrap: str, namespace: str, specs: tuple[str, ...], registry: Registry
-) -> tuple[Registry, Current] | None:
-    """The set the log moved to (and the log's set as read), when the app's files on disk
-    define it now; else None."""
+) -> tuple[Registry | None, Current | None]:
+    """The set the log moved to, when the app's files on disk define it now (else None),
+    and the log's set as read."""
     from ordo.procedures.fingerprint import short
     from ordo.procedures.reload import registry_for
 
     now = current_set(bootstrap, Topics(namespace).log, 30)
     if now is None:
-        return None
+        return None, None
     following, how = registry_for(now.identity, specs, registry)
     if following is None or not now.matches(following):
-        return None
+        return None, now
     print(
         f"sequencer: {Topics(namespace).log} moved to procedure set v{now.version} ({short(now.identity)}), "
         f"the app's code {how}: going on with it",
@@ -192,6 +194,9 @@ HEARTBEAT_EVERY = 1.0
 # A sequencer process silent this long is killed (SIGKILL) and started again: a stopped
 # or frozen process holds its request partitions, and requests would wait for ever.
 SEQUENCER_SILENT_LIMIT = 30.0
+# How often a sequencer that left for a procedure set its app on disk is not looks at whether
+# the engine went on with that set (`SequencerProcess._after_upgrade`).
+UPGRADE_LOOK_EVERY = 1.0
 _PR_SET_PDEATHSIG = 1
 
 
@@ -223,6 +228,9 @@ def die_with_parent() -> None:
 
 _beats_fd: int | None = None  # the heartbeat pipe's write end, in a child that has one
 SETTLED_BEAT = b"S"  # on the heartbeat pipe: this sequencer's lane is its own (Sequencer.settled)
+# On the heartbeat pipe, around a version number: the version of the log's procedure set this
+# sequencer leaves for, its app on disk being another set (UpgradedAway).
+LEFT_FOR_BEAT, LEFT_FOR_END = b"U", b";"
 
 
 def send_heartbeats() -> None:
@@ -258,6 +266,29 @@ def say_when_settled(settled: threading.Event) -> None:
             pass  # the parent is gone
 
     threading.Thread(target=wait, name="settled", daemon=True).start()
+
+
+def say_left_for(version: int | None) -> None:
+    """Tell the engine that started this sequencer which version of the log's set it
+    leaves for, as it exits with EXIT_UPGRADED."""
+    if _beats_fd is None or version is None:
+        return
+    try:
+        os.write(_beats_fd, LEFT_FOR_BEAT + str(version).encode() + LEFT_FOR_END)
+    except OSError:
+        pass  # the parent is gone
+
+
+def left_for(beats: bytes) -> int | None:
+    """The version a LEFT_FOR_BEAT among `beats` names, if one does."""
+    start = beats.rfind(LEFT_FOR_BEAT)
+    end = beats.find(LEFT_FOR_END, start)
+    if start < 0 or end < 0:
+        return None
+    try:
+        return int(beats[start + 1 : end])
+    except ValueError:
+        return None
 
 
 def sequencer_command(
@@ -322,7 +353,10 @@ class SequencerProcess:
     if it dies: a restart takes the lane over and resumes from the log. One that keeps
     failing at start-up is given up: `failure` says why and `on_failure` is called. One
     that stops beating (SIGSTOP, a hang) is named, then killed and restarted. One that
-    exits while the broker is away is started again once `broker` sees it answer."""
+    exits while the broker is away is started again once `broker` sees it answer. One that
+    left because the log moved to a procedure set its app on disk is not waits for the
+    engine (`engine`: its workers' statuses) to stop at that set's first batch, and is
+    started again once the engine runs the set the log runs (`_after_upgrade`)."""
 
     def __init__(
         self,
@@ -333,8 +367,12 @@ class SequencerProcess:
         quiet: bool = False,
         on_failure: Callable[[], None] | None = None,
         broker: BrokerWatch | None = None,
+        engine: Callable[[], list[dict]] | None = None,
     ):
         self._command = sequencer_command(bootstrap, namespace, config, procedure_modules, quiet)
+        self._bootstrap = bootstrap
+        self._log = Topics(namespace).log
+        self._engine = engine
         self._name = "sequencer" if config.sequencers == 1 else f"sequencer {config.index}"
         self._process: subprocess.Popen | None = None
         self._beats: int | None = None  # the read end of the running child's heartbeat pipe
@@ -347,6 +385,7 @@ class SequencerProcess:
         self._last_line = ""  # the child's last line on standard error: its reason, when it fails
         self._held_line = ""  # its closing error line, passed on once its exit status is known
         self.settled = threading.Event()  # a child of it has said its lane is settled
+        self._left_for: int | None = None  # the version of the log's set the child left for (say_left_for)
         self.restarts = 0
         self.failure: str | None = None
 
@@ -406,29 +445,47 @@ class SequencerProcess:
         return self._process.pid if self._process else None
 
     def silences(self) -> list[Silence]:
-        """This sequencer, if its process has not beaten for SILENT_AFTER seconds."""
+        """This sequencer, if its process runs and has not beaten for SILENT_AFTER seconds
+        (one that exited is no silent process: its supervisor restarts it or says why not)."""
         silent = time.monotonic() - self._last_beat
-        return [Silence(self._name, self.pid, silent)] if self._process and silent >= SILENT_AFTER else []
+        running = self._process is not None and self._process.poll() is None
+        return [Silence(self._name, self.pid, silent)] if running and silent >= SILENT_AFTER else []
 
     def _wait(self) -> int:
         """Until the child exits, reading its heartbeats; a child silent for
         SEQUENCER_SILENT_LIMIT is killed."""
+        self._left_for = None
         while True:
             readable, _, _ = select.select([self._beats], [], [], HEARTBEAT_EVERY)
             beats = os.read(self._beats, 4096) if readable else b""
             if beats:
-                self._last_beat = time.monotonic()
-                if SETTLED_BEAT in beats:
-                    self.settled.set()
+                self._read_beats(beats)
             elif readable:  # the pipe's other end closed: the child is gone, or going
                 return self._process.wait()
             code = self._process.poll()
             if code is not None:
+                self._read_last_beats()
                 return code
             silent = self.silences()
             if silent and silent[0].seconds >= SEQUENCER_SILENT_LIMIT and not self._stopping.is_set():
                 print(f"{silent[0]}; killing it", file=sys.stderr, flush=True)
                 self._process.kill()
+
+    def _read_beats(self, beats: bytes) -> None:
+        self._last_beat = time.monotonic()
+        if SETTLED_BEAT in beats:
+            self.settled.set()
+        version = left_for(beats)
+        if version is not None:
+            self._left_for = version
+
+    def _read_last_beats(self) -> None:
+        """What an exited child wrote after the last look, its closing word included."""
+        while select.select([self._beats], [], [], 0)[0]:
+            beats = os.read(self._beats, 4096)
+            if not beats:
+                return
+            self._read_beats(beats)
 
     def _supervise(self) -> None:
         fast_failures = 0
@@ -439,8 +496,17 @@ class SequencerProcess:
             if self._stopping.is_set():
                 self._pass_on_held_line()
                 return
-            if code == EXIT_UPGRADED:  # the engine stops where the log moves on; a restart would be refused
-                return
+            if code == EXIT_UPGRADED:
+                why = self._after_upgrade()
+                if why is None:
+                    return
+                self._held_line = ""  # "its engine stops where the log moves on": it did not
+                print(
+                    f"{self._name} left as {self._log} moved on; {why}: starting it again", file=sys.stderr, flush=True
+                )
+                self.restarts += 1
+                self._process = self._spawn()
+                continue
             if code == EXIT_ANOTHER_ENGINE:  # restarting it would fence the other engine's, and so on
                 self._stop_engine(self._last_line.removeprefix(SEQUENCE_ERROR) or f"exit status {code}")
                 return
@@ -465,6 +531,36 @@ class SequencerProcess:
             time.sleep(0.5)
             self.restarts += 1
             self._process = self._spawn()
+
+    def _after_upgrade(self) -> str | None:
+        """The child left because the log moved to a procedure set its app's code on disk is
+        not (EXIT_UPGRADED). The engine then stops at that set's first batch, unless its
+        workers have the set's code (read from disk while it was deployed, or the log's own
+        for a set the log moved past, as after a rollback), and go on with it: they would
+        wait for ever for batches without a sequencer. Wait until the engine stops (None),
+        or runs the set the log runs, of a later version than the child left for (a set the
+        child could not take up is taken up by a new one only from other files), or has run
+        no batch for SEQUENCER_SILENT_LIMIT; then why to start the child again. Its start
+        goes on, or is refused in one line, which stops the engine once it repeats
+        (FAST_FAILURES): never a silent stall."""
+        left_for = self._left_for or 0
+        executed, progressed_at = None, time.monotonic()
+        while not self._stopping.wait(UPGRADE_LOOK_EVERY):
+            statuses = self._engine() if self._engine is not None else []
+            now_executed = min((status["executed"] for status in statuses), default=None)
+            if now_executed != executed:
+                executed, progressed_at = now_executed, time.monotonic()
+            runs = engine_set(statuses)
+            if runs is not None:
+                try:
+                    current = current_set(self._bootstrap, self._log, 10)
+                except Exception:
+                    current = None  # the broker away: asked again on the next look
+                if current is not None and current.identity == runs and current.version > left_for:
+                    return f"the engine goes on with procedure set {current.name}, which the log runs"
+            if time.monotonic() - progressed_at >= SEQUENCER_SILENT_LIMIT:
+                return f"the engine has run no batch for {SEQUENCER_SILENT_LIMIT:.0f} s since"
+        return None
 
     def _give_up(self, code: int) -> None:
         reason = self._last_line or f"exit status {code}"
@@ -491,6 +587,13 @@ class SequencerProcess:
                 self._process.wait()
 
 
+def engine_set(statuses: list[dict]) -> int | None:
+    """The procedure set every worker of an engine has upgraded to in place, as the log names
+    it (their latest switch's); None before they all have, or where they differ."""
+    latest = {status["switches"][-1][1] if status.get("switches") else None for status in statuses}
+    return latest.pop() if len(latest) == 1 else None
+
+
 class SequencerProcesses:
     """The S sequencers of `--sequencers S`, each a SequencerProcess."""
 
@@ -502,10 +605,17 @@ class SequencerProcesses:
         procedure_modules: tuple[str, ...] = (),
         on_failure: Callable[[], None] | None = None,
         broker: BrokerWatch | None = None,
+        engine: Callable[[], list[dict]] | None = None,
     ):
         self.processes = [
             SequencerProcess(
-                bootstrap, namespace, replace(config, index=k), procedure_modules, on_failure=on_failure, broker=broker
+                bootstrap,
+                namespace,
+                replace(config, index=k),
+                procedure_modules,
+                on_failure=on_failure,
+                broker=broker,
+                engine=engine,
             )
             for k in range(config.sequencers)
         ]
@@ -603,7 +713,13 @@ def serve_all(
     )
     broker = BrokerWatch(bootstrap)
     sequencer = SequencerProcesses(
-        bootstrap, namespace, config, placement.get("procedure_modules", ()), on_failure=coordinator.stop, broker=broker
+        bootstrap,
+        namespace,
+        config,
+        placement.get("procedure_modules", ()),
+        on_failure=coordinator.stop,
+        broker=broker,
+        engine=lambda: coordinator.statuses,
     )
     on_termination(coordinator.stop)
     on_checkpoint_signal(coordinator)

@@ -422,7 +422,8 @@ class Sequencer:
         raise UpgradedAway(
             f"{self.topics.log} moved to procedure set v{named[0]} ({short(named[1])}) at offset {named[2]} "
             f"(`ordo upgrade`) while this sequencer of {short(self._set_id)} started, and it stops before "
-            f"sequencing anything; start it with the procedures of that set"
+            f"sequencing anything; start it with the procedures of that set",
+            named[0],
         )
 
     def _kept_code(self) -> bytes | None:
@@ -555,12 +556,17 @@ class Sequencer:
                 current = current_set(self.bootstrap, self.topics.log, 10)
             except Exception:
                 current = None
-            if current is not None and current.identity != self._set_id:
+            # An upgrade record ended the generation even where the log runs this sequencer's
+            # own set again by now (v1 -> v2 -> v1 in quick succession): no other sequencer
+            # took the lane, and the sequencer goes on in place like after any upgrade.
+            upgraded = self._takeover is not None and self._takeover.upgraded
+            if upgraded or (current is not None and current.identity != self._set_id):
                 self.handed_over = self._hand_over()
                 raise UpgradedAway(
-                    f"{self.topics.log} moved to procedure set {current.name} (`ordo upgrade`), and "
-                    f"this sequencer of {short(self._set_id)} stops; its engine stops where the log "
-                    f"moves on"
+                    f"{self.topics.log} moved to procedure set "
+                    f"{current.name if current is not None else 'unknown'} (`ordo upgrade`), and this sequencer "
+                    f"of {short(self._set_id)} stops; its engine stops where the log moves on",
+                    current.version if current is not None else None,
                 ) from None
             lane = f"sequencer {self.config.index} of {self.config.sequencers}"
             taker = who_took_over(self.bootstrap, self._group, self.topics.requests, self._owned, self.owner)
