@@ -30,6 +30,7 @@ ORDO_MODULES = {
     "extras": "base",
     "config": "base",
     "lifeline": "base",
+    "stopping": "base",
     "state": "storage",  # dump and digest over a data directory's shards
     "client": "api",
     "reading": "api",
