@@ -30,7 +30,10 @@ def _stop_lines(engine: Engine, signalled_at: int) -> list[str]:
 
 
 @pytest.mark.parametrize("signalled", ["as the broker goes", "once the broker is said to be away"])
-def test_sigterm_stops_ordo_run_within_seconds_with_its_broker_gone_and_nothing_is_lost(tmp_path, signalled):
+def test_sigterm_stops_ordo_run_within_seconds_with_its_broker_gone_and_nothing_is_lost(
+    tmp_path, monkeypatch, signalled
+):
+    monkeypatch.setenv("ORDO_TRACE_APPLIED", "1")  # for check_against_serial_run
     port = free_port()
     kafka_dir, data_dir = str(tmp_path / "kafka"), str(tmp_path / "d")
     broker = local_broker(port=port, data_dir=kafka_dir)
