@@ -37,6 +37,7 @@ _received: list[str] = []  # the first stop signal's name
 _callbacks: list[Callable[[], None]] = []
 _deadline: list[tuple[float, Callable[[], str]]] = []
 _armed = threading.Event()
+_installed = threading.Event()
 
 
 class StopRequested(Exception):
@@ -50,6 +51,15 @@ def install() -> None:
     """Take SIGINT and SIGTERM as stop requests (from the main thread only, as Python has it)."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, _handle)
+    _installed.set()
+
+
+def take_back() -> None:
+    """Take the signals back from a library that took them for itself (a SparkContext takes
+    SIGINT, to raise KeyboardInterrupt inside its calls into the JVM), where install() had
+    taken them."""
+    if _installed.is_set():
+        install()
 
 
 def release() -> None:
@@ -57,6 +67,7 @@ def release() -> None:
     answered now."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _installed.clear()
     check()
 
 
