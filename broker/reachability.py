@@ -12,6 +12,7 @@ import time
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
+from ordo import stopping
 from ordo.broker.clients import kafka_config
 
 TIMEOUT = 5.0
@@ -40,6 +41,7 @@ def check_reachable(bootstrap: str, timeout: float = TIMEOUT, wait: float = 0.0)
             admin.list_topics(timeout=min(timeout, max(0.5, deadline - time.monotonic())))
             return
         except KafkaException as exc:
+            stopping.check()  # a stop while waiting for a broker that is still starting
             if time.monotonic() < deadline - 0.5:
                 time.sleep(0.5)
                 continue

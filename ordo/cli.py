@@ -10,6 +10,7 @@ import time
 
 from confluent_kafka import KafkaException
 
+from ordo import stopping
 from ordo.config import WAIT_S, integer_between as _integer, seconds_between as _seconds
 from ordo.errors import OrdoError
 from ordo.procedures.loading import procedure_options, procedure_specs
@@ -609,9 +610,15 @@ def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     return parser
 
 
+# The commands that serve until stopped: a stop signal is theirs to answer (ordo/stopping.py);
+# the others stop by KeyboardInterrupt, as Python has it.
+SERVICES = ("run", "sequence", "execute")
+
+
 def main(argv: list[str] | None = None) -> int:
     from ordo import config
 
+    stopping.install()  # again for `python -m ordo.cli`; `ordo` took the signals before its imports
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     config.add_common_options(parser)
@@ -630,6 +637,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     config.setup_logging(args)
     try:
+        _answer_stops(args)
         if hasattr(args, "app"):
             procedure_specs(args)  # a mistake in the user's own code first: finding it needs no broker
         if getattr(args, "bootstrap_servers", None):
@@ -643,7 +651,11 @@ def main(argv: list[str] | None = None) -> int:
             check_reachable(args.bootstrap_servers, wait=getattr(args, "wait_for_broker", 0.0))
         if hasattr(args, "log_secret_file"):
             _use_log_secret(args.log_secret_file)
+        stopping.check()
         return COMMANDS[args.command](args)
+    except stopping.StopRequested as exc:
+        print(f"ordo {args.command}: {exc}", file=sys.stderr)
+        return 0
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
@@ -660,6 +672,25 @@ def main(argv: list[str] | None = None) -> int:
     except KafkaException as exc:
         print(f"ordo {args.command}: Kafka: {exc.args[0].str() if exc.args else exc}", file=sys.stderr)
         return 2
+
+
+def _answer_stops(args) -> None:
+    """A service stops within stopping.SERVICE_STOP_S of a stop signal, however its broker
+    does; a job that answers stop signals itself (`ordo spark changes`) keeps them; another
+    command goes back to Python's own answer to the signals."""
+    command = args.command
+    if command not in SERVICES:
+        if not getattr(args, "answers_stops", False):
+            stopping.release()
+        return
+    stopping.exit_within(
+        stopping.SERVICE_STOP_S,
+        lambda: (
+            f"ordo {command}: stopped {stopping.SERVICE_STOP_S:.0f} s after {stopping.signal_name()} without "
+            f"waiting longer for its Kafka clients to close (a broker that does not answer holds them); nothing is "
+            f"lost: the log is the truth, and the shards are crash-safe"
+        ),
+    )
 
 
 def _use_log_secret(path: str | None) -> None:

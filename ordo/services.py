@@ -14,6 +14,7 @@ import time
 from dataclasses import replace
 from typing import Callable
 
+from ordo import stopping
 from ordo.procedures.loading import load_registry
 from ordo.procedures.registry import Registry
 from ordo.scheduler.coordinator import Coordinator
@@ -26,16 +27,6 @@ from ordo.sequencer.sequencer import RECORD_FRAMING, Handover, Sequencer, Sequen
 from ordo.sequencer.sources import check_sources
 from ordo.broker.topics import Topics, ensure_topics, request_partitions_for
 from ordo.log.versions import EXIT_UPGRADED, Current, UpgradedAway, check_set, current_set, upgrade_command
-
-
-def on_termination(stop: Callable[[], None]) -> None:
-    """SIGINT and SIGTERM stop the service cleanly (the current batch finishes)."""
-
-    def handler(signum, frame):
-        stop()
-
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
 
 
 def on_checkpoint_signal(coordinator: Coordinator) -> None:
@@ -74,23 +65,23 @@ def serve_sequencer(
     on disk now define, go on with it in this process (a new generation of the lane, as a
     restart would start); otherwise stop (UpgradedAway)."""
     registry = load_registry(procedure_modules)
-    stopping = threading.Event()
+    stopped = threading.Event()
     current: list[Sequencer] = []
 
     def stop() -> None:
-        stopping.set()
+        stopped.set()
         if current:
             current[0].stop()
 
-    on_termination(stop)
+    stopping.on_stop(stop)
     checked: Current | None = None
     handover: Handover | None = None
-    while not stopping.is_set():
+    while not stopped.is_set():
         sequencer = Sequencer(bootstrap, namespace, registry, config, procedure_specs=procedure_modules)
         current[:] = [sequencer]
         try:
             sequencer.start(checked=checked, handover=handover)
-            if stopping.is_set():
+            if stopped.is_set():
                 sequencer.stop()
             say_when_settled(sequencer.settled)
             if not quiet and config.sequencers == 1:
@@ -158,7 +149,7 @@ def serve_engine(
     coordinator = Coordinator(
         bootstrap, namespace, data_dir, scheduler, partitions, **(placement or {}), **(checkpointing or {})
     )
-    on_termination(coordinator.stop)
+    stopping.on_stop(coordinator.stop)
     on_checkpoint_signal(coordinator)
     announce_start(coordinator)
     print(
@@ -346,6 +337,10 @@ def _log_level() -> str:
 FAST_FAILURE_S = 15.0
 FAST_FAILURES = 3
 SEQUENCE_ERROR = "ordo sequence: "  # how the sequencer's closing error line begins (ordo/cli.py)
+# A sequencer has this long to take its engine's SIGTERM, then it is killed as in a crash,
+# which it is made for: the next generation resumes from the log. One whose broker is gone
+# waits in its consumer's close for half a minute and more.
+SEQUENCER_STOP_GRACE_S = 3.0
 
 
 class SequencerProcess:
@@ -574,7 +569,7 @@ class SequencerProcess:
         if self._on_failure is not None:
             self._on_failure()
 
-    def stop(self, timeout: float = 30.0) -> None:
+    def stop(self, timeout: float = SEQUENCER_STOP_GRACE_S) -> None:
         self._stopping.set()
         if self._process is not None and self._process.poll() is None:
             if self.silences():  # a stopped process takes no SIGTERM
@@ -641,7 +636,7 @@ class SequencerProcesses:
     def silences(self) -> list[Silence]:
         return [silence for process in self.processes for silence in process.silences()]
 
-    def stop(self, timeout: float = 30.0) -> None:
+    def stop(self, timeout: float = SEQUENCER_STOP_GRACE_S) -> None:
         for process in self.processes:
             process.stop(timeout)
 
@@ -687,6 +682,7 @@ def serve_all(
         replication=log_replication,
         record_bytes=config.max_bytes + RECORD_FRAMING,
     )
+    stopping.check()
     # Before Ray starts: a sequencer child would otherwise fail on it and be restarted forever.
     topics = Topics(namespace)
     partition_count = request_partitions_for(bootstrap, topics, config.sequencers)
@@ -695,6 +691,7 @@ def serve_all(
     # Another app, or edited procedures, on a namespace: refused before anything runs or is written.
     check_set(bootstrap, namespace, registry, upgrade_command(bootstrap, namespace, specs), specs=tuple(specs))
     check_sources(bootstrap, registry.sources.values(), namespace)
+    stopping.check()
     # One engine per namespace: before this one replays anything. Its sequencers, and any it
     # restarts, sequence for it (OWNER_ENV), so they never wait on each other's notes.
     os.environ[OWNER_ENV] = owner_env(
@@ -708,9 +705,11 @@ def serve_all(
         list(range(partition_count)),
         own_owner("ordo run"),
     )
+    stopping.check()
     coordinator = Coordinator(
         bootstrap, namespace, data_dir, scheduler, partitions, **placement, **(checkpointing or {})
     )
+    stopping.on_stop(coordinator.stop)  # from here on, a stop is the engine's: it ends after its batch
     broker = BrokerWatch(bootstrap)
     sequencer = SequencerProcesses(
         bootstrap,
@@ -721,7 +720,6 @@ def serve_all(
         broker=broker,
         engine=lambda: coordinator.statuses,
     )
-    on_termination(coordinator.stop)
     on_checkpoint_signal(coordinator)
     announce_start(coordinator)
     try:  # before the sequencer's start record; a broker away now is waited for, not fatal

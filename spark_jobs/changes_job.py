@@ -29,6 +29,7 @@ import time
 if __package__ in (None, ""):  # spark-submit spark_jobs/changes_job.py
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from ordo import stopping  # noqa: E402
 from ordo.spark_jobs import lake  # noqa: E402
 from ordo.spark_jobs.lake import LakeStats, LakeWriter  # noqa: E402
 
@@ -224,10 +225,7 @@ def run_consumer(
     query, stats = start_consumer(spark, bootstrap, namespace, output, checkpoint, once=once, **kwargs)
     try:
         with Progress(spark, "ordo-changes", lambda: describe(stats), progress):
-            if timeout is not None and not once:
-                query.awaitTermination(timeout)
-            else:
-                query.awaitTermination()
+            await_end(query, None if once else timeout)
     except KeyboardInterrupt:
         pass
     finally:
@@ -236,6 +234,21 @@ def run_consumer(
     if query.exception() is not None:
         raise RuntimeError(f"change-data stream stopped with an error: {_first_line(query.exception())}")
     return stats
+
+
+# How long one wait for the query's end lasts, between looks for a stop signal.
+AWAIT_STEP_S = 0.5
+
+
+def await_end(query, timeout: float | None = None) -> None:
+    """Until the query ends, `timeout` seconds pass or a stop signal comes (ordo/stopping.py).
+    In short waits: a signal that raised inside a call into the JVM would break py4j's
+    connection, in a traceback of fifty lines ('reentrant call inside BufferedReader')."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not stopping.requested():
+        step = AWAIT_STEP_S if deadline is None else min(AWAIT_STEP_S, deadline - time.monotonic())
+        if step <= 0 or query.awaitTermination(step):
+            return
 
 
 def _first_line(exception) -> str:
@@ -368,17 +381,26 @@ def add_arguments(p: argparse.ArgumentParser, kafka: bool = True) -> None:
 
 def run(args, out=sys.stdout) -> int:
     """`ordo spark changes` and `spark-submit spark_jobs/changes_job.py`."""
-    from ordo.spark_jobs.producer_job import key_values
     from ordo.spark_jobs.session import build_session
 
-    spark = build_session("ordo-changes", args.master)
     if args.optimize:
+        spark = build_session("ordo-changes", args.master)
         started = time.monotonic()
         done = lake.optimize(spark, args.output, current_tables(spark, args.output))
         print(
             f"compacted {len(done)} Delta table(s) in {time.monotonic() - started:.1f}s under {args.output}", file=out
         )
         return 0
+    with lake.only_writer(args.output):  # before the session: a second job is refused at once
+        spark = build_session("ordo-changes", args.master)
+        stopping.take_back()
+        return land(spark, args, out)
+
+
+def land(spark, args, out) -> int:
+    """The change data into the lake until done, then the summary (and the example report)."""
+    from ordo.spark_jobs.producer_job import key_values
+
     kafka = key_values(getattr(args, "kafka_option", []), "--kafka-option")
     started = time.monotonic()
     stats = run_consumer(
@@ -429,6 +451,7 @@ def summary(stats: LakeStats, seconds: float, output: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     from ordo.spark_jobs.session import job_main
 
+    stopping.install()
     return job_main("changes_job.py", __doc__, add_arguments, run, argv)
 
 

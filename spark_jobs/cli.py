@@ -44,7 +44,8 @@ def add_spark_commands(subparsers) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     changes_job.add_arguments(p)
-    p.set_defaults(spark_handler=cmd_changes)
+    # A stop signal ends its stream between micro-batches, then it sums up (ordo/stopping.py).
+    p.set_defaults(spark_handler=cmd_changes, answers_stops=True)
 
     p = sub.add_parser("samples", help="write the sample datasets (sl, micro, bad rows)")
     p.add_argument("--out", default=None, metavar="DIR", help="default: spark_jobs/samples")

@@ -38,11 +38,15 @@ txnAppId/txnVersion would add a state reconstruction to every append (three Spar
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import os
 import re
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -581,6 +585,46 @@ def applied_batch(spark, output: str) -> int:
     from pyspark.sql import functions as F
 
     return read_delta(spark, batches_path(output)).agg(F.coalesce(F.max("batch"), F.lit(0))).first()[0]
+
+
+WRITER_LOCK = ".ordo-writer.lock"  # in a local lake's folder: held by the job writing it
+
+
+class LakeTaken(RuntimeError):
+    """Another job writes the lake: two would race to create and MERGE its tables."""
+
+
+@contextmanager
+def only_writer(output: str):
+    """Hold the lake's writer lock while the block runs, or raise LakeTaken at once. The
+    kernel lets go of it however the holder ends, a SIGKILL included. A lake outside this
+    machine's file system (s3a://, hdfs://…) has no lock here: one job per lake is then the
+    operator's to keep."""
+    folder = _local_folder(output)
+    if folder is None:
+        yield
+        return
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, WRITER_LOCK), "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "its pid not written yet"
+            raise LakeTaken(
+                f"another job writes into {output} ({holder}): one job writes a lake at a time; stop that one, or "
+                f"give this one another --output"
+            ) from None
+        lock.truncate(0)
+        lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        lock.flush()
+        yield
+
+
+def _local_folder(output: str) -> str | None:
+    if output.startswith("file:"):
+        return output.removeprefix("file:").removeprefix("//") or None
+    return None if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", output) else output
 
 
 class OldLayout(RuntimeError):

@@ -32,11 +32,12 @@ pytestmark = pytest.mark.slow
 
 
 class Engine:
-    """`ordo run` as a process, its stderr lines collected as they come."""
+    """`ordo run` as a process, started as the `ordo` command starts it, its stderr lines
+    collected as they come."""
 
     def __init__(self, *args: str):
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "ordo.cli", "run", *args],
+            [sys.executable, "-m", "ordo", "run", *args],
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1"},
             stderr=subprocess.PIPE,

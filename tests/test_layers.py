@@ -30,6 +30,7 @@ ORDO_MODULES = {
     "extras": "base",
     "config": "base",
     "lifeline": "base",
+    "stopping": "base",
     "state": "storage",  # dump and digest over a data directory's shards
     "client": "api",
     "reading": "api",
@@ -41,6 +42,8 @@ def layer_of(module: str) -> str:
     parts = module.split(".")
     if len(parts) > 1 and parts[1] in FOLDERS:
         return parts[1]
+    if len(parts) > 1 and parts[1] == "__main__":
+        return "app"  # the `ordo` command
     if len(parts) > 1 and parts[1].startswith("__"):
         return "base"  # the package's own metadata (`__version__`)
     if len(parts) > 1:

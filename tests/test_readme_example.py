@@ -4,6 +4,7 @@ examples/, and its commands, run in a shell, print what the README says."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -60,7 +61,11 @@ def test_the_readme_quick_start_runs_as_written(tmp_path):
     with socket.socket() as s:  # a free port instead of 9092, which may be taken on this machine
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
-    script = "\n".join(["trap 'kill $(jobs -p) 2>/dev/null; wait' EXIT", *lines[1:]]).replace("9092", port)
+    # Then the README's own stop line, the engine first: both gone once it has run.
+    stop_line = stop_lines(section)
+    script = "\n".join(
+        ["trap 'kill $(jobs -p) 2>/dev/null; wait' EXIT", *lines[1:], stop_line, "wait", "jobs -r | wc -l >&2"]
+    ).replace("9092", port)
     shutil.copytree(
         os.path.join(ROOT, "examples"), tmp_path / "examples", ignore=shutil.ignore_patterns("__pycache__", "bank-data")
     )
@@ -86,3 +91,14 @@ def test_the_readme_quick_start_runs_as_written(tmp_path):
     assert process.returncode == 0, err
     printed = [line for line in out.splitlines() if not line.startswith("broker listening on")]
     assert printed == expected.strip().splitlines(), (out, err)
+    said = err.strip().splitlines()
+    assert said[-1] == "0", err  # no job left running
+    assert any(line.startswith("stopped after batch ") for line in said), err  # the engine stopped of itself
+    assert "does not answer" not in err and "Traceback" not in err, err  # before its broker
+
+
+def stop_lines(section: str) -> str:
+    """The command the quick start gives to stop what it started."""
+    found = re.search(r"`([^`]*kill[^`]*)` stops the engine, then the broker", section)
+    assert found, "the quick start says how to stop the engine and the broker"
+    return found.group(1)
