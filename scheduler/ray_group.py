@@ -6,9 +6,11 @@ one message per peer per scheduling step."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
+import threading
 import time
 from typing import Any
 
@@ -154,6 +156,25 @@ def start_ray(address: str | None = None) -> None:
     dashboard off (scheduler/loopback.py), its processes stopping when this one ends."""
     if ray.is_initialized():
         return
+    with signal_handlers_kept():
+        _init_ray(address)
+
+
+@contextlib.contextmanager
+def signal_handlers_kept():
+    """Ray's driver installs a handler of its own for SIGTERM, which aborts the process: the
+    process's own handlers (a stop is a request, answered where the engine is) are put back."""
+    main = threading.current_thread() is threading.main_thread()
+    kept = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
+    try:
+        yield
+    finally:
+        for sig, handler in kept.items():
+            if callable(handler):
+                signal.signal(sig, handler)
+
+
+def _init_ray(address: str | None) -> None:
     if address:
         ray.init(address=address, logging_level="WARNING")
     else:
