@@ -849,6 +849,7 @@ def cmd_submit(args) -> int:
         numbered = list(_read_lines(args.file))
         lines, requests = [n for n, _ in numbered], [line for _, line in numbered]
     with Client(args.bootstrap_servers, args.namespace) as client:
+        client.check_namespace()  # a mistyped namespace: said within seconds, not after the producer's 30 s
         submission = client.submit_many(requests)
         sent = submission.sent
         for note in _submission_notes(submission, lines, args.proc is not None):

@@ -123,22 +123,29 @@ def test_tansu_without_its_extra_says_how_to_install_it():
 
 @pytest.mark.slow
 def test_a_mistyped_namespace_is_answered_with_the_namespaces_the_broker_has(broker, namespace):
-    """At once where sending (the producer would wait 30 s for the topic), and at the end of
-    the wait where waiting for the topics (an engine just started makes them first)."""
+    """Within seconds by `ordo submit` and `check_namespace` (the producer would wait 30 s for
+    the topic), and at the end of the wait asked for by `wait_for_topics` and by a submit (an
+    engine just started makes its topics first)."""
     import time
 
     from ordo.client import Client
     from ordo.broker.topics import ensure_topics
 
     ensure_topics(broker, f"{namespace}-sensors")
+    with Client(broker, f"{namespace}-sensors") as there:
+        there.wait_for_topics()  # listed by the broker's metadata, as an engine's are once it serves
     typo = f"{namespace}-sensrs"
     expected = f"namespace '{typo}' has no topic {typo}.requests on {broker} (did you mean '{namespace}-sensors'?)"
     with Client(broker, typo) as client, pytest.raises(TopicMissing) as caught:
         started = time.monotonic()
-        client.submit("ingest", {"v": 1}, timeout=120)
+        client.check_namespace(wait=1)
     assert time.monotonic() - started < 5
     assert str(caught.value).startswith(expected)
     assert "namespaces on the broker: " in str(caught.value)
+    # Submitting waits for the topic (an engine may be making it), then says the same.
+    with Client(broker, typo) as client, pytest.raises(TopicMissing) as caught:
+        client.submit("ingest", {"v": 1}, timeout=120)
+    assert str(caught.value).startswith(expected)
 
     started = time.monotonic()
     done = ordo_cli("submit", "--bootstrap-servers", broker, "--namespace", typo, "--proc", "ingest", "--args", "{}")
