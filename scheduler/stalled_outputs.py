@@ -18,7 +18,7 @@ import time
 import uuid
 from typing import Callable, Iterable
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from ordo.broker.clients import LEADER_MOVING, arrived, consumer_config, watermarks
 
@@ -27,6 +27,9 @@ from ordo.broker.clients import LEADER_MOVING, arrived, consumer_config, waterma
 # a little more.
 CLOCK_MARGIN_MS = 2_000
 
+
+# Answers that asking again does not change: the principal may not read the topic.
+REFUSED = frozenset({KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED})
 
 # How often a worker whose outputs have no acknowledgement asks whether the broker answers.
 LOOK_EVERY_S = 5.0
@@ -119,7 +122,10 @@ def _read_since(bootstrap: str, topics: list[str], since_ms: int, deadline: floa
         left = {where: end for where, (_, end) in ends.items()}
         while left:
             for message in arrived(consumer, min(0.5, _left(deadline))):
-                if message.error() is not None:
+                error = message.error()
+                if error is not None:
+                    if error.code() in REFUSED:  # asking again would be refused again, until the deadline
+                        raise TailsUnread(f"{message.topic()}: {error.str()}")
                     continue
                 where = (message.topic(), message.partition())
                 found.add((message.topic(), message.key() or b"", message.value() or b""))
