@@ -209,14 +209,15 @@ def test_a_log_named_in_the_earlier_form_keeps_it_while_the_code_is_the_same(tmp
 
 
 PREVIOUS_MAIN = "5c678df"  # the main before identities followed the code each procedure reaches
+MAIN_BEFORE_ENVIRONMENTS = "b1f2f82"  # the main before sets recorded their environment (form 3)
 
 
-def _previous_mains_description(tmp_path) -> dict:
-    """The shop described by the previous main's own code, taken from the repository's
+def _previous_mains_description(tmp_path, commit: str = PREVIOUS_MAIN) -> dict:
+    """The shop described by an earlier main's own code, taken from the repository's
     history and laid out as its install maps it (`ordo.<folder>` from each folder)."""
-    archive = subprocess.run(["git", "archive", PREVIOUS_MAIN], cwd=ROOT, capture_output=True)
+    archive = subprocess.run(["git", "archive", commit], cwd=ROOT, capture_output=True)
     if archive.returncode != 0:
-        pytest.skip(f"the repository's history lacks {PREVIOUS_MAIN}: {archive.stderr[:200]!r}")
+        pytest.skip(f"the repository's history lacks {commit}: {archive.stderr[:200]!r}")
     tree = tmp_path / "previous"
     with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as files:
         files.extractall(tree, filter="data")
@@ -335,3 +336,28 @@ def test_procedures_identified_by_their_code_together_are_one_change(tmp_path):
     ]
     only_its_arguments = {"procedures": {**before["procedures"], "tally": "3'"}}
     assert changes(before, only_its_arguments, code_groups(registry)) == ["procedure 'tally' changed"]
+
+
+def test_a_set_the_main_before_environments_described_is_read_in_its_form_and_runs(tmp_path):
+    """A log started by the main before form 4 names its set in form 3: the same code is
+    described in that form byte for byte, so its sequencer goes on and its engines run it."""
+    from ordo.log.versions import Current
+    from ordo.procedures.fingerprint import describe_as, identities
+
+    app = tmp_path / "app"
+    app.mkdir()
+    _project(app)
+    logged = _previous_mains_description(tmp_path, MAIN_BEFORE_ENVIRONMENTS)
+    assert logged["format"] == 3 and "environment" not in logged
+    for name in MODULES:
+        sys.modules.pop(name, None)
+    sys.path.insert(0, str(app))
+    try:
+        registry = load_registry(["shop:app"])
+        assert describe_as(registry, logged) == logged
+        assert Current(1, set_id(logged), 0, logged, 1, "L").matches(registry)
+        assert set_id(logged) in identities(registry)  # its batches run here
+    finally:
+        sys.path.remove(str(app))
+        for name in MODULES:
+            sys.modules.pop(name, None)
