@@ -60,6 +60,16 @@ def new_request(proc: str, args: dict[str, Any], request_id: str | None = None) 
     return {"id": request_id or f"req-{uuid.uuid4().hex}", "proc": proc, "args": args}
 
 
+def fatal_error_of(exc: BaseException) -> KafkaError | None:
+    """The fatal librdkafka error `exc` is, or was raised from; None if none."""
+    while exc is not None:
+        if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
+            if exc.args[0].fatal():
+                return exc.args[0]
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 @dataclass
 class Submission:
     """What `submit_many` sent. `ids[i]` is the id the outcome of the i-th request will carry:
@@ -94,6 +104,7 @@ class Client:
         self.topics = Topics(namespace)
         self.settings = dict(settings or {})
         self._producer: Producer | None = None
+        self._fatal: KafkaError | None = None  # what ended the producer, when the broker refused it for good
         self._start: dict[int, int] | None = None  # results partition -> offset before our first request
         # Outcome readers between reads: a new consumer costs about 55 ms (its connection and
         # metadata) before its first fetch, which a call that waits for one outcome would pay each time.
@@ -118,11 +129,48 @@ class Client:
                         # A request waits in the client for a broker that is away, however long,
                         # rather than expiring unsent after librdkafka's five minutes.
                         "message.timeout.ms": 0,
+                        # A fatal error (a principal the cluster refuses an idempotent producer)
+                        # fails the requests in the client, each with its reason, rather than
+                        # raising out of the next poll.
+                        "error_cb": self._on_error,
                         **self.settings,
                     },
                 )
             )
         return self._producer
+
+    def _on_error(self, error: KafkaError) -> None:
+        if error.fatal():
+            self._fatal = error
+
+    def _flush(self, producer: Producer, timeout: float | None) -> int:
+        """Wait until the broker has every request produced (or `timeout`): the number it
+        has not; 0 once a fatal error ended the producer."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            step = 0.25 if deadline is None else max(0.0, min(0.25, deadline - time.monotonic()))
+            remaining = producer.flush(step)
+            if self._fatal is not None:
+                return 0
+            if not remaining or (deadline is not None and time.monotonic() >= deadline):
+                return remaining
+
+    def _give_up_producer(self, producer: Producer, submission: "Submission", settled: set[int]) -> None:
+        """After a fatal error (the cluster refuses this client's producer for good, e.g. a
+        principal without IdempotentWrite) nothing more can be sent by it: every request the
+        broker has not acknowledged fails with that error's reason, and the next submit makes
+        a new producer. `settled`: the requests acknowledged, or failed for reasons of their own."""
+        reason = self._fatal.str() if self._fatal is not None else "the producer failed"
+        try:
+            producer.purge()
+            producer.flush(5)  # the purged requests' reports
+        except (KafkaException, SystemError):
+            pass
+        for index in range(len(submission.ids)):
+            if index not in settled:
+                submission.failed[index] = reason
+                submission.ids[index] = None
+        self._producer, self._fatal = None, None
 
     def submit(
         self,
@@ -167,37 +215,56 @@ class Client:
         keyless: dict[int, None] = {}
 
         unknown_topic = False
+        acknowledged: set[int] = set()
+        echoes: set[int] = set()  # failed only because a fatal error ended the producer
 
         def delivered(index: int, error, message) -> None:
             nonlocal unknown_topic
             if error is not None:
-                unknown_topic |= error.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
+                code = error.code()
+                unknown_topic |= code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
+                if code in (KafkaError._FATAL, KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT):
+                    echoes.add(index)
                 submission.failed[index] = str(error)
                 submission.ids[index] = None
-            elif index in keyless:
+                return
+            acknowledged.add(index)
+            if index in keyless:
                 submission.ids[index] = f"@{message.partition()}:{message.offset()}"
                 submission.by_position.append(index)
 
-        for index, request in enumerate(requests):
-            key, value, outcome_id = _key_and_value(request)
-            submission.ids.append(outcome_id)
-            if not outcome_id:
-                keyless[index] = None
-            report = lambda error, message, index=index: delivered(index, error, message)  # noqa: E731
-            while True:
-                try:
-                    producer.produce(
-                        self.topics.requests, key=key.encode() if key else None, value=value, on_delivery=report
-                    )
-                    break
-                except BufferError:
-                    producer.poll(0.05)
-                except KafkaException as exc:  # e.g. larger than the client's message.max.bytes
-                    submission.failed[index] = str(exc.args[0].str() if exc.args else exc)
-                    submission.ids[index] = None
-                    break
-            producer.poll(0)
-        remaining = producer.flush(-1 if timeout is None else timeout)
+        remaining = 0
+        try:
+            for index, request in enumerate(requests):
+                key, value, outcome_id = _key_and_value(request)
+                submission.ids.append(outcome_id)
+                if not outcome_id:
+                    keyless[index] = None
+                report = lambda error, message, index=index: delivered(index, error, message)  # noqa: E731
+                while self._fatal is None:
+                    try:
+                        producer.produce(
+                            self.topics.requests, key=key.encode() if key else None, value=value, on_delivery=report
+                        )
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+                    except KafkaException as exc:  # e.g. larger than the client's message.max.bytes
+                        if exc.args and exc.args[0].fatal():
+                            raise
+                        submission.failed[index] = str(exc.args[0].str() if exc.args else exc)
+                        submission.ids[index] = None
+                        break
+                producer.poll(0)
+            remaining = self._flush(producer, timeout)
+        except (KafkaException, SystemError) as exc:
+            # librdkafka's fatal error, raised out of a poll (a report callback meanwhile
+            # sees it pending, hence SystemError with it as the cause): handled below.
+            self._fatal = self._fatal or fatal_error_of(exc)
+            if self._fatal is None:
+                raise
+        if self._fatal is not None:
+            self._give_up_producer(producer, submission, acknowledged | (set(submission.failed) - echoes))
         if remaining:
             raise NotSent(
                 f"{remaining} requests were not acknowledged by the broker at {self.bootstrap} within "

@@ -485,7 +485,7 @@ def test_a_client_without_credentials_is_refused(kafka, tmp_path):
     # The launcher's PLAINTEXT listener: in, as User:ANONYMOUS, which may do nothing.
     anonymous = ordo_cli(*submit, "--bootstrap-servers", kafka.bootstrap_servers, timeout=60)
     assert anonymous.returncode == 1 and "not sent" in anonymous.stderr, anonymous.stderr
-    assert "authorization failed" in anonymous.stderr.lower(), anonymous.stderr
+    assert "authorization failed" in anonymous.stderr.lower() and "Traceback" not in anonymous.stderr, anonymous.stderr
     for topic in (f"{NS}.log", f"{NS}.results"):
         error = produce_as(kafka, None, topic, FORGED, bootstrap=kafka.bootstrap_servers)
         assert error is not None and error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, (topic, error)
