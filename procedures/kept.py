@@ -135,9 +135,11 @@ _loaded: dict[int, Registry] = {}  # identity -> the set loaded from the code th
 _folder: list[str] = []
 
 
-def registry_from(packed: bytes, identity: int) -> Registry | None:
+def registry_from(packed: bytes, identity: int, specs: tuple[str, ...] | None = None) -> Registry | None:
     """The set `identity` as `packed` code defines it, loaded once a process (into a folder
-    of the process's own, removed when it exits); None if that code is not that set here."""
+    of the process's own, removed when it exits); None if that code is not that set here,
+    or, given `specs`, not the code of that same app (an upgrade of this app that its files
+    on disk have moved past already, not one to another app)."""
     import atexit
     import shutil
     import tempfile
@@ -145,6 +147,12 @@ def registry_from(packed: bytes, identity: int) -> Registry | None:
     from ordo.procedures.fingerprint import identities
     from ordo.procedures.loading import load_registry
 
+    if specs is not None:
+        try:
+            if unpack(packed)[0] != tuple(specs):
+                return None
+        except ValueError:
+            return None
     if identity in _loaded:
         return _loaded[identity]
     if not _folder:

@@ -289,8 +289,12 @@ class LogFollower:
         if not self.options.in_place:
             return False
         registry, how = registry_for(identity, self.worker.procedure_modules, self.worker.registry)
-        if registry is None and self.options.kept_code and self._behind(identity):
-            registry = self._kept(identity)
+        if registry is None and self.options.kept_code:
+            # A set the log has moved past is history: the log's copy of it runs. The set
+            # the log runs now, from the log's copy only where it is this same app's code
+            # (its files may already hold the next version, not yet upgraded to).
+            behind = self._behind(identity)
+            registry = self._kept(identity, None if behind else tuple(self.worker.procedure_modules))
         if registry is None:
             self.switch_refused = how + self._environment_note(identity)
             return False
@@ -329,15 +333,18 @@ class LogFollower:
             return False
         return now is not None and now.identity != identity
 
-    def _kept(self, identity: int) -> Registry | None:
-        """The set `identity` from the code the log keeps of it, where it keeps it."""
+    def _kept(self, identity: int, specs: tuple[str, ...] | None) -> Registry | None:
+        """The set `identity` from the code the log keeps of it, where it keeps it (given
+        `specs`: where that is the code of the app of `specs`)."""
+        if identity not in self.cursor.named_at or (specs is not None and not specs):
+            return None
         try:
             packed = kept_code(
                 self.options.bootstrap, self.options.namespace, identity, at=self.cursor.named_at[identity]
             )
         except Exception:
             return None
-        return registry_from(packed, identity) if packed else None
+        return registry_from(packed, identity, specs) if packed else None
 
     def _check_procedures(self, start: Start) -> None:
         """A start record of a log from before versions names its procedure set by its
