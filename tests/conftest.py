@@ -64,9 +64,8 @@ def pytest_terminal_summary(terminalreporter):
 # The suite mostly waits (brokers starting, outages sat through), so it runs on several
 # xdist workers (addopts in pyproject.toml), which the scheduler below hands work in units:
 #  - the tests that stop, kill and restart brokers for minutes and time what follows are one
-#    unit, run one after another on one worker: never two outages at once; the lake's test,
-#    the heaviest of all (Spark jobs started and killed, an engine rebuilt), is in that unit
-#    too, so that its load never lands on an outage being timed;
+#    unit, run one after another on one worker: never two outages at once (the other
+#    workers' load lands on them, Spark jobs' included, as on any busy machine);
 #  - a file whose tests share a module-scoped fixture (a log sequenced once, a PostgreSQL
 #    server, a Spark session, a SASL broker) is one unit, so the fixture is set up once (a
 #    file left off the list is still right, its fixture set up on each worker that needs it);
@@ -75,7 +74,6 @@ def pytest_terminal_summary(terminalreporter):
 ONE_AT_A_TIME = (
     "tests/test_broker_faults.py",
     "tests/test_bench.py::test_bench_soak_bounces_the_broker_and_checks_every_request_once_against_a_serial_reading",
-    "tests/test_lake.py",
 )
 MODULE_FIXTURE_FILES = (
     "tests/benchmarks/test_hot_paths.py",
@@ -93,6 +91,11 @@ MODULE_FIXTURE_FILES = (
 # worker that picks one up at the end would keep the whole run waiting on it.
 LONGEST_FIRST = (
     "tests/test_broker_faults.py::test_a_broker_away_for_90_s_under_ordo_run_is_waited_for_and_nothing_is_lost_or_doubled",
+    "tests/test_lake.py::test_the_lake_lands_every_change_once_through_kills_and_a_rebuild",
+    "tests/test_spark_jobs.py::test_sample_dataset_through_producer_engine_and_consumer_equals_ordo_dump",
+    "tests/test_spark_stops.py::test_a_second_change_job_into_the_same_lake_is_refused_in_one_line",
+    "tests/test_spark_stops.py::test_a_stopped_change_job_ends_with_its_summary_and_no_traceback",
+    "tests/test_spark_produce_types.py::test_one_bad_cell_is_one_rejected_row_and_every_other_row_commits",
     "tests/test_bench.py::test_bench_scale_takes_turns_over_rounds_and_compares_multi_partition_shares",
     "tests/test_recovery_crash.py::test_a_killed_ray_worker_stops_the_engine_and_a_restart_recovers",
     "tests/test_voter.py::test_external_client_sigkill_restart_and_every_scheduler_agree",
