@@ -75,6 +75,14 @@ def _sequencer_options(p: argparse.ArgumentParser) -> None:
         "acknowledged (default: 2 ms for an engine of one partition, 10 ms for several)",
     )
     g.add_argument(
+        "--min-delay-ms",
+        type=EPOCH_MS,
+        default=d.min_delay_ms,
+        metavar="MS",
+        help="epochs that follow the rate requests arrive at: this long at light load, growing with "
+        "the rate to --max-delay-ms from 1,000 requests/s on (default: fixed epochs; docs/architecture.md)",
+    )
+    g.add_argument(
         "--max-txns", type=BATCH_TXNS, default=d.max_txns, help="requests per batch at most (default %(default)s)"
     )
     g.add_argument(
@@ -116,7 +124,17 @@ def _sequencer_config(args) -> SequencerConfig:
         args.sequencers,
         getattr(args, "sequencer_index", 0),
         _ordering(args),
+        args.min_delay_ms,
     )
+
+
+def _bench_epochs(args):
+    """A benchmark's epochs (benchmarks/runners.py `sequencer_config`): --max-delay-ms, or
+    (--min-delay-ms, --max-delay-ms) for epochs that follow the rate."""
+    if args.min_delay_ms is None:
+        return args.max_delay_ms
+    longest = args.max_delay_ms if args.max_delay_ms is not None else SequencerConfig(partitions=2).epoch_ms
+    return (args.min_delay_ms, longest)
 
 
 def _ordering(args) -> str | None:
@@ -565,6 +583,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MS",
         help="latency and scale: the sequencer's epoch length; 0: group commit (default: 2 ms on one "
         "partition, 10 ms on several)",
+    )
+    p.add_argument(
+        "--min-delay-ms",
+        type=EPOCH_MS,
+        metavar="MS",
+        help="latency and scale: epochs that follow the rate, from this long at light load to "
+        "--max-delay-ms (default: fixed epochs)",
     )
     _round_option(p, "latency: the engine's workers behind the log execute the batches waiting as one round")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON here")
@@ -1066,7 +1091,7 @@ def cmd_bench(args) -> int:
             args.max_txns,
             args.runtime,
             args.json,
-            args.max_delay_ms,
+            _bench_epochs(args),
             args.round_txns,
             args.plot,
             [_read_json(path) for path in args.beside.split(",") if path],
@@ -1136,7 +1161,7 @@ def cmd_bench(args) -> int:
             args.json,
             args.rounds,
             shares,
-            args.max_delay_ms,
+            _bench_epochs(args),
         )
         return 0
     from ordo.benchmarks.configuration import run_bench

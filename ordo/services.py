@@ -308,6 +308,7 @@ def sequencer_command(
         "--namespace",
         namespace,
         *(["--max-delay-ms", str(config.max_delay_ms)] if config.max_delay_ms is not None else []),
+        *(["--min-delay-ms", str(config.min_delay_ms)] if config.min_delay_ms is not None else []),
         "--max-txns",
         str(config.max_txns),
         "--max-bytes",

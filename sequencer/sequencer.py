@@ -35,6 +35,7 @@ from ordo.procedures.fingerprint import describe, describe_as, is_versioned, set
 from ordo.procedures.registry import Registry
 from ordo.procedures.ollp import is_resequenced, request_identity
 from ordo.sequencer.dedupe import RecentIds
+from ordo.sequencer.epochs import EpochLength
 from ordo.broker.fetch_stall import EndWatch, FetchStall
 from ordo.broker.fetch_states import FetchStates
 from ordo.broker.clients import arrived, close_later, consumer_config, kafka_config
@@ -104,6 +105,9 @@ NOTE_EVERY = 0.25
 # one partition, and Calvin's for an engine of several.
 SINGLE_PARTITION_EPOCH_MS = 2.0
 PARTITIONED_EPOCH_MS = 10.0
+# Epochs that follow the rate (SequencerConfig.min_delay_ms) are their longest from this many
+# requests a second on (sequencer/epochs.py).
+FOLLOW_FULL_AT = 1_000.0
 # How often an idle sequencer checks that the broker still holds what it sequenced.
 WATCH_EVERY = 2.0
 # How long after its start a sequencer waits before it calls its lane its own (`settled`):
@@ -141,10 +145,21 @@ class SequencerConfig:
     sequencers: int = 1  # S: how many sequencers share the request partitions
     index: int = 0  # k: this one takes the request partitions p with p % S == k
     ordering: str | None = None  # every batch's ordering stamp (log/records.py): None (log order) or ARIA
+    # Epochs that follow the rate requests arrive at: this long at light load, growing with
+    # the rate to `epoch_ms` (sequencer/epochs.py). None: epochs of `epoch_ms` always.
+    min_delay_ms: float | None = None
+
+    def epoch_length(self) -> EpochLength:
+        """The sequencer's epochs: of `epoch_ms`, or following the rate from `min_delay_ms`
+        at light load to `epoch_ms` from FOLLOW_FULL_AT requests a second on."""
+        longest = self.epoch_ms / 1000.0
+        if self.min_delay_ms is None or self.min_delay_ms >= self.epoch_ms:
+            return EpochLength(longest, longest)
+        return EpochLength(self.min_delay_ms / 1000.0, longest, FOLLOW_FULL_AT)
 
     @property
     def epoch_ms(self) -> float:
-        """The epoch length the sequencer keeps. Epochs count from the last cut, so a request
+        """The epoch length the sequencer keeps (its longest, where epochs follow the rate). Epochs count from the last cut, so a request
         that comes after a quiet spell is cut at once, and under load batches come one per
         epoch. An engine of one partition pays little per batch beyond its entries: 2 ms
         epochs give it batches nearly as soon as group commit does at light load, and keep
@@ -290,6 +305,7 @@ class Sequencer:
         self._fetch_stall = FetchStall()
         self._fetch_checked = time.monotonic()
         self._last_cut_at = 0.0  # monotonic time the newest batch began to be cut
+        self._epochs = config.epoch_length()
         self._recent = RecentIds(config.dedupe_window)
         self._kept: deque[tuple[int, dict, int, int, tuple[int, int]]] = deque(maxlen=KEPT_STATES)
         self.handed_over: Handover | None = None  # for the sequencer after an upgrade (`_hand_over`)
@@ -535,7 +551,7 @@ class Sequencer:
             self.start()
         try:
             with self._fenced_is_superseded():
-                epoch = self._loop(_Epoch(), self.config.epoch_ms / 1000.0)
+                epoch = self._loop(_Epoch())
                 if epoch.entries:
                     self._cut(epoch)
             self._note_consumed(stopped=True)
@@ -582,8 +598,9 @@ class Sequencer:
                 f"which stops: one engine per namespace"
             ) from None
 
-    def _loop(self, epoch: _Epoch, max_delay: float) -> _Epoch:
+    def _loop(self, epoch: _Epoch) -> _Epoch:
         while not self._stop.is_set():
+            max_delay = self._epochs.seconds()
             if not self.settled.is_set():
                 self._check_settled()
             self._take_new_partitions()
@@ -830,19 +847,20 @@ class Sequencer:
         was being appended has been waiting since that append began, so its epoch ends one
         epoch length after that (never sooner: batches stay at most one per epoch length,
         unless full), and never later than one epoch length from now."""
-        return max(self._last_cut_at, now - self.config.epoch_ms / 1000.0)
+        return max(self._last_cut_at, now - self._epochs.seconds())
 
     def _due(self, epoch: _Epoch, now: float) -> bool:
         """Whether `epoch` is cut now: at its epoch's end, or at once with group commit (the
         loop gets here after the last append returned, with every request that came
         meanwhile)."""
-        return bool(epoch.entries) and now >= epoch.opened + self.config.epoch_ms / 1000.0
+        return bool(epoch.entries) and now >= epoch.opened + self._epochs.seconds()
 
     def _cut(self, epoch: _Epoch) -> _Epoch:
         self._check_sources(epoch)
         self._check_cluster()  # the watches' latest answers: no request to the broker here
         self._await_watch(self._confirm_through)  # never more than one append ahead of the watch
         self._last_cut_at = time.monotonic()
+        self._epochs.taken(len(epoch.entries), self._last_cut_at)
         self._last_time = max(self._last_time, int(time.time() * 1000))
         number = self.next_epoch
         record = encode_batch(

@@ -64,8 +64,17 @@ BROKER_JIT_QUIET = 0.05
 BROKER_WARMUP_MAX_S = 90.0
 
 
-def cadence(epoch_ms: float) -> str:
-    return f", sequencer epochs of {epoch_ms:g} ms" if epoch_ms else ", sequencer group commit"
+def cadence(config) -> str:
+    """The sequencer's epochs as a run's heading names them (`config`: a SequencerConfig)."""
+    epochs = config.epoch_length()
+    if not config.epoch_ms:
+        return ", sequencer group commit"
+    if epochs.fixed:
+        return f", sequencer epochs of {config.epoch_ms:g} ms"
+    return (
+        f", sequencer epochs of {epochs.shortest * 1000:g}–{epochs.longest * 1000:g} ms following the rate "
+        f"(the longest from {epochs.full_rate:,.0f} req/s)"
+    )
 
 
 # -- the client (a process of its own) -----------------------------------------------
@@ -420,7 +429,7 @@ def measure_rate(
     runtime: str,
     directory: str,
     seed: int,
-    max_delay_ms: float | None = None,
+    max_delay_ms: float | tuple[float, float] | None = None,
     round_txns: int | None = None,
     broker_pid: int | None = None,
 ) -> dict[str, Any]:
@@ -554,7 +563,7 @@ def run_latency(
     max_txns: int,
     runtime: str = "auto",
     json_path: str | None = None,
-    max_delay_ms: float | None = None,
+    max_delay_ms: float | tuple[float, float] | None = None,
     round_txns: int | None = None,
     plot_path: str | None = None,
     beside: list[dict[str, Any]] | None = None,
@@ -591,7 +600,7 @@ def run_latency(
         f"ordo bench latency {workload} ({scheduler}, {partitions} partition(s), {runtime} runtime): "
         f"open loop at {', '.join(f'{r:g}' for r in rates)} req/s, {seconds:g} s each, "
         f"{len(os.sched_getaffinity(0))} cores"
-        + cadence(sequencer_config(max_delay_ms, partitions=partitions).epoch_ms)
+        + cadence(sequencer_config(max_delay_ms, partitions=partitions))
     )
     root = tempfile.mkdtemp(prefix="ordo-latency-")
     try:

@@ -187,14 +187,14 @@ def end_to_end(
     directory: str,
     phases: list[tuple[str, float, float]] = (("latency_ms", LATENCY_LOAD, 3.0),),
     modules: tuple[str, ...] = (),
-    max_delay_ms: float | None = None,
+    max_delay_ms: float | tuple[float, float] | None = None,
     broker_pid: int | None = None,
 ) -> dict:
     """Sequencer (child process), engine (this process; Ray workers with 2+ partitions) and
     a client process on a fresh namespace: end-to-end throughput, latency at half of it,
     peak memory per process, and each process's CPU time per request over the client's run
-    (the broker's too, with `broker_pid`). `max_delay_ms`: the sequencer's epoch length
-    (None: its default)."""
+    (the broker's too, with `broker_pid`). `max_delay_ms`: the sequencer's epochs, as
+    `sequencer_config` takes them (None: its default)."""
     import multiprocessing
     import queue
 
@@ -273,11 +273,15 @@ def end_to_end(
     return result
 
 
-def sequencer_config(max_delay_ms: float | None, **settings):
-    """A benchmark's sequencer settings: its epoch length where one is given, else the default."""
+def sequencer_config(epochs: float | tuple[float, float] | None, **settings):
+    """A benchmark's sequencer settings: `epochs` the epoch length in ms where one is given,
+    (shortest, longest) for epochs that follow the rate, None for the default."""
     from ordo.sequencer.sequencer import SequencerConfig
 
-    return SequencerConfig(max_delay_ms, **settings)
+    if isinstance(epochs, (tuple, list)):
+        shortest, longest = epochs
+        return SequencerConfig(longest, min_delay_ms=shortest, **settings)
+    return SequencerConfig(epochs, **settings)
 
 
 def rounded(values: dict) -> dict:
