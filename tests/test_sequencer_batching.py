@@ -121,7 +121,18 @@ def test_ordo_run_hands_its_epochs_to_the_sequencer_process_it_starts(given):
 
     parser = build_parser()
     run = parser.parse_args(
-        ["run", "--bootstrap-servers", "127.0.0.1:1", "--namespace", "ns", "--data-dir", "d", "--partitions", "2", *given]
+        [
+            "run",
+            "--bootstrap-servers",
+            "127.0.0.1:1",
+            "--namespace",
+            "ns",
+            "--data-dir",
+            "d",
+            "--partitions",
+            "2",
+            *given,
+        ]
     )
     config = _sequencer_config(run)
     command = sequencer_command("127.0.0.1:1", "ns", config)

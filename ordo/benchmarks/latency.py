@@ -599,8 +599,7 @@ def run_latency(
     say(
         f"ordo bench latency {workload} ({scheduler}, {partitions} partition(s), {runtime} runtime): "
         f"open loop at {', '.join(f'{r:g}' for r in rates)} req/s, {seconds:g} s each, "
-        f"{len(os.sched_getaffinity(0))} cores"
-        + cadence(sequencer_config(max_delay_ms, partitions=partitions))
+        f"{len(os.sched_getaffinity(0))} cores" + cadence(sequencer_config(max_delay_ms, partitions=partitions))
     )
     root = tempfile.mkdtemp(prefix="ordo-latency-")
     try:
