@@ -62,11 +62,12 @@ def new_request(proc: str, args: dict[str, Any], request_id: str | None = None) 
 
 def fatal_error_of(exc: BaseException) -> KafkaError | None:
     """The fatal librdkafka error `exc` is, or was raised from; None if none."""
-    while exc is not None:
-        if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
-            if exc.args[0].fatal():
-                return exc.args[0]
-        exc = exc.__cause__ or exc.__context__
+    current: BaseException | None = exc
+    while current is not None:
+        if isinstance(current, KafkaException) and current.args and isinstance(current.args[0], KafkaError):
+            if current.args[0].fatal():
+                return current.args[0]
+        current = current.__cause__ or current.__context__
     return None
 
 
