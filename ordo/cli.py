@@ -131,10 +131,7 @@ def _sequencer_config(args) -> SequencerConfig:
 def _bench_epochs(args):
     """A benchmark's epochs (benchmarks/runners.py `sequencer_config`): --max-delay-ms, or
     (--min-delay-ms, --max-delay-ms) for epochs that follow the rate."""
-    if args.min_delay_ms is None:
-        return args.max_delay_ms
-    longest = args.max_delay_ms if args.max_delay_ms is not None else SequencerConfig(partitions=2).epoch_ms
-    return (args.min_delay_ms, longest)
+    return args.max_delay_ms if args.min_delay_ms is None else (args.min_delay_ms, args.max_delay_ms)
 
 
 def _ordering(args) -> str | None:

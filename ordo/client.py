@@ -156,12 +156,13 @@ class Client:
             if not remaining or (deadline is not None and time.monotonic() >= deadline):
                 return remaining
 
-    def _give_up_producer(self, producer: Producer, submission: "Submission", settled: set[int]) -> None:
+    def _give_up_producer(
+        self, producer: Producer, fatal: KafkaError, submission: "Submission", settled: set[int]
+    ) -> None:
         """After a fatal error (the cluster refuses this client's producer for good, e.g. a
         principal without IdempotentWrite) nothing more can be sent by it: every request the
         broker has not acknowledged fails with that error's reason, and the next submit makes
         a new producer. `settled`: the requests acknowledged, or failed for reasons of their own."""
-        reason = self._fatal.str() if self._fatal is not None else "the producer failed"
         try:
             producer.purge()
             producer.flush(5)  # the purged requests' reports
@@ -169,7 +170,7 @@ class Client:
             pass
         for index in range(len(submission.ids)):
             if index not in settled:
-                submission.failed[index] = reason
+                submission.failed[index] = fatal.str()
                 submission.ids[index] = None
         self._producer, self._fatal = None, None
 
@@ -265,7 +266,7 @@ class Client:
             if self._fatal is None:
                 raise
         if self._fatal is not None:
-            self._give_up_producer(producer, submission, acknowledged | (set(submission.failed) - echoes))
+            self._give_up_producer(producer, self._fatal, submission, acknowledged | (set(submission.failed) - echoes))
         if remaining:
             raise NotSent(
                 f"{remaining} requests were not acknowledged by the broker at {self.bootstrap} within "

@@ -121,16 +121,10 @@ def upgraded_in_place(
     now = current_set(bootstrap, Topics(namespace).log, 30)
     if now is None:
         return None, None
-    following, how = registry_for(now.identity, specs, registry)
-    if following is None and specs:
-        # The app's files may hold the next version already, not yet upgraded to: this
-        # app's code as the log keeps it for the set it runs now.
-        from ordo.log.versions import kept_code
-        from ordo.procedures.kept import registry_from
+    from ordo.log.versions import kept_code
 
-        packed = kept_code(bootstrap, namespace, now.identity, 30, at=now.offset)
-        following = registry_from(packed, now.identity, tuple(specs)) if packed else None
-        how = "as the log keeps it"
+    kept = lambda: kept_code(bootstrap, namespace, now.identity, 30, at=now.offset)  # noqa: E731
+    following, how = registry_for(now.identity, specs, registry, kept)
     if following is None or not now.matches(following):
         return None, now
     print(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import sys
 import threading
+from typing import Callable
 
 from ordo.procedures.fingerprint import identities
 from ordo.procedures.loading import fresh_bytecode, load_registry
@@ -63,9 +64,13 @@ def reread(specs: tuple[str, ...], registry: Registry | None = None) -> Registry
         raise
 
 
-def registry_for(identity: int, specs: tuple[str, ...], current: Registry) -> tuple[Registry | None, str]:
+def registry_for(
+    identity: int, specs: tuple[str, ...], current: Registry, kept: Callable[[], bytes | None] | None = None
+) -> tuple[Registry | None, str]:
     """The set whose identity is `identity` for the app of `specs`: one this process ran
-    before, or its files on disk read again; (None, why) when neither is it."""
+    before, its files on disk read again, or, with `kept` (the code the log keeps of that
+    set, procedures/kept.py), that code where it is this same app's: its files may hold the
+    next version already, not yet upgraded to. (None, why) when none is it."""
     specs = tuple(specs)
     with _lock:
         known = _known.setdefault(specs, {})
@@ -85,4 +90,18 @@ def registry_for(identity: int, specs: tuple[str, ...], current: Registry) -> tu
             known.setdefault(form, fresh)
         if identity in known:
             return known[identity], "read again from disk"
+        from_log = _kept_registry(identity, specs, kept) if kept is not None else None
+        if from_log is not None:
+            known[identity] = from_log
+            return from_log, "as the log keeps it"
         return None, f"the code of {', '.join(specs)} on disk is another set"
+
+
+def _kept_registry(identity: int, specs: tuple[str, ...], kept: Callable[[], bytes | None]) -> Registry | None:
+    from ordo.procedures.kept import registry_from
+
+    try:
+        packed = kept()
+    except Exception:
+        return None
+    return registry_from(packed, identity, specs) if packed else None

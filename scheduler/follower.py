@@ -288,13 +288,10 @@ class LogFollower:
         process ran it before or its app's files on disk are it now (procedures/reload.py)."""
         if not self.options.in_place:
             return False
-        registry, how = registry_for(identity, self.worker.procedure_modules, self.worker.registry)
-        if registry is None and self.options.kept_code:
-            # A set the log has moved past is history: the log's copy of it runs. The set
-            # the log runs now, from the log's copy only where it is this same app's code
-            # (its files may already hold the next version, not yet upgraded to).
-            behind = self._behind(identity)
-            registry = self._kept(identity, None if behind else tuple(self.worker.procedure_modules))
+        kept = (lambda: self._kept_code(identity)) if self.options.kept_code else None
+        registry, how = registry_for(identity, self.worker.procedure_modules, self.worker.registry, kept)
+        if registry is None and self.options.kept_code and self._behind(identity):
+            registry = self._kept(identity)  # a set the log has moved past is history: any app's
         if registry is None:
             self.switch_refused = how + self._environment_note(identity)
             return False
@@ -333,18 +330,21 @@ class LogFollower:
             return False
         return now is not None and now.identity != identity
 
-    def _kept(self, identity: int, specs: tuple[str, ...] | None) -> Registry | None:
-        """The set `identity` from the code the log keeps of it, where it keeps it (given
-        `specs`: where that is the code of the app of `specs`)."""
-        if identity not in self.cursor.named_at or (specs is not None and not specs):
+    def _kept_code(self, identity: int) -> bytes | None:
+        """The code the log keeps of set `identity`, where it keeps it."""
+        if identity not in self.cursor.named_at:
             return None
         try:
-            packed = kept_code(
+            return kept_code(
                 self.options.bootstrap, self.options.namespace, identity, at=self.cursor.named_at[identity]
             )
         except Exception:
             return None
-        return registry_from(packed, identity, specs) if packed else None
+
+    def _kept(self, identity: int) -> Registry | None:
+        """The set `identity` from the code the log keeps of it, whichever app's it is."""
+        packed = self._kept_code(identity)
+        return registry_from(packed, identity) if packed else None
 
     def _check_procedures(self, start: Start) -> None:
         """A start record of a log from before versions names its procedure set by its

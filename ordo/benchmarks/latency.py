@@ -429,7 +429,7 @@ def measure_rate(
     runtime: str,
     directory: str,
     seed: int,
-    max_delay_ms: float | tuple[float, float] | None = None,
+    max_delay_ms: float | tuple[float, float | None] | None = None,
     round_txns: int | None = None,
     broker_pid: int | None = None,
 ) -> dict[str, Any]:
@@ -563,7 +563,7 @@ def run_latency(
     max_txns: int,
     runtime: str = "auto",
     json_path: str | None = None,
-    max_delay_ms: float | tuple[float, float] | None = None,
+    max_delay_ms: float | tuple[float, float | None] | None = None,
     round_txns: int | None = None,
     plot_path: str | None = None,
     beside: list[dict[str, Any]] | None = None,

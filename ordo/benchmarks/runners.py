@@ -187,7 +187,7 @@ def end_to_end(
     directory: str,
     phases: list[tuple[str, float, float]] = (("latency_ms", LATENCY_LOAD, 3.0),),
     modules: tuple[str, ...] = (),
-    max_delay_ms: float | tuple[float, float] | None = None,
+    max_delay_ms: float | tuple[float, float | None] | None = None,
     broker_pid: int | None = None,
 ) -> dict:
     """Sequencer (child process), engine (this process; Ray workers with 2+ partitions) and
@@ -273,9 +273,10 @@ def end_to_end(
     return result
 
 
-def sequencer_config(epochs: float | tuple[float, float] | None, **settings):
+def sequencer_config(epochs: float | tuple[float, float | None] | None, **settings):
     """A benchmark's sequencer settings: `epochs` the epoch length in ms where one is given,
-    (shortest, longest) for epochs that follow the rate, None for the default."""
+    (shortest, longest or None for the default) for epochs that follow the rate, None for
+    the default."""
     from ordo.sequencer.sequencer import SequencerConfig
 
     if isinstance(epochs, (tuple, list)):

@@ -45,7 +45,7 @@ def run_scale(
     json_path: str | None = None,
     rounds: int = 1,
     mp_shares: list[float] | None = None,
-    max_delay_ms: float | tuple[float, float] | None = None,
+    max_delay_ms: float | tuple[float, float | None] | None = None,
 ) -> dict[str, Any]:
     """With `rounds` > 1 every configuration runs that many times, the configurations
     taking turns round by round, and each reports its median run: a shared machine's slow
