@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
 from ordo.broker.clients import close_later, consumer_config
 
@@ -116,3 +116,66 @@ class FetchStall:
                 stuck.append(where)
                 self._since[where] = (now, position)  # looked at again after as long
         return stuck
+
+
+class ReadOn:
+    """The same remedy for a reader that waits at the tail (a client's outcome reader, the
+    topic readers of ordo.reading): after `after` seconds without a record, where its
+    partitions end is asked on a consumer of its own, and a reader whose partitions hold
+    records past its positions is replaced by a new consumer reading on from there. An
+    idle reader at the tail asks once per `after`; one whose broker is away keeps waiting.
+
+    `starts` are the offsets the reader was assigned, by (topic, partition): where it stands
+    until it has read something (a logical offset: the low watermark for OFFSET_BEGINNING,
+    unknown for the end)."""
+
+    def __init__(
+        self, new_consumer, starts: dict[Partition, int], after: float = REFETCH_AFTER, logger: str = "ordo.client"
+    ):
+        self._new_consumer = new_consumer
+        self._log = logging.getLogger(logger)
+        self._starts = dict(starts)
+        self.after = after
+        self.renewed = 0  # how many times the reader was replaced
+        self._quiet_since = time.monotonic()
+
+    def read(self) -> None:
+        """The reader took a record."""
+        self._quiet_since = time.monotonic()
+
+    def checked(self, consumer):
+        """`consumer`, or the consumer that reads on in its place."""
+        now = time.monotonic()
+        if now - self._quiet_since < self.after:
+            return consumer
+        self._quiet_since = now
+        try:
+            positions = {(tp.topic, tp.partition): tp.offset for tp in consumer.position(consumer.assignment())}
+        except KafkaException:
+            return consumer
+        at = {where: offset if offset >= 0 else self._starts.get(where, offset) for where, offset in positions.items()}
+        probe = self._new_consumer()
+        try:
+            behind = False
+            for (topic, partition), offset in at.items():
+                low, end = probe.get_watermark_offsets(TopicPartition(topic, partition), timeout=2.0, cached=False)
+                if offset == OFFSET_BEGINNING:
+                    at[(topic, partition)] = offset = low
+                behind = behind or (offset >= 0 and end > offset)
+        except KafkaException:
+            return consumer  # a broker away: the reader reads on when it is back
+        finally:
+            close_later(probe)
+        if not behind:
+            return consumer
+        self._log.warning(
+            "a reader of %s fetched nothing for %.0f s with records past its position: reading on with a new consumer",
+            ", ".join(sorted({topic for topic, _ in at})),
+            self.after,
+        )
+        reader = self._new_consumer()
+        reader.assign([TopicPartition(topic, partition, offset) for (topic, partition), offset in at.items()])
+        self._starts.update(at)
+        self.renewed += 1
+        close_later(consumer)
+        return reader

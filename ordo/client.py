@@ -37,6 +37,7 @@ from ordo.reading import (
 from ordo.scheduler.stream_outputs import stream_topic
 from ordo.errors import BrokerUnavailable, NotSent, OrdoError, OutcomeTimeout, Timeout, TopicMissing
 from ordo.broker.clients import REQUEST_BATCHING, arrived, consumer_config, kafka_config, watermarks
+from ordo.broker.fetch_stall import ReadOn
 from ordo.log.probe import ABSENT_GRACE
 from ordo.broker.reachability import UNANSWERED
 from ordo.broker.topics import Topics
@@ -450,11 +451,12 @@ class Client:
             )
         )
 
-    def _reader(self, from_beginning: bool, timeout: float | None = 10.0) -> Consumer:
+    def _reader(self, from_beginning: bool, timeout: float | None = 10.0) -> tuple[Consumer, dict]:
+        """An outcome reader, and the offsets it was assigned."""
         warn_if_unauthenticated(kafka_config(self.bootstrap, self.settings), self.topics.results)
         return _until_the_broker_answers(lambda bounded: self._bounded_reader(from_beginning, bounded), timeout)
 
-    def _bounded_reader(self, from_beginning: bool, timeout: float) -> Consumer:
+    def _bounded_reader(self, from_beginning: bool, timeout: float) -> tuple[Consumer, dict]:
         with self._readers_lock:
             kept = self._idle_readers.pop() if self._idle_readers else None
         consumer = kept or self._consumer()
@@ -472,8 +474,9 @@ class Client:
         if not partitions:
             consumer.close()
             raise self._missing(self.topics.results)
-        consumer.assign([TopicPartition(self.topics.results, p, start.get(p, OFFSET_BEGINNING)) for p in partitions])
-        return consumer
+        starts = {(self.topics.results, p): start.get(p, OFFSET_BEGINNING) for p in partitions}
+        consumer.assign([TopicPartition(topic, p, offset) for (topic, p), offset in starts.items()])
+        return consumer, starts
 
     def _release(self, consumer: Consumer) -> None:
         """Keep an outcome reader for the next read (a few at most: one per thread reading at once)."""
@@ -489,17 +492,23 @@ class Client:
         topic ended before this client's first request (or now, for a client that sent
         none), or from the beginning. Stops after `idle` seconds without one (None: never).
         A record that is not an outcome object is yielded as {"unreadable": raw bytes}."""
-        consumer = self._reader(from_beginning, None if idle is None else max(0.5, min(10.0, idle)))
+        consumer, starts = self._reader(from_beginning, None if idle is None else max(0.5, min(10.0, idle)))
+        # A reader kept through a broker restart may fetch nothing more (broker/fetch_stall.py).
+        read_on = ReadOn(self._consumer, starts)
         last = time.monotonic()
         try:
             while idle is None or time.monotonic() - last < idle:
-                for message in arrived(consumer, 0.1):
+                messages = arrived(consumer, 0.1)
+                if not messages:
+                    consumer = read_on.checked(consumer)
+                for message in messages:
                     error = message.error()
                     if error is not None:
                         if error.code() == KafkaError._PARTITION_EOF or error.code() in UNANSWERED:
                             continue  # a broker away: the consumer reads on when it is back
                         raise OrdoError(f"reading {self.topics.results} failed: {error}")
                     last = time.monotonic()
+                    read_on.read()
                     yield _outcome(message.value())
         finally:
             self._release(consumer)

@@ -26,6 +26,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, 
 
 from ordo.errors import OrdoError
 from ordo.broker.clients import arrived, consumer_config
+from ordo.broker.fetch_stall import ReadOn
 
 BEGINNING, END = "beginning", "end"
 Position = str | int  # "beginning", "end", or a batch number
@@ -180,17 +181,21 @@ def read_topic(
     a list of records), until `idle` seconds pass without one (None: never)."""
     if start not in (BEGINNING, END) and not (type(start) is int and start >= 1):
         raise ValueError(f"a position is 'beginning', 'end' or a batch number from 1, got {start!r}")
-    consumer = Consumer(
-        consumer_config(
-            bootstrap,
-            {
-                "group.id": f"ordo-reader-{uuid.uuid4().hex}",
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-                **settings,
-            },
+
+    def new_consumer() -> Consumer:
+        return Consumer(
+            consumer_config(
+                bootstrap,
+                {
+                    "group.id": f"ordo-reader-{uuid.uuid4().hex}",
+                    "enable.auto.commit": False,
+                    "isolation.level": "read_committed",
+                    **settings,
+                },
+            )
         )
-    )
+
+    consumer = new_consumer()
     try:
         try:
             metadata = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
@@ -199,17 +204,24 @@ def read_topic(
         if metadata is None or metadata.error is not None or not metadata.partitions:
             raise missing(topic)
         offset = OFFSET_END if start == END else OFFSET_BEGINNING
-        consumer.assign([TopicPartition(topic, p, offset) for p in sorted(metadata.partitions)])
+        starts = {(topic, p): offset for p in sorted(metadata.partitions)}
+        consumer.assign([TopicPartition(topic, p, offset) for (topic, p), offset in starts.items()])
+        # A reader at the tail through a broker restart may fetch nothing more (broker/fetch_stall.py).
+        read_on = ReadOn(new_consumer, starts)
         from_batch = start if type(start) is int else None
         last = time.monotonic()
         while idle is None or time.monotonic() - last < idle:
-            for message in arrived(consumer, 0.1, 1000):
+            messages = arrived(consumer, 0.1, 1000)
+            if not messages:
+                consumer = read_on.checked(consumer)
+            for message in messages:
                 error = message.error()
                 if error is not None:
                     if error.code() == KafkaError._PARTITION_EOF:
                         continue
                     raise OrdoError(f"reading {topic} failed: {error}")
                 last = time.monotonic()
+                read_on.read()
                 try:
                     records = decode(message)
                 except UnreadableRecord as exc:  # anyone who may write the topic can put one there

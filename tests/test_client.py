@@ -299,3 +299,34 @@ def test_waits_one_after_another_and_at_once_each_see_every_outcome_since_the_fi
             thread.join(90)
         assert {request_id: outcome["id"] for request_id, outcome in found.items()} == {i: i for i in ids[4:]}
         assert [o["id"] for o in client.stream(idle=2)].count(ids[0]) == 1
+
+
+def test_an_outcome_reader_that_fetches_nothing_more_reads_on_with_a_new_consumer(broker, namespace, caplog):
+    """A reader kept through a broker restart has been seen to fetch nothing more while its
+    partition holds records (broker/fetch_stall.py). Here the reader's partitions are
+    paused, a consumer that fetches nothing as that one did: the client finds the outcome
+    past its position and reads on with a new consumer."""
+    from confluent_kafka import Producer
+
+    ensure_topics(broker, namespace)
+    stalled = []
+
+    class StallingClient(Client):
+        def _bounded_reader(self, from_beginning, timeout):
+            consumer, starts = super()._bounded_reader(from_beginning, timeout)
+            if not stalled:
+                consumer.pause(consumer.assignment())
+                stalled.append(consumer)
+            return consumer, starts
+
+    producer = Producer({"bootstrap.servers": broker})
+    outcome = {"id": "r-stalled", "status": "committed", "result": 5, "error": None, "batch": 1, "txn": 0}
+    producer.produce(f"{namespace}.results", key=b"r-stalled", value=json.dumps(outcome).encode())
+    assert producer.flush(10) == 0
+    del producer
+    started = time.monotonic()
+    with caplog.at_level("WARNING", logger="ordo.client"), StallingClient(broker, namespace) as client:
+        found = client.outcomes(["r-stalled"], timeout=60)
+    assert stalled and found == {"r-stalled": outcome}
+    assert time.monotonic() - started >= 10  # the reader was given REFETCH_AFTER first
+    assert "fetched nothing for 10 s with records past its position: reading on with a new consumer" in caplog.text
