@@ -508,7 +508,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--mp",
         default=None,
         metavar="SHARE[,SHARE…]",
-        help="scale, micro: share of multi-partition transactions (the knob mp); several, "
+        help="share of multi-partition transactions (the knob mp); scale: several, "
         "comma-separated, are measured in the same run (0,1: 100 %% against 0 %%)",
     )
     p.add_argument(
@@ -967,6 +967,19 @@ def parse_knobs(module, pairs: list[str]) -> dict:
     return knobs
 
 
+def one_run_knobs(module, args, command: str) -> dict:
+    """The knobs of a bench that runs one configuration per rate: `--mp SHARE` is the knob
+    mp (several shares are measured in turns by `ordo bench scale` only)."""
+    knobs = parse_knobs(module, args.knob)
+    if args.mp is not None:
+        if "," in args.mp:
+            raise ValueError(f"ordo bench {command} measures one --mp share per run; ordo bench scale takes several")
+        if "mp" not in module.KNOBS:
+            raise ValueError(f"ordo bench {command}: this workload has no multi-partition share (--mp)")
+        knobs["mp"] = module.KNOBS["mp"][0](args.mp)
+    return knobs
+
+
 def cmd_dump(args) -> int:
     from ordo.procedures.streams import is_internal_table
     from ordo.state import records, table_names
@@ -1084,7 +1097,7 @@ def cmd_bench(args) -> int:
             args.scheduler,
             args.seconds,
             args.seed,
-            parse_knobs(_workload(args.scaled), args.knob),
+            one_run_knobs(_workload(args.scaled), args, "latency"),
             args.max_txns,
             args.runtime,
             args.json,
@@ -1128,7 +1141,7 @@ def cmd_bench(args) -> int:
             args.scheduler,
             args.every,
             args.seed,
-            parse_knobs(_workload(args.scaled), args.knob),
+            one_run_knobs(_workload(args.scaled), args, "soak"),
             args.json,
             args.bounce_broker_every,
             args.broker_down,
@@ -1170,7 +1183,7 @@ def cmd_bench(args) -> int:
         int(args.partitions or 1),
         args.txns,
         args.seed,
-        parse_knobs(module, args.knob),
+        one_run_knobs(module, args, args.workload),
         args.max_txns,
         args.json,
         args.baseline,

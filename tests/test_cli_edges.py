@@ -322,3 +322,22 @@ def test_an_unknown_option_is_answered_with_its_command_s_usage(argv, usage, unk
     err = capsys.readouterr().err
     assert err.startswith(f"usage: {usage} "), err
     assert f"{usage}: error: unrecognized arguments: {unknown}" in err
+
+
+def test_a_bench_of_one_configuration_takes_mp_as_the_knob_or_refuses_it_in_one_line():
+    """`--mp` is never passed over: one share is the workload's knob mp, several are for
+    `ordo bench scale` only, and a workload without the knob refuses it."""
+    from argparse import Namespace
+
+    from ordo.cli import one_run_knobs
+    from ordo.procedures.workloads import voter, ycsbt
+
+    assert one_run_knobs(ycsbt, Namespace(knob=["records=2000"], mp="1"), "latency") == {"records": 2000, "mp": 1.0}
+    assert one_run_knobs(ycsbt, Namespace(knob=[], mp=None), "latency") == {}
+    with pytest.raises(ValueError, match="no multi-partition share"):
+        one_run_knobs(voter, Namespace(knob=[], mp="1"), "latency")
+    refused = shell(f"{sys.executable} -m ordo.cli bench latency ycsbt --rate 10 --mp 0,1")
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        "ordo bench: ordo bench latency measures one --mp share per run; ordo bench scale takes several"
+    ]
