@@ -129,14 +129,10 @@ class ReadOn:
     until it has read something (a logical offset: the low watermark for OFFSET_BEGINNING,
     unknown for the end)."""
 
-    def __init__(
-        self, new_consumer, starts: dict[Partition, int], after: float = REFETCH_AFTER, logger: str = "ordo.client"
-    ):
+    def __init__(self, new_consumer, starts: dict[Partition, int], after: float = REFETCH_AFTER):
         self._new_consumer = new_consumer
-        self._log = logging.getLogger(logger)
         self._starts = dict(starts)
         self.after = after
-        self.renewed = 0  # how many times the reader was replaced
         self._quiet_since = time.monotonic()
 
     def read(self) -> None:
@@ -168,7 +164,7 @@ class ReadOn:
             close_later(probe)
         if not behind:
             return consumer
-        self._log.warning(
+        logging.getLogger("ordo.client").warning(
             "a reader of %s fetched nothing for %.0f s with records past its position: reading on with a new consumer",
             ", ".join(sorted({topic for topic, _ in at})),
             self.after,
@@ -176,6 +172,5 @@ class ReadOn:
         reader = self._new_consumer()
         reader.assign([TopicPartition(topic, partition, offset) for (topic, partition), offset in at.items()])
         self._starts.update(at)
-        self.renewed += 1
         close_later(consumer)
         return reader
