@@ -50,11 +50,21 @@ class Topics:
     def changes(self) -> str:
         return f"{self.namespace}.changes"
 
+    @property
+    def reads(self) -> str:
+        return f"{self.namespace}.reads"
+
+    @property
+    def read_answers(self) -> str:
+        return f"{self.namespace}.read-answers"
+
 
 # The log is the source of truth: it keeps every record for ever, and is never compacted.
 # How long a topic must stay unknown to a cluster before it counts as missing (described()).
 SETTLE = 10.0
 LOG_SETTINGS = {"retention.ms": "-1", "retention.bytes": "-1", "cleanup.policy": "delete"}
+# Reads and their answers matter for as long as a client waits for them (scheduler/reads.py).
+READ_SETTINGS = {"retention.ms": str(3_600_000), "cleanup.policy": "delete"}
 
 
 # Kafka's default `message.max.bytes`: the largest record a topic takes unless told otherwise.
@@ -87,12 +97,15 @@ def ensure_topics(
         topics.log: 1,
         topics.results: 1,
         topics.changes: 1,
+        topics.reads: 1,
+        topics.read_answers: 1,
     }
     log_config = log_settings(replication)
     if record_bytes is not None and record_bytes > KAFKA_DEFAULT_RECORD_BYTES:
         log_config["max.message.bytes"] = str(record_bytes)  # a new log takes the batches asked for
+    configs = {topics.log: log_config, topics.reads: READ_SETTINGS, topics.read_answers: READ_SETTINGS}
     new = [
-        NewTopic(name, partitions, replication, config=log_config if name == topics.log else {})
+        NewTopic(name, partitions, replication, config=configs.get(name, {}))
         for name, partitions in wanted.items()
         if name not in existing
     ]
@@ -113,6 +126,28 @@ def ensure_topics(
     wait_for_leaders(admin, [topic.topic for topic in new], timeout)
     check_log(admin, topics, timeout, record_bytes)
     return topics
+
+
+def ensure_read_topics(bootstrap: str, topics: Topics, timeout: float = 30.0) -> None:
+    """The namespace's read topics, for a namespace made before reads (scheduler/reads.py)."""
+    admin = AdminClient(kafka_config(bootstrap))
+    existing = admin.list_topics(timeout=timeout).topics
+    log = existing.get(topics.log)
+    replication = len(log.partitions[0].replicas) if log is not None and 0 in log.partitions else 1
+    new = [
+        NewTopic(name, 1, replication, config=READ_SETTINGS)
+        for name in (topics.reads, topics.read_answers)
+        if name not in existing
+    ]
+    if not new:
+        return
+    for future in admin.create_topics(new, operation_timeout=timeout).values():
+        try:
+            future.result(timeout)
+        except Exception as exc:
+            if "already exists" not in str(exc).lower() and "TOPIC_ALREADY_EXISTS" not in str(exc):
+                raise
+    wait_for_leaders(admin, [topic.topic for topic in new], timeout)
 
 
 def wait_for_leaders(admin: AdminClient, names: list[str], timeout: float = 30.0) -> None:

@@ -422,6 +422,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wait", action="store_true", help="wait for every outcome and print a summary")
     p.add_argument("--timeout", type=WAIT_S, default=120.0, help="seconds to wait for outcomes")
 
+    p = sub.add_parser(
+        "get",
+        help="read the state as of one batch: keys of a table, or a scan of it (docs/client.md)",
+        description="Print the values of KEYs of TABLE (or, without keys, a scan of it in key order) as "
+        "JSON lines {table, key, value}, all as of one applied batch, which the last line (on stderr) names.",
+    )
+    _kafka(p)
+    p.add_argument("table", metavar="TABLE")
+    p.add_argument(
+        "keys", nargs="*", metavar="KEY", help="a key as JSON (7, '\"ann\"', '[1, \"x\"]'); a word is a string key"
+    )
+    p.add_argument("--prefix", metavar="JSON", help="without KEYs: only keys starting with these components")
+    p.add_argument("--after", metavar="KEY", help="without KEYs: only keys after this one (the last one printed)")
+    p.add_argument("--limit", type=int, default=100, help="without KEYs: at most this many records (default 100)")
+    p.add_argument("--at-least", type=int, metavar="BATCH", help="as of this batch or a later one")
+    p.add_argument("--linearizable", action="store_true", help="as of every batch the log holds now, or a later one")
+    p.add_argument("--timeout", type=WAIT_S, default=10.0, help="seconds to wait for the answer")
+
     p = sub.add_parser("gen", help="print workload requests as JSON lines")
     p.add_argument(
         "workload",
@@ -858,6 +876,38 @@ def cmd_log(args) -> int:
     return 0
 
 
+def _key_argument(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text  # a bare word: a string key
+
+
+def cmd_get(args) -> int:
+    from ordo.client import Client
+
+    options = {
+        "at_least": args.at_least,
+        "consistency": "linearizable" if args.linearizable else "recent",
+        "timeout": args.timeout,
+    }
+    with Client(args.bootstrap_servers, args.namespace) as client:
+        client.check_namespace()
+        if args.keys:
+            found = client.get_many(args.table, [_key_argument(key) for key in args.keys], **options)
+        else:
+            prefix = None if args.prefix is None else _key_argument(args.prefix)
+            if prefix is not None and type(prefix) is not list:
+                raise ValueError(f"--prefix is a JSON list of key components, not {args.prefix}")
+            after = None if args.after is None else _key_argument(args.after)
+            found = client.scan(args.table, prefix, after=after, limit=args.limit, **options)
+    for key, value in found.values.items():
+        print(json.dumps({"table": args.table, "key": list(key) if type(key) is tuple else key, "value": value}))
+    more = "; more follow (--after the last key)" if found.more else ""
+    print(f"as of batch {found.batch}{more}", file=sys.stderr)
+    return 0
+
+
 def cmd_submit(args) -> int:
     from ordo.client import Client, new_request
 
@@ -1208,6 +1258,7 @@ COMMANDS = {
     "submit": cmd_submit,
     "gen": cmd_gen,
     "dump": cmd_dump,
+    "get": cmd_get,
     "digest": cmd_digest,
     "demo": cmd_demo,
     "bench": cmd_bench,

@@ -18,6 +18,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Iterable, Iterator, TypeVar, cast
 
@@ -35,6 +36,7 @@ from ordo.reading import (
     tuple_of,
 )
 from ordo.scheduler.stream_outputs import stream_topic
+from ordo.live_reads import DEFAULT_TIMEOUT, LINEARIZABLE, RECENT, StateRead, StateReader
 from ordo.errors import BrokerUnavailable, NotSent, OrdoError, OutcomeTimeout, Timeout, TopicMissing
 from ordo.broker.clients import REQUEST_BATCHING, arrived, consumer_config, kafka_config, watermarks
 from ordo.broker.fetch_stall import ReadOn
@@ -116,6 +118,7 @@ class Client:
         # only after PARTITIONS_KEPT_FOR, as its metadata request waits behind its last fetch.
         self._listed: tuple[float, list[int]] | None = None
         self._namespace_checked = False  # asked once whether it looks mistyped
+        self._state_reads: StateReader | None = None  # made on the first read of the state
 
     # -- submitting --------------------------------------------------------------------------
 
@@ -610,9 +613,70 @@ class Client:
             self.bootstrap, self.settings, self.topics.changes, start, idle, decode, _batch, self._missing
         )
 
+    # -- reading the state (docs/client.md, "Reading the state") ---------------------------
+
+    def state_reader(self) -> StateReader:
+        """The reader of this client's reads of the state, made on first use."""
+        with self._readers_lock:
+            if self._state_reads is None:
+                self._state_reads = StateReader(self.bootstrap, self.topics, self.settings)
+            return self._state_reads
+
+    def get(
+        self,
+        table: str,
+        key: Any,
+        *,
+        at_least: int | None = None,
+        consistency: str = RECENT,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> StateRead:
+        """The value of `key` in `table` as of one applied batch (`.value`, `.batch`): at
+        least batch `at_least` (an outcome's `batch`: this client's own write is seen), or
+        `consistency="linearizable"`: every batch the log held when asked."""
+        return self.get_many(table, [key], at_least=at_least, consistency=consistency, timeout=timeout)
+
+    def get_many(
+        self,
+        table: str,
+        keys: Iterable[Any],
+        *,
+        at_least: int | None = None,
+        consistency: str = RECENT,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> StateRead:
+        """`get` for several keys, on any partitions, all as of one batch."""
+        future = self.state_reader().submit(
+            table, keys=list(keys), at_least=at_least, consistency=consistency, timeout=timeout
+        )
+        return future.result(timeout + 5)
+
+    def scan(
+        self,
+        table: str,
+        prefix: Iterable[Any] | None = None,
+        *,
+        after: Any = None,
+        limit: int = 100,
+        at_least: int | None = None,
+        consistency: str = RECENT,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> StateRead:
+        """Up to `limit` records of `table` in key order, all as of one batch: those whose
+        composite keys start with `prefix` (else every record), past the key `after`
+        (`.more` says whether others follow: go on with `after` the last key)."""
+        scan = {"prefix": None if prefix is None else list(prefix), "after": after, "limit": limit}
+        future = self.state_reader().submit(
+            table, scan=scan, at_least=at_least, consistency=consistency, timeout=timeout
+        )
+        return future.result(timeout + 5)
+
     def close(self) -> None:
         """Wait (up to 10 s) until the broker has every request sent, and let go of the producer
         and of the outcome readers."""
+        if self._state_reads is not None:
+            self._state_reads.close()
+            self._state_reads = None
         if self._producer is not None:
             self._producer.flush(10)
             self._producer = None
@@ -671,6 +735,25 @@ class AsyncClient:
         """`Client.read_changes`, as an async iterator."""
         return _async_iterate(lambda: self.client.read_changes(table, start, idle))
 
+    async def get(self, table: str, key: Any, **options) -> StateRead:
+        """`Client.get`."""
+        return await self.get_many(table, [key], **options)
+
+    async def get_many(self, table: str, keys: Iterable[Any], **options) -> StateRead:
+        """`Client.get_many`: reads in flight at once share one reader of the answers."""
+        reader = await asyncio.to_thread(self.client.state_reader)
+        future = await _submitted(reader, table, keys=list(keys), **options)
+        return await asyncio.wrap_future(future)
+
+    async def scan(
+        self, table: str, prefix: Iterable[Any] | None = None, *, after: Any = None, limit: int = 100, **options
+    ) -> StateRead:
+        """`Client.scan`."""
+        reader = await asyncio.to_thread(self.client.state_reader)
+        scan = {"prefix": None if prefix is None else list(prefix), "after": after, "limit": limit}
+        future = await _submitted(reader, table, scan=scan, **options)
+        return await asyncio.wrap_future(future)
+
     async def close(self) -> None:
         """`Client.close`."""
         await asyncio.to_thread(self.client.close)
@@ -680,6 +763,13 @@ class AsyncClient:
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
+
+
+async def _submitted(reader: StateReader, table: str, **options) -> Future:
+    """A read sent: at once, unless it first asks the broker where the log ends."""
+    if options.get("consistency") == LINEARIZABLE:
+        return await asyncio.to_thread(reader.submit, table, **options)
+    return reader.submit(table, **options)
 
 
 async def _async_iterate(make: Callable[[], Iterator[_Item]]) -> AsyncIterator[_Item]:

@@ -53,6 +53,7 @@ from ordo.scheduler.outputs import (
     OutputSink,
     UnpublishedOutputs,
 )
+from ordo.scheduler.reads import ReadServer
 from ordo.scheduler.round import ROUND_BATCHES, ROUND_TXNS, joins
 from ordo.scheduler.worker import PartitionWorker
 from ordo.log.records import Batch, LogCursor, LogError, Start
@@ -63,7 +64,8 @@ from ordo.broker.topics import Topics
 KEPT_CHECKPOINT_REPORTS = 16
 KEPT_DROPPED_REPORTS = 16  # passed-over log records a status names; the coordinator asks many times a second
 log = logging.getLogger("ordo.engine")
-MEMORY_EVERY = 1.0  # seconds between two reads of a worker's memory for its status
+MEMORY_EVERY = 1.0
+READS_WAIT = 0.005  # how long one log poll may block while reads wait for the log to be read on  # seconds between two reads of a worker's memory for its status
 
 # Upper bounds (seconds) of the batch latency histogram in the status (ordo/metrics.py).
 BATCH_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -162,6 +164,18 @@ class LogFollower:
         self.latency_counts = [0] * (len(BATCH_LATENCY_BUCKETS) + 1)
         self.latency_sum = 0.0
         self._memory_at, self._memory_seen = float("-inf"), {}
+        # Live reads of what this shard has applied (scheduler/reads.py), where outputs go to Kafka.
+        self.reads = (
+            ReadServer(
+                options.bootstrap,
+                options.namespace,
+                worker,
+                busy=lambda: bool(self._ready),
+                behind=lambda: max(0, self.cursor.next_batch - 1 - self.applied),
+            )
+            if isinstance(sink, KafkaOutputs)
+            else None
+        )
 
     # -- control, from the coordinator ------------------------------------------------
 
@@ -206,6 +220,7 @@ class LogFollower:
             "switches": list(self.switches),
             "switch_refused": self.switch_refused,
             "procedure_set": self.procedure_set,
+            "reads_served": self.reads.served if self.reads is not None else 0,
         }
 
     # -- the loop -----------------------------------------------------------------------
@@ -231,6 +246,8 @@ class LogFollower:
         finally:
             self.running = False
             self._reader.close()
+            if self.reads is not None:
+                self.reads.close()
         return self.status()
 
     async def _follow(self) -> None:
@@ -243,11 +260,13 @@ class LogFollower:
                 continue
             if self._at_boundary():
                 return
+            if self.reads is not None and self.reads.waiting:
+                self._resolve_reads()
             if not self._ready and not self._read(0):
                 if self._unapplied:
                     await self._apply_delivered(limit=0)
                 else:
-                    self._read(self.options.idle_wait)
+                    self._read(READS_WAIT if self.reads is not None and self.reads.waiting else self.options.idle_wait)
                 await asyncio.sleep(0)  # let control calls and peers' reads in
                 continue
             if self._at_boundary():
@@ -256,6 +275,15 @@ class LogFollower:
             # A batch may run to its end without suspending (no remote reads to wait for):
             # yield once per batch, so control calls and peers are served under load too.
             await asyncio.sleep(0)
+
+    def _resolve_reads(self) -> None:
+        """Reads for every batch below a log offset, given the batches read and not applied."""
+        reads = self.reads
+        assert reads is not None
+        pending = [(batch_id, cursor["next_offset"]) for batch_id, cursor, _, _ in self._unapplied]
+        pending += [(batch.batch_id, cursor["next_offset"]) for batch, cursor in self._ready]
+        reads.resolve(self._reader.position(), pending)
+        reads.expire(time.time())
 
     def _at_boundary(self) -> bool:
         """Whether the next batch belongs to a procedure set other than this worker's (its
@@ -407,8 +435,10 @@ class LogFollower:
 
     def _held_after(self, batch_id: int) -> bool:
         """Whether the worker is to stop or hold after `batch_id`, which then ends its round."""
-        return (self.stop_after is not None and batch_id >= self.stop_after) or (
-            self.hold_at is not None and batch_id >= self.hold_at
+        return (
+            (self.stop_after is not None and batch_id >= self.stop_after)
+            or (self.hold_at is not None and batch_id >= self.hold_at)
+            or (self.reads is not None and self.reads.ends_round(batch_id))
         )
 
     async def _execute(self, taken: list[tuple[Batch, dict]], checkpoint: bool) -> None:
@@ -483,6 +513,8 @@ class LogFollower:
             self.applied_at = time.monotonic()
             self.applied_offset = cursor["next_offset"]
             self.applied_txns += outcomes
+            if self.reads is not None:
+                self.reads.applied(batch_id)
             if checkpoint and self.options.checkpoint_root:
                 self._checkpoint(batch_id, cursor)
 

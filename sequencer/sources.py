@@ -115,7 +115,7 @@ def check_sources(bootstrap: str, sources, namespace: str, timeout: float = 30.0
     from ordo.broker.topics import SETTLE, Topics, described
 
     topics = Topics(namespace)
-    own = {topics.requests, topics.log, topics.results, topics.changes}
+    own = {topics.requests, topics.log, topics.results, topics.changes, topics.reads, topics.read_answers}
     for source in sources:
         if source.topic in own or source.topic.startswith(f"{namespace}.stream."):
             raise ValueError(

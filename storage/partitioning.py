@@ -51,6 +51,16 @@ class Partitioner:
             return self._by_component(table, key, n)
         return crc32(encode_key(table, key)) % n
 
+    def of_prefix(self, table: str, prefix: tuple) -> int | None:
+        """The one partition that holds every key of `table` starting with `prefix`, where
+        the table places keys by a component the prefix includes; else None."""
+        index = self.component_tables.get(table)
+        if self.partitions == 1:
+            return 0
+        if index is None or index >= len(prefix):
+            return None
+        return self._by_component(table, tuple(prefix), self.partitions)
+
     def _by_component(self, table: str, key, n: int) -> int:
         index = self.component_tables[table]
         if type(key) is KeyRange:  # a declared range lies where its keys do

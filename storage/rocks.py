@@ -145,6 +145,42 @@ class RocksShard:
             self._write_failed = _write_failure(self.path, exc)
             raise self._write_failed from None
 
+    def read_applied(self, keys: list[bytes]) -> tuple[dict[str, Any] | None, list[bytes | None]]:
+        """The applied marker and `keys`' values, from one view of the shard: RocksDB's
+        multi-get reads every key at one sequence number, so the values are exactly those
+        of the batch the marker names, whatever is being applied meanwhile."""
+        try:
+            raw = self._db.get([APPLIED, *keys])
+        except Exception as exc:
+            raise _failure(self.path, exc) from None
+        marker = None if raw[0] is None else msgpack.unpackb(raw[0], strict_map_key=False)
+        return marker, raw[1:]
+
+    def scan_applied(
+        self, prefix: bytes, after: bytes | None, limit: int
+    ) -> tuple[dict[str, Any] | None, list[tuple[bytes, bytes]], bool]:
+        """The applied marker and up to `limit` records whose keys start with `prefix` (past
+        `after`, if given), in key order, from one view of the shard (an iterator reads at
+        the sequence number it was made at); and whether more follow."""
+        it = self._db.iter(_scan_options())
+        it.seek(APPLIED)
+        raw = it.value() if it.valid() and it.key() == APPLIED else None
+        marker = None if raw is None else msgpack.unpackb(raw, strict_map_key=False)
+        it.seek(prefix if after is None else after + b"\x00")
+        rows: list[tuple[bytes, bytes]] = []
+        more = False
+        while it.valid():
+            key = it.key()
+            if not key.startswith(prefix):
+                break
+            if len(rows) == limit:
+                more = True
+                break
+            rows.append((key, it.value()))
+            it.next()
+        self._check(it)
+        return marker, rows, more
+
     def applied(self) -> dict[str, Any] | None:
         try:
             raw = self._db.get(APPLIED)

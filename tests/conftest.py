@@ -73,6 +73,7 @@ def pytest_terminal_summary(terminalreporter):
 # A name is a file, or a file and a test (all of its parameters).
 ONE_AT_A_TIME = (
     "tests/test_broker_faults.py",
+    "tests/test_live_reads.py::test_reads_through_a_broker_bounce_fail_within_their_timeout_and_answer_again_after",
     "tests/test_bench.py::test_bench_soak_bounces_the_broker_and_checks_every_request_once_against_a_serial_reading",
 )
 MODULE_FIXTURE_FILES = (
