@@ -28,6 +28,9 @@ _PUBLIC = {
     "StreamTuple": "ordo.reading",
     "Change": "ordo.reading",
     "UnreadableRecord": "ordo.reading",
+    "StateRead": "ordo.live_reads",  # what a read of the state found (Client.get, …)
+    "ReadFailed": "ordo.live_reads",
+    "ReadTimeout": "ordo.live_reads",
     "Source": "ordo.sequencer.sources",  # an existing topic whose records become requests
     "SourceRecord": "ordo.sequencer.sources",
     "TestEngine": "ordo.testing",
@@ -56,6 +59,7 @@ if TYPE_CHECKING:  # what type checkers and editors see of the names loaded on f
     from ordo.procedures.contract import Context
     from ordo.procedures.args import Bool, Float, Int, List, Object, Optional, Str
     from ordo.reading import Change, Outcome, StreamTuple, UnreadableRecord
+    from ordo.live_reads import ReadFailed, ReadTimeout, StateRead
     from ordo.procedures.sources import Source, SourceRecord
     from ordo.testing import TestEngine, check_deterministic
 

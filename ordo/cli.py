@@ -501,7 +501,8 @@ def build_parser() -> argparse.ArgumentParser:
         "with the share of each hop (sequencing, execution, delivery); "
         "soak WORKLOAD: memory of every process under a steady rate "
         "(--rate 500 --seconds 1800), warm-up told from a leak; "
-        "compression WORKLOAD: bytes and CPU of each output codec (--rounds 3)",
+        "compression WORKLOAD: bytes and CPU of each output codec (--rounds 3); "
+        "reads: live reads of the state, point-read latency and reads/s beside writes (--partitions 2)",
     )
     p.add_argument(
         "scaled",
@@ -550,7 +551,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=10.0,
         metavar="T",
         help="latency: how long the client sends at each rate, after a warm-up (default %(default)s); "
-        "soak: how long it sends",
+        "soak: how long it sends; reads: how long each of its three measurements runs",
     )
     p.add_argument(
         "--every",
@@ -1171,6 +1172,14 @@ def cmd_bench(args) -> int:
             max(args.rounds, 1),
             args.json,
         )
+        return 0
+    if args.workload == "reads":
+        from ordo.benchmarks.reads import run_reads
+
+        if args.seconds <= 0:
+            raise ValueError("ordo bench reads needs --seconds above 0")
+        runtime = "local" if args.runtime == "auto" else args.runtime
+        run_reads(int(args.partitions or 2), runtime, args.scheduler, args.seconds, args.json)
         return 0
     if args.workload == "soak":
         from ordo.benchmarks.soak import run_soak

@@ -181,11 +181,18 @@ def role_acls(ns: str) -> dict[str, list[tuple[str, str, str, str]]]:
             ("GROUP", "PREFIXED", f"{ns}.engine-", "READ"),  # one per partition worker
             ("GROUP", "LITERAL", f"{ns}.log.head-check", "READ"),  # a rebuild from scratch
             ("GROUP", "LITERAL", f"{ns}.sequencer", "DESCRIBE"),  # the requests lag it shows
+            ("TOPIC", "LITERAL", f"{ns}.reads", "READ"),  # live reads of the state, and their answers
+            ("TOPIC", "LITERAL", f"{ns}.read-answers", "WRITE"),
+            ("GROUP", "PREFIXED", f"{ns}.reads-", "READ"),
         ],
         "client": [
             ("TOPIC", "LITERAL", f"{ns}.requests", "WRITE"),
             ("TOPIC", "LITERAL", f"{ns}.results", "READ"),
             ("GROUP", "PREFIXED", "ordo-client-", "READ"),  # the results reader's group
+            ("TOPIC", "LITERAL", f"{ns}.reads", "WRITE"),  # live reads, and their answers
+            ("TOPIC", "LITERAL", f"{ns}.read-answers", "READ"),
+            ("TOPIC", "LITERAL", f"{ns}.log", "DESCRIBE"),  # where it ends: a linearizable read
+            ("GROUP", "PREFIXED", "ordo-reads-", "READ"),
         ],
     }
 
@@ -425,6 +432,13 @@ def test_ordo_runs_end_to_end_with_a_principal_per_role(kafka, tmp_path):
         sequencer = start("sequencer", "sequence")
         (again,) = submit("--proc", "micro_rmw", "--args", '{"keys": [9]}', "--id", "after-restart")
         assert again["status"] == "committed", again
+        # A live read of the state, as the client, within its ACLs.
+        for consistency in ([], ["--linearizable"]):
+            read = ordo_cli(
+                "get", *common, "--kafka-config", write_kafka_config(kafka, "client"), "micro", "9", *consistency
+            )
+            assert read.returncode == 0, read.stderr[-2000:] + "".join(_tail(log) for log in logs)
+            assert json.loads(read.stdout) == {"table": "micro", "key": 9, "value": 1}
     finally:
         codes = {"engine": stop(engine, 60), "sequencer": stop(sequencer, 60)}
     assert codes == {"engine": 0, "sequencer": 0}, "".join(_tail(log) for log in logs)

@@ -24,6 +24,7 @@ SECTIONS = [
     ("Existing topics as sources", "ordo.procedures.sources"),
     ("The client", "ordo.client"),
     ("What the client reads back", "ordo.reading"),
+    ("Reading the state", "ordo.live_reads"),
     ("Testing in-process", "ordo.testing"),
     ("Errors", "ordo.errors"),
 ]
