@@ -144,3 +144,32 @@ def watermarks(consumer, partition, timeout: float) -> tuple[int, int]:
             if code not in _MOVING or time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+# Live reads' questions and answers (scheduler/reads.py): sent at once at light load, where a
+# linger would be most of a read's time; gathered for a millisecond under load, where one
+# produce request per record is what the broker spends most on (measured: 4,600 against
+# 11,000 reads/s beside writes, the broker at 75 against 37 % of a core).
+GATHER_MS = 1
+GATHER_FROM = 8  # records at once from which they are gathered
+
+
+class PacedProducer:
+    """Two producers of one client: one that sends at once, one that gathers."""
+
+    def __init__(self, config: dict[str, Any]):
+        from confluent_kafka import Producer
+
+        self._prompt = Producer({**config, "linger.ms": 0})
+        self._gathering = Producer({**config, "linger.ms": GATHER_MS})
+
+    def produce(self, topic: str, value: bytes, key: bytes, busy: bool) -> None:
+        (self._gathering if busy else self._prompt).produce(topic, value, key)
+
+    def poll(self) -> None:
+        self._prompt.poll(0)
+        self._gathering.poll(0)
+
+    def flush(self, timeout: float) -> None:
+        self._prompt.flush(timeout)
+        self._gathering.flush(timeout)

@@ -9,6 +9,7 @@ across partitions, and it never sees part of a batch (each part is one view of a
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -17,9 +18,17 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from ordo.broker.clients import arrived, close_later, consumer_config, kafka_config, watermarks
+from ordo.broker.clients import (
+    GATHER_FROM,
+    PacedProducer,
+    arrived,
+    close_later,
+    consumer_config,
+    kafka_config,
+    watermarks,
+)
 from ordo.broker.fetch_stall import ReadOn
 from ordo.broker.reachability import UNANSWERED
 from ordo.broker.topics import Topics
@@ -86,10 +95,9 @@ class StateReader:
     def __init__(self, bootstrap: str, topics: Topics, settings: dict[str, Any]):
         self.topics = topics
         self._bootstrap, self._settings = bootstrap, settings
-        self._producer = Producer(
-            kafka_config(bootstrap, {"linger.ms": 0, "acks": 1, "socket.nagle.disable": True, **settings})
-        )
+        self._producer = PacedProducer(kafka_config(bootstrap, {"acks": 1, "socket.nagle.disable": True, **settings}))
         self._pending: dict[str, _Pending] = {}
+        self._id_prefix, self._ids = f"read-{uuid.uuid4().hex[:16]}-", itertools.count(1)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         consumer = self._new_consumer()
@@ -148,7 +156,7 @@ class StateReader:
         return future
 
     def _ask(self, pending: _Pending, partitions: list[int] | None, at_least: int | None = None) -> None:
-        read_id = f"read-{uuid.uuid4().hex}"
+        read_id = f"{self._id_prefix}{next(self._ids)}"
         body = {"id": read_id, **pending.body}
         if partitions is not None:
             body["partitions"] = partitions
@@ -160,11 +168,12 @@ class StateReader:
         with self._lock:
             self._pending[read_id] = pending
         try:
-            self._producer.produce(self.topics.reads, json.dumps(body).encode(), read_id.encode())
+            busy = len(self._pending) >= GATHER_FROM
+            self._producer.produce(self.topics.reads, json.dumps(body).encode(), read_id.encode(), busy)
         except (BufferError, KafkaException) as exc:
             self._finish(pending, error=ReadFailed(f"the read could not be sent: {exc}"))
             return
-        self._producer.poll(0)
+        self._producer.poll()
 
     def _log_end(self, timeout: float) -> int:
         """Where the log ends now: a linearizable read waits for every batch below it."""

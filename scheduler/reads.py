@@ -29,9 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from ordo.broker.clients import arrived, close_later, consumer_config, kafka_config
+from ordo.broker.clients import GATHER_FROM, PacedProducer, arrived, close_later, consumer_config, kafka_config
 from ordo.broker.fetch_stall import ReadOn
 from ordo.broker.topics import Topics, ensure_read_topics
 from ordo.storage.keys import decode_key, encode_key, key_problem, normal_key, prefix_bytes, table_prefix
@@ -170,26 +170,43 @@ def _encoded(table: str, key) -> bytes:
     return encode_key(table, key)
 
 
-def serve(shard, read: Read, partition: int, default: Any) -> dict[str, Any]:
-    """This partition's part of `read`, from one view of its shard."""
-    if read.keys is not None:
-        assert read.encoded is not None and read.owners is not None
-        mine = [i for i, owner in enumerate(read.owners) if owner == partition]
-        marker, raw = shard.read_applied([read.encoded[i] for i in mine])
-        found = [[read.keys[i], default if value is None else decode_value(value)] for i, value in zip(mine, raw)]
-        answer: dict[str, Any] = {"values": found}
-    else:
-        marker, rows, more = shard.scan_applied(read.prefix, read.after, read.limit)
-        answer = {"rows": [[decode_key(key)[1], decode_value(value)] for key, value in rows], "more": more}
-    batch = marker["batch"] if marker else 0
-    time_ms = marker["cursor"].get("time_ms", 0) if marker else 0
+def serve(shard, reads: list[Read], partition: int, defaults: dict[str, Any]) -> list[dict[str, Any]]:
+    """This partition's parts of `reads`: the point reads from one view of its shard (one
+    multi-get for all of them), each scan from a view of its own."""
+    answers = []
+    points = [read for read in reads if read.keys is not None]
+    if points:
+        wanted, slices = [], []
+        for read in points:
+            assert read.encoded is not None and read.owners is not None
+            mine = [i for i, owner in enumerate(read.owners) if owner == partition]
+            slices.append((len(wanted), mine))
+            wanted.extend(read.encoded[i] for i in mine)
+        marker, raw = shard.read_applied(wanted)
+        for read, (start, mine) in zip(points, slices):
+            default = defaults.get(read.table)
+            assert read.keys is not None
+            found = [
+                [read.keys[i], default if value is None else decode_value(value)]
+                for i, value in zip(mine, raw[start : start + len(mine)])
+            ]
+            answers.append(_answer(read, partition, marker, {"values": found}))
+    for read in reads:
+        if read.keys is None:
+            marker, rows, more = shard.scan_applied(read.prefix, read.after, read.limit)
+            found = [[decode_key(key)[1], decode_value(value)] for key, value in rows]
+            answers.append(_answer(read, partition, marker, {"rows": found, "more": more}))
+    return answers
+
+
+def _answer(read: Read, partition: int, marker: dict | None, found: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": read.id,
         "partition": partition,
         "parts": list(read.parts),
-        "batch": batch,
-        "time_ms": time_ms,
-        **answer,
+        "batch": marker["batch"] if marker else 0,
+        "time_ms": marker["cursor"].get("time_ms", 0) if marker else 0,
+        **found,
     }
 
 
@@ -230,11 +247,10 @@ class ReadServer:
         self._applied = worker.applied()["batch"] if worker.applied() else 0
         self.served = 0
         self._stop = threading.Event()
-        self._producer = Producer(
-            kafka_config(
-                bootstrap, {"linger.ms": 0, "message.timeout.ms": 30_000, "acks": 1, "socket.nagle.disable": True}
-            )
+        self._producer = PacedProducer(
+            kafka_config(bootstrap, {"message.timeout.ms": 30_000, "acks": 1, "socket.nagle.disable": True})
         )
+        self._gather = False  # whether answers go out gathered (many at once)
         self._thread = threading.Thread(target=self._run, name=f"reads of partition {self.partition}", daemon=True)
         self._thread.start()
 
@@ -259,8 +275,7 @@ class ReadServer:
             if not due:
                 return
             self._waiting = [read for read in self._waiting if read.at_least > batch_id]
-        for read in due:
-            self._answer_now(read)
+        self._answer(due)
 
     def resolve(self, position: int, unapplied: list[tuple[int, int]]) -> None:
         """Reads for every batch below a log offset, once the log is read that far:
@@ -320,13 +335,11 @@ class ReadServer:
                     continue
                 if not messages:
                     consumer = read_on.checked(consumer)
-                    self._producer.poll(0)
+                    self._producer.poll()
                     continue
                 read_on.read()
-                for message in messages:
-                    if message.error() is None:
-                        self._take(message)
-                self._producer.poll(0)
+                self._take(messages)
+                self._producer.poll()
                 if self._busy():
                     time.sleep(0.001)  # the write path's turn
         except Exception as exc:  # reads fail alone: the engine goes on with writes
@@ -355,84 +368,97 @@ class ReadServer:
             except Exception:  # a broker away: reads wait for it, as writes do
                 self._stop.wait(0.5)
         consumer = self._new_consumer()
-        since = int(time.time() * 1000) - STARTING_WINDOW_MS
-        where = TopicPartition(self.topics.reads, 0, since)
+        where = TopicPartition(self.topics.reads, 0)
         while not self._stop.is_set():
             try:
-                found = consumer.offsets_for_times([where], timeout=5)[0]
-                _, end = consumer.get_watermark_offsets(TopicPartition(self.topics.reads, 0), timeout=5, cached=False)
+                _, end = consumer.get_watermark_offsets(where, timeout=5, cached=False)
                 break
             except KafkaException:
-                time.sleep(0.2)
+                self._stop.wait(0.2)
         else:
             return consumer, {}
-        offset = found.offset if found.offset >= 0 else end
+        since = TopicPartition(self.topics.reads, 0, int(time.time() * 1000) - STARTING_WINDOW_MS)
+        try:
+            found = consumer.offsets_for_times([since], timeout=5)[0].offset
+        except KafkaException:  # a broker that cannot look offsets up by time: from the end
+            found = -1
+        offset = found if 0 <= found <= end else end
         consumer.assign([TopicPartition(self.topics.reads, 0, offset)])
         return consumer, {(self.topics.reads, 0): offset}
 
-    def _take(self, message) -> None:
-        timestamp = message.timestamp()[1]
-        worker = self.worker
-        read = parse_read(
-            message.value(),
-            timestamp if timestamp > 0 else int(time.time() * 1000),
-            worker.registry.tables,
-            worker.partitioner,
-        )
-        if read is None:
-            return
-        if isinstance(read, Refused):
-            if self.partition == 0:
-                self._send(refusal(read.id, 0, read.error))
-            return
-        if self.partition not in read.parts or read.deadline <= time.time():
-            return
-        if read.asked is not None and self.partition not in read.asked:
-            return
-        if read.after_offset is not None:
-            with self._lock:
-                if len(self._waiting) + len(self._by_offset) < MAX_WAITING:
-                    self._by_offset.append(read)
-                    return
-            self._send(refusal(read.id, self.partition, self._too_many(), read.parts))
-            return
-        self._hold_or_answer(read)
+    def _take(self, messages: list) -> None:
+        """Answer the reads of one turn that this shard can answer now, together."""
+        worker, now, partition = self.worker, time.time(), self.partition
+        tables, partitioner = worker.registry.tables, worker.partitioner
+        answer_now = []
+        for message in messages:
+            if message.error() is not None:
+                continue
+            timestamp = message.timestamp()[1]
+            read = parse_read(message.value(), timestamp if timestamp > 0 else int(now * 1000), tables, partitioner)
+            if read is None:
+                continue
+            if isinstance(read, Refused):
+                if partition == 0:
+                    self._send(refusal(read.id, 0, read.error))
+                continue
+            if partition not in read.parts or read.deadline <= now:
+                continue
+            if read.asked is not None and partition not in read.asked:
+                continue
+            if read.after_offset is not None:
+                self._hold(read, self._by_offset)
+            elif not self._held(read):
+                answer_now.append(read)
+        if answer_now:
+            self._answer(answer_now)
+
+    def _hold(self, read: Read, waiting: list[Read]) -> None:
+        with self._lock:
+            if len(self._waiting) + len(self._by_offset) < MAX_WAITING:
+                waiting.append(read)
+                return
+        self._send(refusal(read.id, self.partition, self._too_many(), read.parts))
+
+    def _held(self, read: Read) -> bool:
+        """Whether `read` waits for a batch to come (held, or refused when too many wait)."""
+        with self._lock:
+            if read.at_least <= self._applied:
+                return False
+        self._hold(read, self._waiting)
+        return True
 
     def _hold_or_answer(self, read: Read) -> None:
-        with self._lock:
-            if read.at_least > self._applied:
-                if len(self._waiting) + len(self._by_offset) >= MAX_WAITING:
-                    refused = True
-                else:
-                    self._waiting.append(read)
-                    return
-            else:
-                refused = False
-        if refused:
-            self._send(refusal(read.id, self.partition, self._too_many(), read.parts))
-            return
-        self._answer_now(read)
+        if not self._held(read):
+            self._answer([read])
 
     def _too_many(self) -> str:
         return f"partition {self.partition} holds {MAX_WAITING} reads for batches to come already: ask again later"
 
     def _answer_now(self, read: Read) -> None:
+        self._answer([read])
+
+    def _answer(self, reads: list[Read]) -> None:
         worker = self.worker
-        default = worker.defaults.get(read.table)
         try:
-            answer = serve(worker.shard, read, self.partition, default)
+            answers = serve(worker.shard, reads, self.partition, worker.defaults)
         except Exception as exc:
-            answer = refusal(read.id, self.partition, f"partition {self.partition} could not read: {exc}", read.parts)
+            why = f"partition {self.partition} could not read: {exc}"
+            answers = [refusal(read.id, self.partition, why, read.parts) for read in reads]
         else:
-            answer["behind"] = self._behind()
-        self.served += 1
-        self._send(answer)
+            behind = self._behind()
+            for answer in answers:
+                answer["behind"] = behind
+        self.served += len(reads)
+        self._gather = len(answers) >= GATHER_FROM
+        for answer in answers:
+            self._send(answer)
 
     def _send(self, answer: dict[str, Any]) -> None:
         try:
-            self._producer.produce(self.topics.read_answers, answer_bytes(answer), answer["id"].encode())
+            self._producer.produce(self.topics.read_answers, answer_bytes(answer), answer["id"].encode(), self._gather)
         except BufferError:
-            self._producer.poll(0.05)
+            self._producer.poll()
         except KafkaException as exc:
             log.debug("partition %d: a read's answer was not sent: %s", self.partition, exc)
 

@@ -5,8 +5,8 @@ of the built-in micro workload and the local broker:
 
 1. light load: point reads one at a time, nothing else running: p50 and p99;
 2. writes alone: a closed loop of `micro_rmw` requests (rounds of 2,000), answered writes/s;
-3. the same writes beside a flood of point reads (256 in flight): reads/s answered, and the
-   writes/s answered beside them, as a ratio of (2) from the same run.
+3. the same writes beside a flood of point reads (256 in flight, from a process of its own):
+   reads/s answered, and the writes/s answered beside them, as a ratio of (2) from the same run.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections import deque
 
 from ordo.benchmarks.machine import finish_report, machine
 from ordo.broker.local import local_broker
@@ -69,32 +68,69 @@ def _write_loop(client: Client, until: float, answered: list[int]) -> None:
         answered[0] += len(client.wait(sent, timeout=120))
 
 
+def _read_flood(client: Client, until: float) -> tuple[int, list[float]]:
+    """Point reads kept READS_IN_FLIGHT at a time until `until`: each answer sends the next
+    read from the thread that took it, so no thread waits on another per read."""
+    state, rng, latencies = client.state_reader(), random.Random(3), []
+    finished = threading.Event()
+    in_flight = [READS_IN_FLIGHT]
+    lock = threading.Lock()
+
+    def send() -> None:
+        asked = time.perf_counter()
+        state.submit("micro", keys=[rng.randrange(KEYS)]).add_done_callback(lambda done: answered(done, asked))
+
+    def answered(done, asked: float) -> None:
+        done.result()
+        latencies.append((time.perf_counter() - asked) * 1000)
+        if time.monotonic() < until:
+            send()
+            return
+        with lock:
+            in_flight[0] -= 1
+            if not in_flight[0]:
+                finished.set()
+
+    for _ in range(READS_IN_FLIGHT):
+        send()
+    finished.wait(max(0.0, until - time.monotonic()) + 60)
+    return len(latencies), latencies
+
+
+def _flood(bootstrap: str, namespace: str, seconds: float, results) -> None:
+    """A process of its own that reads for `seconds` (the writer's process keeps its own
+    interpreter lock), and puts its count and latencies on `results`."""
+    with Client(bootstrap, namespace) as reader:
+        reader.get("micro", 0)
+        results.put("ready")
+        start = time.monotonic()
+        reads, latencies = _read_flood(reader, start + seconds)
+        results.put((reads, time.monotonic() - start, latencies))
+
+
 def writes(bootstrap: str, namespace: str, seconds: float, with_reads: bool) -> dict:
-    answered, reads = [0], 0
-    read_latencies: list[float] = []
-    with Client(bootstrap, namespace) as writer, Client(bootstrap, namespace) as reader:
+    import multiprocessing
+
+    answered = [0]
+    flood = results = None
+    if with_reads:
+        context = multiprocessing.get_context("spawn")
+        results = context.Queue()
+        flood = context.Process(target=_flood, args=(bootstrap, namespace, seconds, results), daemon=True)
+        flood.start()
+        assert results.get(timeout=120) == "ready"
+    with Client(bootstrap, namespace) as writer:
         started = time.monotonic()
-        until = started + seconds
-        thread = threading.Thread(target=_write_loop, args=(writer, until, answered), daemon=True)
+        thread = threading.Thread(target=_write_loop, args=(writer, started + seconds, answered), daemon=True)
         thread.start()
-        if with_reads:
-            state, rng = reader.state_reader(), random.Random(3)
-            in_flight: deque = deque()
-            while time.monotonic() < until:
-                while len(in_flight) < READS_IN_FLIGHT:
-                    in_flight.append((time.perf_counter(), state.submit("micro", keys=[rng.randrange(KEYS)])))
-                asked, future = in_flight.popleft()
-                future.result(30)
-                read_latencies.append((time.perf_counter() - asked) * 1000)
-                reads += 1
-            for _, future in in_flight:
-                future.result(30)
         thread.join(180)
         elapsed = time.monotonic() - started
     result = {"writes_per_s": round(answered[0] / elapsed), "seconds": round(elapsed, 1)}
-    if with_reads:
+    if flood is not None and results is not None:
+        reads, read_seconds, read_latencies = results.get(timeout=120)
+        flood.join(30)
         result.update(
-            reads_per_s=round(reads / seconds),
+            reads_per_s=round(reads / read_seconds),
             read_p50_ms=round(statistics.median(read_latencies), 1),
             read_p99_ms=round(_percentile(read_latencies, 0.99), 1),
         )
