@@ -39,7 +39,10 @@ DEFAULT_TIMEOUT = 10.0
 # How many times the parts of one read are asked again to meet at one batch before it fails
 # (under load a worker may apply the batch asked for before the question reaches it).
 MEET_ATTEMPTS = 20
-EXPIRE_EVERY = 0.05  # seconds between two looks for reads past their timeout
+GATHERED_MOST = 128  # reads one record gathers at most
+GROUP_KEPT_S = 5.0  # how long past its reads' timeouts a gathered record's answers are still taken
+EXPIRE_EVERY = 0.05
+ANSWER_MARGIN_S = 1.0  # how much sooner than the client the workers give up on a read, at most  # seconds between two looks for reads past their timeout
 RECENT = "recent"
 LINEARIZABLE = "linearizable"
 
@@ -98,6 +101,8 @@ class StateReader:
         self._producer = PacedProducer(kafka_config(bootstrap, {"acks": 1, "socket.nagle.disable": True, **settings}))
         self._pending: dict[str, _Pending] = {}
         self._id_prefix, self._ids = f"read-{uuid.uuid4().hex[:16]}-", itertools.count(1)
+        self._outbox: list[tuple[dict, _Pending]] = []  # reads to go out gathered in one record
+        self._groups: dict[str, float] = {}  # keys of gathered records -> until when answers may come
         self._lock = threading.Lock()
         self._stop = threading.Event()
         consumer = self._new_consumer()
@@ -162,16 +167,44 @@ class StateReader:
             body["partitions"] = partitions
         if at_least is not None:
             body["at_least"] = at_least
-        body["timeout_ms"] = max(1, int((pending.deadline - time.monotonic()) * 1000))
+        # The workers give up a little before this client does, so that a partition behind
+        # says so (and which it is) before the client's own timeout would say less.
+        left = pending.deadline - time.monotonic()
+        body["timeout_ms"] = max(1, int((left - min(ANSWER_MARGIN_S, left / 4)) * 1000))
         pending.asked = set(partitions) if partitions is not None else None
         pending.ids.append(read_id)
         with self._lock:
             self._pending[read_id] = pending
-        try:
             busy = len(self._pending) >= GATHER_FROM
+            # Reads asked from the answers' own thread (a callback of an answered read) under
+            # load go out together, once per turn of that thread (`_send_gathered`).
+            if busy and threading.current_thread() is self._thread:
+                self._outbox.append((body, pending))
+                if len(self._outbox) < GATHERED_MOST:
+                    return
+        if len(self._outbox) >= GATHERED_MOST:
+            self._send_gathered()
+            return
+        try:
             self._producer.produce(self.topics.reads, json.dumps(body).encode(), read_id.encode(), busy)
         except (BufferError, KafkaException) as exc:
             self._finish(pending, error=ReadFailed(f"the read could not be sent: {exc}"))
+            return
+        self._producer.poll()
+
+    def _send_gathered(self) -> None:
+        with self._lock:
+            outbox, self._outbox = self._outbox, []
+            if not outbox:
+                return
+            key = f"{self._id_prefix}g{next(self._ids)}"
+            self._groups[key] = max(pending.deadline for _, pending in outbox) + GROUP_KEPT_S
+        try:
+            value = json.dumps({"reads": [body for body, _ in outbox]}).encode()
+            self._producer.produce(self.topics.reads, value, key.encode(), True)
+        except (BufferError, KafkaException) as exc:
+            for _, pending in outbox:
+                self._finish(pending, error=ReadFailed(f"the read could not be sent: {exc}"))
             return
         self._producer.poll()
 
@@ -203,6 +236,8 @@ class StateReader:
                     self._take(message.key(), message.value())
                 elif error.code() not in UNANSWERED and error.code() != KafkaError._PARTITION_EOF:
                     self._fail_all(ReadFailed(f"reading {self.topics.read_answers} failed: {error}"))
+            if self._outbox:
+                self._send_gathered()
             now = time.monotonic()
             if now >= expired_at + EXPIRE_EVERY:
                 expired_at = now
@@ -211,6 +246,15 @@ class StateReader:
 
     def _take(self, key: bytes | None, value: bytes | None) -> None:
         read_id = key.decode(errors="replace") if key else ""
+        if read_id in self._groups:
+            try:
+                answers = json.loads(value or b"").get("answers")
+            except (ValueError, AttributeError):
+                return
+            for answer in answers if type(answers) is list else []:
+                if type(answer) is dict and type(answer.get("id")) is str:
+                    self._take_answer(answer["id"], answer)
+            return
         with self._lock:
             pending = self._pending.get(read_id)
         if pending is None or pending.future.done():
@@ -218,6 +262,13 @@ class StateReader:
         try:
             answer = json.loads(value or b"")
         except ValueError:
+            return
+        self._take_answer(read_id, answer)
+
+    def _take_answer(self, read_id: str, answer: Any) -> None:
+        with self._lock:
+            pending = self._pending.get(read_id)
+        if pending is None or pending.future.done():
             return
         if type(answer) is not dict or answer.get("id") != read_id or read_id != pending.ids[-1]:
             return  # an answer to a question asked again since
@@ -259,6 +310,8 @@ class StateReader:
 
     def _expire(self, now: float) -> None:
         with self._lock:
+            if self._groups:
+                self._groups = {key: until for key, until in self._groups.items() if until > now}
             late = {id(p): p for p in self._pending.values() if p.deadline <= now}
         for pending in late.values():
             missing = [p for p in (pending.parts or []) if p not in pending.answers]

@@ -45,7 +45,8 @@ DEFAULT_ROWS = 100
 DEFAULT_TIMEOUT_MS = 10_000
 MAX_TIMEOUT_MS = 120_000
 MAX_WAITING = 10_000  # reads a worker holds for batches it has not applied yet
-READS_PER_TURN = 256  # reads served before the write path gets its turn
+READS_PER_TURN = 256
+MAX_GATHERED = 1_000  # reads one record may gather  # reads served before the write path gets its turn
 # On start, reads sent this long ago are still answered where their timeout has not passed
 # (a client waiting through an engine restart gets its answer).
 STARTING_WINDOW_MS = MAX_TIMEOUT_MS
@@ -68,6 +69,7 @@ class Read:
     after: bytes | None = None
     limit: int = DEFAULT_ROWS
     asked: tuple[int, ...] | None = None  # the partitions asked again, of `parts`; None: all
+    group: Any = None  # the key of the record that gathered it with others (its answer goes there)
 
 
 @dataclass(slots=True)
@@ -76,6 +78,7 @@ class Refused:
 
     id: str
     error: str
+    group: Any = None
 
 
 class ReadProblem(ValueError):
@@ -85,16 +88,34 @@ class ReadProblem(ValueError):
 def parse_read(value: bytes | None, timestamp_ms: int, tables: dict[str, Any], partitioner) -> Read | Refused | None:
     """The read a record of `<ns>.reads` asks for; Refused with the reason for a read that
     cannot be served; None for a record without an id to answer to."""
+    reads = parse_reads(value, timestamp_ms, tables, partitioner)
+    return reads[0] if len(reads) == 1 and reads[0].group is None else None
+
+
+def parse_reads(
+    value: bytes | None, timestamp_ms: int, tables: dict[str, Any], partitioner, key: bytes | None = None
+) -> list[Read | Refused]:
+    """The reads of a record of `<ns>.reads`: one read, or several gathered under
+    `{"reads": [...]}` (whose answers go out gathered under the record's key too)."""
     try:
         body = json.loads(value) if value else None
     except (ValueError, UnicodeDecodeError):
-        return None
-    if type(body) is not dict or type(body.get("id")) is not str or not body["id"]:
-        return None
-    try:
-        return _read(body, timestamp_ms, tables, partitioner)
-    except ReadProblem as exc:
-        return Refused(body["id"], str(exc))
+        return []
+    if type(body) is dict and type(body.get("reads")) is list:
+        bodies, group = body["reads"][:MAX_GATHERED], key or b""
+    else:
+        bodies, group = [body], None
+    reads: list[Read | Refused] = []
+    for one in bodies:
+        if type(one) is not dict or type(one.get("id")) is not str or not one["id"]:
+            continue
+        try:
+            read: Read | Refused = _read(one, timestamp_ms, tables, partitioner)
+        except ReadProblem as exc:
+            read = Refused(one["id"], str(exc))
+        read.group = group
+        reads.append(read)
+    return reads
 
 
 def _read(body: dict, timestamp_ms: int, tables: dict[str, Any], partitioner) -> Read:
@@ -197,6 +218,11 @@ def serve(shard, reads: list[Read], partition: int, defaults: dict[str, Any]) ->
             found = [[decode_key(key)[1], decode_value(value)] for key, value in rows]
             answers.append(_answer(read, partition, marker, {"rows": found, "more": more}))
     return answers
+
+
+def _in_answer_order(reads: list[Read]) -> list[Read]:
+    """`reads` in the order `serve` answers them: point reads first, then scans."""
+    return [read for read in reads if read.keys is not None] + [read for read in reads if read.keys is None]
 
 
 def _answer(read: Read, partition: int, marker: dict | None, found: dict[str, Any]) -> dict[str, Any]:
@@ -395,21 +421,20 @@ class ReadServer:
             if message.error() is not None:
                 continue
             timestamp = message.timestamp()[1]
-            read = parse_read(message.value(), timestamp if timestamp > 0 else int(now * 1000), tables, partitioner)
-            if read is None:
-                continue
-            if isinstance(read, Refused):
-                if partition == 0:
-                    self._send(refusal(read.id, 0, read.error))
-                continue
-            if partition not in read.parts or read.deadline <= now:
-                continue
-            if read.asked is not None and partition not in read.asked:
-                continue
-            if read.after_offset is not None:
-                self._hold(read, self._by_offset)
-            elif not self._held(read):
-                answer_now.append(read)
+            stamp = timestamp if timestamp > 0 else int(now * 1000)
+            for read in parse_reads(message.value(), stamp, tables, partitioner, message.key()):
+                if isinstance(read, Refused):
+                    if partition == 0:
+                        self._send(refusal(read.id, 0, read.error))
+                    continue
+                if partition not in read.parts or read.deadline <= now:
+                    continue
+                if read.asked is not None and partition not in read.asked:
+                    continue
+                if read.after_offset is not None:
+                    self._hold(read, self._by_offset)
+                elif not self._held(read):
+                    answer_now.append(read)
         if answer_now:
             self._answer(answer_now)
 
@@ -444,15 +469,36 @@ class ReadServer:
             answers = serve(worker.shard, reads, self.partition, worker.defaults)
         except Exception as exc:
             why = f"partition {self.partition} could not read: {exc}"
-            answers = [refusal(read.id, self.partition, why, read.parts) for read in reads]
+            answers = [refusal(read.id, self.partition, why, read.parts) for read in _in_answer_order(reads)]
         else:
             behind = self._behind()
             for answer in answers:
                 answer["behind"] = behind
         self.served += len(reads)
         self._gather = len(answers) >= GATHER_FROM
-        for answer in answers:
-            self._send(answer)
+        groups: dict[bytes, list[dict[str, Any]]] = {}
+        for read, answer in zip(_in_answer_order(reads), answers):
+            if read.group is None:
+                self._send(answer)
+            else:
+                groups.setdefault(read.group, []).append(answer)
+        for key, gathered in groups.items():
+            self._send_gathered(key, gathered)
+
+    def _send_gathered(self, key: bytes, answers: list[dict[str, Any]]) -> None:
+        """The answers to reads one record gathered, in one record under its key."""
+        try:
+            value = _dumps({"answers": answers}).encode()
+        except (TypeError, ValueError):  # a value JSON cannot carry: each answer on its own says which
+            for answer in answers:
+                self._send(answer)
+            return
+        try:
+            self._producer.produce(self.topics.read_answers, value, key, self._gather)
+        except BufferError:
+            self._producer.poll()
+        except KafkaException as exc:
+            log.debug("partition %d: reads' answers were not sent: %s", self.partition, exc)
 
     def _send(self, answer: dict[str, Any]) -> None:
         try:

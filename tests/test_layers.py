@@ -34,6 +34,7 @@ ORDO_MODULES = {
     "state": "storage",  # dump and digest over a data directory's shards
     "client": "api",
     "reading": "api",
+    "live_reads": "api",
     "embedded": "api",
 }
 

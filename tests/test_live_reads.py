@@ -64,7 +64,11 @@ def transfers(client: Client, stop_at: threading.Event, sent: list) -> None:
 
 
 def log_values(broker: str, namespace: str) -> list[bytes]:
-    consumer = topic_reader(broker, f"{namespace}.log")
+    return topic_values(broker, f"{namespace}.log")
+
+
+def topic_values(broker: str, topic: str) -> list[bytes]:
+    consumer = topic_reader(broker, topic)
     values: list[bytes] = []
     while polled := consumer.poll(timeout_ms=3000):
         values.extend(record.value or b"" for records in polled.values() for record in records)
@@ -167,6 +171,26 @@ def test_a_bad_read_gets_its_error_and_the_engine_goes_on(broker, namespace, tmp
             rest = client.scan("account", after=list(page.values)[-1], limit=100)
             assert page.more and not rest.more and len(page.values) + len(rest.values) == ACCOUNTS
             assert client.get("account", 10_000).value == 0  # never written: the table's default
+            # Many reads in flight: those asked from answers' callbacks go out gathered in one
+            # record, and each still gets its own answer.
+            state, found, done = client.state_reader(), [], threading.Event()
+
+            def ask(n: int) -> None:
+                key = n % ACCOUNTS
+                state.submit("account", keys=[key]).add_done_callback(lambda f: answered(f, n, key))
+
+            def answered(future, n: int, key: int) -> None:
+                found.append(future.result().values[key])
+                if n + 64 < 2000:
+                    ask(n + 64)
+                if len(found) == 2000:
+                    done.set()
+
+            for n in range(64):
+                ask(n)
+            assert done.wait(90), f"{len(found)} of 2000 reads answered"
+            assert found == [OPENING] * 2000
+            assert any(value.startswith(b'{"reads"') for value in topic_values(broker, f"{namespace}.reads"))
             outcome = client.wait_one(client.submit("deposit", {"account": 1, "amount": 5}), timeout=60)
             assert outcome["status"] == "committed"
         kafka = ("--bootstrap-servers", broker, "--namespace", namespace)

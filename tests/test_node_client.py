@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 
 from ordo.broker.topics import ensure_topics
-from ordo.scheduler.reads import Read, ReadServer, Refused, answer_bytes, parse_read, refusal
+from ordo.scheduler.reads import Read, ReadServer, Refused, answer_bytes, parse_read, parse_reads, refusal
 from ordo.storage.keys import encode_key
 from ordo.storage.partitioning import Partitioner
 from ordo.storage.rocks import RocksShard
@@ -199,3 +199,14 @@ def test_the_wire_format_schema_describes_the_reads_and_answers_the_engine_makes
         {"id": "x", "partition": 0, "parts": [0], "batch": 3, "time_ms": 5, "behind": 0, "values": [[1]]},
     ]:
         assert not answers.is_valid(bad), bad
+
+    # Reads gathered in one record, and a worker's answers to them gathered under its key.
+    gathered = {"reads": served[:3]}
+    wire_format("read_requests").validate(gathered)
+    assert not wire_format("read_requests").is_valid({"reads": []})
+    reads = parse_reads(json.dumps(gathered).encode(), 0, tables, partitioner, b"g-1")
+    assert [read.id for read in reads] == ["keys", "one", "again"] and {read.group for read in reads} == {b"g-1"}
+    single = parse_reads(json.dumps(served[0]).encode(), 0, tables, partitioner, b"keys")
+    assert [read.group for read in single] == [None]
+    wire_format("read_answers").validate({"answers": wire[:3]})
+    assert not wire_format("read_answers").is_valid({"answers": [{"id": "x"}]})

@@ -54,7 +54,8 @@ def test_calvin_epochs_wait_for_the_epoch_to_end(sequencer_of):
     assert sequencer.config.epoch_ms == 10
     epoch, appended_at = _epoch_opened_by_a_request_during_the_last_append(sequencer)
     assert not sequencer._due(epoch, appended_at)
-    assert sequencer._due(epoch, appended_at + 0.006)  # 10 ms after the last cut
+    assert not sequencer._due(epoch, appended_at + 0.006 - 1e-6)
+    assert sequencer._due(epoch, appended_at + 0.006 + 1e-9)  # 10 ms after the last cut (past float rounding)
 
 
 def _steady(epochs: EpochLength, rate: float, seconds: float, start: float = 0.0) -> float:
@@ -107,11 +108,12 @@ def test_epochs_stay_fixed_whatever_the_rate_unless_told_to_follow_it():
 def test_the_sequencer_cuts_at_the_epoch_the_rate_sets(sequencer_of):
     sequencer = sequencer_of(SequencerConfig(partitions=2, min_delay_ms=2))
     epoch, appended_at = _epoch_opened_by_a_request_during_the_last_append(sequencer)
-    assert sequencer._due(epoch, appended_at)  # idle so far: 2 ms epochs, and the last cut was 4 ms ago
+    assert sequencer._due(epoch, appended_at + 1e-9)  # idle so far: 2 ms epochs, and the last cut was 4 ms ago
     _steady(sequencer._epochs, 2_000, 2.0)
     epoch, appended_at = _epoch_opened_by_a_request_during_the_last_append(sequencer)
     assert not sequencer._due(epoch, appended_at)
-    assert sequencer._due(epoch, appended_at + 0.006)  # under load: 10 ms after the last cut
+    assert not sequencer._due(epoch, appended_at + 0.006 - 1e-6)
+    assert sequencer._due(epoch, appended_at + 0.006 + 1e-9)  # under load: 10 ms after the last cut
 
 
 @pytest.mark.parametrize("given", [(), ("--max-delay-ms", "6"), ("--min-delay-ms", "2"), ("--max-delay-ms", "0")])
