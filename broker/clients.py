@@ -152,6 +152,7 @@ def watermarks(consumer, partition, timeout: float) -> tuple[int, int]:
 # 11,000 reads/s beside writes, the broker at 75 against 37 % of a core).
 GATHER_MS = 1
 GATHER_FROM = 8  # records at once from which they are gathered
+POLL_EVERY_S = 0.01
 
 
 class PacedProducer:
@@ -162,11 +163,18 @@ class PacedProducer:
 
         self._prompt = Producer({**config, "linger.ms": 0})
         self._gathering = Producer({**config, "linger.ms": GATHER_MS})
+        self._polled = 0.0
 
     def produce(self, topic: str, value: bytes, key: bytes, busy: bool) -> None:
         (self._gathering if busy else self._prompt).produce(topic, value, key)
 
     def poll(self) -> None:
+        """Serve the producers' events, at most every POLL_EVERY_S: each poll hands the
+        interpreter lock over, which under load costs more than the poll itself."""
+        now = time.monotonic()
+        if now - self._polled < POLL_EVERY_S:
+            return
+        self._polled = now
         self._prompt.poll(0)
         self._gathering.poll(0)
 
