@@ -104,19 +104,24 @@ class RecordProbe:
 
     def _look(self, offset: int, digest: bytes | None, timeout: float) -> str | None:
         self._consumer.assign([TopicPartition(self.topic, 0, offset)])
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            message = self._consumer.poll(0.2)
-            if message is None:
-                continue
-            error = message.error()
-            if error is not None:
-                if error.code() in GONE or error.code() == KafkaError._PARTITION_EOF:
-                    return "absent"  # the log ends at or before the record, or is gone
-                continue
-            same = message.offset() == offset and (digest is None or fingerprint(message.value()) == digest)
-            return "same" if same else "other"
-        return None
+        try:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                message = self._consumer.poll(0.2)
+                if message is None:
+                    continue
+                error = message.error()
+                if error is not None:
+                    if error.code() in GONE or error.code() == KafkaError._PARTITION_EOF:
+                        return "absent"  # the log ends at or before the record, or is gone
+                    continue
+                same = message.offset() == offset and (digest is None or fingerprint(message.value()) == digest)
+                return "same" if same else "other"
+            return None
+        finally:
+            # An assigned consumer goes on fetching (and queueing) the log after the one record
+            # looked at: every batch, for every reader and sequencer, until the next look.
+            self._consumer.unassign()
 
     def close(self) -> None:
         self._consumer.close()

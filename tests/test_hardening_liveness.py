@@ -334,3 +334,25 @@ def test_the_log_watch_asked_now_sees_another_cluster_before_its_next_round(tmp_
     finally:
         watch.close()
         broker.stop()
+
+
+def test_a_record_probe_looks_at_one_record_and_fetches_no_more(broker, namespace):
+    """A probe asks whether the broker still holds one record; a consumer left assigned after
+    the look would go on fetching every later record of the log, and queue them, until the
+    next look (one fetch per batch for each reader's watch and the sequencer's)."""
+    from confluent_kafka import Producer
+
+    from ordo.log.probe import RecordProbe, fingerprint
+
+    topics = ensure_topics(broker, namespace)
+    producer = Producer(kafka_config(broker))
+    for n in range(3):
+        producer.produce(topics.log, f"record {n}".encode(), partition=0)
+    assert producer.flush(30) == 0
+    probe = RecordProbe(broker, topics.log, f"{namespace}.probe")
+    try:
+        assert probe.holds(1, fingerprint(b"record 1")) is True
+        assert probe.holds(2, fingerprint(b"another")) is False
+        assert probe._consumer.assignment() == []
+    finally:
+        probe.close()
