@@ -315,7 +315,8 @@ class ReadServer:
             ]
             if not ready:
                 return
-            self._by_offset = [read for read in self._by_offset if read not in ready]
+            taken = {id(read) for read in ready}
+            self._by_offset = [read for read in self._by_offset if id(read) not in taken]
         for read in ready:
             assert read.after_offset is not None
             below = [batch for batch, end in unapplied if end <= read.after_offset]
