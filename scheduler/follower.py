@@ -64,8 +64,8 @@ from ordo.broker.topics import Topics
 KEPT_CHECKPOINT_REPORTS = 16
 KEPT_DROPPED_REPORTS = 16  # passed-over log records a status names; the coordinator asks many times a second
 log = logging.getLogger("ordo.engine")
-MEMORY_EVERY = 1.0
-READS_WAIT = 0.005  # how long one log poll may block while reads wait for the log to be read on  # seconds between two reads of a worker's memory for its status
+MEMORY_EVERY = 1.0  # seconds between two reads of a worker's memory for its status
+READS_WAIT = 0.005  # how long one log poll may block while reads wait for the log to be read on
 
 # Upper bounds (seconds) of the batch latency histogram in the status (ordo/metrics.py).
 BATCH_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

@@ -78,7 +78,6 @@ class Refused:
 
     id: str
     error: str
-    group: Any = None
 
 
 class ReadProblem(ValueError):
@@ -89,7 +88,8 @@ def parse_read(value: bytes | None, timestamp_ms: int, tables: dict[str, Any], p
     """The read a record of `<ns>.reads` asks for; Refused with the reason for a read that
     cannot be served; None for a record without an id to answer to."""
     reads = parse_reads(value, timestamp_ms, tables, partitioner)
-    return reads[0] if len(reads) == 1 and reads[0].group is None else None
+    single = len(reads) == 1 and not (isinstance(reads[0], Read) and reads[0].group is not None)
+    return reads[0] if single else None
 
 
 def parse_reads(
@@ -110,9 +110,10 @@ def parse_reads(
         if type(one) is not dict or type(one.get("id")) is not str or not one["id"]:
             continue
         try:
-            read: Read | Refused = _read(one, timestamp_ms, tables, partitioner)
+            read = _read(one, timestamp_ms, tables, partitioner)
         except ReadProblem as exc:
-            read = Refused(one["id"], str(exc))
+            reads.append(Refused(one["id"], str(exc)))
+            continue
         read.group = group
         reads.append(read)
     return reads
@@ -270,7 +271,8 @@ class ReadServer:
         self._lock = threading.Lock()
         self._waiting: list[Read] = []  # reads for a batch not applied yet
         self._by_offset: list[Read] = []  # reads for every batch below a log offset
-        self._applied = worker.applied()["batch"] if worker.applied() else 0
+        marker = worker.applied()
+        self._applied = marker["batch"] if marker else 0
         self.served = 0
         self._stop = threading.Event()
         self._producer = PacedProducer(
@@ -460,9 +462,6 @@ class ReadServer:
 
     def _too_many(self) -> str:
         return f"partition {self.partition} holds {MAX_WAITING} reads for batches to come already: ask again later"
-
-    def _answer_now(self, read: Read) -> None:
-        self._answer([read])
 
     def _answer(self, reads: list[Read]) -> None:
         worker = self.worker

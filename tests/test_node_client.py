@@ -170,12 +170,12 @@ def test_the_wire_format_schema_describes_the_reads_and_answers_the_engine_makes
                 read = parse_read(json.dumps(body).encode(), 0, tables, partitioner)
                 assert isinstance(read, Read)
                 if partition in read.parts and (read.asked is None or partition in read.asked):
-                    server._answer_now(read)
+                    server._answer([read])
         broken = parse_read(b'{"id": "broken", "table": "sku", "keys": ["bolt"]}', 0, tables, partitioner)
         assert isinstance(broken, Read)
         shard.apply_batch({encode_key("sku", "bolt"): encode_value(b"\xff")}, {"batch": 4, "cursor": {"time_ms": 6}})
         server.partition = broken.parts[0]
-        server._answer_now(broken)  # a value JSON cannot carry: an error answer
+        server._answer([broken])  # a value JSON cannot carry: an error answer
     sent.append(refusal("neither", 0, 'a read names either "keys" or "scan"'))
     sent.append(refusal("late", 1, "partition 1 had not applied batch 9 within the read's timeout", (0, 1)))
     wire = [json.loads(answer_bytes(answer)) for answer in sent]
